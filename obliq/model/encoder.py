@@ -1,0 +1,421 @@
+"""The bi-encoder: any transformers backbone, bidirectional for decoders, LoRA, mean pooling, L2 norm.
+
+One encoder serves queries and passages (the OBLIQ-IR paper §3.3; the model card). Decoder-only
+backbones (Llama, Qwen, Mistral) get bidirectional attention as NV-Embed does (Lee et al., 2025);
+encoders (BERT) run as they are. LoRA comes from peft (Hu et al., 2022); QLoRA loads the base in
+4 or 8 bit through bitsandbytes on a CUDA GPU.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import logging
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Literal
+
+import torch
+from torch import nn
+
+from obliq.model.pooling import mean_pool
+from obliq.models import resolve_model
+
+log = logging.getLogger(__name__)
+
+Kind = Literal["query", "passage"]
+
+DECODER_LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+BERT_LORA_TARGETS = ["query", "key", "value", "dense"]
+CONFIG_NAME = "obliq_encoder.json"
+INSTRUCTION_TEMPLATE = "Instruct: {instruction}\n"
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class LoraSettings:
+    """LoRA hyper-parameters (the model card: r=16, alpha=32, dropout 0.05 on the 7 projections)."""
+
+    r: int = 16
+    """LoRA rank."""
+    alpha: int = 32
+    """LoRA alpha (the update is scaled by alpha / r)."""
+    dropout: float = 0.05
+    """Dropout on the LoRA input."""
+    target_modules: list[str] | None = None
+    """Module name suffixes to wrap; None picks q/k/v/o/gate/up/down for decoders and
+    query/key/value/dense for BERT-style encoders."""
+
+    def __post_init__(self):
+        if self.r <= 0 or self.alpha <= 0:
+            raise ValueError(f"LoRA rank and alpha must be positive, got r={self.r}, alpha={self.alpha}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"LoRA dropout must be in [0, 1), got {self.dropout}")
+
+
+class BiEncoder(nn.Module):
+    """A shared query/passage encoder: backbone → masked mean pooling → L2 normalisation.
+
+    Args:
+        backbone: an alias (``minilm``, ``smollm2``, see :mod:`obliq.models`), a local folder or a
+            hub id.
+        lora: LoRA settings; None trains/uses the backbone as it is.
+        adapter: a folder with a saved peft adapter to load onto the backbone (evaluation, resume).
+        bidirectional: None or True makes a decoder (attention modules flagged causal)
+            bidirectional; False keeps it causal. Encoders are bidirectional already. Either way a
+            self-test checks the result when the encoder is built.
+        query_prefix / passage_prefix: prepended to every query / passage (the model card).
+        use_instructions: prepend ``Instruct: <instruction>\\n`` to queries that carry one
+            (the paper's per-task instruction; off by default as in the model card).
+        query_max_length / passage_max_length: truncation lengths in tokens (256 / 1024).
+        dtype: weights dtype: float32, bfloat16 or float16.
+        quantization: None, ``4bit`` or ``8bit`` (QLoRA; CUDA and bitsandbytes required).
+        gradient_checkpointing: recompute activations in backward (non-reentrant).
+        attn_implementation: ``sdpa`` or ``eager`` (or ``flash_attention_2`` on GPU).
+        trust_remote_code: allow a hub model's own code; off unless asked.
+
+    Raises:
+        RuntimeError: the bidirectional self-test fails (a decoder that stayed causal, C03), or
+            QLoRA is asked for without CUDA.
+        ValueError: the tokenizer has no pad token and no eos/unk token to use as one (C02).
+    """
+
+    def __init__(
+        self,
+        backbone: str = "minilm",
+        *,
+        lora: LoraSettings | None = None,
+        adapter: str | None = None,
+        bidirectional: bool | None = None,
+        query_prefix: str = "query: ",
+        passage_prefix: str = "passage: ",
+        use_instructions: bool = False,
+        query_max_length: int = 256,
+        passage_max_length: int = 1024,
+        dtype: str = "float32",
+        quantization: Literal["4bit", "8bit"] | None = None,
+        gradient_checkpointing: bool = False,
+        attn_implementation: str | None = "sdpa",
+        trust_remote_code: bool = False,
+    ):
+        super().__init__()
+        from transformers import AutoModel, AutoTokenizer
+
+        if dtype not in _DTYPES:
+            raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {dtype!r}")
+        self.settings = dict(
+            backbone=backbone,
+            bidirectional=bidirectional,
+            query_prefix=query_prefix,
+            passage_prefix=passage_prefix,
+            use_instructions=use_instructions,
+            query_max_length=query_max_length,
+            passage_max_length=passage_max_length,
+            dtype=dtype,
+            attn_implementation=attn_implementation,
+        )
+        self.name_or_path = backbone
+        self.query_prefix, self.passage_prefix = query_prefix, passage_prefix
+        self.use_instructions = use_instructions
+        self.max_length = {"query": query_max_length, "passage": passage_max_length}
+        self.truncated = {"query": 0, "passage": 0}
+        path = resolve_model(backbone)
+
+        self.tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+        _ensure_pad_token(self.tokenizer)
+
+        kwargs: dict = {"dtype": _DTYPES[dtype], "trust_remote_code": trust_remote_code}
+        if attn_implementation:
+            kwargs["attn_implementation"] = attn_implementation
+        if quantization:
+            kwargs["quantization_config"] = _bnb_config(quantization, _DTYPES[dtype])
+        model = AutoModel.from_pretrained(path, **kwargs)
+        if getattr(model, "pooler", None) is not None:
+            model.pooler = None  # BERT's CLS pooler is unused by mean pooling; drop it (and its LoRA)
+        causal = _has_causal_attention(model)
+        if causal and bidirectional is not False:
+            make_bidirectional(model)
+        self.bidirectional = not causal or bidirectional is not False
+        self._position_ids = "position_ids" in inspect.signature(model.forward).parameters
+
+        if quantization:
+            from peft import prepare_model_for_kbit_training
+
+            model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=gradient_checkpointing)
+        elif gradient_checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if adapter is not None:
+            from peft import PeftModel
+
+            model = PeftModel.from_pretrained(model, adapter, is_trainable=lora is not None)
+        elif lora is not None:
+            model = _apply_lora(model, lora)
+        self.lora = lora
+        self.model = model
+        check_bidirectional(self, expect=self.bidirectional)
+
+    # ------------------------------------------------------------------ tokenization
+    def format(self, texts: list[str], kind: Kind, instructions: list[str | None] | None = None) -> list[str]:
+        """Prefix texts for ``kind`` (and, with ``use_instructions``, each query's instruction)."""
+        if kind not in self.max_length:
+            raise ValueError(f"kind must be 'query' or 'passage', got {kind!r}")
+        prefix = self.query_prefix if kind == "query" else self.passage_prefix
+        out = [prefix + t for t in texts]
+        if kind == "query" and self.use_instructions and instructions is not None:
+            out = [INSTRUCTION_TEMPLATE.format(instruction=i) + t if i else t for t, i in zip(out, instructions)]
+        return out
+
+    def tokenize(
+        self, texts: list[str], kind: Kind, instructions: list[str | None] | None = None
+    ) -> dict[str, torch.Tensor]:
+        """Prefix, tokenize and pad texts; cut at the kind's max length and count the cuts.
+
+        A tokenizer's ``model_max_length`` is ignored (some report 1e30, C17): the configured
+        length always applies, special tokens included.
+
+        Returns:
+            ``input_ids`` and ``attention_mask``, LongTensors of shape (n, L) with L ≤ max length.
+        """
+        if isinstance(texts, str):
+            raise TypeError("tokenize expects a list of texts, not a single string")
+        limit = self.max_length[kind]
+        formatted = self.format(list(texts), kind, instructions)
+        # One token over the limit tells which texts are cut, without tokenizing them in full.
+        enc = self.tokenizer(formatted, truncation=True, max_length=limit + 1, padding=False)
+        over = [i for i, ids in enumerate(enc["input_ids"]) if len(ids) > limit]
+        if over:
+            cut = self.tokenizer([formatted[i] for i in over], truncation=True, max_length=limit, padding=False)
+            for j, i in enumerate(over):
+                enc["input_ids"][i] = cut["input_ids"][j]
+                enc["attention_mask"][i] = cut["attention_mask"][j]
+            self.truncated[kind] += len(over)
+        features = [{"input_ids": a, "attention_mask": m} for a, m in zip(enc["input_ids"], enc["attention_mask"])]
+        return dict(self.tokenizer.pad(features, padding=True, return_tensors="pt"))
+
+    # ------------------------------------------------------------------ encoding
+    def forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Encode a tokenized batch.
+
+        Position ids follow the attention mask (first real token at 0), so left and right padding
+        give the same vectors; all-padding columns are trimmed first.
+
+        Args:
+            batch: ``input_ids`` and ``attention_mask`` of shape (n, L).
+
+        Returns:
+            (n, hidden) float32 unit vectors.
+        """
+        input_ids, mask = batch["input_ids"], batch["attention_mask"]
+        keep = mask.bool().any(dim=0)
+        if not bool(keep.all()):
+            input_ids, mask = input_ids[:, keep], mask[:, keep]
+        device = self.device
+        input_ids, mask = input_ids.to(device), mask.to(device)
+        inputs = {"input_ids": input_ids, "attention_mask": mask}
+        if self._position_ids:
+            inputs["position_ids"] = (mask.long().cumsum(-1) - 1).clamp(min=0)
+        hidden = self.model(**inputs).last_hidden_state
+        return mean_pool(hidden, mask)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self.backbone_config.hidden_size)
+
+    @property
+    def backbone_config(self):
+        return self.model.config
+
+    @torch.no_grad()
+    def encode(
+        self,
+        texts: list[str],
+        kind: Kind = "query",
+        batch_size: int = 32,
+        show_progress: bool | None = None,
+        instructions: list[str | None] | None = None,
+    ) -> torch.Tensor:
+        """Encode texts in batches (longest first, to pad little), in eval mode and without gradients.
+
+        Args:
+            texts: n strings.
+            kind: ``query`` or ``passage`` (picks the prefix and the max length).
+            batch_size: texts per forward pass.
+            show_progress: a tqdm bar; None shows it when there are more than 8 batches.
+
+        Returns:
+            (n, hidden) float32 CPU tensor of unit vectors, in the input order.
+        """
+        from tqdm.auto import tqdm
+
+        texts = list(texts)
+        if not texts:
+            return torch.empty(0, self.hidden_size)
+        order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
+        starts = range(0, len(texts), batch_size)
+        if show_progress is None:
+            show_progress = len(starts) > 8
+        was_training = self.training
+        self.eval()
+        chunks = []
+        try:
+            for s in tqdm(starts, desc=f"encode {kind}", disable=not show_progress):
+                idx = order[s : s + batch_size]
+                instr = [instructions[i] for i in idx] if instructions is not None else None
+                chunks.append(self(self.tokenize([texts[i] for i in idx], kind, instr)).cpu())
+        finally:
+            self.train(was_training)
+        out = torch.empty(len(texts), chunks[0].shape[1])
+        out[torch.tensor(order)] = torch.cat(chunks)
+        return out
+
+    # ------------------------------------------------------------------ saving
+    def save_pretrained(self, folder: str | Path) -> None:
+        """Write the LoRA adapter (peft format) and the encoder settings to ``folder``.
+
+        Without LoRA the whole backbone is saved. :meth:`from_pretrained` reads it back.
+        """
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        self.model.save_pretrained(folder)
+        if not self.is_peft:
+            self.tokenizer.save_pretrained(folder)
+        settings = dict(self.settings, lora=asdict(self.lora) if self.lora else None, is_adapter=self.is_peft)
+        (folder / CONFIG_NAME).write_text(json.dumps(settings, indent=2))
+
+    @classmethod
+    def from_pretrained(cls, folder: str | Path, trainable: bool = False, **overrides) -> "BiEncoder":
+        """Load an encoder written by :meth:`save_pretrained` (adapter on its backbone, or a full model).
+
+        Raises:
+            FileNotFoundError: ``folder`` has no ``obliq_encoder.json``.
+        """
+        folder = Path(folder)
+        cfg_file = folder / CONFIG_NAME
+        if not cfg_file.is_file():
+            raise FileNotFoundError(f"{cfg_file} not found: not a folder written by BiEncoder.save_pretrained")
+        settings = json.loads(cfg_file.read_text())
+        lora = settings.pop("lora")
+        is_adapter = settings.pop("is_adapter")
+        if not is_adapter:
+            settings["backbone"] = str(folder)
+        settings.update(overrides)
+        return cls(
+            **settings,
+            adapter=str(folder) if is_adapter else None,
+            lora=LoraSettings(**lora) if (lora and trainable) else None,
+        )
+
+    @property
+    def is_peft(self) -> bool:
+        return hasattr(self.model, "peft_config")
+
+
+# ---------------------------------------------------------------------- helpers
+def _ensure_pad_token(tokenizer) -> None:
+    """Give a tokenizer without a pad token one explicitly, at load time (C02).
+
+    The pooling mask is always the tokenizer's attention mask, so pad = eos is safe.
+    """
+    if tokenizer.pad_token is not None:
+        return
+    for name in ("eos_token", "unk_token"):
+        if getattr(tokenizer, name) is not None:
+            tokenizer.pad_token = getattr(tokenizer, name)
+            log.info("tokenizer has no pad token; using its %s %r", name, tokenizer.pad_token)
+            return
+    raise ValueError("the tokenizer has no pad, eos or unk token: set tokenizer.pad_token before encoding")
+
+
+def _has_causal_attention(model: nn.Module) -> bool:
+    return any(getattr(m, "is_causal", False) is True for m in model.modules())
+
+
+def make_bidirectional(model: nn.Module) -> None:
+    """Turn a transformers decoder's attention bidirectional (NV-Embed style), in place.
+
+    transformers ≥ 5 builds a bidirectional mask when ``config.is_causal`` is False, but the SDPA
+    path still passes ``is_causal=True`` to the kernel when the mask is None (no padding) unless
+    each attention module's ``is_causal`` flag is False too (C03) — so both are set.
+    """
+    model.config.is_causal = False
+    for module in model.modules():
+        if getattr(module, "is_causal", None) is True:
+            module.is_causal = False
+
+
+@torch.no_grad()
+def check_bidirectional(encoder: BiEncoder, expect: bool = True) -> None:
+    """Self-test: changing the last token must change position 0's hidden state (C03).
+
+    Runs with mask all ones, mask None, alone and batched with a longer, padded partner.
+
+    Raises:
+        RuntimeError: a model meant to be bidirectional behaves causally on some path.
+    """
+    model = encoder.model
+    vocab = int(getattr(encoder.backbone_config, "vocab_size", 100))
+    base = [min(5 + i, vocab - 1) for i in range(3)]
+    a, b = base + [min(8, vocab - 1)], base + [min(9, vocab - 2)]
+    was_training = model.training
+    model.eval()
+    device = encoder.device
+    try:
+        def first_state(ids: list[int], mask: list[int] | None, partner: bool) -> torch.Tensor:
+            rows = [ids] + ([ids + ids] if partner else [])
+            width = max(len(r) for r in rows)
+            input_ids = torch.tensor([r + [r[-1]] * (width - len(r)) for r in rows], device=device)
+            inputs = {"input_ids": input_ids}
+            if mask is not None or partner:
+                m = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows], device=device)
+                inputs["attention_mask"] = m
+            return model(**inputs).last_hidden_state[0, 0].float()
+
+        for variant in ({"mask": [1] * 4, "partner": False}, {"mask": None, "partner": False},
+                        {"mask": [1] * 4, "partner": True}):
+            diff = (first_state(a, **variant) - first_state(b, **variant)).abs().max().item()
+            if expect and diff == 0.0:
+                raise RuntimeError(
+                    f"bidirectional self-test failed ({variant}): position 0 ignores the last token, "
+                    "the backbone is still causal; refusing to build a causal bi-encoder"
+                )
+            if not expect and diff != 0.0:
+                raise RuntimeError(f"causal self-test failed ({variant}): position 0 sees a later token")
+    finally:
+        model.train(was_training)
+
+
+def _default_targets(model: nn.Module) -> list[str]:
+    names = {n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, nn.Linear)}
+    for targets in (DECODER_LORA_TARGETS, BERT_LORA_TARGETS):
+        found = [t for t in targets if t in names]
+        if found:
+            return found
+    raise ValueError(f"no default LoRA targets in this backbone; set lora.target_modules (linear layers: {sorted(names)})")
+
+
+def _apply_lora(model: nn.Module, lora: LoraSettings) -> nn.Module:
+    from peft import LoraConfig, get_peft_model
+
+    targets = lora.target_modules or _default_targets(model)
+    config = LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=targets, bias="none")
+    return get_peft_model(model, config)
+
+
+def _bnb_config(quantization: str, compute_dtype: torch.dtype):
+    if not torch.cuda.is_available():
+        raise RuntimeError(f"{quantization} quantization (QLoRA) needs a CUDA GPU and bitsandbytes")
+    try:
+        import bitsandbytes  # noqa: F401
+    except ImportError as err:  # pragma: no cover - bitsandbytes is a core dependency
+        raise ImportError("QLoRA needs bitsandbytes: pip install bitsandbytes") from err
+    from transformers import BitsAndBytesConfig
+
+    if quantization == "4bit":
+        return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=compute_dtype)
+    if quantization == "8bit":
+        return BitsAndBytesConfig(load_in_8bit=True)
+    raise ValueError(f"quantization must be '4bit', '8bit' or None, got {quantization!r}")

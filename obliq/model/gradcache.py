@@ -1,0 +1,118 @@
+"""GradCache: a contrastive step over a large batch at the memory of one chunk.
+
+Gao et al. 2021, "Scaling Deep Contrastive Learning Batch Size under Memory Limited Setup"
+(the method behind sentence-transformers' CachedMultipleNegativesRankingLoss, which the model card
+names). The step:
+
+1. encode every chunk of queries and documents without gradient, recording the random state
+   (CPU and CUDA) before each chunk;
+2. compute the loss over all embeddings (gathered across devices by the loss) and its gradient
+   with respect to the embeddings only;
+3. re-encode each chunk with gradient, replaying its recorded random state so dropout (LoRA
+   dropout included) draws the same masks, and back-propagate the cached embedding gradient.
+
+The result equals one forward/backward over the whole batch (C04). Under DDP every re-encoding
+but the last runs inside ``no_sync`` so gradients are all-reduced once. Autocast's weight cache is
+disabled in step 1: a cast cached under ``no_grad`` would be reused by step 3 without a grad path.
+"""
+
+from __future__ import annotations
+
+from contextlib import ExitStack, contextmanager, nullcontext
+from typing import Callable, ContextManager
+
+import torch
+
+Batch = dict[str, torch.Tensor]
+
+
+class RandState:
+    """The CPU and CUDA random states at construction, replayable later (dropout masks match)."""
+
+    def __init__(self):
+        self.cpu = torch.get_rng_state()
+        self.cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+
+    @contextmanager
+    def replay(self):
+        """Run the block from the recorded state; the global state is restored afterwards."""
+        devices = list(range(len(self.cuda))) if self.cuda is not None else []
+        with torch.random.fork_rng(devices=devices):
+            torch.set_rng_state(self.cpu)
+            if self.cuda is not None:
+                torch.cuda.set_rng_state_all(self.cuda)
+            yield
+
+
+@contextmanager
+def _autocast_without_cache():
+    """Re-enter any active autocast with its weight cache off."""
+    with ExitStack() as stack:
+        for device in ("cuda", "cpu"):
+            if torch.is_autocast_enabled(device):
+                dtype = torch.get_autocast_dtype(device)
+                stack.enter_context(torch.autocast(device, dtype=dtype, cache_enabled=False))
+        yield
+
+
+def split(batch: Batch, chunk_size: int | None) -> list[Batch]:
+    """Split a tokenized batch into row chunks of at most ``chunk_size`` (None: one chunk)."""
+    n = batch["input_ids"].shape[0]
+    size = n if not chunk_size or chunk_size >= n else chunk_size
+    return [{k: v[s : s + size] for k, v in batch.items()} for s in range(0, n, size)]
+
+
+def grad_cache_step(
+    encode: Callable[[Batch], torch.Tensor],
+    queries: Batch,
+    docs: Batch,
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    chunk_size: int | None,
+    backward: Callable[[torch.Tensor], None] | None = None,
+    no_sync: Callable[[], ContextManager] | None = None,
+    backward_scale: float = 1.0,
+) -> torch.Tensor:
+    """One GradCache forward/backward; gradients accumulate in the parameters' ``.grad``.
+
+    Args:
+        encode: maps a tokenized chunk to (n, h) embeddings (the encoder, or its DDP wrapper).
+        queries: tokenized queries, tensors of shape (B, Lq).
+        docs: tokenized documents, tensors of shape (M, Ld).
+        loss_fn: ``(q (B,h), d (M,h)) -> scalar``; may gather across devices.
+        chunk_size: rows per forward pass; None or ≥ the batch encodes each side in one pass.
+        backward: how to back-propagate (Lightning's ``manual_backward``); default ``Tensor.backward``.
+        no_sync: context factory that suspends gradient all-reduce (DDP's ``no_sync``); entered
+            for every re-encoding but the last.
+        backward_scale: multiplies the cached gradients (the world size when every rank computes
+            the same global loss and the strategy averages gradients).
+
+    Returns:
+        The detached loss.
+
+    Raises:
+        FloatingPointError: the loss is NaN or infinite (nothing is back-propagated).
+    """
+    backward = backward or torch.Tensor.backward
+    chunks = [("q", c) for c in split(queries, chunk_size)] + [("d", c) for c in split(docs, chunk_size)]
+
+    states, reps = [], []
+    with torch.no_grad(), _autocast_without_cache():
+        for _, chunk in chunks:
+            states.append(RandState())
+            reps.append(encode(chunk))
+
+    reps = [r.detach().requires_grad_() for r in reps]
+    n_q = sum(1 for side, _ in chunks if side == "q")
+    with torch.enable_grad():
+        loss = loss_fn(torch.cat(reps[:n_q]), torch.cat(reps[n_q:]))
+    if not torch.isfinite(loss):
+        raise FloatingPointError(f"non-finite contrastive loss: {loss.item()}")
+    grads = torch.autograd.grad(loss * backward_scale, reps)
+
+    last = len(chunks) - 1
+    for i, ((_, chunk), state, grad) in enumerate(zip(chunks, states, grads)):
+        sync = nullcontext() if (i == last or no_sync is None) else no_sync()
+        with sync, state.replay():
+            surrogate = torch.dot(encode(chunk).flatten(), grad.flatten())
+            backward(surrogate)
+    return loss.detach()

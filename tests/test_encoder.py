@@ -1,0 +1,190 @@
+"""The bi-encoder: bidirectional decoders (C03), pad tokens (C02), padding sides, truncation (C17), LoRA."""
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaModel
+
+from obliq.model import BiEncoder, LoraSettings, check_bidirectional, make_bidirectional
+
+
+# ---------------------------------------------------------------- C03 on the exact case model
+def _c03_model(attn: str) -> LlamaModel:
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=4)
+    config._attn_implementation = attn
+    return LlamaModel(config).eval()
+
+
+def _states(model, rows, side="right", mask_none=False):
+    width = max(len(r) for r in rows)
+    ids, mask = [], []
+    for r in rows:
+        pad = [0] * (width - len(r))
+        ids.append(pad + r if side == "left" else r + pad)
+        m = [1] * len(r)
+        mask.append([0] * len(pad) + m if side == "left" else m + [0] * len(pad))
+    ids, mask = torch.tensor(ids), torch.tensor(mask)
+    position_ids = (mask.cumsum(-1) - 1).clamp(min=0)  # what BiEncoder.forward passes
+    with torch.no_grad():
+        out = model(input_ids=ids, attention_mask=None if mask_none else mask, position_ids=position_ids)
+    return out.last_hidden_state, mask
+
+
+A, A2, PARTNER = [5, 6, 7, 8], [5, 6, 7, 9], [10, 11, 12, 13, 14, 15]
+
+
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+@pytest.mark.parametrize("variant", ["ones", "none", "batched-right", "batched-left"])
+def test_c03_bidirectional_in_every_variant(attn, variant):
+    model = _c03_model(attn)
+    make_bidirectional(model)
+    kw = {"mask_none": variant == "none", "side": "left" if variant == "batched-left" else "right"}
+    rows = (lambda a: [a, PARTNER]) if variant.startswith("batched") else (lambda a: [a])
+    h_a, mask = _states(model, rows(A), **kw)
+    h_a2, _ = _states(model, rows(A2), **kw)
+    first = int(mask[0].nonzero()[0])
+    assert (h_a[0, first] - h_a2[0, first]).abs().max() > 1e-4
+    # A's real-token states are the same alone and batched with padding.
+    alone, _ = _states(model, [A])
+    real = mask[0].bool()
+    assert torch.allclose(h_a[0, real], alone[0], atol=1e-4)
+
+
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+def test_c03_unpatched_decoder_is_causal(attn):
+    """The reference: without the patch position 0 is blind to the last token (exactly 0)."""
+    model = _c03_model(attn)
+    h_a, _ = _states(model, [A])
+    h_a2, _ = _states(model, [A2])
+    assert (h_a[0, 0] - h_a2[0, 0]).abs().max() == 0
+
+
+@pytest.mark.parametrize("route", ["config", "modules", "both"])
+def test_self_test_refuses_a_decoder_that_stayed_causal(tiny_llama_dir, route):
+    """Whichever of the two switches is left causal, the self-test must not pass silently."""
+    enc = BiEncoder(tiny_llama_dir)
+    assert enc.bidirectional
+    if route in ("config", "both"):
+        enc.model.config.is_causal = True
+    if route in ("modules", "both"):
+        for m in enc.model.modules():
+            if hasattr(m, "is_causal") and m is not enc.model:
+                m.is_causal = True
+    try:
+        check_bidirectional(enc)
+    except RuntimeError as err:
+        assert "still causal" in str(err)
+    else:  # this transformers release ignored the switch: the model must really be bidirectional
+        ids = torch.tensor([[5, 6, 7, 8], [5, 6, 7, 9]])
+        with torch.no_grad():
+            h = enc.model(input_ids=ids).last_hidden_state
+        assert (h[0, 0] - h[1, 0]).abs().max() > 0
+    if route == "both":
+        with pytest.raises(RuntimeError, match="still causal"):
+            check_bidirectional(enc)
+
+
+def test_a_decoder_kept_causal_on_request(tiny_llama_dir):
+    enc = BiEncoder(tiny_llama_dir, bidirectional=False)  # its causal self-test runs at build
+    assert not enc.bidirectional
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backbone", ["minilm", "smollm2", "tiny"])
+def test_real_backbones_pass_the_self_test_and_pad_either_side(backbone, tiny_llama_dir):
+    enc = BiEncoder(tiny_llama_dir if backbone == "tiny" else backbone)  # the self-test runs here
+    assert enc.bidirectional
+    texts = ["short one", "a considerably longer text that forces padding on the other row, " * 3]
+    right = enc.encode(texts, "passage")
+    enc.tokenizer.padding_side = "left"
+    left = enc.encode(texts, "passage")
+    alone = torch.cat([enc.encode([t], "passage") for t in texts])
+    assert torch.allclose(right, left, atol=1e-5)
+    assert torch.allclose(right, alone, atol=1e-5)
+    assert torch.allclose(right.norm(dim=1), torch.ones(2), atol=1e-6)
+
+
+# ---------------------------------------------------------------- C02
+def test_c02_missing_pad_token_is_set_at_load_and_eos_is_pooled(tiny_llama_dir):
+    enc = BiEncoder(tiny_llama_dir, query_prefix="", passage_prefix="")
+    tok = enc.tokenizer
+    assert tok.pad_token == tok.eos_token
+    eos = tok.eos_token
+    texts = [f"alpha beta{eos}", f"alpha beta gamma delta{eos}"]
+    lengths = [len(tok(t)["input_ids"]) for t in texts]
+    batch = enc.tokenize(texts, "passage")
+    # The genuine eos (== pad id) is a real token: the mask is the tokenizer's, not ids != pad.
+    assert batch["attention_mask"].sum(1).tolist() == lengths
+    assert batch["input_ids"][0, lengths[0] - 1] == tok.eos_token_id
+    # Reference: each text alone, no padding, plain mean of every state.
+    enc.eval()
+    with torch.no_grad():
+        pooled = enc(batch)
+        for i, t in enumerate(texts):
+            ids = torch.tensor([tok(t)["input_ids"]])
+            h = enc.model(input_ids=ids).last_hidden_state[0].mean(0)
+            assert torch.allclose(pooled[i], h / h.norm(), atol=1e-5)
+
+
+# ---------------------------------------------------------------- prefixes, truncation (C17)
+def test_prefixes_and_truncation_at_the_configured_length(minilm_path):
+    enc = BiEncoder(minilm_path, passage_max_length=512, query_max_length=16)
+    enc.tokenizer.model_max_length = int(1e30)  # as some tokenizers report (C17)
+    long_doc = "word " * 10_000
+    batch = enc.tokenize([long_doc, "short"], "passage")
+    assert batch["input_ids"].shape[1] == 512
+    assert batch["attention_mask"].sum(1).tolist()[0] == 512
+    assert batch["input_ids"][0, -1] == enc.tokenizer.sep_token_id  # special tokens kept
+    assert enc.truncated == {"query": 0, "passage": 1}
+    ids = enc.tokenize(["hello"], "query")["input_ids"][0].tolist()
+    assert enc.tokenizer.decode(ids, skip_special_tokens=True) == "query : hello"
+    assert enc.truncated["query"] == 0
+
+
+def test_instructions_only_when_enabled(minilm_path):
+    off = BiEncoder(minilm_path)
+    on = BiEncoder(minilm_path, use_instructions=True)
+    assert off.format(["q"], "query", ["find style"]) == ["query: q"]
+    assert on.format(["q", "r"], "query", ["find style", None]) == ["Instruct: find style\nquery: q", "query: r"]
+    assert on.format(["d"], "passage", ["x"]) == ["passage: d"]
+
+
+# ---------------------------------------------------------------- LoRA
+@pytest.mark.slow
+def test_lora_on_smollm2_wraps_the_seven_projections_and_trains_only_lora(smollm2_path):
+    enc = BiEncoder(smollm2_path, lora=LoraSettings(r=4, alpha=8, dropout=0.0))
+    layers = enc.backbone_config.num_hidden_layers
+    wrapped = [n for n, m in enc.model.named_modules() if hasattr(m, "lora_A") and "lora_A" not in n]
+    kinds = sorted({n.rsplit(".", 1)[-1] for n in wrapped})
+    assert kinds == sorted(["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
+    assert len(wrapped) == 7 * layers
+    before = {n: p.detach().clone() for n, p in enc.named_parameters()}
+    trainable = [p for p in enc.parameters() if p.requires_grad]
+    assert all("lora_" in n for n, p in enc.named_parameters() if p.requires_grad)
+    opt = torch.optim.AdamW(trainable, lr=1e-2)
+    q = enc(enc.tokenize(["what style is this", "another question"], "query"))
+    d = enc(enc.tokenize(["a passage", "another passage"], "passage"))
+    torch.nn.functional.cross_entropy(q @ d.T / 0.05, torch.arange(2)).backward()
+    opt.step()
+    changed = {n for n, p in enc.named_parameters() if not torch.equal(p, before[n])}
+    assert changed and all("lora_" in n for n in changed)
+    assert any("lora_A" in n for n in changed)  # B starts at zero, so A moves only after B; both get grads
+    assert all(p.grad is None for n, p in enc.named_parameters() if "lora_" not in n)
+
+
+def test_bert_lora_defaults_and_save_load_round_trip(minilm_path, tmp_path):
+    enc = BiEncoder(minilm_path, lora=LoraSettings())
+    kinds = {n.rsplit(".", 1)[-1] for n, m in enc.model.named_modules() if hasattr(m, "lora_A") and "lora_A" not in n}
+    assert kinds == {"query", "key", "value", "dense"}
+    assert not any("pooler" in n for n, _ in enc.named_parameters())
+    with torch.no_grad():  # make the adapter non-trivial
+        for n, p in enc.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.02)
+    texts = ["one passage", "and another"]
+    expect = enc.encode(texts, "passage")
+    enc.save_pretrained(tmp_path / "adapter")
+    loaded = BiEncoder.from_pretrained(tmp_path / "adapter")
+    assert torch.allclose(loaded.encode(texts, "passage"), expect, atol=1e-6)
+    assert not torch.allclose(BiEncoder(minilm_path).encode(texts, "passage"), expect, atol=1e-3)
