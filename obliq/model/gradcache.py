@@ -79,7 +79,8 @@ def grad_cache_step(
         queries: tokenized queries, tensors of shape (B, Lq).
         docs: tokenized documents, tensors of shape (M, Ld).
         loss_fn: ``(q (B,h), d (M,h)) -> scalar``; may gather across devices.
-        chunk_size: rows per forward pass; None or ≥ the batch encodes each side in one pass.
+        chunk_size: rows per forward pass; None, or a size that holds each side whole, makes the
+            step a plain forward/backward (same result, one forward fewer).
         backward: how to back-propagate (Lightning's ``manual_backward``); default ``Tensor.backward``.
         no_sync: context factory that suspends gradient all-reduce (DDP's ``no_sync``); entered
             for every re-encoding but the last.
@@ -94,6 +95,11 @@ def grad_cache_step(
     """
     backward = backward or torch.Tensor.backward
     chunks = [("q", c) for c in split(queries, chunk_size)] + [("d", c) for c in split(docs, chunk_size)]
+    if len(chunks) == 2:  # each side fits in one chunk: a plain step is the same, one forward cheaper
+        loss = loss_fn(encode(queries), encode(docs))
+        _check_finite(loss)
+        backward(loss * backward_scale)
+        return loss.detach()
 
     states, reps = [], []
     with torch.no_grad(), _autocast_without_cache():
@@ -105,8 +111,7 @@ def grad_cache_step(
     n_q = sum(1 for side, _ in chunks if side == "q")
     with torch.enable_grad():
         loss = loss_fn(torch.cat(reps[:n_q]), torch.cat(reps[n_q:]))
-    if not torch.isfinite(loss):
-        raise FloatingPointError(f"non-finite contrastive loss: {loss.item()}")
+    _check_finite(loss)
     grads = torch.autograd.grad(loss * backward_scale, reps)
 
     last = len(chunks) - 1
@@ -116,3 +121,8 @@ def grad_cache_step(
             surrogate = torch.dot(encode(chunk).flatten(), grad.flatten())
             backward(surrogate)
     return loss.detach()
+
+
+def _check_finite(loss: torch.Tensor) -> None:
+    if not torch.isfinite(loss):
+        raise FloatingPointError(f"non-finite contrastive loss: {loss.item()}")
