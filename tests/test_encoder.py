@@ -188,3 +188,20 @@ def test_bert_lora_defaults_and_save_load_round_trip(minilm_path, tmp_path):
     loaded = BiEncoder.from_pretrained(tmp_path / "adapter")
     assert torch.allclose(loaded.encode(texts, "passage"), expect, atol=1e-6)
     assert not torch.allclose(BiEncoder(minilm_path).encode(texts, "passage"), expect, atol=1e-3)
+
+
+def test_qlora_without_cuda_fails_clearly(minilm_path):
+    if torch.cuda.is_available():
+        pytest.skip("CUDA present")
+    with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
+        BiEncoder(minilm_path, quantization="4bit")
+
+
+@pytest.mark.gpu
+def test_qlora_4bit_smollm2_trains_lora_only_on_gpu(smollm2_path):
+    enc = BiEncoder(smollm2_path, lora=LoraSettings(), quantization="4bit", dtype="bfloat16").cuda()
+    q = enc(enc.tokenize(["a query", "another"], "query"))
+    d = enc(enc.tokenize(["a passage", "another passage"], "passage"))
+    torch.nn.functional.cross_entropy(q @ d.T / 0.02, torch.arange(2, device=q.device)).backward()
+    grads = [n for n, p in enc.named_parameters() if p.grad is not None]
+    assert grads and all("lora_" in n for n in grads)
