@@ -1,0 +1,79 @@
+"""Training data: the row format, a streamed multi-source mixture, exact resume.
+
+Usage::
+
+    from obliq.data import Source, TrainingDataModule
+
+    dm = TrainingDataModule(
+        sources=[Source("rows/synthetic/*.jsonl"), Source("rows/knn-writing.jsonl", count=5000)],
+        batch_size=32, max_negatives=4, seed=0, on_bad_row="fail", num_workers=2,
+    )
+    # the LightningModule's setup() sets: trainer.datamodule.tokenize = self.encoder.text
+    trainer.fit(model, datamodule=dm)                     # resumes exactly with ckpt_path=...
+
+Rows are the training-row format of DESIGN.md, validated when the file is first indexed
+(:mod:`obliq.data.rows`, :mod:`obliq.data.index`); the mixture, order and rank sharding are
+:mod:`obliq.data.mixture`; the loader and resume are :mod:`obliq.data.datamodule`.
+
+Batch (one per rank per step; ``n`` anchors, ``n == batch_size`` except in an epoch's tail where it
+may be smaller, and differ by at most one across ranks; ``M`` documents)::
+
+    {
+      "query":          tokenize(queries, "query", instructions),     # dict: input_ids, attention_mask (n, Lq), ...
+      "docs":           tokenize(doc texts, "passage"), # dict: input_ids, attention_mask (M, Ld), ...
+                        # docs[0:n] are the rows' positives in row order; then each row's hard
+                        # negatives (its first k, possibly none), row after row
+      "positive_index": LongTensor (n,)   # docs index of each query's positive: arange(n)
+      "doc_row":        LongTensor (M,)   # the row (0..n-1) each document came with
+      "doc_ids":        list[str] (M)     # document ids
+      "doc_text_hash":  LongTensor (M,)   # obliq.data.rows.text_hash: equal for equal normalised text
+      "row_ids":        list[str] (n)     # training-row ids
+    }
+
+Duplicate documents in a batch: **the loss masks them; the sampler does not avoid them.** Two rows
+of a batch may share a positive (``shared/cases/C05``), and one row's negative may be another row's
+positive; the loss must drop, for query ``i``, every in-batch column other than ``positive_index[i]``
+whose ``doc_ids`` or ``doc_text_hash`` equals that of its positive. Within one row a negative never
+equals the positive (by id or normalised text): such rows are invalid (``shared/cases/C06``).
+
+Guarantees, per epoch: every row of the epoch's mixture (see :mod:`obliq.data.mixture` for counts
+and weights) is in exactly one batch of one rank; all ranks run the same number of steps; a
+checkpoint taken after any step resumes with the next batch, none repeated or skipped.
+"""
+
+from obliq.data.datamodule import BatchRef, Collator, PlanSampler, RowReader, TrainingDataModule
+from obliq.data.index import FileIndex, index_file
+from obliq.data.mixture import MixturePlan, Source, permute
+from obliq.data.rows import (
+    ERROR_KINDS,
+    ROW_SOURCES,
+    Doc,
+    RowError,
+    TrainingRow,
+    normalise_text,
+    parse_row,
+    repair_text,
+    text_hash,
+)
+
+__all__ = [
+    "BatchRef",
+    "Collator",
+    "Doc",
+    "ERROR_KINDS",
+    "FileIndex",
+    "MixturePlan",
+    "PlanSampler",
+    "ROW_SOURCES",
+    "RowError",
+    "RowReader",
+    "Source",
+    "TrainingDataModule",
+    "TrainingRow",
+    "index_file",
+    "normalise_text",
+    "parse_row",
+    "permute",
+    "repair_text",
+    "text_hash",
+]

@@ -1,0 +1,467 @@
+"""The training LightningDataModule: indexed sources, a stateful plan sampler, a row reader, a collator.
+
+How the pieces fit (the batch structure and guarantees are in the package docstring, :mod:`obliq.data`):
+
+- :class:`TrainingDataModule` indexes every file once (:mod:`obliq.data.index`), drops or rejects
+  duplicate row ids across the whole mixture, and builds one loader per rank (:class:`PlanLoader`,
+  a torchdata ``StatefulDataLoader``) over
+- :class:`PlanSampler`, which yields a :class:`BatchRef` (the rows of one step of this rank, from
+  :class:`~obliq.data.mixture.MixturePlan`) per step and whose state is ``(epoch, next step)``;
+- :class:`RowReader`, a map-style dataset that reads and re-validates a :class:`BatchRef`'s rows
+  with one ``pread`` each; and
+- :class:`Collator`, which tokenizes them with the injected ``tokenize(texts, kind)``.
+
+Exact resume. The loader is torchdata's ``StatefulDataLoader``, which Lightning 2.x checkpoints by
+itself (``loops.fit_loop.state_dict.combined_loader`` in the checkpoint) and restores before the
+first batch after ``trainer.fit(..., ckpt_path=...)``. With worker processes the sampler runs
+ahead of training (``prefetch_factor * num_workers`` batches are dispatched early); the
+``StatefulDataLoader`` takes the sampler's ``state_dict()`` as each batch is *dispatched* and
+publishes it only once that batch is *yielded* to the training loop, so a checkpoint holds the
+position after the last consumed batch, never after a prefetched one. Lightning does not prefetch
+on top of that because the loader has a length. Lightning writes the checkpoint from rank 0 only
+and every rank loads it: the saved state (epoch, next step, and a fingerprint of the mixture) is
+the same on every rank, each rank re-derives its own rows from its rank number, and workers hold
+no state at all (each batch is read whole by whichever worker gets it), so a position also
+resumes under another ``num_workers`` (:class:`PlanLoader`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, Literal, NamedTuple
+
+import lightning as L
+import numpy as np
+import torch
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from torch.utils.data import Dataset, DistributedSampler
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+from obliq.data.index import FileIndex, index_file
+from obliq.data.mixture import MixturePlan, Source
+from obliq.data.rows import RowError, TrainingRow, id_hash, parse_row
+
+Tokenize = Callable[[list[str], str, list[str | None]], dict[str, torch.Tensor]]
+
+
+class BatchRef(NamedTuple):
+    """The rows of one step of one rank: ``source[i]``, ``row[i]`` (int64 arrays, shape ``(n,)``)."""
+
+    epoch: int
+    step: int
+    source: np.ndarray
+    row: np.ndarray
+
+
+class RowReader(Dataset):
+    """Reads rows by (source, row number) from indexed files; ``reader[ref]`` gives a batch's rows.
+
+    Row ``r`` of source ``s`` is the ``r``-th valid row of the source's files in sorted order,
+    leaving out duplicate-id rows excluded in skip mode. Each row is read with ``os.pread`` at its
+    indexed offset and parsed again with :func:`~obliq.data.rows.parse_row`, so it comes back
+    repaired exactly as it was validated. Picklable (memory maps and file descriptors are reopened
+    lazily in each process).
+
+    Args:
+        indexes: per source, the :class:`~obliq.data.index.FileIndex` of each file.
+        excluded: ``{(source, file): sorted positions in that file's index}`` to leave out.
+
+    Attributes:
+        sizes: usable rows per source.
+    """
+
+    def __init__(self, indexes: Sequence[Sequence[FileIndex]], excluded: dict[tuple[int, int], np.ndarray] | None = None):
+        self.indexes = [list(files) for files in indexes]
+        self.excluded = {k: np.asarray(v, np.int64) for k, v in (excluded or {}).items()}
+        usable = [
+            [fi.rows - len(self.excluded.get((s, f), ())) for f, fi in enumerate(files)]
+            for s, files in enumerate(self.indexes)
+        ]
+        self._cum = [np.cumsum([0, *u]) for u in usable]
+        self.sizes = [int(c[-1]) for c in self._cum]
+        self._maps: dict[tuple[int, int, str], np.ndarray] = {}
+        self._fds: dict[str, int] = {}
+
+    def __getstate__(self):
+        return {**self.__dict__, "_maps": {}, "_fds": {}}
+
+    def __del__(self):
+        for fd in getattr(self, "_fds", {}).values():
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+    def __len__(self) -> int:
+        return sum(self.sizes)
+
+    def _array(self, s: int, f: int, name: str) -> np.ndarray:
+        key = (s, f, name)
+        if key not in self._maps:
+            self._maps[key] = self.indexes[s][f].array(name)
+        return self._maps[key]
+
+    def locate(self, source: int, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """File number and position in that file's index of rows of one source (int64 arrays)."""
+        cum = self._cum[source]
+        f = np.searchsorted(cum[1:], rows, side="right")
+        pos = rows - cum[f]
+        for k in np.unique(f):
+            excl = self.excluded.get((source, int(k)))
+            if excl is not None and len(excl):
+                at = f == k
+                pos[at] += np.searchsorted(excl - np.arange(len(excl)), pos[at], side="right")
+        return f, pos
+
+    def read(self, source: int, file: int, pos: int) -> TrainingRow:
+        """Read and parse the row at index position ``pos`` of one file.
+
+        Raises:
+            RuntimeError: the file no longer holds the indexed row (it changed after indexing).
+        """
+        fi = self.indexes[source][file]
+        offset, length = int(self._array(source, file, "offsets")[pos]), int(self._array(source, file, "lengths")[pos])
+        line = int(self._array(source, file, "lines")[pos])
+        fd = self._fds.get(fi.path)
+        if fd is None:
+            fd = self._fds[fi.path] = os.open(fi.path, os.O_RDONLY)
+        raw = os.pread(fd, length, offset)
+        try:
+            row = parse_row(raw, fi.path, line)
+        except RowError as err:
+            raise RuntimeError(f"{err} (the file changed after it was indexed; restart to index it again)") from None
+        if id_hash(row.id) != int(self._array(source, file, "ids")[pos]):
+            raise RuntimeError(f"{fi.path}:{line}: row differs from the indexed one; the file changed, restart to re-index")
+        return row
+
+    def __getitem__(self, ref: BatchRef) -> list[TrainingRow]:
+        out: list[TrainingRow | None] = [None] * len(ref.row)
+        for s in np.unique(ref.source):
+            where = np.flatnonzero(ref.source == s)
+            files, positions = self.locate(int(s), ref.row[where])
+            for i, f, p in zip(where, files, positions):
+                out[i] = self.read(int(s), int(f), int(p))
+        return out  # type: ignore[return-value]
+
+
+class Collator:
+    """Tokenizes a list of rows into the batch dictionary of :mod:`obliq.data`.
+
+    Args:
+        tokenize: ``tokenize(texts, kind, instructions) -> {"input_ids": (B, L), "attention_mask":
+            (B, L), ...}`` with ``kind`` ``"query"`` or ``"passage"`` and, for queries, each row's
+            ``instruction`` (or None); it adds prefixes and truncates (``obliq.model.Tokenize``,
+            the encoder's ``text``). Runs in the loader's worker processes.
+        max_negatives: k, the most hard negatives kept per row (the first k in file order).
+
+    Raises:
+        ValueError: ``max_negatives < 0``.
+    """
+
+    def __init__(self, tokenize: Tokenize, max_negatives: int = 4):
+        if max_negatives < 0:
+            raise ValueError(f"max_negatives must be >= 0, got {max_negatives}")
+        self.tokenize, self.max_negatives = tokenize, max_negatives
+
+    def __call__(self, rows: Sequence[TrainingRow]) -> dict[str, Any]:
+        negatives = [(i, doc) for i, row in enumerate(rows) for doc in row.negatives[: self.max_negatives]]
+        docs = [row.positive for row in rows] + [doc for _, doc in negatives]
+        return {
+            "query": self.tokenize([row.query for row in rows], "query", [row.instruction for row in rows]),
+            "docs": self.tokenize([doc.text for doc in docs], "passage"),
+            "positive_index": torch.arange(len(rows), dtype=torch.long),
+            "doc_row": torch.tensor([*range(len(rows)), *(i for i, _ in negatives)], dtype=torch.long),
+            "doc_ids": [doc.id for doc in docs],
+            "doc_text_hash": torch.tensor([doc.text_hash for doc in docs], dtype=torch.long),
+            "row_ids": [row.id for row in rows],
+        }
+
+
+class PlanSampler(DistributedSampler):
+    """Yields one :class:`BatchRef` per step of one rank; stateful, for exact resume.
+
+    State: ``epoch`` and ``step`` (the next step to yield). When a pass ends, the next ``iter()``
+    starts the following epoch; :meth:`set_epoch` (called by Lightning at each epoch start) only
+    moves to another epoch, so calling it with the current epoch keeps a restored position.
+    A ``DistributedSampler`` subclass so that Lightning's ``use_distributed_sampler`` leaves it in
+    place instead of wrapping it: the plan already shards by rank.
+
+    Args:
+        plan: the mixture plan (fixes ``world_size``).
+        rank: this rank, in ``[0, plan.world_size)``.
+    """
+
+    def __init__(self, plan: MixturePlan, rank: int = 0):
+        super().__init__(range(plan.rows_per_epoch), num_replicas=plan.world_size, rank=rank, shuffle=plan.shuffle, seed=plan.seed)
+        self.plan, self.step = plan, 0
+
+    def __len__(self) -> int:
+        return self.plan.steps_per_epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        """Move to the start of ``epoch``, unless already in it."""
+        if epoch != self.epoch:
+            self.epoch, self.step = epoch, 0
+
+    def __iter__(self) -> Iterator[BatchRef]:
+        if self.step >= self.plan.steps_per_epoch:
+            self.epoch, self.step = self.epoch + 1, 0
+        while self.step < self.plan.steps_per_epoch:
+            step = self.step
+            self.step += 1  # before yielding: the state names the next batch
+            source, row = self.plan.batch(self.epoch, step, self.rank)
+            yield BatchRef(self.epoch, step, source, row)
+
+    def state_dict(self) -> dict[str, Any]:
+        """``{"epoch", "step", "plan"}``: plain ints and the plan's fingerprint; the same on every rank."""
+        return {"epoch": self.epoch, "step": self.step, "plan": self.plan.fingerprint()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a position saved by :meth:`state_dict`.
+
+        Raises:
+            ValueError: the saved position belongs to a different mixture, batch size, world size,
+                seed or shuffle setting, where continuing could not be exact.
+        """
+        saved, now = state["plan"], self.plan.fingerprint()
+        if saved != now:
+            diff = sorted(k for k in now if saved.get(k) != now[k])
+            raise ValueError(
+                f"the checkpoint's data position was saved for a different data setup ({', '.join(diff)} differ: "
+                f"saved {[saved.get(k) for k in diff]}, now {[now[k] for k in diff]}); resuming it exactly is impossible"
+            )
+        self.epoch, self.step = int(state["epoch"]), int(state["step"])
+
+
+class PlanLoader(StatefulDataLoader):
+    """torchdata's ``StatefulDataLoader`` that also resumes a position saved with another ``num_workers``.
+
+    ``StatefulDataLoader`` refuses (with a bare ``AssertionError``) a state saved with a different
+    number of workers. Here all the position is the :class:`PlanSampler`'s (workers hold none), so
+    in that case its state as of the last consumed batch (the loader snapshots at every step) is
+    taken out of the saved state and loaded into the sampler directly; otherwise the state goes to
+    ``StatefulDataLoader`` unchanged.
+    """
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore a state from :meth:`state_dict` (any ``num_workers``)."""
+        main = state_dict.get("_snapshot", {}).get("_main_snapshot", state_dict)
+        if state_dict and main.get("_num_workers", 0) != self.num_workers and "_index_sampler_state" in main:
+            self.sampler.load_state_dict(main["_index_sampler_state"])  # type: ignore[attr-defined]
+            return super().load_state_dict({})
+        return super().load_state_dict(state_dict)
+
+
+class TrainingDataModule(L.LightningDataModule):
+    """Streams a mixture of training-row JSONL sources into tokenized, resumable, rank-sharded batches.
+
+    Args:
+        sources: the sources (files or globs, each plain, with a ``weight`` or with a ``count``);
+            see :class:`~obliq.data.mixture.Source` and :mod:`obliq.data.mixture`.
+        batch_size: anchors (rows) per rank per step, N. The whole step batch of one rank; the
+            model splits it into GradCache chunks.
+        max_negatives: k, hard negatives kept per row (default 4; rows may have fewer).
+        seed: seed of the epoch order and of the per-source subsets (>= 0).
+        shuffle: ``False`` reads sources and rows in file order.
+        on_bad_row: ``"fail"`` raises the first bad row's ``file:line:field`` error; ``"skip"``
+            leaves bad rows out, counts them by kind (:data:`~obliq.data.rows.ERROR_KINDS`), logs the
+            counts and keeps them in :attr:`stats` and in the checkpoint.
+        num_workers: loader worker processes per rank (reading and tokenizing).
+        prefetch_factor: batches each worker prepares ahead.
+        index_dir: where file indexes are cached (default ``$OBLIQ_CACHE/data-index``).
+        tokenize: ``tokenize(texts, kind)`` (see :class:`Collator`); may be set later as an
+            attribute, e.g. by the LightningModule's ``setup`` (``trainer.datamodule.tokenize =
+            self.encoder.tokenize``). Worker processes are forked, so it need not be picklable.
+
+    Raises:
+        ValueError: bad arguments; a file shared by two sources; (fail mode) a duplicate row id.
+        RowError: (fail mode) a bad row, at setup.
+        RuntimeError: a loader is asked for before ``tokenize`` is set.
+    """
+
+    def __init__(
+        self,
+        sources: Sequence[Source],
+        batch_size: int = 32,
+        max_negatives: int = 4,
+        seed: int = 0,
+        shuffle: bool = True,
+        on_bad_row: Literal["fail", "skip"] = "fail",
+        num_workers: int = 2,
+        prefetch_factor: int = 2,
+        index_dir: str | None = None,
+        tokenize: Tokenize | None = None,
+    ):
+        super().__init__()
+        if on_bad_row not in ("fail", "skip"):
+            raise ValueError(f"on_bad_row must be 'fail' or 'skip', got {on_bad_row!r}")
+        if not sources:
+            raise ValueError("no sources")
+        if batch_size < 1 or max_negatives < 0 or num_workers < 0 or prefetch_factor < 1 or seed < 0:
+            raise ValueError("need batch_size >= 1, max_negatives >= 0, num_workers >= 0, prefetch_factor >= 1, seed >= 0")
+        self.sources = [s if isinstance(s, Source) else Source(**s) for s in sources]
+        self.batch_size, self.max_negatives, self.seed, self.shuffle = batch_size, max_negatives, seed, shuffle
+        self.on_bad_row, self.num_workers, self.prefetch_factor = on_bad_row, num_workers, prefetch_factor
+        if index_dir is None:
+            from obliq.models import cache_dir
+
+            index_dir = str(cache_dir() / "data-index")
+        self.index_dir, self.tokenize = index_dir, tokenize
+        self.reader: RowReader | None = None
+        self.plan: MixturePlan | None = None
+        self.stats: dict[str, Any] | None = None
+        self.restored_stats: dict[str, Any] | None = None
+
+    def _files(self) -> list[list[str]]:
+        files = [source.files() for source in self.sources]
+        seen: dict[str, str] = {}
+        for source, paths in zip(self.sources, files):
+            for path in paths:
+                real = os.path.realpath(path)
+                if real in seen:
+                    raise ValueError(f"{path} is in two sources ({seen[real]!r} and {source.path!r})")
+                seen[real] = source.path
+        return files
+
+    def prepare_data(self) -> None:
+        """Index every file (once per node; Lightning calls this on local rank 0 before ``setup``)."""
+        for paths in self._files():
+            for path in paths:
+                index_file(path, self.index_dir, self.on_bad_row)
+
+    def setup(self, stage: str | None = None) -> None:
+        """Load the indexes (building missing ones), settle duplicate ids and compute :attr:`stats`."""
+        if self.reader is not None:
+            return
+        indexes = [[index_file(p, self.index_dir, self.on_bad_row) for p in paths] for paths in self._files()]
+        reader = RowReader(indexes)
+        excluded = self._duplicates(reader)
+        self.reader = RowReader(indexes, excluded)
+        sizes = self.reader.sizes
+        per_epoch = MixturePlan(self.sources, sizes, self.batch_size, 1, self.seed, self.shuffle).per_epoch
+        sources = []
+        for s, (source, files) in enumerate(zip(self.sources, indexes)):
+            skipped = Counter()
+            for fi in files:
+                skipped.update(fi.skipped)
+            dups = sum(len(v) for (src, _), v in excluded.items() if src == s)
+            if dups:
+                skipped["duplicate-id"] += dups
+            sources.append(
+                {
+                    "path": source.path,
+                    "files": len(files),
+                    "rows": sizes[s],
+                    "per_epoch": per_epoch[s],
+                    "skipped": dict(sorted(skipped.items())),
+                    "repaired_chars": sum(fi.repaired_chars for fi in files),
+                    "repaired_rows": sum(fi.repaired_rows for fi in files),
+                }
+            )
+        self.stats = {
+            "sources": sources,
+            "rows_per_epoch": sum(per_epoch),
+            "skipped": sum(sum(src["skipped"].values()) for src in sources),
+            "repaired_chars": sum(src["repaired_chars"] for src in sources),
+        }
+        for src in sources:
+            rank_zero_info(
+                f"data: {src['path']}: {src['files']} file(s), {src['rows']} rows, {src['per_epoch']} per epoch, "
+                f"skipped {src['skipped'] or 0}, repaired {src['repaired_chars']} chars in {src['repaired_rows']} rows"
+            )
+        if self.stats["skipped"]:
+            where = sorted({str(fi.folder / "errors.txt") for files in indexes for fi in files if fi.skipped})
+            rank_zero_warn(f"data: skipped {self.stats['skipped']} bad rows; messages in {', '.join(where) or 'the log'}")
+
+    def _duplicates(self, reader: RowReader) -> dict[tuple[int, int], np.ndarray]:
+        """Find rows whose id an earlier row of the mixture (source, file, line order) already has.
+
+        Uses the indexed 64-bit id hashes (8 bytes per row, held only during this call) and
+        confirms each candidate by reading both rows.
+        """
+        flat = [(s, f) for s, files in enumerate(reader.indexes) for f in range(len(files))]
+        if not flat:
+            return {}
+        hashes = np.concatenate([reader.indexes[s][f].array("ids") for s, f in flat])
+        order = np.argsort(hashes, kind="stable")
+        ordered = hashes[order]
+        repeat = np.flatnonzero(ordered[1:] == ordered[:-1]) + 1
+        if not repeat.size:
+            return {}
+        starts = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]])
+        first = order[starts[np.searchsorted(starts, repeat, side="right") - 1]]
+        later = order[repeat]
+        file_starts = np.cumsum([0, *(reader.indexes[s][f].rows for s, f in flat)])
+
+        def where(g: int) -> tuple[int, int, int]:
+            k = int(np.searchsorted(file_starts[1:], g, side="right"))
+            return (*flat[k], int(g - file_starts[k]))
+
+        excluded: dict[tuple[int, int], list[int]] = {}
+        messages: list[str] = []
+        for g_first, g_later in sorted(zip(first.tolist(), later.tolist()), key=lambda p: p[1]):
+            a, b = where(g_first), where(g_later)
+            row_a, row_b = reader.read(*a), reader.read(*b)
+            if row_a.id != row_b.id:  # a 64-bit hash collision, not a duplicate
+                continue
+            fa, fb = reader.indexes[a[0]][a[1]], reader.indexes[b[0]][b[1]]
+            line_a, line_b = (int(reader._array(*x[:2], "lines")[x[2]]) for x in (a, b))
+            err = RowError(fb.path, line_b, "id", "duplicate-id", f"row id {row_b.id!r} already used at {fa.path}:{line_a}")
+            if self.on_bad_row == "fail":
+                raise err
+            messages.append(str(err))
+            excluded.setdefault(b[:2], []).append(b[2])
+        if messages:
+            more = f" (and {len(messages) - 5} more)" if len(messages) > 5 else ""
+            rank_zero_warn(f"data: skipped {len(messages)} rows with duplicate ids: " + "; ".join(messages[:5]) + more)
+        return {k: np.array(sorted(v), np.int64) for k, v in excluded.items()}
+
+    def make_dataloader(self, rank: int = 0, world_size: int = 1) -> PlanLoader:
+        """The loader of one rank: ``len()`` steps per epoch, each yielding one batch dictionary.
+
+        Raises:
+            RuntimeError: ``tokenize`` is not set.
+        """
+        if self.tokenize is None:
+            raise RuntimeError(
+                "TrainingDataModule.tokenize is not set: pass tokenize=... or set it before the loader is built "
+                "(the LightningModule does `self.trainer.datamodule.tokenize = self.encoder.text` in setup)"
+            )
+        self.setup()
+        assert self.reader is not None
+        self.plan = MixturePlan(self.sources, self.reader.sizes, self.batch_size, world_size, self.seed, self.shuffle)
+        return PlanLoader(
+            self.reader,
+            sampler=PlanSampler(self.plan, rank),
+            batch_size=None,
+            collate_fn=Collator(self.tokenize, self.max_negatives),
+            num_workers=self.num_workers,
+            persistent_workers=self.num_workers > 0,
+            prefetch_factor=self.prefetch_factor if self.num_workers > 0 else None,
+            snapshot_every_n_steps=1,  # the saved position is exact after every step
+        )
+
+    def steps_per_epoch(self, world_size: int = 1) -> int:
+        """Steps of every rank per epoch, from the data plan (the loader is not read)."""
+        self.setup()
+        assert self.reader is not None
+        return MixturePlan(self.sources, self.reader.sizes, self.batch_size, world_size, self.seed,
+                           self.shuffle).steps_per_epoch
+
+    def train_dataloader(self) -> PlanLoader:
+        """The loader of this rank (``trainer.global_rank`` of ``trainer.world_size``)."""
+        trainer = self.trainer
+        return self.make_dataloader(trainer.global_rank, trainer.world_size) if trainer else self.make_dataloader()
+
+    def state_dict(self) -> dict[str, Any]:
+        """``{"stats": ...}``: the row, skip and repair counts, saved in the checkpoint by Lightning.
+
+        The stream position is not here: it is the loader's state, which Lightning saves itself.
+        """
+        return {"stats": self.stats}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Keep the checkpoint's counts in :attr:`restored_stats` (for comparison; nothing else to restore)."""
+        self.restored_stats = state_dict.get("stats")

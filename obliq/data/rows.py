@@ -1,0 +1,254 @@
+"""The training-row format of DESIGN.md ("Formats"): parsing, validation, text repair and text identity.
+
+A training row is one JSON object on one line of a JSONL file::
+
+    {"id": "r1", "task": "writing-news", "source": "synthetic", "query": "...",
+     "positive": {"id": "d1", "text": "..."},
+     "negatives": [{"id": "d7", "text": "..."}, ...],          # may be empty
+     "lens": "...", "instruction": "...", "meta": {...}}       # optional
+
+:func:`parse_row` turns one line into a :class:`TrainingRow` or raises :class:`RowError`, whose
+message names ``file:line:field``. Every string field (ids, task, query, texts, lens, instruction) is
+repaired first (``shared/cases/C17``): each lone UTF-16 surrogate becomes U+FFFD and each NUL becomes
+a space, and the number of replaced characters is kept on the row (:attr:`TrainingRow.repairs`).
+A row whose negative is its positive, by id or by normalised text, is invalid (``shared/cases/C06``).
+
+:func:`normalise_text` / :func:`text_hash` define "the same text" for the whole project: the
+negative-vs-positive check here, the ``doc_text_hash`` of a batch (the loss masks equal hashes,
+``shared/cases/C05``) and, by the same function, the hard-negative miner.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import re
+import unicodedata
+from dataclasses import dataclass, field
+from typing import Any
+
+ROW_SOURCES = ("synthetic", "knn", "random-control", "public")
+"""Allowed values of a row's ``source`` field (DESIGN.md)."""
+
+ERROR_KINDS = ("json", "unknown-field", "missing", "type", "empty", "value", "negative-is-positive", "duplicate-id")
+"""Classes of bad rows, the keys of the skip counts:
+
+- ``json``: the line is not UTF-8, not JSON, or not a JSON object (field ``(row)``);
+- ``unknown-field``: a key the format does not define;
+- ``missing``: a required field is absent;
+- ``type``: a field has the wrong JSON type;
+- ``empty``: an id or text is empty or only whitespace;
+- ``value``: ``source`` is not one of :data:`ROW_SOURCES`;
+- ``negative-is-positive``: a negative has the positive's id or normalised text (C06);
+- ``duplicate-id``: the row id was already used by an earlier row of the mixture.
+"""
+
+_ROW_FIELDS = ("id", "task", "source", "query", "positive", "negatives", "lens", "instruction", "meta")
+_DOC_FIELDS = ("id", "text")
+_BAD_CHARS = re.compile("[\x00\ud800-\udfff]")
+
+
+class RowError(ValueError):
+    """A bad training row: ``str(err)`` is ``"<file>:<line>:<field>: <reason>"``.
+
+    Attributes:
+        path: the file, as given.
+        line: 1-based line number in the file.
+        field: the offending field, e.g. ``query``, ``negatives[2].text``; ``(row)`` for the whole line.
+        kind: one of :data:`ERROR_KINDS`.
+        reason: what is wrong, in words.
+    """
+
+    def __init__(self, path: str, line: int, field: str, kind: str, reason: str):
+        self.path, self.line, self.field, self.kind, self.reason = str(path), int(line), field, kind, reason
+        super().__init__(f"{self.path}:{self.line}:{field}: {reason}")
+
+    def __reduce__(self):  # picklable across DataLoader workers
+        return RowError, (self.path, self.line, self.field, self.kind, self.reason)
+
+
+@dataclass(frozen=True, slots=True)
+class Doc:
+    """A document of a row: its id, its (repaired) text and :func:`text_hash` of that text."""
+
+    id: str
+    text: str
+    text_hash: int
+
+
+@dataclass(frozen=True, slots=True)
+class TrainingRow:
+    """One validated training row (DESIGN.md "Formats").
+
+    Attributes:
+        id, task, source, query: as in the file (``source`` is one of :data:`ROW_SOURCES`).
+        positive: the relevant document.
+        negatives: hard negatives in file order (possibly none); none has the positive's id or text.
+        lens, instruction: optional strings (``None`` when absent).
+        meta: optional free-form object, not repaired.
+        repairs: number of characters replaced by :func:`repair_text` across the row's strings.
+    """
+
+    id: str
+    task: str
+    source: str
+    query: str
+    positive: Doc
+    negatives: tuple[Doc, ...]
+    lens: str | None = None
+    instruction: str | None = None
+    meta: dict[str, Any] | None = field(default=None, compare=False)
+    repairs: int = 0
+
+
+def repair_text(text: str) -> tuple[str, int]:
+    """Replace each lone surrogate (U+D800..U+DFFF) by U+FFFD and each NUL by a space (``shared/cases/C17``).
+
+    JSON escapes such as ``"\\udcb2"`` decode to lone surrogates, which break UTF-8 encoding and
+    tokenizers; a proper surrogate pair escape decodes to one code point and is left alone.
+
+    Returns:
+        The repaired text and the number of characters replaced.
+    """
+    if not _BAD_CHARS.search(text):
+        return text, 0
+    repaired, n = _BAD_CHARS.subn(lambda m: " " if m.group() == "\x00" else "\ufffd", text)
+    return repaired, n
+
+
+@functools.cache
+def _punctuation_table() -> dict[int, None]:
+    # Unicode has punctuation (P*) only in planes 0 and 1; scanning those takes ~30 ms.
+    return dict.fromkeys(i for i in range(0x20000) if unicodedata.category(chr(i)).startswith("P"))
+
+
+@functools.cache
+def _ascii_punctuation() -> bytes:
+    return bytes(c for c in range(128) if c in _punctuation_table())
+
+
+def normalise_text(text: str) -> str:
+    """The form in which two texts count as "the same document".
+
+    Unicode NFKC, case folding, every Unicode punctuation character (categories P*) removed, runs of
+    whitespace collapsed to one space, ends stripped. This is the comparison the shared tasks were
+    de-duplicated with ("after lowercasing and removing punctuation", ``shared/data/README.md``).
+    """
+    if text.isascii():  # same result, faster: NFKC is the identity and casefold is lower on ASCII
+        return " ".join(text.lower().encode().translate(None, _ascii_punctuation()).decode().split())
+    folded = unicodedata.normalize("NFKC", text).casefold().translate(_punctuation_table())
+    return " ".join(folded.split())
+
+
+def text_hash(text: str) -> int:
+    """Signed 64-bit hash of :func:`normalise_text` of ``text`` (BLAKE2b, 8-byte digest), stable across runs.
+
+    Fits a ``torch.int64``; equal for texts that differ only in case, punctuation or whitespace.
+    """
+    digest = hashlib.blake2b(normalise_text(text).encode("utf-8", "surrogatepass"), digest_size=8).digest()
+    return int.from_bytes(digest, "little", signed=True)
+
+
+def id_hash(row_id: str) -> int:
+    """Signed 64-bit BLAKE2b hash of a row id, used to find duplicate ids without holding the ids."""
+    digest = hashlib.blake2b(row_id.encode("utf-8", "surrogatepass"), digest_size=8).digest()
+    return int.from_bytes(digest, "little", signed=True)
+
+
+class _Checker:
+    """Field checks for one line; collects the repair count."""
+
+    def __init__(self, path: str, line: int):
+        self.path, self.line, self.repairs = path, line, 0
+
+    def fail(self, name: str, kind: str, reason: str) -> RowError:
+        return RowError(self.path, self.line, name, kind, reason)
+
+    def string(self, obj: dict, key: str, name: str, *, required: bool = True) -> str | None:
+        if key not in obj:
+            if required:
+                raise self.fail(name, "missing", "required field is missing")
+            return None
+        value = obj[key]
+        if value is None and not required:
+            return None
+        if not isinstance(value, str):
+            raise self.fail(name, "type", f"expected a string, got {type(value).__name__}")
+        value, n = repair_text(value)
+        self.repairs += n
+        if required and not value.strip():
+            raise self.fail(name, "empty", "is empty")
+        return value
+
+    def doc(self, obj: Any, name: str) -> Doc:
+        if not isinstance(obj, dict):
+            raise self.fail(name, "type", f"expected an object with id and text, got {type(obj).__name__}")
+        for key in obj:
+            if key not in _DOC_FIELDS:
+                raise self.fail(f"{name}.{key}", "unknown-field", f"unknown field (a document has {', '.join(_DOC_FIELDS)})")
+        doc_id = self.string(obj, "id", f"{name}.id")
+        text = self.string(obj, "text", f"{name}.text")
+        return Doc(doc_id, text, text_hash(text))
+
+
+def parse_row(raw: bytes | str, path: str, line: int) -> TrainingRow:
+    """Parse and validate one JSONL line of the training-row format.
+
+    Args:
+        raw: the line (bytes as read from the file, or text), with or without its newline.
+        path: the file, for error messages.
+        line: the 1-based line number, for error messages.
+
+    Returns:
+        The row, with strings repaired (:func:`repair_text`) and the repair count in ``repairs``.
+
+    Raises:
+        RowError: the first problem found, as ``file:line:field: reason``; ``kind`` is one of
+            :data:`ERROR_KINDS` except ``duplicate-id`` (a property of the whole mixture).
+    """
+    check = _Checker(path, line)
+    if isinstance(raw, bytes):
+        try:
+            raw = raw.decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise check.fail("(row)", "json", f"not UTF-8: {err.reason} at byte {err.start}") from None
+    try:
+        obj = json.loads(raw, strict=False)  # strict=False: raw control characters (NUL) are repaired below
+    except json.JSONDecodeError as err:
+        raise check.fail("(row)", "json", f"not valid JSON: {err.msg} at column {err.colno}") from None
+    if not isinstance(obj, dict):
+        raise check.fail("(row)", "json", f"expected a JSON object, got {type(obj).__name__}")
+    for key in obj:
+        if key not in _ROW_FIELDS:
+            raise check.fail(key, "unknown-field", f"unknown field (a row has {', '.join(_ROW_FIELDS)})")
+
+    row_id = check.string(obj, "id", "id")
+    task = check.string(obj, "task", "task")
+    source = check.string(obj, "source", "source")
+    if source not in ROW_SOURCES:
+        raise check.fail("source", "value", f"{source!r} is not one of {', '.join(ROW_SOURCES)}")
+    query = check.string(obj, "query", "query")
+    if "positive" not in obj:
+        raise check.fail("positive", "missing", "required field is missing")
+    positive = check.doc(obj["positive"], "positive")
+    if "negatives" not in obj:
+        raise check.fail("negatives", "missing", "required field is missing (use [] for none)")
+    if not isinstance(obj["negatives"], list):
+        raise check.fail("negatives", "type", f"expected a list, got {type(obj['negatives']).__name__}")
+    negatives = []
+    for i, item in enumerate(obj["negatives"]):
+        doc = check.doc(item, f"negatives[{i}]")
+        if doc.id == positive.id:
+            raise check.fail(f"negatives[{i}].id", "negative-is-positive", f"negative has the positive's id {doc.id!r}")
+        if doc.text_hash == positive.text_hash and normalise_text(doc.text) == normalise_text(positive.text):
+            raise check.fail(
+                f"negatives[{i}].text", "negative-is-positive", f"negative {doc.id!r} has the positive's text (normalised)"
+            )
+        negatives.append(doc)
+    lens = check.string(obj, "lens", "lens", required=False)
+    instruction = check.string(obj, "instruction", "instruction", required=False)
+    meta = obj.get("meta")
+    if meta is not None and not isinstance(meta, dict):
+        raise check.fail("meta", "type", f"expected an object, got {type(meta).__name__}")
+    return TrainingRow(row_id, task, source, query, positive, tuple(negatives), lens, instruction, meta, check.repairs)

@@ -1,0 +1,261 @@
+"""The mixture: exactly-once sharding over ranks x workers, counts and weights, exact resume, the batch."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import Counter
+
+import numpy as np
+import pytest
+import torch
+from test_data_support import PrefixTokenizer, file_ids, task_rows, tokenize, write_rows  # noqa: F401
+
+from obliq.data import BatchRef, MixturePlan, Source, TrainingDataModule, permute
+from obliq.data.mixture import _keys
+
+
+class WorkerTaggingTokenizer(PrefixTokenizer):
+    """The real tokenizer, also recording which loader worker produced the batch."""
+
+    def __call__(self, texts, kind, instructions=None):
+        out = super().__call__(texts, kind)
+        info = torch.utils.data.get_worker_info()
+        out["worker"] = torch.tensor(-1 if info is None else info.id)
+        return out
+
+
+@pytest.fixture(scope="module")
+def files(tasks_dir, tmp_path_factory):
+    root = tmp_path_factory.mktemp("rows")
+    stance = task_rows(tasks_dir, "stance-tweets", 400)
+    rows = {
+        "math": task_rows(tasks_dir, "math-theoremqa"),
+        "stance": stance[:300],
+        "hearings": task_rows(tasks_dir, "hearings-exchanges", 300),
+        "stance40": stance[300:340],  # short texts, disjoint ids: small sources for the resume test
+        "stance60": stance[340:400],
+    }
+    return {name: write_rows(root / f"{name}.jsonl", part) for name, part in rows.items()}
+
+
+def _rows_by_id(*paths):
+    out = {}
+    for path in paths:
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                row = json.loads(line)
+                out[row["id"]] = row
+    return out
+
+
+def _epoch_ids(dm: TrainingDataModule, epoch: int, rank: int = 0, world_size: int = 1) -> list[str]:
+    """Row ids of one epoch of one rank, read through the plan and the reader (no tokenizer)."""
+    plan = MixturePlan(dm.sources, dm.reader.sizes, dm.batch_size, world_size, dm.seed, dm.shuffle)
+    ids = []
+    for step in range(plan.steps_per_epoch):
+        source, row = plan.batch(epoch, step, rank)
+        ids += [r.id for r in dm.reader[BatchRef(epoch, step, source, row)]]
+    return ids
+
+
+def test_permute_is_a_keyed_bijection():
+    for n in (1, 2, 3, 5, 16, 17, 1000, 4096, 12345):
+        for key in (_keys(0, 0, 0), _keys(7, 1, 3)):
+            assert np.array_equal(np.sort(permute(np.arange(n), n, key)), np.arange(n))
+    a, b = permute(np.arange(1000), 1000, _keys(0, 0, 0)), permute(np.arange(1000), 1000, _keys(0, 0, 1))
+    assert (a != b).mean() > 0.9 and (a != np.arange(1000)).mean() > 0.9
+    assert np.array_equal(permute(np.arange(10, 20), 1000, _keys(0, 0, 0)), a[10:20])  # random access
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3, 8])
+@pytest.mark.parametrize("batch_size", [1, 2, 7, 32])
+def test_layout_tiles_the_epoch_with_equal_steps_per_rank(world_size, batch_size):
+    for rows in range(world_size, 300, 7):
+        try:
+            plan = MixturePlan([Source("x")], [rows], batch_size, world_size)
+        except ValueError as err:  # only batch_size 1 with an uneven tail may refuse
+            assert batch_size == 1 and "empty batch" in str(err)
+            continue
+        bounds = [plan.bounds(s, r) for s in range(plan.steps_per_epoch) for r in range(world_size)]
+        assert [lo for lo, _ in bounds] == [0] + [hi for _, hi in bounds[:-1]] and bounds[-1][1] == rows
+        sizes = np.array([hi - lo for lo, hi in bounds]).reshape(plan.steps_per_epoch, world_size)
+        assert sizes.min() >= 1 and sizes.max() <= batch_size
+        assert plan.steps_per_epoch == math.ceil(rows / (batch_size * world_size))
+        full = sizes.min(axis=1) == batch_size
+        assert full[: max(0, plan.steps_per_epoch - 2)].all()  # only the tail (last one or two steps) is short
+        assert (sizes.max(axis=1) - sizes.min(axis=1) <= 1).all()
+
+
+@pytest.mark.distributed
+def test_exactly_once_over_two_ranks_two_workers_three_sources(files, minilm_path, tmp_path):
+    paths = [files["math"], files["stance"], files["hearings"]]
+    rows = _rows_by_id(*paths)
+    expected = Counter(file_ids(*paths))
+    dm = TrainingDataModule([Source(str(p)) for p in paths], batch_size=16, num_workers=2, seed=3,
+                            index_dir=str(tmp_path), tokenize=WorkerTaggingTokenizer(minilm_path))
+    seen = {(rank, epoch): [] for rank in (0, 1) for epoch in (0, 1)}
+    for rank in (0, 1):
+        loader = dm.make_dataloader(rank, world_size=2)
+        workers = set()
+        for epoch in (0, 1):
+            loader.sampler.set_epoch(epoch)  # as Lightning does at each epoch start
+            for batch in loader:
+                ids = batch["row_ids"]
+                n = len(ids)
+                seen[rank, epoch].append(ids)
+                workers.add(int(batch["query"]["worker"]))
+                # The batch structure, against the rows as written.
+                negs = [(i, neg["id"]) for i, rid in enumerate(ids) for neg in rows[rid]["negatives"][:4]]
+                assert batch["doc_ids"] == [rows[rid]["positive"]["id"] for rid in ids] + [d for _, d in negs]
+                assert batch["doc_row"].tolist() == list(range(n)) + [i for i, _ in negs]
+                assert batch["positive_index"].tolist() == list(range(n))
+                assert batch["query"]["input_ids"].shape[0] == n and batch["docs"]["input_ids"].shape[0] == len(negs) + n
+                assert batch["doc_text_hash"].shape == (len(negs) + n,) and batch["doc_text_hash"].dtype == torch.long
+        assert workers == {0, 1}
+    steps = {len(v) for v in seen.values()}
+    assert steps == {math.ceil(len(expected) / 32)}  # every rank, every epoch: the same number of steps
+    for epoch in (0, 1):
+        got = Counter(rid for rank in (0, 1) for ids in seen[rank, epoch] for rid in ids)
+        assert got == expected
+    for rank in (0, 1):
+        assert seen[rank, 0] != seen[rank, 1]
+        assert set(sum(seen[rank, 0], [])) != set(sum(seen[rank, 1], []))  # rows are re-dealt, not just reordered
+    sizes = [len(ids) for rank in (0, 1) for ids in seen[rank, 0][:-1]]
+    assert set(sizes) == {16}
+
+
+def test_counts_are_exact_every_epoch_and_the_dose_is_fixed_and_nested(files, tokenize, tmp_path):
+    a, b = files["math"], files["stance"]
+    n_a, n_b = len(file_ids(a)), len(file_ids(b))
+    task = lambda rid: rid.split("/")[0]  # noqa: E731
+    dm = TrainingDataModule([Source(str(a), count=300), Source(str(b), count=20)], batch_size=16, num_workers=0,
+                            index_dir=str(tmp_path), tokenize=tokenize)
+    loader = dm.make_dataloader()
+    dose = []
+    for epoch in range(3):
+        loader.sampler.set_epoch(epoch)
+        ids = [rid for batch in loader for rid in batch["row_ids"]]
+        assert Counter(map(task, ids)) == {"math-theoremqa": 300, "stance-tweets": 20}
+        assert len(set(ids)) == 320
+        dose.append({rid for rid in ids if task(rid) == "stance-tweets"})
+    assert dose[0] == dose[1] == dose[2]  # the dose is a fixed set of rows
+
+    bigger = TrainingDataModule([Source(str(a), count=300), Source(str(b), count=40)], batch_size=16,
+                                index_dir=str(tmp_path))
+    bigger.setup()
+    assert dose[0] < {rid for rid in _epoch_ids(bigger, 0) if task(rid) == "stance-tweets"}  # doses nest
+
+    over = TrainingDataModule([Source(str(b), count=2 * n_b + 5)], batch_size=16, index_dir=str(tmp_path))
+    over.setup()
+    for epoch in (0, 1):
+        times = Counter(Counter(_epoch_ids(over, epoch)).values())
+        assert times == {2: n_b - 5, 3: 5}
+    assert n_a > 300
+
+
+def test_weights_hold_within_sampling_error(files, tmp_path):
+    a, b = files["stance"], files["hearings"]
+    n_a, n_b = len(file_ids(a)), len(file_ids(b))
+    dm = TrainingDataModule([Source(str(a), weight=3.0), Source(str(b), weight=1.0)], batch_size=10,
+                            index_dir=str(tmp_path), seed=11)
+    dm.setup()
+    pool = n_a + n_b
+    want_a = round(pool * 3 / 4)  # the test's own rounding of the 3:1 share (pool * 3 / 4 is a whole number here)
+    assert pool % 4 == 0
+    task = lambda rid: rid.split("/")[0]  # noqa: E731
+    epochs = [_epoch_ids(dm, e) for e in range(2)]
+    for ids in epochs:
+        assert Counter(map(task, ids)) == {"stance-tweets": want_a, "hearings-exchanges": pool - want_a}
+        # Within the epoch, the first half holds source A in proportion (hypergeometric, 4 sigma).
+        h, p = len(ids) // 2, want_a / pool
+        got = sum(task(rid) == "stance-tweets" for rid in ids[:h])
+        sigma = math.sqrt(h * p * (1 - p) * (pool - h) / (pool - 1))
+        assert abs(got - h * p) < 4 * sigma
+        # ... and so does every window of 100 rows, within 4 sigma.
+        for lo in range(0, len(ids) - 100, 100):
+            got = sum(task(rid) == "stance-tweets" for rid in ids[lo : lo + 100])
+            assert abs(got - 100 * p) < 4 * math.sqrt(100 * p * (1 - p))
+    # Up-weighted A (450 of 300 rows per epoch): over two epochs each row exactly three times.
+    assert set(Counter(rid for ids in epochs for rid in ids if task(rid) == "stance-tweets").values()) == {3}
+    # Down-weighted B (150 of 300 per epoch): the two epochs show disjoint halves, together every row once.
+    b_rows = [rid for ids in epochs for rid in ids if task(rid) == "hearings-exchanges"]
+    assert Counter(b_rows) == Counter(file_ids(b))
+
+
+def _run(loader, start: int, stop: int, steps: int, after_iter_set_epoch: bool = False) -> list[list[str]]:
+    """Consume batches number start..stop-1 (counted over epochs) the way Lightning's fit loop does."""
+    out, done = [], start
+    while done < stop:
+        epoch, offset = divmod(done, steps)
+        if not after_iter_set_epoch:
+            loader.sampler.set_epoch(epoch)
+        it = iter(loader)
+        if after_iter_set_epoch:  # on resume Lightning builds the iterator first, then sets the epoch
+            loader.sampler.set_epoch(epoch)
+            after_iter_set_epoch = False
+        for _ in range(min(steps - offset, stop - done)):
+            out.append(next(it)["row_ids"])
+            done += 1
+    return out
+
+
+@pytest.mark.distributed
+def test_resume_continues_with_the_next_row_at_any_step(files, tokenize, tmp_path):
+    sources = [
+        Source(str(files["math"]), count=70),  # a fixed subset
+        Source(str(files["stance"]), count=20),
+        Source(str(files["stance40"]), weight=1.0),  # 25 of 40 per epoch: the window moves each epoch
+        Source(str(files["stance60"]), weight=3.0),  # 75 of 60 per epoch: repeats
+    ]
+
+    def loader(rank):
+        dm = TrainingDataModule(sources, batch_size=8, num_workers=2, seed=5, index_dir=str(tmp_path), tokenize=tokenize)
+        return dm.make_dataloader(rank, world_size=2)
+
+    steps = len(loader(0))
+    total = 2 * steps
+    whole = {rank: _run(loader(rank), 0, total, steps) for rank in (0, 1)}
+    for k in (0, 1, 5, steps - 1, steps, steps + 1, total - 1):
+        first = loader(0)
+        head = _run(first, 0, k, steps)
+        state = first.state_dict()  # Lightning saves rank 0's loader state; every rank loads it
+        for rank in (0, 1):
+            resumed = loader(rank)
+            resumed.load_state_dict(state)
+            tail = _run(resumed, k, total, steps, after_iter_set_epoch=True)
+            if rank == 0:
+                assert head + tail == whole[0], k
+            assert tail == whole[1][k:] if rank == 1 else True, k
+
+
+def test_resume_refuses_a_different_setup(files, tokenize, tmp_path):
+    def loader(world_size, batch_size=8):
+        dm = TrainingDataModule([Source(str(files["stance60"]))], batch_size=batch_size, num_workers=0,
+                                index_dir=str(tmp_path), tokenize=tokenize)
+        return dm.make_dataloader(0, world_size)
+
+    first = loader(2)
+    next(iter(first))
+    state = first.state_dict()
+    for other in (loader(1), loader(2, batch_size=4)):
+        other.load_state_dict(state)
+        with pytest.raises(ValueError, match="different data setup"):
+            next(iter(other))
+
+
+@pytest.mark.distributed
+def test_resume_under_another_number_of_workers(files, tokenize, tmp_path):
+    def loader(num_workers):
+        dm = TrainingDataModule([Source(str(files["stance60"])), Source(str(files["stance40"]), count=10)], batch_size=4,
+                                num_workers=num_workers, seed=9, index_dir=str(tmp_path), tokenize=tokenize)
+        return dm.make_dataloader()
+
+    steps = len(loader(0))
+    whole = _run(loader(0), 0, 2 * steps, steps)
+    for saved, resumed_with, k in ((2, 0, 5), (2, 1, steps + 3), (0, 2, steps), (1, 2, 7)):
+        first = loader(saved)
+        head = _run(first, 0, k, steps)
+        again = loader(resumed_with)
+        again.load_state_dict(first.state_dict())
+        assert head + _run(again, k, 2 * steps, steps, after_iter_set_epoch=True) == whole, (saved, resumed_with, k)
