@@ -1,0 +1,200 @@
+"""The LightningModule: one training step is one GradCache step over the rank's whole batch.
+
+Manual optimisation (Lightning): AdamW (lr 2e-4), linear warmup over the first 3% of steps then
+linear decay to 0 (the model card; transformers' ``get_linear_schedule_with_warmup``), optional
+gradient clipping. A step whose loss or gradient norm is not finite is skipped and counted;
+``max_bad_steps`` in a row stop the run with a checkpoint and a clear message.
+
+Checkpoints hold only the trainable weights (the LoRA adapter, or everything when training fully),
+plus what Lightning saves itself: optimizer, scheduler, loop and data-loader state. Randomness is
+re-seeded at every step from (seed, step), so the checkpoint's step number is the RNG state.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from pathlib import Path
+
+import lightning as L
+import torch
+
+from obliq.loss import InfoNCELoss
+from obliq.model.encoder import BiEncoder
+from obliq.model.gradcache import grad_cache_step
+
+log = logging.getLogger(__name__)
+
+
+class RetrieverModule(L.LightningModule):
+    """Trains a :class:`~obliq.model.BiEncoder` with InfoNCE + GradCache.
+
+    Args:
+        encoder: the bi-encoder (in a config: ``class_path: obliq.model.BiEncoder`` + ``init_args``).
+        temperature: InfoNCE τ (0.02 = scale 50, the model card).
+        chunk_size: GradCache chunk (rows per forward pass); None encodes each side in one pass.
+        gather_across_devices: use every rank's documents as negatives.
+        lr: peak learning rate (AdamW).
+        weight_decay: AdamW weight decay.
+        warmup_ratio: share of the total steps with linear warmup.
+        max_grad_norm: clip the global gradient norm to this (None: no clipping).
+        max_bad_steps: consecutive non-finite steps that stop the run.
+        seed: seeds each step's randomness (LoRA and model dropout) as a function of (seed, step),
+            so a resumed run draws exactly what an uninterrupted one would.
+
+    Batch: the dictionary of :mod:`obliq.data` (``query``, ``docs``, ``positive_index``,
+    ``doc_ids``, ``doc_text_hash``, ...).
+    """
+
+    def __init__(
+        self,
+        encoder: BiEncoder,
+        temperature: float = 0.02,
+        chunk_size: int | None = 4,
+        gather_across_devices: bool = True,
+        lr: float = 2e-4,
+        weight_decay: float = 0.0,
+        warmup_ratio: float = 0.03,
+        max_grad_norm: float | None = 1.0,
+        max_bad_steps: int = 5,
+        seed: int = 0,
+    ):
+        super().__init__()
+        if not 0 <= warmup_ratio < 1:
+            raise ValueError(f"warmup_ratio must be in [0, 1), got {warmup_ratio}")
+        if chunk_size is not None and chunk_size < 1:
+            raise ValueError(f"chunk_size must be >= 1 or null, got {chunk_size}")
+        self.save_hyperparameters(ignore=["encoder"])
+        self.automatic_optimization = False
+        self.strict_loading = False  # checkpoints hold only the trainable weights
+        self.encoder = encoder
+        self.loss = InfoNCELoss(temperature, gather_across_devices)
+        self.chunk_size = chunk_size
+        self.bad_steps = 0
+        self.consecutive_bad = 0
+        self._t_last: float | None = None
+
+    # ------------------------------------------------------------------ setup
+    def setup(self, stage: str) -> None:
+        """Hand the encoder's tokenization (a light, picklable object) to the data module."""
+        datamodule = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
+        if datamodule is not None and getattr(datamodule, "tokenize", None) is None:
+            datamodule.tokenize = self.encoder.text
+
+    def total_steps(self) -> int:
+        """Optimizer steps of the whole run: ``max_steps`` when set, else steps per epoch × epochs,
+        computed from the data plan (never by reading the loader, whose state may not be restored)."""
+        trainer = self.trainer
+        if trainer.max_steps and trainer.max_steps > 0:
+            return int(trainer.max_steps)
+        datamodule = trainer.datamodule
+        if datamodule is None or not hasattr(datamodule, "steps_per_epoch") or not trainer.max_epochs:
+            raise ValueError("set trainer.max_steps, or max_epochs with obliq's TrainingDataModule")
+        return int(datamodule.steps_per_epoch(trainer.world_size)) * int(trainer.max_epochs)
+
+    def configure_optimizers(self):
+        from transformers import get_linear_schedule_with_warmup
+
+        params = [p for p in self.encoder.parameters() if p.requires_grad]
+        if not params:
+            raise ValueError("the encoder has no trainable parameter")
+        optimizer = torch.optim.AdamW(params, lr=self.hparams.lr, weight_decay=self.hparams.weight_decay)
+        total = self.total_steps()
+        warmup = math.ceil(self.hparams.warmup_ratio * total)
+        scheduler = get_linear_schedule_with_warmup(optimizer, warmup, total)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    # ------------------------------------------------------------------ training
+    def _doc_keys(self, batch) -> torch.Tensor:
+        from obliq.data.rows import id_hash
+
+        ids = torch.tensor([id_hash(i) for i in batch["doc_ids"]], dtype=torch.long)
+        return torch.stack([ids, batch["doc_text_hash"].cpu()], dim=1).to(self.device)
+
+    def training_step(self, batch, batch_idx: int):
+        optimizer = self.optimizers()
+        scheduler = self.lr_schedulers()
+        optimizer.zero_grad(set_to_none=True)
+        torch.manual_seed(self.hparams.seed * 1_000_003 + self.global_step)  # CPU and every CUDA device
+        positive_index = batch["positive_index"].to(self.device)
+        keys = self._doc_keys(batch)
+        try:
+            loss = grad_cache_step(
+                self.encoder,
+                batch["query"],
+                batch["docs"],
+                lambda q, d: self.loss(q, d, positive_index, keys),
+                self.chunk_size,
+                backward=self.manual_backward,
+                no_sync=self.trainer.strategy.block_backward_sync if self.trainer.world_size > 1 else None,
+                backward_scale=self.loss.backward_scale,
+            )
+            grad_norm = self._clip()
+            if not torch.isfinite(grad_norm):
+                raise FloatingPointError(f"non-finite gradient norm {grad_norm.item()}")
+        except FloatingPointError as err:
+            optimizer.zero_grad(set_to_none=True)
+            self._bad_step(err)
+            return None
+        lr = optimizer.param_groups[0]["lr"]  # the rate this step used
+        optimizer.step()
+        scheduler.step()
+        self.consecutive_bad = 0
+        self._log_step(batch, loss, grad_norm, lr)
+        return loss
+
+    def _clip(self) -> torch.Tensor:
+        params = [p for p in self.encoder.parameters() if p.grad is not None]
+        limit = self.hparams.max_grad_norm
+        if not params:
+            return torch.tensor(0.0)
+        return torch.nn.utils.clip_grad_norm_(params, limit if limit is not None else float("inf"))
+
+    def _bad_step(self, err: Exception) -> None:
+        self.bad_steps += 1
+        self.consecutive_bad += 1
+        self.log("train/bad_steps", float(self.bad_steps), rank_zero_only=True)
+        log.warning("step %d skipped: %s (%d in a row)", self.global_step, err, self.consecutive_bad)
+        if self.consecutive_bad >= self.hparams.max_bad_steps:
+            path = Path(self.trainer.default_root_dir) / "checkpoints" / "bad-steps.ckpt"
+            self.trainer.save_checkpoint(path)
+            raise FloatingPointError(
+                f"{self.consecutive_bad} consecutive steps had a non-finite loss or gradient (last: {err}); "
+                f"stopped at step {self.global_step}, checkpoint {path}. Lower the lr, check the data, "
+                "or use bf16 instead of fp16."
+            )
+
+    def _log_step(self, batch, loss: torch.Tensor, grad_norm: torch.Tensor, lr: float) -> None:
+        now = time.perf_counter()
+        n = len(batch["positive_index"])
+        tokens = int(batch["query"]["attention_mask"].sum() + batch["docs"]["attention_mask"].sum())
+        metrics = {
+            "train/loss": loss,
+            "train/lr": lr,
+            "train/grad_norm": grad_norm,
+        }
+        if self._t_last is not None:
+            elapsed = now - self._t_last
+            metrics["train/anchors_per_s"] = n * self.trainer.world_size / elapsed
+            metrics["train/tokens_per_s"] = tokens * self.trainer.world_size / elapsed
+        if torch.cuda.is_available() and self.device.type == "cuda":
+            metrics["train/gpu_mem_gib"] = torch.cuda.max_memory_allocated(self.device) / 2**30
+        self._t_last = now
+        self.log_dict(metrics, prog_bar=False, batch_size=n)
+        self.log("loss", loss, prog_bar=True, logger=False, batch_size=n)
+
+    # ------------------------------------------------------------------ checkpoints
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        trainable = {f"encoder.{n}" for n, p in self.encoder.named_parameters() if p.requires_grad}
+        checkpoint["state_dict"] = {k: v for k, v in checkpoint["state_dict"].items() if k in trainable}
+        checkpoint["obliq"] = {"bad_steps": self.bad_steps, "encoder": self.encoder.settings,
+                               "lora": None if self.encoder.lora is None else vars(self.encoder.lora)}
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        trainable = {f"encoder.{n}" for n, p in self.encoder.named_parameters() if p.requires_grad}
+        missing = sorted(trainable - checkpoint["state_dict"].keys())
+        if missing:
+            raise KeyError(f"checkpoint lacks {len(missing)} trainable weights, e.g. {missing[:3]}: "
+                           "was it written with another LoRA configuration?")
+        self.bad_steps = checkpoint.get("obliq", {}).get("bad_steps", 0)

@@ -1,0 +1,174 @@
+"""train.py end to end: configs load, a short fit, kill-and-resume, export, W&B offline."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from test_data_support import task_rows, write_rows
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIGS = sorted(p for p in (REPO / "configs").rglob("*.yaml") if "sweeps" not in p.parts and "synth" not in p.parts)
+
+
+def _parser():
+    """The fit subcommand's arguments, as LightningCLI builds them, without instantiating anything."""
+    from jsonargparse import ArgumentParser
+    from lightning.pytorch import Trainer
+
+    from obliq.data import TrainingDataModule
+    from obliq.model.module import RetrieverModule
+
+    parser = ArgumentParser(exit_on_error=False)
+    parser.add_argument("--config", action="config")
+    parser.add_argument("--seed_everything", type=bool | int, default=True)
+    parser.add_argument("--ckpt_path", type=str | None, default=None)
+    parser.add_class_arguments(Trainer, "trainer")
+    parser.add_class_arguments(RetrieverModule, "model")
+    parser.add_class_arguments(TrainingDataModule, "data")
+    return parser
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda p: p.name)
+def test_every_config_loads_against_the_code(config):
+    text = config.read_text()
+    assert text.startswith("#") and ("train.py fit --config" in text.split("\n\n")[0] or "make " in text.splitlines()[0])
+    cfg = _parser().parse_args(["--config", str(config)])
+    assert cfg.model.encoder.class_path == "obliq.model.BiEncoder"
+    assert cfg.data.sources
+
+
+def _write_config(folder: Path, rows: Path, backbone: str, max_steps: int, **extra) -> Path:
+    cfg = {
+        "seed_everything": 0,
+        "trainer": {
+            "accelerator": "cpu", "devices": 1, "max_steps": max_steps, "deterministic": True,
+            "default_root_dir": str(folder), "enable_progress_bar": False, "enable_model_summary": False,
+            "log_every_n_steps": 1,
+            "logger": {"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": str(folder)}},
+            "callbacks": [{"class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
+                           "init_args": {"dirpath": str(folder / "ckpt"), "save_last": True,
+                                         "every_n_train_steps": 1, "save_top_k": -1}}],
+        },
+        "model": {
+            "encoder": {"class_path": "obliq.model.BiEncoder",
+                        "init_args": {"backbone": backbone, "lora": {"r": 4, "alpha": 8, "dropout": 0.1},
+                                      "query_max_length": 32, "passage_max_length": 48}},
+            "chunk_size": 2, "lr": 1e-3, "temperature": 0.05,
+        },
+        "data": {"sources": [{"path": str(rows)}], "batch_size": 4, "max_negatives": 2, "num_workers": 0},
+    }
+    for key, value in extra.items():
+        section, name = key.split("__")
+        cfg[section][name] = value
+    path = folder / "config.yaml"
+    folder.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+@pytest.fixture(scope="module")
+def rows_file(tasks_dir, tmp_path_factory) -> Path:
+    return write_rows(tmp_path_factory.mktemp("rows") / "rows.jsonl", task_rows(tasks_dir, "math-theoremqa", limit=40))
+
+
+def _lora(ckpt: Path) -> dict[str, torch.Tensor]:
+    state = torch.load(ckpt, map_location="cpu", weights_only=True)["state_dict"]
+    assert state and all("lora_" in k for k in state)
+    return state
+
+
+@pytest.mark.slow
+def test_three_step_fit_with_a_tiny_llama_through_train_py(tiny_llama_dir, rows_file, tmp_path):
+    import train
+
+    config = _write_config(tmp_path, rows_file, tiny_llama_dir, max_steps=3)
+    cli = train.main(["fit", "--config", str(config)])
+    assert cli.trainer.global_step == 3
+    first, last = _lora(tmp_path / "ckpt" / "epoch=0-step=1.ckpt"), _lora(tmp_path / "ckpt" / "last.ckpt")
+    assert any(not torch.equal(first[k], last[k]) for k in first)  # it trained
+    assert (tmp_path / "config.yaml").is_file()
+    metrics = (next(tmp_path.rglob("metrics.csv"))).read_text()
+    assert "train/loss" in metrics and "train/lr" in metrics and "train/grad_norm" in metrics
+    # The rate each step used: 3% warmup of 3 steps is 1 step (lr 0 at step 0, transformers'
+    # convention), then linear decay from the peak to 0 at step 3.
+    lrs = [float(x) for x in _column(metrics, "train/lr")]
+    assert lrs == pytest.approx([0.0, 1e-3, 5e-4])
+
+
+def _column(csv_text: str, name: str) -> list[str]:
+    lines = csv_text.strip().splitlines()
+    col = lines[0].split(",").index(name)
+    return [line.split(",")[col] for line in lines[1:] if line.split(",")[col]]
+
+
+def _train(config: Path, *extra: str) -> subprocess.Popen:
+    env = dict(os.environ, PYTHONHASHSEED="0", OMP_NUM_THREADS="1")
+    return subprocess.Popen([sys.executable, str(REPO / "train.py"), "fit", "--config", str(config), *extra],
+                            cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+@pytest.mark.slow
+def test_sigkill_and_resume_ends_bit_identical(tiny_llama_dir, rows_file, tmp_path):
+    """C16: a run killed at an arbitrary step and resumed with --ckpt_path last ends with the same
+    adapter as an uninterrupted run, the lr schedule continuing where it stopped."""
+    steps = 14  # 40 rows / 4 = 10 steps per epoch: the run crosses an epoch boundary
+    whole = _write_config(tmp_path / "whole", rows_file, tiny_llama_dir, max_steps=steps)
+    broken = _write_config(tmp_path / "broken", rows_file, tiny_llama_dir, max_steps=steps)
+    ref = _train(whole)
+    run = _train(broken)
+    target = tmp_path / "broken" / "ckpt" / "epoch=0-step=6.ckpt"
+    deadline = time.time() + 300
+    while not target.exists() and run.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    assert target.exists(), run.stderr.read() if run.poll() is not None else "timed out"
+    run.send_signal(signal.SIGKILL)
+    run.wait()
+    killed_at = max(int(p.stem.split("step=")[1]) for p in (tmp_path / "broken" / "ckpt").glob("epoch=*.ckpt"))
+    assert killed_at < steps
+    resumed = _train(broken, "--ckpt_path", "last")
+    assert resumed.wait(timeout=600) == 0, resumed.stderr.read()
+    assert ref.wait(timeout=600) == 0, ref.stderr.read()
+    a = _lora(tmp_path / "whole" / "ckpt" / "last.ckpt")
+    b = _lora(tmp_path / "broken" / "ckpt" / "last.ckpt")
+    assert a.keys() == b.keys()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    sched_a = torch.load(tmp_path / "whole" / "ckpt" / "last.ckpt", weights_only=False)["lr_schedulers"][0]
+    sched_b = torch.load(tmp_path / "broken" / "ckpt" / "last.ckpt", weights_only=False)["lr_schedulers"][0]
+    assert sched_a["last_epoch"] == sched_b["last_epoch"] == steps
+    assert sched_a["_last_lr"] == sched_b["_last_lr"]
+
+
+@pytest.mark.slow
+def test_export_round_trip(minilm_path, rows_file, tmp_path):
+    import train
+    from sentence_transformers import SentenceTransformer
+
+    from obliq.eval.encoders import load_encoder
+    from obliq.export import PROBE, export, load_checkpoint
+
+    config = _write_config(tmp_path, rows_file, "minilm", max_steps=2)
+    train.main(["fit", "--config", str(config)])
+    ckpt = tmp_path / "ckpt" / "last.ckpt"
+    report = export(ckpt, tmp_path / "export", merge=True)
+    expect_q = load_checkpoint(ckpt).encode(PROBE, "query")
+    expect_d = load_checkpoint(ckpt).encode(PROBE, "passage")
+    adapter = load_encoder(report["adapter"])  # the evaluation loader, as evaluate.py uses it
+    assert torch.allclose(adapter.encode(PROBE, "query"), expect_q, atol=1e-5)
+    assert torch.allclose(adapter.encode(PROBE, "passage"), expect_d, atol=1e-5)
+    # The merged folder loads with plain sentence-transformers (no obliq import needed) and
+    # applies the prefixes through its prompts.
+    st = SentenceTransformer(report["merged"], device="cpu")
+    assert st.prompts["query"] == "query: " and st.prompts["document"] == "passage: "
+    st.max_seq_length = 32
+    got = st.encode_query(PROBE, convert_to_tensor=True)
+    assert torch.allclose(got, expect_q, atol=1e-5)
+    assert report["probe_min_cosine"] >= 0.999
