@@ -137,6 +137,11 @@ def test_prefixes_and_truncation_at_the_configured_length(minilm_path):
     assert batch["attention_mask"].sum(1).tolist()[0] == 512
     assert batch["input_ids"][0, -1] == enc.tokenizer.sep_token_id  # special tokens kept
     assert enc.truncated == {"query": 0, "passage": 1}
+    # The tokenization travels to data-loader workers without the model.
+    import pickle
+
+    clone = pickle.loads(pickle.dumps(enc.text))
+    assert torch.equal(clone([long_doc], "passage")["input_ids"], batch["input_ids"][:1])
     ids = enc.tokenize(["hello"], "query")["input_ids"][0].tolist()
     assert enc.tokenizer.decode(ids, skip_special_tokens=True) == "query : hello"
     assert enc.truncated["query"] == 0
@@ -145,9 +150,9 @@ def test_prefixes_and_truncation_at_the_configured_length(minilm_path):
 def test_instructions_only_when_enabled(minilm_path):
     off = BiEncoder(minilm_path)
     on = BiEncoder(minilm_path, use_instructions=True)
-    assert off.format(["q"], "query", ["find style"]) == ["query: q"]
-    assert on.format(["q", "r"], "query", ["find style", None]) == ["Instruct: find style\nquery: q", "query: r"]
-    assert on.format(["d"], "passage", ["x"]) == ["passage: d"]
+    assert off.text.format(["q"], "query", ["find style"]) == ["query: q"]
+    assert on.text.format(["q", "r"], "query", ["find style", None]) == ["Instruct: find style\nquery: q", "query: r"]
+    assert on.text.format(["d"], "passage", ["x"]) == ["passage: d"]
 
 
 # ---------------------------------------------------------------- LoRA

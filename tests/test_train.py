@@ -88,10 +88,10 @@ def _lora(ckpt: Path) -> dict[str, torch.Tensor]:
 
 @pytest.mark.slow
 def test_three_step_fit_with_a_tiny_llama_through_train_py(tiny_llama_dir, rows_file, tmp_path):
-    import train
+    from obliq.trainer import cli
 
     config = _write_config(tmp_path, rows_file, tiny_llama_dir, max_steps=3)
-    cli = train.main(["fit", "--config", str(config)])
+    cli = cli(["fit", "--config", str(config)])
     assert cli.trainer.global_step == 3
     first, last = _lora(tmp_path / "ckpt" / "epoch=0-step=1.ckpt"), _lora(tmp_path / "ckpt" / "last.ckpt")
     assert any(not torch.equal(first[k], last[k]) for k in first)  # it trained
@@ -149,14 +149,14 @@ def test_sigkill_and_resume_ends_bit_identical(tiny_llama_dir, rows_file, tmp_pa
 
 @pytest.mark.slow
 def test_export_round_trip(minilm_path, rows_file, tmp_path):
-    import train
+    from obliq.trainer import cli
     from sentence_transformers import SentenceTransformer
 
     from obliq.eval.encoders import load_encoder
     from obliq.export import PROBE, export, load_checkpoint
 
     config = _write_config(tmp_path, rows_file, "minilm", max_steps=2)
-    train.main(["fit", "--config", str(config)])
+    cli(["fit", "--config", str(config)])
     ckpt = tmp_path / "ckpt" / "last.ckpt"
     report = export(ckpt, tmp_path / "export", merge=True)
     expect_q = load_checkpoint(ckpt).encode(PROBE, "query")
@@ -172,3 +172,50 @@ def test_export_round_trip(minilm_path, rows_file, tmp_path):
     got = st.encode_query(PROBE, convert_to_tensor=True)
     assert torch.allclose(got, expect_q, atol=1e-5)
     assert report["probe_min_cosine"] >= 0.999
+
+
+def test_wandb_sweep_command_line_parses():
+    """The command a `wandb agent` runs: ${args} becomes dotted overrides that the CLI parses."""
+    sweep = yaml.safe_load((REPO / "configs" / "sweeps" / "quickstart-lr-temperature.yaml").read_text())
+    assert sweep["program"] == "train.py"
+    args = [f"--{name}={spec['values'][0]}" for name, spec in sweep["parameters"].items()]
+    command = [a for c in sweep["command"] for a in (args if c == "${args}" else [c])]
+    argv = command[command.index("fit") + 1:]
+    cfg = _parser().parse_args([a.replace("configs/", str(REPO / "configs") + "/") for a in argv])
+    assert cfg.model.lr == sweep["parameters"]["model.lr"]["values"][0]
+    assert cfg.model.temperature == sweep["parameters"]["model.temperature"]["values"][0]
+    assert cfg.data.batch_size == sweep["parameters"]["data.batch_size"]["values"][0]
+    assert cfg.trainer.logger.class_path == "callbacks.WandbLogger"
+
+
+@pytest.mark.slow
+def test_wandb_offline_run_holds_metrics_and_a_resume_continues_it(tiny_llama_dir, rows_file, tmp_path, monkeypatch):
+    import wandb
+
+    from obliq.trainer import cli
+
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    logger = {"class_path": "callbacks.WandbLogger", "init_args": {"project": "obliq-test", "save_dir": str(tmp_path)}}
+    config = _write_config(tmp_path, rows_file, tiny_llama_dir, max_steps=3)
+    cfg = yaml.safe_load(config.read_text())
+    cfg["trainer"]["logger"] = logger
+    config.write_text(yaml.safe_dump(cfg))
+    try:
+        cli(["fit", "--config", str(config)])
+        wandb.finish()  # a resume is a new process in real use
+        cli(["fit", "--config", str(config), "--trainer.max_steps=5", "--ckpt_path", "last"])
+    finally:
+        wandb.finish()
+    runs = sorted((tmp_path / "wandb").glob("offline-run-*"))
+    assert len(runs) == 2
+    run_id = (tmp_path / "wandb-run-id").read_text().strip()
+    assert all(r.name.endswith(run_id) for r in runs)  # the resume continued the same W&B run
+    # Offline runs keep their records in run-<id>.wandb (protobuf; keys are stored as text).
+    deadline = time.time() + 60  # the W&B service may still be flushing the last run
+    while b"train/loss" not in (runs[1] / f"run-{run_id}.wandb").read_bytes() and time.time() < deadline:
+        time.sleep(0.5)
+    first, second = ((r / f"run-{run_id}.wandb").read_bytes() for r in runs)
+    assert first.count(b"train/loss") >= 3 and b"trainer/global_step" in first
+    assert b"train/loss" in second
+    assert b"seed_everything" in first  # the resolved config was logged (LoggedConfig)

@@ -53,6 +53,65 @@ class LoraSettings:
             raise ValueError(f"LoRA dropout must be in [0, 1), got {self.dropout}")
 
 
+class Tokenize:
+    """Prefix, tokenize, truncate and pad texts for the encoder; picklable without the model, so
+    data-loader workers can carry it.
+
+    Args:
+        tokenizer: a Hugging Face tokenizer with a pad token.
+        query_prefix / passage_prefix: prepended to every query / passage (the model card).
+        query_max_length / passage_max_length: cut lengths in tokens, special tokens included.
+            A tokenizer's ``model_max_length`` is ignored (some report 1e30, C17).
+        use_instructions: prepend ``Instruct: <instruction>\\n`` to queries that carry one.
+
+    ``truncated`` counts the texts cut so far, per kind.
+    """
+
+    def __init__(self, tokenizer, query_prefix: str = "query: ", passage_prefix: str = "passage: ",
+                 query_max_length: int = 256, passage_max_length: int = 1024, use_instructions: bool = False):
+        if min(query_max_length, passage_max_length) < 1:
+            raise ValueError("max lengths must be positive")
+        self.tokenizer = tokenizer
+        self.prefix = {"query": query_prefix, "passage": passage_prefix}
+        self.max_length = {"query": query_max_length, "passage": passage_max_length}
+        self.use_instructions = use_instructions
+        self.truncated = {"query": 0, "passage": 0}
+
+    def format(self, texts: list[str], kind: Kind, instructions: list[str | None] | None = None) -> list[str]:
+        """Prefix texts for ``kind`` (and, with ``use_instructions``, each query's instruction)."""
+        if kind not in self.max_length:
+            raise ValueError(f"kind must be 'query' or 'passage', got {kind!r}")
+        out = [self.prefix[kind] + t for t in texts]
+        if kind == "query" and self.use_instructions and instructions is not None:
+            out = [INSTRUCTION_TEMPLATE.format(instruction=i) + t if i else t for t, i in zip(out, instructions)]
+        return out
+
+    def __call__(
+        self, texts: list[str], kind: Kind, instructions: list[str | None] | None = None
+    ) -> dict[str, torch.Tensor]:
+        """Tokenize n texts of one kind.
+
+        Returns:
+            ``input_ids`` and ``attention_mask``, LongTensors (n, L), L ≤ the kind's max length,
+            padded on the tokenizer's padding side.
+        """
+        if isinstance(texts, str):
+            raise TypeError("tokenize expects a list of texts, not a single string")
+        formatted = self.format(list(texts), kind, instructions)
+        limit = self.max_length[kind]
+        # One token over the limit tells which texts are cut, without tokenizing them in full.
+        enc = self.tokenizer(formatted, truncation=True, max_length=limit + 1, padding=False)
+        over = [i for i, ids in enumerate(enc["input_ids"]) if len(ids) > limit]
+        if over:
+            cut = self.tokenizer([formatted[i] for i in over], truncation=True, max_length=limit, padding=False)
+            for j, i in enumerate(over):
+                enc["input_ids"][i] = cut["input_ids"][j]
+                enc["attention_mask"][i] = cut["attention_mask"][j]
+            self.truncated[kind] += len(over)
+        features = [{"input_ids": a, "attention_mask": m} for a, m in zip(enc["input_ids"], enc["attention_mask"])]
+        return dict(self.tokenizer.pad(features, padding=True, return_tensors="pt"))
+
+
 class BiEncoder(nn.Module):
     """A shared query/passage encoder: backbone → masked mean pooling → L2 normalisation.
 
@@ -115,14 +174,11 @@ class BiEncoder(nn.Module):
             attn_implementation=attn_implementation,
         )
         self.name_or_path = backbone
-        self.query_prefix, self.passage_prefix = query_prefix, passage_prefix
-        self.use_instructions = use_instructions
-        self.max_length = {"query": query_max_length, "passage": passage_max_length}
-        self.truncated = {"query": 0, "passage": 0}
         path = resolve_model(backbone)
-
         self.tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
         _ensure_pad_token(self.tokenizer)
+        self.text = Tokenize(self.tokenizer, query_prefix, passage_prefix, query_max_length, passage_max_length,
+                             use_instructions)
 
         kwargs: dict = {"dtype": _DTYPES[dtype], "trust_remote_code": trust_remote_code}
         if attn_implementation:
@@ -155,42 +211,16 @@ class BiEncoder(nn.Module):
         check_bidirectional(self, expect=self.bidirectional)
 
     # ------------------------------------------------------------------ tokenization
-    def format(self, texts: list[str], kind: Kind, instructions: list[str | None] | None = None) -> list[str]:
-        """Prefix texts for ``kind`` (and, with ``use_instructions``, each query's instruction)."""
-        if kind not in self.max_length:
-            raise ValueError(f"kind must be 'query' or 'passage', got {kind!r}")
-        prefix = self.query_prefix if kind == "query" else self.passage_prefix
-        out = [prefix + t for t in texts]
-        if kind == "query" and self.use_instructions and instructions is not None:
-            out = [INSTRUCTION_TEMPLATE.format(instruction=i) + t if i else t for t, i in zip(out, instructions)]
-        return out
-
     def tokenize(
         self, texts: list[str], kind: Kind, instructions: list[str | None] | None = None
     ) -> dict[str, torch.Tensor]:
-        """Prefix, tokenize and pad texts; cut at the kind's max length and count the cuts.
+        """See :class:`Tokenize` (``self.text``)."""
+        return self.text(texts, kind, instructions)
 
-        A tokenizer's ``model_max_length`` is ignored (some report 1e30, C17): the configured
-        length always applies, special tokens included.
-
-        Returns:
-            ``input_ids`` and ``attention_mask``, LongTensors of shape (n, L) with L ≤ max length.
-        """
-        if isinstance(texts, str):
-            raise TypeError("tokenize expects a list of texts, not a single string")
-        limit = self.max_length[kind]
-        formatted = self.format(list(texts), kind, instructions)
-        # One token over the limit tells which texts are cut, without tokenizing them in full.
-        enc = self.tokenizer(formatted, truncation=True, max_length=limit + 1, padding=False)
-        over = [i for i, ids in enumerate(enc["input_ids"]) if len(ids) > limit]
-        if over:
-            cut = self.tokenizer([formatted[i] for i in over], truncation=True, max_length=limit, padding=False)
-            for j, i in enumerate(over):
-                enc["input_ids"][i] = cut["input_ids"][j]
-                enc["attention_mask"][i] = cut["attention_mask"][j]
-            self.truncated[kind] += len(over)
-        features = [{"input_ids": a, "attention_mask": m} for a, m in zip(enc["input_ids"], enc["attention_mask"])]
-        return dict(self.tokenizer.pad(features, padding=True, return_tensors="pt"))
+    @property
+    def truncated(self) -> dict[str, int]:
+        """Texts cut at the max length so far, per kind (in this process)."""
+        return self.text.truncated
 
     # ------------------------------------------------------------------ encoding
     def forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:

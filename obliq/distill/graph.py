@@ -1,0 +1,191 @@
+"""The teacher's k-nearest-neighbour graph over a corpus (the paper's style-space kNN graph, §3.2).
+
+Neighbours come from obliq's one exact search (:mod:`obliq.eval.index`, faiss ``IndexFlatIP`` over
+unit float32 vectors, so similarity is the cosine). Only the topology is kept — which documents are
+each document's k nearest — never the teacher's scores (§3.2, "Why graph and not scores").
+
+Faults this module is built against (reported for faiss kNN graphs):
+
+- self-loops when a document has an identical twin: the twin can come back ahead of the document
+  itself, so dropping "column 0" drops the twin and keeps the self-loop. Here the document is
+  removed by its id wherever it appears, and k + 1 candidates are fetched so k remain;
+- ``-1`` ids when k ≥ corpus size: the shared search caps k at the corpus size, and a document
+  simply gets the n − 1 others;
+- ties (identical vectors) in an order that varies: candidates are ordered by (score descending,
+  corpus position), so the graph is the same on every run.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from obliq.eval.index import DenseIndex, unit_float32
+
+
+@dataclass
+class KnnGraph:
+    """A directed kNN graph over a corpus.
+
+    Attributes:
+        ids: corpus ids, in corpus order (unique).
+        neighbours: for document i, the corpus positions of its nearest neighbours, nearest first:
+            ``min(k, n − 1)`` of them (fewer only when ``groups`` exclude more).
+        k: the k asked for.
+        identical_twins: documents whose vector equals another document's vector exactly.
+        meta: free-form provenance (task, teacher, timings) written with the graph.
+    """
+
+    ids: list[str]
+    neighbours: list[list[int]]
+    k: int
+    identical_twins: int = 0
+    meta: dict = field(default_factory=dict)
+
+    @property
+    def n_edges(self) -> int:
+        """Number of directed edges (anchor → neighbour)."""
+        return sum(len(n) for n in self.neighbours)
+
+    def edges(self) -> list[tuple[int, int, int]]:
+        """``(anchor, neighbour, rank)`` triples, anchors in corpus order, rank 1 = nearest."""
+        return [(i, j, r) for i, row in enumerate(self.neighbours) for r, j in enumerate(row, 1)]
+
+    def to_json(self) -> dict:
+        return {**self.meta, "k": self.k, "corpus_size": len(self.ids), "edges": self.n_edges,
+                "identical_twins": self.identical_twins,
+                "neighbours": {self.ids[i]: [self.ids[j] for j in row] for i, row in enumerate(self.neighbours)}}
+
+    def save(self, path: str | Path) -> None:
+        """Write the graph as one JSON object: provenance, ``k``, counts and ``neighbours`` (id → ids)."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.to_json(), ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
+
+
+def load_graph(path: str | Path) -> KnnGraph:
+    """Read a graph written by :meth:`KnnGraph.save`.
+
+    Raises:
+        FileNotFoundError: no such file.
+        ValueError: not JSON, a missing field, or a neighbour id that is not an anchor id
+            (the file and the field are named).
+    """
+    path = Path(path)
+    try:
+        obj = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}:{e.lineno}: invalid JSON ({e.msg})") from None
+    for key in ("k", "neighbours"):
+        if key not in obj:
+            raise ValueError(f"{path}: missing field {key!r}")
+    if not isinstance(obj["neighbours"], dict):
+        raise ValueError(f"{path}: field 'neighbours' must be an object (id → list of ids)")
+    ids = list(obj["neighbours"])
+    pos = {d: i for i, d in enumerate(ids)}
+    neighbours = []
+    for d, row in obj["neighbours"].items():
+        if not isinstance(row, list):
+            raise ValueError(f"{path}: neighbours[{d!r}] must be a list of ids")
+        missing = [n for n in row if n not in pos]
+        if missing:
+            raise ValueError(f"{path}: neighbours[{d!r}] holds {missing[0]!r}, which is not a document of the graph")
+        neighbours.append([pos[n] for n in row])
+    meta = {key: v for key, v in obj.items() if key not in ("k", "neighbours", "corpus_size", "edges", "identical_twins")}
+    return KnnGraph(ids, neighbours, int(obj["k"]), int(obj.get("identical_twins", 0)), meta)
+
+
+def count_identical_twins(vectors: np.ndarray) -> int:
+    """Number of rows of ``vectors`` (n, d) that are bitwise equal to at least one other row."""
+    if len(vectors) < 2:
+        return 0
+    _, inverse, counts = np.unique(np.ascontiguousarray(vectors), axis=0, return_inverse=True, return_counts=True)
+    return int((counts[np.asarray(inverse).reshape(-1)] > 1).sum())
+
+
+def knn_graph(
+    vectors,
+    ids: Sequence[str],
+    k: int = 3,
+    groups: Sequence[str] | None = None,
+    use_gpu: bool | None = None,
+) -> KnnGraph:
+    """Each document's ``k`` nearest other documents by cosine, through the shared exact search.
+
+    Args:
+        vectors: (n, d) teacher vectors, any float dtype (renormalised in float32).
+        ids: n unique document ids, row order.
+        k: neighbours per document (the paper and the model card: 3); capped at n − 1.
+        groups: optional n group labels (e.g. the source book of each passage); a neighbour must
+            then come from another group than its anchor, which keeps same-book pairs out.
+        use_gpu: passed to :class:`obliq.eval.index.DenseIndex`.
+
+    Returns:
+        The graph; document i's neighbours are ordered by cosine descending, ties by corpus position.
+
+    Raises:
+        ValueError: ``k < 1``, lengths that disagree, a duplicate id (named), or bad vectors.
+    """
+    if k < 1:
+        raise ValueError(f"k must be at least 1, got {k}")
+    ids = [str(d) for d in ids]
+    x = unit_float32(vectors, "teacher vectors")
+    n = len(x)
+    if len(ids) != n:
+        raise ValueError(f"{len(ids)} ids for {n} vectors")
+    if groups is not None and len(groups) != n:
+        raise ValueError(f"{len(groups)} groups for {n} vectors")
+    seen: dict[str, int] = {}
+    for i, d in enumerate(ids):
+        if d in seen:
+            raise ValueError(f"duplicate id {d!r} at rows {seen[d]} and {i}; ids must be unique")
+        seen[d] = i
+    if n == 0:
+        raise ValueError("no vectors")
+    # Fetch enough candidates that k remain after removing the anchor (and its own group).
+    extra = 1 if groups is None else max(Counter(groups).values())
+    want = min(k + extra, n)
+    scores, idx = DenseIndex(x, use_gpu=use_gpu).search(x, want)
+    neighbours: list[list[int]] = []
+    for i in range(n):
+        row_idx, row_scores = idx[i], scores[i]
+        order = np.lexsort((row_idx, -row_scores))  # score descending, then corpus position
+        row = []
+        for j in row_idx[order]:
+            j = int(j)
+            if ids[j] == ids[i] or (groups is not None and groups[j] == groups[i]):
+                continue
+            row.append(j)
+            if len(row) == k:
+                break
+        neighbours.append(row)
+    return KnnGraph(ids, neighbours, k, count_identical_twins(x))
+
+
+def teacher_graph(teacher, ids: Sequence[str], texts: Sequence[str], k: int = 3,
+                  groups: Sequence[str] | None = None) -> KnnGraph:
+    """Encode ``texts`` with ``teacher`` (one pass) and build their kNN graph.
+
+    Args:
+        teacher: anything with ``encode(texts) -> (n, d)`` and ``describe()``
+            (:mod:`obliq.distill.teachers`).
+        ids, texts: the corpus, in the same order.
+        k, groups: see :func:`knn_graph`.
+
+    Returns:
+        The graph; ``meta`` holds the teacher's settings and the encode / search seconds.
+    """
+    from time import perf_counter
+
+    t0 = perf_counter()
+    vectors = teacher.encode(texts)
+    t1 = perf_counter()
+    graph = knn_graph(vectors, ids, k, groups)
+    graph.meta.update({"teacher": teacher.describe(), "dim": int(vectors.shape[1]),
+                       "encode_seconds": round(t1 - t0, 3), "search_seconds": round(perf_counter() - t1, 3)})
+    return graph

@@ -1,0 +1,30 @@
+"""Evaluation: tasks, exact search, BM25, trec_eval metrics, significance, and the evaluate driver.
+
+One implementation of each: :func:`obliq.eval.index.search` is the project's only vector search,
+:class:`obliq.eval.bm25.BM25` its only BM25, :func:`obliq.eval.metrics.evaluate_run` its only metric code.
+"""
+
+from obliq.eval.bm25 import BM25
+from obliq.eval.index import DenseIndex, search, unit_float32
+from obliq.eval.metrics import DEFAULT_MEASURES, Evaluation, evaluate_run, read_run, write_run
+from obliq.eval.significance import Comparison, compare, paired_bootstrap
+from obliq.eval.tasks import Task, load_task, read_jsonl, read_qrels
+
+__all__ = [
+    "BM25",
+    "DEFAULT_MEASURES",
+    "Comparison",
+    "DenseIndex",
+    "Evaluation",
+    "Task",
+    "compare",
+    "evaluate_run",
+    "load_task",
+    "paired_bootstrap",
+    "read_jsonl",
+    "read_qrels",
+    "read_run",
+    "search",
+    "unit_float32",
+    "write_run",
+]

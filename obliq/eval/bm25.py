@@ -1,0 +1,89 @@
+"""BM25: obliq's one lexical retriever (evaluation baseline; hard-negative mining can use it too).
+
+Scoring is Lucene's BM25 as implemented by bm25s (Lù, 2024; ``method="lucene"``):
+idf = ln(1 + (N − df + 0.5) / (df + 0.5)), term weight = tf / (tf + k1 · (1 − b + b · |d| / avgdl)),
+no (k1 + 1) factor; a query term repeated in the query counts each time.
+
+Text analysis, chosen to stay close to the data README's reference BM25: lowercase, tokens are
+``\\w+`` runs (Unicode letters, digits, underscore), no stop-word list, then the Snowball English
+stemmer (Porter2, via PyStemmer). Pass ``stemmer=None`` for the README's exact reference
+(unstemmed tokens), which it reproduces to four decimals.
+
+Parameters: k1 = 0.9, b = 0.4 — the Anserini / Pyserini defaults, and the README's reference.
+
+Only documents that share a term with the query are returned (Lucene returns no others), so an
+empty document is never a hit, never a hard negative (C17); an all-empty corpus does not raise.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Sequence
+
+import numpy as np
+
+TOKEN = re.compile(r"\w+")
+K1 = 0.9
+B = 0.4
+
+
+class BM25:
+    """A BM25 index over a list of texts.
+
+    Args:
+        texts: the documents, in index order (empty strings allowed).
+        k1: term-frequency saturation (default 0.9).
+        b: length normalisation (default 0.4).
+        stemmer: a PyStemmer language (default ``english``) or None for no stemming.
+    """
+
+    def __init__(self, texts: Sequence[str], k1: float = K1, b: float = B, stemmer: str | None = "english"):
+        import bm25s
+
+        self.k1, self.b, self.n_docs = k1, b, len(texts)
+        if stemmer:
+            import Stemmer
+
+            self._stemmer = Stemmer.Stemmer(stemmer)
+        else:
+            self._stemmer = None
+        tokens = self.tokenize(texts)
+        self.n_empty = sum(1 for t in tokens if not t)
+        self._bm25 = None
+        if self.n_empty < len(tokens):  # bm25s cannot index a corpus without a single token
+            self._bm25 = bm25s.BM25(method="lucene", k1=k1, b=b)
+            self._bm25.index(tokens, show_progress=False)
+
+    def tokenize(self, texts: Sequence[str]) -> list[list[str]]:
+        """Lowercase ``\\w+`` tokens of each text, stemmed when a stemmer is set."""
+        out = [TOKEN.findall(t.lower()) for t in texts]
+        if self._stemmer is not None:
+            out = [self._stemmer.stemWords(t) for t in out]
+        return out
+
+    def scores(self, tokens: list[str]) -> np.ndarray:
+        """BM25 score of every document for one tokenized query: (n_docs,) float32 (0 = no shared term)."""
+        ids = self._bm25.get_tokens_ids(tokens) if self._bm25 is not None else []
+        if not ids:
+            return np.zeros(self.n_docs, dtype=np.float32)
+        return np.asarray(self._bm25.get_scores_from_ids(ids), dtype=np.float32)
+
+    def search_tokens(self, tokens: list[str], k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Top-``k`` documents for one tokenized query, best first (score > 0 only).
+
+        Returns:
+            ``(scores, indices)``: 1-D float32 scores (descending; equal scores by index) and
+            int64 document indices; at most ``k`` long, empty when nothing matches.
+        """
+        if k < 1:
+            raise ValueError(f"k must be at least 1, got {k}")
+        s = self.scores(tokens)
+        hits = np.flatnonzero(s > 0)
+        if len(hits) > k:
+            hits = hits[np.argpartition(-s[hits], k - 1)[:k]]
+        hits = hits[np.lexsort((hits, -s[hits]))]
+        return s[hits], hits.astype(np.int64)
+
+    def search(self, queries: Sequence[str], k: int) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Top-``k`` documents of each query: a list of ``(scores, indices)``, see :meth:`search_tokens`."""
+        return [self.search_tokens(t, k) for t in self.tokenize(queries)]

@@ -1,0 +1,159 @@
+"""What evaluation encodes with: a small protocol, its sentence-transformers implementation, a loader.
+
+Anything with ``encode(texts, kind, batch_size)`` returning (n, d) vectors can be evaluated:
+obliq's own :class:`obliq.model.BiEncoder` (``query: `` / ``passage: `` prefixes, mean pooling) and
+:class:`SentenceTransformerEncoder` for plain sentence-transformers or transformers folders, which
+are encoded the way sentence-transformers encodes them (its ``encode_query`` / ``encode_document``:
+the model's own saved prompts if it has any, none otherwise — all-MiniLM-L6-v2 has none).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal, Protocol, Sequence
+
+from obliq.models import resolve_model
+
+Kind = Literal["query", "passage"]
+EncoderKind = Literal["auto", "sentence-transformers", "obliq"]
+if TYPE_CHECKING:
+    import torch
+
+OBLIQ_CONFIG = "obliq_encoder.json"  # written by BiEncoder.save_pretrained
+
+
+class Encoder(Protocol):
+    """The protocol evaluation needs."""
+
+    def encode(self, texts: list[str], kind: Kind = "query", batch_size: int = 32):
+        """(n, d) vectors (torch or numpy, any float dtype) for n texts; rows need not be unit norm."""
+        ...
+
+
+class SentenceTransformerEncoder:
+    """A sentence-transformers model behind the :class:`Encoder` protocol.
+
+    A transformers folder without sentence-transformers files gets sentence-transformers' default
+    (mean pooling). Texts are cut at ``min(model max_seq_length, query/passage max length)``.
+
+    Args:
+        name_or_path: an alias (``minilm``, see :mod:`obliq.models`), a folder or a hub id.
+        query_max_length / passage_max_length: token limits (the paper §4: 256 for queries).
+        device: torch device; None lets sentence-transformers pick (CUDA when available).
+        trust_remote_code: run the model's own Python code from its folder or the hub (off unless asked).
+    """
+
+    def __init__(
+        self,
+        name_or_path: str,
+        query_max_length: int = 256,
+        passage_max_length: int = 1024,
+        device: str | None = None,
+        trust_remote_code: bool = False,
+    ):
+        from sentence_transformers import SentenceTransformer
+
+        self.name_or_path = str(name_or_path)
+        self.model = SentenceTransformer(resolve_model(name_or_path), device=device, trust_remote_code=trust_remote_code)
+        limit = self.model.max_seq_length or min(passage_max_length, query_max_length)
+        self.max_length = {"query": min(limit, query_max_length), "passage": min(limit, passage_max_length)}
+
+    def encode(
+        self, texts: Sequence[str], kind: Kind = "query", batch_size: int = 32, show_progress: bool | None = None
+    ) -> "torch.Tensor":
+        """Encode texts as queries or passages.
+
+        Args:
+            texts: n strings.
+            kind: ``query`` (``encode_query``) or ``passage`` (``encode_document``).
+            batch_size: texts per forward pass.
+            show_progress: a progress bar; None shows it when there are more than 8 batches.
+
+        Returns:
+            (n, d) float32 CPU tensor of unit vectors.
+
+        Raises:
+            ValueError: an unknown kind.
+        """
+        if kind not in self.max_length:
+            raise ValueError(f"kind must be 'query' or 'passage', got {kind!r}")
+        texts = list(texts)
+        if show_progress is None:
+            show_progress = len(texts) > 8 * batch_size
+        self.model.max_seq_length = self.max_length[kind]
+        fn = self.model.encode_query if kind == "query" else self.model.encode_document
+        out = fn(texts, batch_size=batch_size, convert_to_tensor=True, normalize_embeddings=True,
+                 show_progress_bar=show_progress)
+        return out.float().cpu()
+
+
+def fingerprint(model: str) -> str:
+    """A string that changes when the model's files change (for the corpus-embedding cache).
+
+    A local file or folder: its absolute path plus every file's relative path, size and mtime.
+    Anything else (a hub id): the name itself.
+    """
+    path = Path(resolve_model(model))
+    if not path.exists():
+        return model
+    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+    stats = [(str(p.relative_to(path)) if p != path else p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in files]
+    digest = hashlib.sha256(json.dumps(stats).encode()).hexdigest()[:16]
+    return f"{path.resolve()}@{digest}"
+
+
+def load_encoder(
+    model: str,
+    encoder: EncoderKind = "auto",
+    query_max_length: int = 256,
+    passage_max_length: int = 1024,
+    trust_remote_code: bool = False,
+) -> Encoder:
+    """Load what ``model`` names.
+
+    ``encoder="auto"`` decides from the files:
+
+    - a folder with ``obliq_encoder.json`` (obliq's trained model or LoRA adapter):
+      ``BiEncoder.from_pretrained``;
+    - a folder with a peft ``adapter_config.json`` only: ``BiEncoder`` on the adapter's base model;
+    - a Lightning ``.ckpt`` file: not supported yet (see the error);
+    - anything else (an alias, a sentence-transformers or transformers folder, a hub id):
+      :class:`SentenceTransformerEncoder`.
+
+    ``encoder="obliq"`` forces ``BiEncoder`` (prefixes, mean pooling) on any backbone;
+    ``encoder="sentence-transformers"`` forces :class:`SentenceTransformerEncoder`.
+    ``trust_remote_code`` lets either run a model's own code (off unless asked).
+
+    Raises:
+        NotImplementedError: a Lightning checkpoint file.
+        FileNotFoundError / OSError: from the loaders when the model cannot be found offline.
+    """
+    path = Path(model)
+    kwargs = dict(query_max_length=query_max_length, passage_max_length=passage_max_length,
+                  trust_remote_code=trust_remote_code)
+    if encoder == "sentence-transformers":
+        return SentenceTransformerEncoder(model, **kwargs)
+    if encoder == "auto" and path.is_file() and path.suffix == ".ckpt":
+        raise NotImplementedError(
+            f"{model}: evaluating a Lightning checkpoint directly is not supported yet; save the encoder "
+            "with BiEncoder.save_pretrained (or `obliq export`) and pass that folder"
+        )
+    if encoder == "obliq" or (path / OBLIQ_CONFIG).is_file() or (path / "adapter_config.json").is_file():
+        import torch
+
+        from obliq.model import BiEncoder
+
+        if (path / OBLIQ_CONFIG).is_file():
+            enc = BiEncoder.from_pretrained(path, **kwargs)
+        elif (path / "adapter_config.json").is_file():
+            base = json.loads((path / "adapter_config.json").read_text())["base_model_name_or_path"]
+            enc = BiEncoder(base, adapter=str(path), **kwargs)
+        else:
+            enc = BiEncoder(model, **kwargs)
+        if torch.cuda.is_available():
+            enc = enc.to("cuda")
+        return enc.eval()
+    return SentenceTransformerEncoder(model, **kwargs)
+

@@ -1,0 +1,218 @@
+"""Retrieval metrics with trec_eval's conventions, TREC run files, and the `obliq metrics` command.
+
+Scores come from trec_eval itself, through ir_measures' pytrec_eval provider (Van Gysel & de Rijke,
+2018; MacAvaney et al., 2022) — never a hand-written metric. That fixes the conventions:
+
+- NDCG@k: gain = the qrels grade (linear), discount log2(rank + 1), ideal DCG from *all* judged
+  documents with grade > 0 (retrieved or not), cut at k; a document absent from the qrels is
+  non-relevant (C09).
+- Recall@k: relevant documents (grade ≥ 1) in the top k over all relevant documents in the qrels.
+- Ranking: by score, descending; equal scores are ordered by document id, descending (trec_eval's
+  tie order). The rank column of a run file is ignored, as trec_eval ignores it.
+
+Policy for queries, stated once here and applied everywhere:
+
+- a query with no relevant document (no grade > 0) is **excluded** from every mean and counted as
+  ``n_excluded`` — its NDCG and recall are undefined;
+- a query with relevant documents but no retrieved document scores 0 on every measure (trec_eval
+  ``-c``), so a run cannot raise its mean by skipping hard queries;
+- run queries absent from the qrels are ignored.
+
+Duplicates (C08): a run listing the same document twice for a query keeps its first occurrence in
+ranking order (its highest score); repeated qrels rows are read once (:func:`read_qrels`).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from obliq.eval.tasks import Qrels, read_qrels
+
+log = logging.getLogger(__name__)
+
+Run = dict[str, dict[str, float]]
+"""query id → document id → score (higher is better)."""
+
+DEFAULT_MEASURES = ("NDCG@10", "NDCG@50", "Recall@10", "Recall@50", "Recall@100", "Recall@1000")
+"""The OBLIQ-Bench panel (the OBLIQ-IR paper §4) plus Recall@1000 (§6.1)."""
+
+RECALL_CURVE_K = (10, 20, 50, 100, 200, 500, 1000)
+"""Cut-offs of the Recall@k curve (the paper's Table 6 spans k = 10…1000)."""
+
+
+def parse_measures(names: str | Iterable[str]) -> dict[str, object]:
+    """Map measure names to ir_measures measures, keeping the caller's spelling as the key.
+
+    ``NDCG@k`` and ``Recall@k`` are accepted (as are ir_measures' own names: ``nDCG@10``, ``R@100``,
+    ``RR``, ``P@5``, ``AP``…). A comma-separated string is split.
+
+    Raises:
+        ValueError: an unknown measure name.
+    """
+    import ir_measures
+
+    if isinstance(names, str):
+        names = [n for n in (s.strip() for s in names.split(",")) if n]
+    out = {}
+    for name in names:
+        try:
+            out[name] = ir_measures.parse_measure(name)
+        except (ValueError, NameError, SyntaxError, TypeError) as e:
+            raise ValueError(f"unknown measure {name!r} ({e}); try NDCG@10, Recall@100, RR, P@10") from None
+        if list(out.values()).count(out[name]) > 1:  # NDCG@10 and nDCG@10: keep the first spelling
+            del out[name]
+    if not out:
+        raise ValueError("no measure given")
+    return out
+
+
+@dataclass
+class Evaluation:
+    """The result of :func:`evaluate_run`."""
+
+    per_query: dict[str, dict[str, float]]
+    """evaluated query id → measure name → value (queries with relevant docs only)."""
+    aggregate: dict[str, float]
+    """measure name → mean over the evaluated queries (NaN when none)."""
+    n_queries: int
+    """Queries evaluated: those with at least one relevant document."""
+    n_excluded: int
+    """Queries without a relevant document, left out of the means."""
+
+
+def evaluate_run(
+    qrels: Qrels,
+    run: Run,
+    measures: str | Iterable[str] = DEFAULT_MEASURES,
+    query_ids: Iterable[str] | None = None,
+) -> Evaluation:
+    """Score a run against qrels with trec_eval (via ir_measures / pytrec_eval).
+
+    Args:
+        qrels: query id → doc id → integer grade.
+        run: query id → doc id → score.
+        measures: names, see :func:`parse_measures`.
+        query_ids: the query set; default the qrels' queries. A listed query without relevant
+            documents counts in ``n_excluded``.
+
+    Returns:
+        Per-query values and means, following the policy in the module docstring.
+
+    Raises:
+        ValueError: an unknown measure.
+    """
+    import ir_measures
+
+    parsed = parse_measures(measures)
+    query_ids = list(dict.fromkeys(query_ids)) if query_ids is not None else list(qrels)
+    judged = {q: {d: int(g) for d, g in qrels[q].items()} for q in query_ids if q in qrels}
+    evaluated = [q for q in query_ids if any(g > 0 for g in judged.get(q, {}).values())]
+    per_query = {q: {name: 0.0 for name in parsed} for q in evaluated}
+    by_measure = {m: name for name, m in parsed.items()}
+    sub_qrels = {q: judged[q] for q in evaluated}
+    sub_run = {q: {d: float(s) for d, s in run[q].items()} for q in evaluated if run.get(q)}
+    if sub_run:
+        for metric in ir_measures.pytrec_eval.iter_calc(list(parsed.values()), sub_qrels, sub_run):
+            per_query[metric.query_id][by_measure[metric.measure]] = float(metric.value)
+    aggregate = {
+        name: float(np.mean([v[name] for v in per_query.values()])) if per_query else math.nan for name in parsed
+    }
+    return Evaluation(per_query, aggregate, len(evaluated), len(query_ids) - len(evaluated))
+
+
+def run_from_search(
+    query_ids: Sequence[str], doc_ids: Sequence[str], scores: np.ndarray, indices: np.ndarray
+) -> Run:
+    """Turn search output (rows aligned with ``query_ids``; ``indices`` into ``doc_ids``) into a run.
+
+    ``scores`` and ``indices`` may be (n_queries, k) arrays or lists of 1-D arrays of any length.
+    """
+    return {
+        q: {doc_ids[int(i)]: float(s) for s, i in zip(row_s, row_i)}
+        for q, row_s, row_i in zip(query_ids, scores, indices)
+    }
+
+
+def read_run(path: str | Path) -> Run:
+    """Read a TREC run file (``qid Q0 docid rank score tag``, whitespace separated).
+
+    A document listed twice for a query keeps its first occurrence in ranking order, i.e. its
+    highest score (C08); the number of duplicates is logged.
+
+    Raises:
+        FileNotFoundError: no such file.
+        ValueError: a line without 6 columns or with a score that is not a number (file and line named).
+    """
+    path = Path(path)
+    run: Run = {}
+    duplicates = 0
+    with path.open(encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            cols = line.split()
+            if len(cols) != 6:
+                raise ValueError(f"{path}:{lineno}: expected 6 columns (qid Q0 docid rank score tag), got {len(cols)}")
+            qid, _, did, _, score, _ = cols
+            try:
+                s = float(score)
+            except ValueError:
+                raise ValueError(f"{path}:{lineno}: field 'score' must be a number, got {score!r}") from None
+            if math.isnan(s):
+                raise ValueError(f"{path}:{lineno}: field 'score' is NaN")
+            docs = run.setdefault(qid, {})
+            if did in docs:
+                duplicates += 1
+                docs[did] = max(docs[did], s)
+            else:
+                docs[did] = s
+    if duplicates:
+        log.warning("%s: %d repeated (query, doc) lines; each document keeps its best-ranked line", path, duplicates)
+    return run
+
+
+def write_run(path: str | Path, run: Run, tag: str = "obliq") -> None:
+    """Write a run in TREC format, ranked as trec_eval ranks it (score desc, then doc id desc).
+
+    Scores are written with ``repr`` so that reading the file back gives the same floats, hence
+    the same ranking and metrics.
+    """
+    tag = "_".join(str(tag).split()) or "obliq"
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", encoding="utf-8") as f:
+        for qid, docs in run.items():
+            ranked = sorted(docs.items(), key=lambda x: (x[1], x[0]), reverse=True)
+            for rank, (did, score) in enumerate(ranked, 1):
+                f.write(f"{qid} Q0 {did} {rank} {float(score)!r} {tag}\n")
+
+
+def score_files(
+    qrels: Path,
+    run: Path,
+    measures: str = ",".join(DEFAULT_MEASURES),
+    per_query: bool = False,
+) -> dict:
+    """Score a TREC run file against qrels with trec_eval's conventions (the `obliq metrics` command).
+
+    Args:
+        qrels: relevance judgements, BEIR TSV (``query-id corpus-id score``, header optional) or
+            TREC qrels (``qid 0 docid grade``).
+        run: a TREC run file (``qid Q0 docid rank score tag``).
+        measures: comma-separated measure names, e.g. ``NDCG@10,Recall@100``.
+        per_query: also return each query's values.
+
+    Returns:
+        ``{"metrics": {name: mean}, "n_queries": …, "n_excluded": …}`` (+ ``"per_query"``).
+    """
+    ev = evaluate_run(read_qrels(qrels), read_run(run), measures)
+    out: dict = {"metrics": ev.aggregate, "n_queries": ev.n_queries, "n_excluded": ev.n_excluded}
+    if per_query:
+        out["per_query"] = ev.per_query
+    return out

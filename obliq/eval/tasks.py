@@ -1,0 +1,284 @@
+"""Evaluation tasks in BEIR layout: reading, repairing and validating them.
+
+A task is a folder (DESIGN.md, "Formats"): ``corpus.jsonl`` (``_id``, ``title``, ``text``),
+``queries.jsonl`` (``_id``, ``text``), ``qrels/test.tsv`` (gold) and optionally ``qrels/pooled.tsv``,
+plus an optional ``task.json`` with ``name`` and ``mechanism``.
+
+Bad input fails with the file, line and field named; data problems that do not stop an evaluation
+are logged as warnings with a count and kept in :attr:`Task.report`:
+
+- duplicate ids in the corpus or the queries: the first occurrence is kept (C08's keep-first);
+- qrels rows repeated identically: de-duplicated (C08); the same pair with two different grades is
+  an error;
+- qrels documents missing from the corpus: kept (they count in recall denominators, as in
+  trec_eval) and reported; qrels queries missing from the queries file: dropped and reported;
+- empty texts: kept and reported; lone surrogates become U+FFFD and NUL bytes a space (C17).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+Qrels = dict[str, dict[str, int]]
+"""query id → document id → relevance grade (a grade ≥ 1 is relevant, as in trec_eval)."""
+
+QRELS_SPLITS = ("test", "pooled")
+"""The qrels files an evaluation reads: ``test`` (gold, required) and ``pooled`` (when present)."""
+
+_SURROGATE = re.compile(r"[\ud800-\udfff]")
+
+
+def clean_text(text: str) -> tuple[str, int]:
+    """Replace each lone surrogate with U+FFFD and each NUL with a space (C17).
+
+    ``json.loads`` joins valid surrogate pairs, so any surrogate left in a ``str`` is a lone one,
+    which breaks UTF-8 writes and tokenizers.
+
+    Returns:
+        The repaired text and the number of characters replaced.
+    """
+    n = text.count("\x00")
+    text = text.replace("\x00", " ")
+    text, m = _SURROGATE.subn("\ufffd", text)
+    return text, n + m
+
+
+def read_jsonl(path: str | Path, required: tuple[str, ...] = ("_id", "text")) -> list[tuple[int, dict]]:
+    """Read a JSONL file of objects, checking that each has the required string fields.
+
+    Blank lines are skipped. Ids given as JSON integers are turned into strings; string fields are
+    repaired with :func:`clean_text` (the count is logged). Bytes that are not UTF-8 are replaced
+    by U+FFFD and counted.
+
+    Args:
+        path: the file.
+        required: fields every object must have; ``_id`` must be non-empty.
+
+    Returns:
+        ``(line number, object)`` pairs, line numbers starting at 1.
+
+    Raises:
+        FileNotFoundError: no such file.
+        ValueError: a line is not JSON, not an object, misses a required field, or has a field of
+            the wrong type (the message names file, line and field).
+    """
+    path = Path(path)
+    rows, repairs = [], 0
+    with path.open("rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                line = raw.decode("utf-8", errors="replace")
+                repairs += 1
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{lineno}: invalid JSON ({e.msg} at column {e.colno})") from None
+            if not isinstance(obj, dict):
+                raise ValueError(f"{path}:{lineno}: expected a JSON object, got {type(obj).__name__}")
+            for key in required:
+                if key not in obj or obj[key] is None:
+                    raise ValueError(f"{path}:{lineno}: missing field {key!r}")
+            for key in ("_id", "title", "text"):
+                value = obj.get(key)
+                if value is None:
+                    continue
+                if key == "_id" and isinstance(value, int) and not isinstance(value, bool):
+                    value = str(value)
+                if not isinstance(value, str):
+                    raise ValueError(f"{path}:{lineno}: field {key!r} must be a string, got {type(value).__name__}")
+                value, n = clean_text(value)
+                repairs += n
+                obj[key] = value
+            if "_id" in required and not obj["_id"].strip():
+                raise ValueError(f"{path}:{lineno}: field '_id' is empty")
+            rows.append((lineno, obj))
+    if repairs:
+        log.warning("%s: repaired %d characters (lone surrogates, NUL bytes, invalid UTF-8)", path, repairs)
+    return rows
+
+
+def read_qrels(path: str | Path) -> Qrels:
+    """Read relevance judgements in BEIR TSV or TREC qrels format.
+
+    - BEIR: ``query-id<TAB>corpus-id<TAB>score``, with an optional header line.
+    - TREC (what trec_eval reads): ``qid iteration docid grade``, whitespace separated.
+
+    Identical repeated rows are dropped with a warning (C08: counting them twice inflates the
+    ideal DCG and the recall denominator).
+
+    Returns:
+        query id → document id → integer grade.
+
+    Raises:
+        FileNotFoundError: no such file.
+        ValueError: a line has the wrong number of columns or a grade that is not an integer,
+            or the same (query, document) pair has two different grades (file and lines named).
+    """
+    path = Path(path)
+    qrels: Qrels = {}
+    where: dict[tuple[str, str], int] = {}
+    duplicates, first = 0, True
+    with path.open(encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            header, first = first, False
+            cols = line.split("\t") if "\t" in line else line.split()
+            cols = [c.strip() for c in cols]
+            if len(cols) == 4:
+                qid, _, did, grade = cols
+            elif len(cols) == 3:
+                qid, did, grade = cols
+            else:
+                raise ValueError(f"{path}:{lineno}: expected 3 (BEIR) or 4 (TREC) columns, got {len(cols)}")
+            try:
+                g = int(grade)
+            except ValueError:
+                if header:  # `query-id corpus-id score`
+                    continue
+                raise ValueError(f"{path}:{lineno}: field 'score' must be an integer, got {grade!r}") from None
+            old = qrels.setdefault(qid, {}).get(did)
+            if old is not None:
+                if old != g:
+                    raise ValueError(
+                        f"{path}:{lineno}: ({qid}, {did}) judged {g} here and {old} on line {where[qid, did]}"
+                    )
+                duplicates += 1
+                continue
+            qrels[qid][did] = g
+            where[qid, did] = lineno
+    if duplicates:
+        log.warning("%s: %d repeated qrels rows dropped (kept once)", path, duplicates)
+    return qrels
+
+
+@dataclass
+class Task:
+    """One evaluation task, loaded and validated.
+
+    Documents are ``title + " " + text`` (just ``text`` when the title is empty), the BEIR
+    convention that the data README's BM25 reference also uses.
+    """
+
+    name: str
+    mechanism: str | None
+    path: Path
+    doc_ids: list[str]
+    doc_texts: list[str]
+    query_ids: list[str]
+    query_texts: list[str]
+    qrels: dict[str, Qrels]
+    """split (``test``, ``pooled``) → qrels restricted to the task's queries."""
+    corpus_sha256: str
+    """Digest of ``corpus.jsonl`` (part of the corpus-embedding cache key)."""
+    report: dict = field(default_factory=dict)
+    """Validation counts (duplicates, empty texts, qrels ids missing, queries without relevant docs)."""
+
+
+def _unique(rows: list[tuple[int, dict]], path: Path, what: str, report: dict) -> list[tuple[int, dict]]:
+    seen: dict[str, int] = {}
+    kept = []
+    for lineno, obj in rows:
+        if obj["_id"] in seen:
+            continue
+        seen[obj["_id"]] = lineno
+        kept.append((lineno, obj))
+    n = len(rows) - len(kept)
+    report[f"duplicate_{what}_ids"] = n
+    if n:
+        first = next(ln for ln, o in rows if seen[o["_id"]] != ln)
+        log.warning("%s: %d duplicate %s ids, first kept (e.g. line %d)", path, n, what, first)
+    return kept
+
+
+def load_task(path: str | Path, name: str | None = None, mechanism: str | None = None) -> Task:
+    """Load and validate a BEIR-layout task folder.
+
+    Args:
+        path: the task folder.
+        name: overrides ``task.json``'s name (default: ``task.json`` or the folder name).
+        mechanism: overrides ``task.json``'s mechanism (descriptive | analogue | tip-of-the-tongue).
+
+    Returns:
+        The task; its :attr:`Task.report` holds the validation counts.
+
+    Raises:
+        FileNotFoundError: the folder, ``corpus.jsonl``, ``queries.jsonl`` or ``qrels/test.tsv`` is missing.
+        ValueError: a malformed line (see :func:`read_jsonl`, :func:`read_qrels`), or no document or query.
+    """
+    path = Path(path)
+    if not path.is_dir():
+        raise FileNotFoundError(f"task folder not found: {path}")
+    meta = json.loads((path / "task.json").read_text()) if (path / "task.json").is_file() else {}
+    report: dict = {}
+
+    corpus_file, queries_file = path / "corpus.jsonl", path / "queries.jsonl"
+    corpus = _unique(read_jsonl(corpus_file, ("_id", "text")), corpus_file, "corpus", report)
+    if not corpus:
+        raise ValueError(f"{corpus_file}: the corpus is empty")
+    queries = _unique(read_jsonl(queries_file, ("_id", "text")), queries_file, "query", report)
+    if not queries:
+        raise ValueError(f"{queries_file}: no queries")
+    doc_ids = [o["_id"] for _, o in corpus]
+    doc_texts = [" ".join(t for t in (o.get("title") or "", o.get("text") or "") if t) for _, o in corpus]
+    query_ids = [o["_id"] for _, o in queries]
+    query_texts = [o["text"] for _, o in queries]
+
+    for what, ids, texts, file in (("docs", doc_ids, doc_texts, corpus_file), ("queries", query_ids, query_texts, queries_file)):
+        empty = [i for i, t in zip(ids, texts) if not t.strip()]
+        report[f"empty_{what}"] = len(empty)
+        if empty:
+            log.warning("%s: %d empty %s (e.g. %s)", file, len(empty), what, empty[0])
+
+    docs, qset = set(doc_ids), set(query_ids)
+    qrels: dict[str, Qrels] = {}
+    for split in QRELS_SPLITS:
+        file = path / "qrels" / f"{split}.tsv"
+        if not file.is_file():
+            if split == "test":
+                raise FileNotFoundError(f"gold qrels not found: {file}")
+            continue
+        raw = read_qrels(file)
+        unknown_q = [q for q in raw if q not in qset]
+        missing_docs = sum(d not in docs for q, judged in raw.items() if q in qset for d in judged)
+        split_qrels = {q: judged for q, judged in raw.items() if q in qset}
+        no_relevant = sum(1 for q in query_ids if not any(g > 0 for g in split_qrels.get(q, {}).values()))
+        report[split] = {
+            "queries_not_in_queries_file": len(unknown_q),
+            "docs_not_in_corpus": missing_docs,
+            "queries_without_relevant_docs": no_relevant,
+        }
+        if unknown_q:
+            log.warning("%s: %d query ids not in %s, ignored (e.g. %s)", file, len(unknown_q), queries_file.name, unknown_q[0])
+        if missing_docs:
+            log.warning("%s: %d judged doc ids not in %s (kept: they count as relevant-but-unretrievable)",
+                        file, missing_docs, corpus_file.name)
+        if no_relevant:
+            log.warning("%s: %d queries have no relevant document; they are excluded from the means",
+                        file, no_relevant)
+        qrels[split] = split_qrels
+
+    return Task(
+        name=name or meta.get("name") or path.name,
+        mechanism=mechanism or meta.get("mechanism"),
+        path=path,
+        doc_ids=doc_ids,
+        doc_texts=doc_texts,
+        query_ids=query_ids,
+        query_texts=query_texts,
+        qrels=qrels,
+        corpus_sha256=hashlib.sha256(corpus_file.read_bytes()).hexdigest(),
+        report=report,
+    )

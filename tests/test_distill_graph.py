@@ -1,0 +1,134 @@
+"""kNN graph against a brute-force numpy kNN: duplicates, k >= n, groups, ids (issue 5)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from obliq.distill.graph import KnnGraph, count_identical_twins, knn_graph, load_graph
+
+
+def brute_force(x: np.ndarray, k: int, groups=None) -> list[np.ndarray]:
+    """Reference: cosine in float64, self and same-group masked, top-k by stable sort (ties by index)."""
+    x = x.astype(np.float64)
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    sims = x @ x.T
+    np.fill_diagonal(sims, -np.inf)
+    if groups is not None:
+        g = np.asarray(groups)
+        sims[g[:, None] == g[None, :]] = -np.inf
+    out = []
+    for i in range(len(x)):
+        order = np.argsort(-sims[i], kind="stable")
+        order = order[np.isfinite(sims[i][order])]
+        out.append(order[:k])
+    return out
+
+
+def cos(x: np.ndarray, i: int, j: int) -> float:
+    a, b = x[i].astype(np.float64), x[j].astype(np.float64)
+    return float(a @ b / np.linalg.norm(a) / np.linalg.norm(b))
+
+
+@pytest.fixture
+def vectors_with_duplicates() -> np.ndarray:
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(60, 12)).astype(np.float32)
+    x[11] = x[10]              # a pair of identical documents
+    x[21] = x[22] = x[20]      # three identical documents
+    x[30] = 3.0 * x[31]        # the same direction at another length: cosine 1
+    return x
+
+
+@pytest.mark.parametrize("k", [1, 3, 5])
+def test_graph_matches_brute_force(vectors_with_duplicates, k):
+    x = vectors_with_duplicates
+    ids = [f"d{i}" for i in range(len(x))]
+    g = knn_graph(x, ids, k)
+    ref = brute_force(x, k)
+    for i, row in enumerate(g.neighbours):
+        assert len(row) == k
+        assert i not in row and all(j >= 0 for j in row)
+        # same similarities as the reference, rank by rank (robust to ties at the boundary)
+        np.testing.assert_allclose([cos(x, i, j) for j in row], [cos(x, i, j) for j in ref[i]], atol=1e-5)
+    # where the k-th and (k+1)-th reference scores differ, the neighbour lists agree exactly
+    full = brute_force(x, k + 1)
+    for i, row in enumerate(g.neighbours):
+        if cos(x, i, full[i][k - 1]) - cos(x, i, full[i][k]) > 1e-5:
+            assert set(row) == set(ref[i].tolist()), i
+
+
+def test_identical_twins_are_neighbours_never_self_loops(vectors_with_duplicates):
+    """Self is excluded by id: for row 11 the search returns 10 and 11 tied at cosine 1, 10 first
+    (lower position); dropping "column 0" would drop the twin and keep a self-loop."""
+    x = vectors_with_duplicates
+    g = knn_graph(x, [f"d{i}" for i in range(len(x))], 3)
+    assert g.neighbours[10][0] == 11 and g.neighbours[11][0] == 10
+    assert sorted(g.neighbours[20][:2]) == [21, 22]
+    assert sorted(g.neighbours[21][:2]) == [20, 22]
+    assert sorted(g.neighbours[22][:2]) == [20, 21]
+    assert g.neighbours[30][0] == 31 and g.neighbours[31][0] == 30
+    assert all(i not in row for i, row in enumerate(g.neighbours))
+    # twins counted on the renormalised float32 vectors: 10, 11, 20, 21, 22 at least
+    from obliq.eval.index import unit_float32
+
+    u = unit_float32(x)
+    expected = sum(any(np.array_equal(u[i], u[j]) for j in range(len(u)) if j != i) for i in range(len(u)))
+    assert expected >= 5 and g.identical_twins == expected
+    assert count_identical_twins(np.array([[1.0, 0.0], [1.0, 0.0], [0.0, 1.0]])) == 2
+
+
+def test_all_identical_vectors():
+    x = np.ones((4, 3), dtype=np.float32)
+    g = knn_graph(x, ["a", "b", "c", "d"], 3)
+    for i, row in enumerate(g.neighbours):
+        assert sorted(row) == sorted(set(range(4)) - {i})
+    assert g.neighbours[0] == [1, 2, 3]  # ties by corpus position
+
+
+@pytest.mark.parametrize("k", [4, 5, 50])
+def test_k_at_or_above_corpus_size_gives_all_others_without_padding(k):
+    x = np.random.default_rng(1).normal(size=(5, 4))
+    g = knn_graph(x, list("abcde"), k)
+    ref = brute_force(x, 4)
+    for i, row in enumerate(g.neighbours):
+        assert row == ref[i].tolist()  # the 4 others, nearest first, no -1
+    assert g.n_edges == 20
+
+
+def test_single_document_has_no_neighbours():
+    g = knn_graph(np.ones((1, 3)), ["only"], 3)
+    assert g.neighbours == [[]] and g.n_edges == 0
+
+
+def test_groups_exclude_same_group_neighbours():
+    x = np.random.default_rng(2).normal(size=(40, 6))
+    groups = [f"g{i // 4}" for i in range(40)]  # ten groups of four
+    g = knn_graph(x, [str(i) for i in range(40)], 3, groups)
+    ref = brute_force(x, 3, groups)
+    for i, row in enumerate(g.neighbours):
+        assert row == ref[i].tolist()
+        assert all(groups[j] != groups[i] for j in row)
+
+
+def test_bad_input_is_named():
+    x = np.eye(3)
+    with pytest.raises(ValueError, match="duplicate id 'a' at rows 0 and 2"):
+        knn_graph(x, ["a", "b", "a"], 1)
+    with pytest.raises(ValueError, match="k must be at least 1"):
+        knn_graph(x, ["a", "b", "c"], 0)
+    with pytest.raises(ValueError, match="2 ids for 3 vectors"):
+        knn_graph(x, ["a", "b"], 1)
+    with pytest.raises(ValueError, match="all zeros"):
+        knn_graph(np.zeros((2, 3)), ["a", "b"], 1)
+
+
+def test_graph_file_round_trip(tmp_path):
+    g = KnnGraph(["a", "b", "c"], [[1, 2], [0], [1]], 2, 0, {"task": "t", "corpus_sha256": "x"})
+    g.save(tmp_path / "g.json")
+    back = load_graph(tmp_path / "g.json")
+    assert back.ids == g.ids and back.neighbours == g.neighbours and back.k == 2
+    assert back.meta["task"] == "t"
+    (tmp_path / "bad.json").write_text('{"k": 1, "neighbours": {"a": ["zz"]}}')
+    with pytest.raises(ValueError, match=r"bad\.json: neighbours\['a'\] holds 'zz'"):
+        load_graph(tmp_path / "bad.json")

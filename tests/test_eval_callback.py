@@ -1,0 +1,115 @@
+"""The per-task evaluation callback inside a real (tiny) Lightning training run with MiniLM."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+import torch
+from lightning.pytorch import LightningModule, Trainer
+from lightning.pytorch.loggers import CSVLogger
+from torch.utils.data import DataLoader
+
+from callbacks import RetrievalEvaluation
+from callbacks.evaluation import _length_table
+from obliq.eval.evaluate import evaluate_tasks, retrieve_dense
+from obliq.eval.tasks import load_task, read_jsonl, read_qrels
+
+
+def small_real_task(tasks_dir, root, n_queries=15, n_distractors=40):
+    """A slice of math-theoremqa: 15 real queries, their relevant problems and 40 other problems."""
+    src = tasks_dir / "math-theoremqa"
+    qrels = read_qrels(src / "qrels" / "test.tsv")
+    queries = [o for _, o in read_jsonl(src / "queries.jsonl")][:n_queries]
+    wanted = {d for q in queries for d in qrels[q["_id"]]}
+    corpus = [o for _, o in read_jsonl(src / "corpus.jsonl")]
+    docs = [o for o in corpus if o["_id"] in wanted] + [o for o in corpus if o["_id"] not in wanted][:n_distractors]
+    root.mkdir(parents=True)
+    (root / "qrels").mkdir()
+    (root / "corpus.jsonl").write_text("".join(json.dumps(o) + "\n" for o in docs))
+    (root / "queries.jsonl").write_text("".join(json.dumps(o) + "\n" for o in queries))
+    rows = [f"{q['_id']}\t{d}\t{g}" for q in queries for d, g in qrels[q["_id"]].items()]
+    (root / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\n" + "\n".join(rows) + "\n")
+    (root / "task.json").write_text(json.dumps({"name": "math-slice", "mechanism": "analogue"}))
+    return root
+
+
+class TinyRetriever(LightningModule):
+    """Wraps the encoder; one contrastive-ish step per batch on a fixed pair."""
+
+    def __init__(self, encoder):
+        super().__init__()
+        self.encoder = encoder
+        self.seen = []  # (grad enabled, inference mode, module training) at each encode call
+        self.query_lengths = set()  # tokens kept of a long query while queries are encoded
+        self.training_flags = []
+        original = encoder.encode
+
+        def spy(*args, **kwargs):
+            self.seen.append((torch.is_grad_enabled(), torch.is_inference_mode_enabled(), self.training))
+            if kwargs.get("kind") == "query":
+                self.query_lengths.add(encoder.tokenize(["word " * 200], "query")["input_ids"].shape[1])
+            return original(*args, **kwargs)
+
+        encoder.encode = spy
+
+    def training_step(self, batch, batch_idx):
+        self.training_flags.append(self.training)
+        q = self.encoder(self.encoder.tokenize(["Find the number of primes below 20."], "query"))
+        p = self.encoder(self.encoder.tokenize(["How many prime numbers are smaller than 30?"], "passage"))
+        return 1 - (q * p).sum()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.05)
+
+    def train_dataloader(self):
+        return DataLoader(list(range(8)), batch_size=1)
+
+
+@pytest.mark.slow
+def test_callback_evaluates_every_n_steps_and_at_end(tmp_path, tasks_dir):
+    from obliq.model import BiEncoder
+
+    torch.manual_seed(0)
+    task_dir = small_real_task(tasks_dir, tmp_path / "math-slice")
+    module = TinyRetriever(BiEncoder("minilm", query_max_length=64, passage_max_length=64)).train()
+    callback = RetrievalEvaluation(tasks=[str(task_dir)], every_n_steps=2, top_k=100, query_max_length=32)
+    logger = CSVLogger(tmp_path / "logs", name="run")
+    trainer = Trainer(max_steps=3, accelerator="cpu", devices=1, logger=logger, callbacks=[callback],
+                      enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    trainer.fit(module)
+
+    # evaluated at step 2 (every_n_steps) and at the end (step 3), under no_grad, not inference_mode
+    eval_dir = tmp_path / "logs" / "run" / "version_0" / "eval"
+    assert sorted(p.name for p in eval_dir.iterdir()) == ["step-00000002", "step-00000003"]
+    assert module.seen and all(s == (False, False, False) for s in module.seen)
+    assert module.training_flags == [True, True, True]  # train mode restored after the step-2 evaluation
+    assert module.query_lengths == {32}  # evaluation length, not the training length (64)
+    assert module.encoder.tokenize(["word " * 200], "query")["input_ids"].shape[1] == 64  # restored
+
+    # the same files as evaluate.py, and the logged NDCG@10 is the written one
+    logged = {}
+    with open(tmp_path / "logs" / "run" / "version_0" / "metrics.csv") as f:
+        for row in csv.DictReader(f):
+            if row.get("eval/math-slice/NDCG@10"):
+                logged[int(row["step"])] = float(row["eval/math-slice/NDCG@10"])
+    for step in (2, 3):
+        folder = eval_dir / f"step-{step:08d}"
+        assert {p.name for p in (folder / "math-slice").iterdir()} == {"run.trec", "per_query.jsonl", "summary.json"}
+        assert (folder / "results.md").is_file() and (folder / "recall_at_k.png").is_file()
+        summary = json.loads((folder / "math-slice" / "summary.json").read_text())
+        assert summary["n_queries"] == 15
+        assert logged[step] == pytest.approx(summary["metrics"]["NDCG@10"], abs=1e-6)
+
+    # the end-of-training evaluation saw the final weights: re-evaluating them now gives the same numbers
+    _length_table(module.encoder)["query"] = 32
+    module.eval()
+    with torch.no_grad():
+        [again] = evaluate_tasks(partial_retrieve(module.encoder), [load_task(task_dir)], tmp_path / "again",
+                                 "final", ["NDCG@10", "Recall@10"])
+    assert again["metrics"]["NDCG@10"] == pytest.approx(callback.last_summaries[0]["metrics"]["NDCG@10"], abs=1e-6)
+
+
+def partial_retrieve(encoder):
+    return lambda task: retrieve_dense(encoder, task, top_k=100, latency_queries=0)

@@ -1,0 +1,82 @@
+"""Loading and validating BEIR tasks: real data, bad lines named, warnings counted, C17 repairs."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from obliq.eval.tasks import clean_text, load_task, read_jsonl
+
+
+def make_task(root, corpus, queries, qrels, pooled=None):
+    """Write a task folder; corpus/queries are lists of dicts (or raw strings), qrels of (q, d, g)."""
+    root.mkdir(parents=True, exist_ok=True)
+    for name, rows in (("corpus.jsonl", corpus), ("queries.jsonl", queries)):
+        (root / name).write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
+    (root / "qrels").mkdir(exist_ok=True)
+    for name, rows in (("test", qrels), ("pooled", pooled)):
+        if rows is not None:
+            lines = ["query-id\tcorpus-id\tscore"] + [f"{q}\t{d}\t{g}" for q, d, g in rows]
+            (root / "qrels" / f"{name}.tsv").write_text("\n".join(lines) + "\n")
+    return root
+
+
+def test_real_task_loads_with_its_stats(tasks_dir):
+    task = load_task(tasks_dir / "math-theoremqa")
+    stats = json.loads((tasks_dir / "math-theoremqa" / "task.json").read_text())["stats"]
+    assert (task.name, task.mechanism) == ("math-theoremqa", "analogue")
+    assert len(task.doc_ids) == stats["docs"] and len(task.query_ids) == stats["queries"]
+    assert sum(len(v) for v in task.qrels["test"].values()) == stats["qrels"]
+    assert "pooled" not in task.qrels
+    assert task.report["test"] == {"queries_not_in_queries_file": 0, "docs_not_in_corpus": 0,
+                                   "queries_without_relevant_docs": 0}
+    assert task.report["empty_docs"] == 0 and task.report["duplicate_corpus_ids"] == 0
+
+
+def test_malformed_lines_name_file_line_and_field(tmp_path):
+    bad_json = make_task(tmp_path / "a", ['{"_id": "d1", "text": "x"}', '{"_id": "d2", "text": '], [], [])
+    with pytest.raises(ValueError, match=r"a/corpus\.jsonl:2: invalid JSON"):
+        load_task(bad_json)
+    no_id = make_task(tmp_path / "b", [{"_id": "d1", "text": "x"}], [{"_id": "q1", "text": "y"}, {"text": "z"}], [])
+    with pytest.raises(ValueError, match=r"b/queries\.jsonl:2: missing field '_id'"):
+        load_task(no_id)
+    wrong_type = make_task(tmp_path / "c", [{"_id": "d1", "text": ["x"]}], [], [])
+    with pytest.raises(ValueError, match=r"c/corpus\.jsonl:1: field 'text' must be a string"):
+        load_task(wrong_type)
+    not_object = make_task(tmp_path / "d", ["[1, 2]"], [], [])
+    with pytest.raises(ValueError, match=r"d/corpus\.jsonl:1: expected a JSON object"):
+        load_task(not_object)
+    with pytest.raises(FileNotFoundError, match="gold qrels not found"):
+        load_task(make_task(tmp_path / "e", [{"_id": "d1", "text": "x"}], [{"_id": "q1", "text": "y"}], None))
+
+
+def test_validation_warnings_with_counts(tmp_path, caplog):
+    corpus = [{"_id": "d1", "title": "T", "text": "one"}, {"_id": "d2", "text": "two"},
+              {"_id": "d1", "text": "dup"}, {"_id": "d3", "text": "  "}, {"_id": 7, "text": "int id"}]
+    queries = [{"_id": "q1", "text": "a"}, {"_id": "q2", "text": ""}, {"_id": "q3", "text": "c"}]
+    qrels = [("q1", "d1", 1), ("q1", "gone1", 1), ("q2", "gone2", 1), ("q3", "d2", 0), ("q9", "d1", 1)]
+    task = load_task(make_task(tmp_path / "t", corpus, queries, qrels, pooled=[("q1", "d2", 2)]))
+    assert task.doc_ids == ["d1", "d2", "d3", "7"]
+    assert task.doc_texts[0] == "T one"  # title + text, first occurrence kept
+    assert task.report["duplicate_corpus_ids"] == 1
+    assert task.report["empty_docs"] == 1 and task.report["empty_queries"] == 1
+    assert task.report["test"] == {"queries_not_in_queries_file": 1, "docs_not_in_corpus": 2,
+                                   "queries_without_relevant_docs": 1}
+    assert task.report["pooled"]["queries_without_relevant_docs"] == 2
+    assert "q9" not in task.qrels["test"] and task.qrels["pooled"] == {"q1": {"d2": 2}}
+    for text in ("1 duplicate corpus ids", "1 empty docs", "1 empty queries", "1 query ids not in queries.jsonl",
+                 "2 judged doc ids not in corpus.jsonl", "1 queries have no relevant document"):
+        assert text in caplog.text
+
+
+def test_c17_bad_characters_are_repaired_and_counted(tmp_path, caplog):
+    line = '{"_id":"d9","text":"caf\\u00e9 \\udcb2 end\\u0000tail"}'
+    (tmp_path / "c.jsonl").write_text(line + "\n")
+    [(lineno, obj)] = read_jsonl(tmp_path / "c.jsonl")
+    assert lineno == 1 and obj["text"] == "café \ufffd end tail"
+    assert obj["text"].encode("utf-8")  # writable as UTF-8 again
+    assert "repaired 2 characters" in caplog.text
+    assert clean_text("ok") == ("ok", 0)
+    (tmp_path / "b.jsonl").write_bytes(b'{"_id": "d1", "text": "\xff bad byte"}\n')
+    assert read_jsonl(tmp_path / "b.jsonl")[0][1]["text"] == "\ufffd bad byte"
