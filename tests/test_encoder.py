@@ -147,6 +147,14 @@ def test_prefixes_and_truncation_at_the_configured_length(minilm_path):
     assert enc.truncated["query"] == 0
 
 
+def test_max_lengths_are_capped_at_the_position_embeddings(minilm_path):
+    enc = BiEncoder(minilm_path, passage_max_length=1024)  # BERT has 512 positions
+    assert enc.text.max_length["passage"] == 512
+    batch = enc.tokenize(["word " * 2000], "passage")
+    assert batch["input_ids"].shape[1] == 512
+    assert enc.encode(["word " * 2000], "passage").shape == (1, 384)
+
+
 def test_instructions_only_when_enabled(minilm_path):
     off = BiEncoder(minilm_path)
     on = BiEncoder(minilm_path, use_instructions=True)

@@ -219,3 +219,24 @@ def test_wandb_offline_run_holds_metrics_and_a_resume_continues_it(tiny_llama_di
     assert first.count(b"train/loss") >= 3 and b"trainer/global_step" in first
     assert b"train/loss" in second
     assert b"seed_everything" in first  # the resolved config was logged (LoggedConfig)
+
+
+@pytest.mark.slow
+def test_dose_sweep_trains_each_dose_and_writes_table_and_plot(tiny_llama_dir, tasks_dir, tmp_path):
+    from obliq.dose import dose_sweep
+
+    rows = task_rows(tasks_dir, "math-theoremqa", limit=24)
+    public = write_rows(tmp_path / "public.jsonl", rows[:12])
+    knn = write_rows(tmp_path / "knn.jsonl", [dict(r, source="knn") for r in rows[12:]])
+    config = _write_config(tmp_path / "recipe", public, tiny_llama_dir, max_steps=2)
+    cfg = yaml.safe_load(config.read_text())
+    cfg["data"]["sources"].append({"path": str(knn)})
+    config.write_text(yaml.safe_dump(cfg))
+    result = dose_sweep(config, [0, 8], [str(tasks_dir / "math-theoremqa")], out=tmp_path / "sweep")
+    assert result["doses"] == [0, 8] and len(result["ndcg@10"]["math-theoremqa"]) == 2
+    written = yaml.safe_load((tmp_path / "sweep" / "dose-8" / "config.yaml").read_text())
+    assert written["data"]["sources"][-1] == {"path": str(knn), "count": 8}
+    assert len(yaml.safe_load((tmp_path / "sweep" / "dose-0" / "config.yaml").read_text())["data"]["sources"]) == 1
+    assert (tmp_path / "sweep" / "dose-8" / "checkpoints").is_dir()  # outputs relocated per dose
+    assert (tmp_path / "sweep" / "dose_sweep.png").stat().st_size > 0
+    assert "| 8 |" in (tmp_path / "sweep" / "dose_sweep.md").read_text()

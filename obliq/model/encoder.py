@@ -158,7 +158,7 @@ class BiEncoder(nn.Module):
         trust_remote_code: bool = False,
     ):
         super().__init__()
-        from transformers import AutoModel, AutoTokenizer
+        from transformers import AutoConfig, AutoModel, AutoTokenizer
 
         if dtype not in _DTYPES:
             raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {dtype!r}")
@@ -177,6 +177,12 @@ class BiEncoder(nn.Module):
         path = resolve_model(backbone)
         self.tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
         _ensure_pad_token(self.tokenizer)
+        positions = getattr(AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code),
+                            "max_position_embeddings", None)
+        if positions and max(query_max_length, passage_max_length) > positions:
+            log.warning("%s has %d positions: max lengths %d/%d cut to fit", backbone, positions,
+                        query_max_length, passage_max_length)
+            query_max_length, passage_max_length = min(query_max_length, positions), min(passage_max_length, positions)
         self.text = Tokenize(self.tokenizer, query_prefix, passage_prefix, query_max_length, passage_max_length,
                              use_instructions)
 
