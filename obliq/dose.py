@@ -25,7 +25,7 @@ def _relocate(trainer: dict, folder: Path) -> None:
 
 
 def dose_sweep(
-    config: Path,
+    recipe: Path,
     doses: list[int],
     tasks: list[str],
     out: Path = Path("runs/dose-sweep"),
@@ -33,10 +33,10 @@ def dose_sweep(
     max_steps: int | None = None,
     batch_size: int = 32,
 ) -> dict:
-    """Train ``config`` once per dose of its kNN source and evaluate each model on ``tasks``.
+    """Train ``recipe`` once per dose of its kNN source and evaluate each model on ``tasks``.
 
     Args:
-        config: a ``train.py`` recipe (YAML).
+        recipe: a ``train.py`` config (YAML).
         doses: kNN rows per epoch to train with (e.g. ``[0, 1000, 5000, 10000]``); 0 drops the source
             (and, when it is the only source, evaluates the untrained encoder).
         tasks: task folders (or folders of task folders) to evaluate on.
@@ -61,10 +61,10 @@ def dose_sweep(
 
     if any(d < 0 for d in doses):
         raise ValueError(f"doses must be >= 0, got {doses}")
-    base = yaml.safe_load(Path(config).read_text())
+    base = yaml.safe_load(Path(recipe).read_text())
     n_sources = len(base["data"]["sources"])
     if not -n_sources <= source < n_sources:
-        raise ValueError(f"source {source} out of range: {config} has {n_sources} data sources")
+        raise ValueError(f"source {source} out of range: {recipe} has {n_sources} data sources")
     loaded = [load_task(p) for p in find_tasks(tasks)]
     out = Path(out)
     table: dict[str, list[float]] = {t.name: [] for t in loaded}
@@ -95,7 +95,7 @@ def dose_sweep(
         )
         for s in summaries:
             table[s["task"]].append(s["metrics"]["NDCG@10"])
-    result = {"config": str(config), "doses": list(doses), "ndcg@10": table}
+    result = {"recipe": str(recipe), "doses": list(doses), "ndcg@10": table}
     (out / "dose_sweep.json").write_text(json.dumps(result, indent=2) + "\n")
     lines = ["| dose | " + " | ".join(table) + " |", "|---:|" + "---:|" * len(table)]
     for i, dose in enumerate(doses):

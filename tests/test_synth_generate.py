@@ -1,0 +1,230 @@
+"""The generation pipeline: retries and skips (scripted LLM), resume after a kill, sampling, row validity,
+end to end with negatives, the task configs, and one real generation with SmolLM2 (slow)."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from obliq.data.rows import RowError, parse_row
+from obliq.eval.tasks import load_task
+from obliq.synth.generate import GenerationConfig, read_done, sample_documents, synthesize
+from obliq.synth.prompts import TaskSpec
+
+REPO = Path(__file__).resolve().parents[1]
+SPEC = TaskSpec(name="math-theoremqa", lens="analogue", unit="a math problem", units="math problems",
+                attribute="the reasoning technique needed to solve it", attribute_short="reasoning technique",
+                instruction="Retrieve problems solved with the same technique.")
+GOOD_A = "<description>Counting arrangements of objects with a classic combinatorial identity.</description>"
+GOOD_B = "<query>problems where you count ways to arrange or split objects into groups</query>"
+
+
+class ScriptedBackend:
+    """A test double of the LLM (the only mock in these tests): replies come from a script keyed by
+    document id and stage, one reply per attempt; the stage is read from the prompt's output tag.
+    A reply given as ``(text, False)`` is one cut by the token limit."""
+
+    name = "scripted"
+
+    def __init__(self, task, script: dict[str, dict[str, list[str]]] | None = None, default=(GOOD_A, GOOD_B)):
+        self.texts = {doc_id: text for doc_id, text in zip(task.doc_ids, task.doc_texts)}
+        self.script = {k: {s: list(v) for s, v in d.items()} for k, d in (script or {}).items()}
+        self.default = dict(zip("AB", default))
+        self.calls: list[tuple[str, str]] = []
+        self.new_tokens, self.seconds, self.finished = 0, 0.0, []
+
+    def _doc(self, content: str) -> str:
+        hits = [d for d, t in self.texts.items() if " ".join(t.split()[:12]) in content]
+        assert len(hits) == 1, "the prompt must hold exactly one corpus document"
+        return hits[0]
+
+    def generate(self, prompts, max_new_tokens, temperature, seed):
+        out, self.finished = [], []
+        for messages in prompts:
+            content = messages[-1]["content"]
+            stage = "B" if "<query>" in content else "A"
+            doc = self._doc(content)
+            self.calls.append((doc, stage))
+            queue = self.script.get(doc, {}).get(stage)
+            reply = queue.pop(0) if queue else self.default[stage]
+            reply, done = reply if isinstance(reply, tuple) else (reply, True)
+            self.finished.append(done)
+            self.new_tokens += len(reply.split())
+            self.seconds += 0.01
+            out.append(reply)
+        return out
+
+
+@pytest.fixture(scope="module")
+def math_task(tasks_dir):
+    return load_task(tasks_dir / "math-theoremqa")
+
+
+def _rows(path):
+    return [parse_row(line, str(path), n) for n, line in enumerate(Path(path).read_bytes().splitlines(), 1)]
+
+
+def test_retries_and_skips_are_counted(math_task, tmp_path):
+    order, _ = sample_documents(math_task, 3, seed=13)
+    d1, d2, d3 = (math_task.doc_ids[i] for i in order)
+    long_query = "<query>" + " ".join(["word"] * 60) + "</query>"
+    cut_a = ("Counting arrangements of objects with a classic combinatorial identity. It also uses the", False)
+    script = {
+        d1: {"A": [cut_a], "B": ["", GOOD_B]},                    # A cut by the limit: its finished sentence kept; B: 1 retry
+        d2: {"A": ["<description>cut off by the token limit", "I'm sorry, I cannot help.", GOOD_A]},  # A: 2 retries
+        d3: {"B": [long_query, ("problems where you count the ways to", False), long_query]},  # B: 2 retries, skipped
+    }
+    backend = ScriptedBackend(math_task, script)
+    out = tmp_path / "rows.jsonl"
+    cfg = GenerationConfig(max_retries=2, batch_size=2, query_words=(4, 40))
+    rep = synthesize(math_task, SPEC, backend, out, n_docs=3, seed=13, generation=cfg)
+
+    assert rep.sampled == 3 and rep.generated == 2 and rep.already_done == 0
+    assert rep.skipped == {"A": 0, "B": 1}
+    assert rep.retries == 1 + 2 + 2 and rep.docs_retried == 3
+    assert rep.rejected == {"A:malformed": 1, "A:refusal": 1, "B:empty": 1, "B:overlong": 3}  # one B cut by the limit
+    # what the backend was asked: 3 + 2 stage-A prompts, 3 + 1 + 2 stage-B prompts
+    assert sorted(backend.calls) == sorted([(d1, "A"), (d2, "A"), (d2, "A"), (d2, "A"), (d3, "A"),
+                                            (d1, "B"), (d1, "B"), (d2, "B"), (d3, "B"), (d3, "B"), (d3, "B")])
+    rows = _rows(out)
+    assert [r.positive.id for r in rows] == [d1, d2]
+    for r in rows:
+        assert r.source == "synthetic" and r.task == "math-theoremqa" and r.lens == "analogue" and r.negatives == ()
+        assert r.instruction == SPEC.instruction and r.id == f"synth:math-theoremqa:{r.positive.id}"
+        assert r.query == "problems where you count ways to arrange or split objects into groups"
+        assert r.meta["description"] == "Counting arrangements of objects with a classic combinatorial identity."
+        assert r.positive.text == math_task.doc_texts[math_task.doc_ids.index(r.positive.id)]
+    assert rows[0].meta["attempts"] == {"A": 1, "B": 2} and rows[1].meta["attempts"] == {"A": 3, "B": 1}
+    assert rep.mean_query_words == 12 and rep.mean_description_words == 9
+    rejects = [json.loads(line) for line in (tmp_path / "rows.jsonl.rejects.jsonl").read_text().splitlines()]
+    assert len(rejects) == 6 and {r["reason"] for r in rejects} == {"malformed", "refusal", "empty", "overlong"}
+    assert rep.new_tokens == backend.new_tokens and rep.tokens_per_s == pytest.approx(backend.new_tokens / 0.11)
+
+
+def test_resume_skips_done_documents_and_cuts_a_half_written_line(math_task, tmp_path):
+    out = tmp_path / "rows.jsonl"
+    first = ScriptedBackend(math_task)
+    rep = synthesize(math_task, SPEC, first, out, n_docs=2, seed=13, generation=GenerationConfig(batch_size=1))
+    assert rep.generated == 2
+    done = out.read_bytes()
+    out.write_bytes(done + b'{"id": "synth:math-theoremqa:tqa-0')  # a run killed mid-write
+
+    second = ScriptedBackend(math_task)
+    rep = synthesize(math_task, SPEC, second, out, n_docs=4, seed=13, generation=GenerationConfig(batch_size=1))
+    order, _ = sample_documents(math_task, 4, seed=13)
+    assert rep.already_done == 2 and rep.generated == 2 and rep.dropped_partial_line
+    assert {d for d, _ in second.calls} == {math_task.doc_ids[i] for i in order[2:]}
+    assert out.read_bytes().startswith(done)
+    assert [r.positive.id for r in _rows(out)] == [math_task.doc_ids[i] for i in order]
+
+    rep = synthesize(math_task, SPEC, ScriptedBackend(math_task), out, n_docs=4, seed=13)
+    assert rep.already_done == 4 and rep.generated == 0
+
+
+def test_resume_refuses_a_corrupt_line_or_another_task(math_task, tmp_path):
+    out = tmp_path / "rows.jsonl"
+    synthesize(math_task, SPEC, ScriptedBackend(math_task), out, n_docs=2, seed=13)
+    lines = out.read_text().splitlines()
+    bad = {**json.loads(lines[1]), "query": 7}
+    out.write_text(lines[0] + "\n" + json.dumps(bad) + "\n")
+    with pytest.raises(RowError, match=r"rows.jsonl:2:query"):
+        read_done(out, "math-theoremqa")
+    out.write_text(lines[0] + "\n")
+    with pytest.raises(ValueError, match=r"rows.jsonl:1:task: row of task 'math-theoremqa'"):
+        read_done(out, "stance-tweets")
+
+
+def test_sampling_is_seeded_nested_and_skips_empty_documents(tmp_path):
+    folder = tmp_path / "tiny"
+    (folder / "qrels").mkdir(parents=True)
+    docs = [{"_id": f"d{i}", "title": "", "text": "" if i in (3, 7) else f"document number {i}"} for i in range(12)]
+    (folder / "corpus.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
+    (folder / "queries.jsonl").write_text(json.dumps({"_id": "q", "text": "document"}) + "\n")
+    (folder / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\nq\td0\t1\n")
+    task = load_task(folder)
+    five, empty = sample_documents(task, 5, seed=1)
+    ten, _ = sample_documents(task, 10, seed=1)
+    every, _ = sample_documents(task, None, seed=1)
+    assert empty == 2 and ten[:5] == five and sorted(every) == [i for i in range(12) if i not in (3, 7)]
+    assert sample_documents(task, 5, seed=2)[0] != five
+    assert sample_documents(task, 50, seed=1)[0] == every
+    with pytest.raises(ValueError, match="n_docs"):
+        sample_documents(task, 0, seed=1)
+
+
+def test_end_to_end_with_negatives_rows_validate(math_task, tasks_dir, tmp_path):
+    from obliq.cli import main
+
+    synth = tmp_path / "synth.jsonl"
+    synthesize(math_task, SPEC, ScriptedBackend(math_task), synth, n_docs=5, seed=3)
+    train = tmp_path / "train.jsonl"
+    main(["negatives", "mine", "--rows", str(synth), "--task", str(tasks_dir / "math-theoremqa"), "--out", str(train)])
+    rows = _rows(train)
+    assert len(rows) == 5
+    for r in rows:
+        assert len(r.negatives) == 4
+        assert all(n.id != r.positive.id and n.text_hash != r.positive.text_hash for n in r.negatives)
+        assert r.meta["description"] and r.meta["bm25_negatives"]["backend"].startswith("bm25s")
+
+
+def test_task_configs_load_against_the_command(tasks_dir):
+    """Every configs/synth YAML opens with its command, parses against `obliq synth generate`, names a
+    real task, and uses the lens of that task's mechanism (task.json)."""
+    from jsonargparse import ArgumentParser
+
+    from obliq.synth.commands import generate
+
+    files = sorted((REPO / "configs" / "synth").glob("*.yaml"))
+    assert {f.stem for f in files} >= {"writing-news", "math-theoremqa", "stance-tweets", "hearings-exchanges"}
+    for file in files:
+        assert file.read_text().splitlines()[0] == f"# obliq synth generate --config configs/synth/{file.name}"
+        parser = ArgumentParser(exit_on_error=False)
+        parser.add_function_arguments(generate)
+        cfg = parser.instantiate_classes(parser.parse_path(str(file)))
+        assert cfg.spec.name == file.stem and Path(str(cfg.task)).name == file.stem
+        meta = json.loads((tasks_dir / file.stem / "task.json").read_text())
+        assert cfg.spec.lens == meta["mechanism"], file
+
+
+def test_vllm_backend_missing_names_the_extra():
+    try:
+        import vllm  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        pytest.skip("vLLM is installed here")
+    from obliq.synth.backends import load_backend
+
+    with pytest.raises(ImportError, match=re.escape("pip install -e '.[gen]'")):
+        load_backend("vllm", "smollm2")
+
+
+@pytest.mark.slow
+def test_real_generation_with_smollm2_on_two_documents(tasks_dir, tmp_path, smollm2_path):
+    """SmolLM2-135M-Instruct on the CPU, two documents, then BM25 negatives: every row validates."""
+    import torch
+
+    from obliq.cli import main
+
+    threads = torch.get_num_threads()
+    out = tmp_path / "synth.jsonl"
+    main(["synth", "generate", "--config", str(REPO / "configs" / "synth" / "math-theoremqa.yaml"),
+          "--task", str(tasks_dir / "math-theoremqa"), "--out", str(out), "--n_docs", "2",
+          "--generation.max_new_tokens_a", "48", "--generation.max_new_tokens_b", "40",
+          "--generation.max_retries", "1", "--device", "cpu",
+          "--threads", "1"])  # robust on a CPU shared with other busy processes (see TransformersBackend)
+    assert torch.get_num_threads() == threads  # the backend's thread setting is scoped to generation
+    report = json.loads((tmp_path / "synth.jsonl.report.json").read_text())["report"]
+    assert report["sampled"] == 2 and report["generated"] + sum(report["skipped"].values()) == 2
+    assert report["new_tokens"] > 0 and report["tokens_per_s"] > 0
+    assert report["backend"] == "transformers:smollm2"
+    rows = _rows(out) if out.stat().st_size else []
+    assert len(rows) == report["generated"]
+    if rows:
+        train = tmp_path / "train.jsonl"
+        main(["negatives", "mine", "--rows", str(out), "--task", str(tasks_dir / "math-theoremqa"), "--out", str(train)])
+        for r in _rows(train):
+            assert len(r.negatives) == 4 and r.meta["generator"] == "transformers:smollm2"
