@@ -68,15 +68,16 @@ def quickstart(recipe: Path = Path("configs/quickstart.yaml"), dose: int = 2000,
 
     t0 = time.perf_counter()
     task = load_task(task_dir)
-    systems = {
-        "BM25": partial(retrieve_bm25, top_k=1000),
-        "MiniLM (base)": partial(retrieve_dense, load_encoder("minilm"), top_k=1000),
-        "MiniLM + LoRA on kNN pairs": partial(retrieve_dense, load_encoder(str(OUT / "model" / "adapter")), top_k=1000),
-        "stylometric teacher": partial(retrieve_dense, _FittedTeacher(task), top_k=1000),
+    systems = {  # name → (output folder, retrieval)
+        "BM25": ("bm25", partial(retrieve_bm25, top_k=1000)),
+        "MiniLM (base)": ("base", partial(retrieve_dense, load_encoder("minilm"), top_k=1000)),
+        "MiniLM + LoRA on kNN pairs": (
+            "trained", partial(retrieve_dense, load_encoder(str(OUT / "model" / "adapter")), top_k=1000)),
+        "stylometric teacher": ("teacher", partial(retrieve_dense, _FittedTeacher(task), top_k=1000)),
     }
     results = {}
-    for name, retrieve in systems.items():
-        folder = OUT / "eval" / name.split()[0].lower().strip("+")
+    for name, (slug, retrieve) in systems.items():
+        folder = OUT / "eval" / slug
         summary = evaluate_tasks(lambda t, r=retrieve: r(t, latency_queries=0), [task], folder, name,
                                  ["NDCG@10", "Recall@100"])[0]
         results[name] = {"summary": summary, "per_query": folder / task.name / "per_query.jsonl"}
