@@ -16,6 +16,7 @@ import json
 import logging
 import sys
 
+from obliq.audit.commands import audit
 from obliq.distill import commands as distill
 from obliq.dose import dose_sweep
 from obliq.eval.metrics import score_files
@@ -35,6 +36,7 @@ COMMANDS = {
     "negatives": {"mine": negatives_mine},
     "export": export,
     "dose-sweep": dose_sweep,
+    "audit": audit,
 }
 """subcommand name → function, or → a dict of sub-subcommands (``obliq synth generate``)."""
 

@@ -167,3 +167,19 @@ def test_obliq_metrics_command_matches_pytrec_eval(tmp_path, capsys):
     qrels, run = read_qrels(qrels_file), read_run(run_file)
     assert out["metrics"]["NDCG@3"] == pytest.approx((trec_eval(qrels, run, "NDCG@3")["q1"] + 1.0) / 2)
     assert out["metrics"]["Recall@1"] == pytest.approx((0 + 1) / 2)
+
+
+def test_rr_at_k_is_cut_at_k():
+    """ir_measures' pytrec_eval provider returns the uncut reciprocal rank for RR@10 (or 0 when RR is
+    asked too); RR@k must be 1/rank when the first relevant document is within k, else 0."""
+    import pytest
+
+    from obliq.eval.metrics import evaluate_run, parse_measures
+
+    run = {"q": {f"d{i}": 100.0 - i for i in range(1, 20)}, "p": {f"d{i}": 100.0 - i for i in range(1, 20)}}
+    qrels = {"q": {"d12": 1}, "p": {"d3": 1}}  # gold at rank 12 and at rank 3
+    ev = evaluate_run(qrels, run, ["RR@10", "RR", "RR@20"])
+    assert ev.per_query["q"] == pytest.approx({"RR@10": 0.0, "RR": 1 / 12, "RR@20": 1 / 12})
+    assert ev.per_query["p"] == pytest.approx({"RR@10": 1 / 3, "RR": 1 / 3, "RR@20": 1 / 3})
+    with pytest.raises(ValueError, match="not computed by trec_eval"):
+        parse_measures("NDCG@10,ERR@10")

@@ -53,7 +53,7 @@ def parse_measures(names: str | Iterable[str]) -> dict[str, object]:
     ``RR``, ``P@5``, ``AP``…). A comma-separated string is split.
 
     Raises:
-        ValueError: an unknown measure name.
+        ValueError: an unknown measure name, or one trec_eval does not compute.
     """
     import ir_measures
 
@@ -65,11 +65,26 @@ def parse_measures(names: str | Iterable[str]) -> dict[str, object]:
             out[name] = ir_measures.parse_measure(name)
         except (ValueError, NameError, SyntaxError, TypeError) as e:
             raise ValueError(f"unknown measure {name!r} ({e}); try NDCG@10, Recall@100, RR, P@10") from None
+        if not ir_measures.pytrec_eval.supports(_trec_eval_measure(out[name])):
+            raise ValueError(f"measure {name!r} is not computed by trec_eval (pytrec_eval); "
+                             "try NDCG@10, Recall@100, RR, RR@10, P@10, AP")
         if list(out.values()).count(out[name]) > 1:  # NDCG@10 and nDCG@10: keep the first spelling
             del out[name]
     if not out:
         raise ValueError("no measure given")
     return out
+
+
+def _rr_cutoff(measure) -> int | None:
+    return int(measure["cutoff"]) if measure.NAME == "RR" and measure.params.get("cutoff") is not None else None
+
+
+def _trec_eval_measure(measure):
+    """What trec_eval computes for ``measure``: ``RR@k`` → ``RR`` (trec_eval's ``recip_rank`` has no
+    cut-off, and ir_measures' pytrec_eval provider would return the uncut value for ``RR@k``)."""
+    import ir_measures
+
+    return ir_measures.parse_measure("RR") if _rr_cutoff(measure) is not None else measure
 
 
 @dataclass
@@ -114,12 +129,19 @@ def evaluate_run(
     judged = {q: {d: int(g) for d, g in qrels[q].items()} for q in query_ids if q in qrels}
     evaluated = [q for q in query_ids if any(g > 0 for g in judged.get(q, {}).values())]
     per_query = {q: {name: 0.0 for name in parsed} for q in evaluated}
-    by_measure = {m: name for name, m in parsed.items()}
+    asked = {name: _trec_eval_measure(m) for name, m in parsed.items()}
     sub_qrels = {q: judged[q] for q in evaluated}
     sub_run = {q: {d: float(s) for d, s in run[q].items()} for q in evaluated if run.get(q)}
     if sub_run:
-        for metric in ir_measures.pytrec_eval.iter_calc(list(parsed.values()), sub_qrels, sub_run):
-            per_query[metric.query_id][by_measure[metric.measure]] = float(metric.value)
+        values: dict[str, dict] = {q: {} for q in evaluated}
+        for metric in ir_measures.pytrec_eval.iter_calc(list(set(asked.values())), sub_qrels, sub_run):
+            values[metric.query_id][metric.measure] = float(metric.value)
+        for q, got in values.items():
+            for name, measure in parsed.items():
+                value = got.get(asked[name], 0.0)
+                k = _rr_cutoff(measure)
+                # RR@k: 1/rank of the first relevant document when that rank is ≤ k, else 0.
+                per_query[q][name] = value if k is None or value * k >= 1 - 1e-9 else 0.0
     aggregate = {
         name: float(np.mean([v[name] for v in per_query.values()])) if per_query else math.nan for name in parsed
     }

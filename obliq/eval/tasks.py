@@ -24,6 +24,7 @@ import re
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Sequence
 
 log = logging.getLogger(__name__)
 
@@ -203,19 +204,30 @@ def _unique(rows: list[tuple[int, dict]], path: Path, what: str, report: dict) -
     return kept
 
 
-def load_task(path: str | Path, name: str | None = None, mechanism: str | None = None) -> Task:
+def load_task(
+    path: str | Path,
+    name: str | None = None,
+    mechanism: str | None = None,
+    queries: str = "queries.jsonl",
+    splits: Sequence[str] = QRELS_SPLITS,
+) -> Task:
     """Load and validate a BEIR-layout task folder.
 
     Args:
         path: the task folder.
         name: overrides ``task.json``'s name (default: ``task.json`` or the folder name).
         mechanism: overrides ``task.json``'s mechanism (descriptive | analogue | tip-of-the-tongue).
+        queries: the queries file inside the folder, e.g. ``queries-translated.jsonl`` for a second
+            query set over the same corpus.
+        splits: the qrels read, ``qrels/<split>.tsv``; the first is required, the others are read
+            when present (default ``test`` then ``pooled``).
 
     Returns:
         The task; its :attr:`Task.report` holds the validation counts.
 
     Raises:
-        FileNotFoundError: the folder, ``corpus.jsonl``, ``queries.jsonl`` or ``qrels/test.tsv`` is missing.
+        FileNotFoundError: the folder, ``corpus.jsonl``, the queries file or the first split's qrels
+            (by default ``qrels/test.tsv``) is missing.
         ValueError: a malformed line (see :func:`read_jsonl`, :func:`read_qrels`), or no document or query.
     """
     path = Path(path)
@@ -224,7 +236,7 @@ def load_task(path: str | Path, name: str | None = None, mechanism: str | None =
     meta = json.loads((path / "task.json").read_text()) if (path / "task.json").is_file() else {}
     report: dict = {}
 
-    corpus_file, queries_file = path / "corpus.jsonl", path / "queries.jsonl"
+    corpus_file, queries_file = path / "corpus.jsonl", path / queries
     corpus = _unique(read_jsonl(corpus_file, ("_id", "text")), corpus_file, "corpus", report)
     if not corpus:
         raise ValueError(f"{corpus_file}: the corpus is empty")
@@ -244,10 +256,10 @@ def load_task(path: str | Path, name: str | None = None, mechanism: str | None =
 
     docs, qset = set(doc_ids), set(query_ids)
     qrels: dict[str, Qrels] = {}
-    for split in QRELS_SPLITS:
+    for split in splits:
         file = path / "qrels" / f"{split}.tsv"
         if not file.is_file():
-            if split == "test":
+            if split == splits[0]:
                 raise FileNotFoundError(f"gold qrels not found: {file}")
             continue
         raw = read_qrels(file)
