@@ -41,13 +41,15 @@ def _tasks_as_list(argv: list[str]) -> list[str]:
 def main(argv: list[str] | None = None) -> list[dict]:
     from jsonargparse import auto_cli
 
+    from obliq.errors import user_errors
     from obliq.eval.evaluate import evaluate
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     for noisy in ("bm25s", "faiss.loader"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     argv = _tasks_as_list(sys.argv[1:] if argv is None else list(argv))
-    return auto_cli(evaluate, args=argv, as_positional=False)
+    with user_errors():
+        return auto_cli(evaluate, args=argv, as_positional=False)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,9 @@ A thin entry point; the CLI is :func:`obliq.trainer.cli` (LightningCLI over the 
 the TrainingDataModule). ``--print_config`` prints the resolved configuration.
 """
 
+from obliq.errors import user_errors
 from obliq.trainer import cli
 
 if __name__ == "__main__":
-    cli()
+    with user_errors():
+        cli()

@@ -18,6 +18,7 @@ import sys
 
 from obliq.audit.commands import audit
 from obliq.distill import commands as distill
+from obliq.errors import user_errors
 from obliq.dose import dose_sweep
 from obliq.eval.metrics import score_files
 from obliq.eval.significance import compare_files
@@ -71,7 +72,8 @@ def main(argv: list[str] | None = None) -> None:
     for noisy in ("bm25s", "faiss.loader"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     argv = _expand(sys.argv[1:] if argv is None else list(argv))
-    result = auto_cli(COMMANDS, args=argv, as_positional=False)
+    with user_errors():
+        result = auto_cli(COMMANDS, args=argv, as_positional=False)
     if result is not None:
         print(json.dumps(result, indent=2))
 

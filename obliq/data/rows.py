@@ -216,7 +216,7 @@ def parse_row(raw: bytes | str, path: str, line: int) -> TrainingRow:
     try:
         obj = json.loads(raw, strict=False)  # strict=False: raw control characters (NUL) are repaired below
     except json.JSONDecodeError as err:
-        raise check.fail("(row)", "json", f"not valid JSON: {err.msg} at column {err.colno}") from None
+        raise check.fail("(row)", "json", f"not valid JSON: {err}") from None
     if not isinstance(obj, dict):
         raise check.fail("(row)", "json", f"expected a JSON object, got {type(obj).__name__}")
     for key in obj:

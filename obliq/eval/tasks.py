@@ -85,7 +85,7 @@ def read_jsonl(path: str | Path, required: tuple[str, ...] = ("_id", "text")) ->
             try:
                 obj = json.loads(line)
             except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{lineno}: invalid JSON ({e.msg} at column {e.colno})") from None
+                raise ValueError(f"{path}:{lineno}: invalid JSON ({e})") from None
             if not isinstance(obj, dict):
                 raise ValueError(f"{path}:{lineno}: expected a JSON object, got {type(obj).__name__}")
             for key in required:
