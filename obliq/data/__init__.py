@@ -41,7 +41,6 @@ and weights) is in exactly one batch of one rank; all ranks run the same number 
 checkpoint taken after any step resumes with the next batch, none repeated or skipped.
 """
 
-from obliq.data.datamodule import BatchRef, Collator, PlanSampler, RowReader, TrainingDataModule
 from obliq.data.index import FileIndex, index_file
 from obliq.data.mixture import MixturePlan, Source, permute
 from obliq.data.rows import (
@@ -77,3 +76,15 @@ __all__ = [
     "repair_text",
     "text_hash",
 ]
+
+_LOADER = {"BatchRef", "Collator", "PlanSampler", "RowReader", "TrainingDataModule"}
+
+
+def __getattr__(name: str):
+    """Import the loader (and Lightning, ~5 s) only when it is asked for: row validation, used by
+    every stage that writes training rows, stays light."""
+    if name in _LOADER:
+        from obliq.data import datamodule
+
+        return getattr(datamodule, name)
+    raise AttributeError(f"module 'obliq.data' has no attribute {name!r}")
