@@ -94,6 +94,11 @@ class RetrievalEvaluation(Callback):
         if not hasattr(pl_module, self.encoder_attr):
             raise AttributeError(f"{type(pl_module).__name__} has no attribute {self.encoder_attr!r} (the encoder)")
 
+    def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if any(hasattr(p, "full_tensor") for p in pl_module.parameters()):  # DTensor: FSDP2-sharded
+            raise ValueError("RetrievalEvaluation runs on rank 0 alone and cannot use sharded (FSDP) parameters: "
+                             "remove the callback and evaluate the saved checkpoints with evaluate.py")
+
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs, batch, batch_idx: int) -> None:
         step = trainer.global_step
         if self.every_n_steps and step > 0 and step % self.every_n_steps == 0 and step != self.last_step:

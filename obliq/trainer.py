@@ -13,6 +13,10 @@ def cli(args: list[str] | None = None, run: bool = True) -> LightningCLI:
     ``--print_config`` prints the resolved configuration, which is also saved next to the run and
     logged to every logger (W&B included).
     """
+    import warnings
+
+    # Our checkpoints are taken after the optimizer step by design (the step count is the state).
+    warnings.filterwarnings("ignore", message="Using ModelCheckpoint with manual optimization")
     from callbacks.logging import LoggedConfig
     from obliq.data import TrainingDataModule
     from obliq.model.module import RetrieverModule

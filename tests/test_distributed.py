@@ -69,3 +69,33 @@ def test_two_processes_equal_one_process_with_the_concatenated_batch(tiny_llama_
         assert r["loss"].item() == pytest.approx(loss.item(), rel=1e-6)
         for name, g in ref.items():
             assert (r["grads"][name] - g).norm() <= 1e-5 * g.norm() + 1e-10, name
+
+
+def test_fsdp_units_never_mix_lora_and_frozen_weights(tiny_llama_dir, tmp_path):
+    """Every FSDP2 unit holds only trainable (LoRA) or only frozen parameters; the blocks' LoRA
+    weights form one unit per block."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import FSDPModule
+
+    from obliq.model.sharding import shard_encoder
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'init'}", rank=0, world_size=1)
+    try:
+        enc = BiEncoder(tiny_llama_dir, lora=LoraSettings(r=4, alpha=8))
+        trainable = sum(p.numel() for p in enc.parameters() if p.requires_grad)
+        total = sum(p.numel() for p in enc.parameters())
+        units = shard_encoder(enc, init_device_mesh("cpu", (1,)))
+        groups = []
+        for module in enc.modules():
+            if isinstance(module, FSDPModule):
+                group = module._get_fsdp_state()._fsdp_param_group  # FSDP2's unit (private API)
+                if group is not None and group not in groups:
+                    groups.append(group)
+        kinds = [{p.sharded_param.requires_grad for p in g.fsdp_params} for g in groups]
+        assert all(len(k) == 1 for k in kinds)
+        assert sum(k == {True} for k in kinds) == 2 and sum(k == {False} for k in kinds) == 3  # 2 blocks + rest
+        assert [k for k, _ in units] == ["trainable", "frozen"] * 2 + ["frozen"]
+        assert sum(n for k, n in units if k == "trainable") == trainable
+        assert sum(n for _, n in units) == total
+    finally:
+        dist.destroy_process_group()

@@ -82,6 +82,21 @@ class RetrieverModule(L.LightningModule):
         if datamodule is not None and getattr(datamodule, "tokenize", None) is None:
             datamodule.tokenize = self.encoder.text
 
+    def configure_model(self) -> None:
+        """Under an FSDP2 strategy (``model_parallel``; Lightning calls this hook after the processes
+        start), shard the encoder so that LoRA weights and frozen weights never share a unit
+        (:func:`obliq.model.sharding.shard_encoder`). Other strategies: nothing to do."""
+        if self.device_mesh is None or getattr(self, "_sharded", False):
+            return
+        from obliq.model.sharding import shard_encoder
+
+        if self.device_mesh["tensor_parallel"].size() > 1:
+            raise ValueError("tensor parallelism is not supported: use obliq.model.sharding.LoraModelParallelStrategy "
+                             "(data parallel only) instead of model_parallel")
+        units = shard_encoder(self.encoder, self.device_mesh["data_parallel"])
+        self._sharded = True
+        log.info("FSDP2: %d units (%d trainable)", len(units), sum(k == "trainable" for k, _ in units))
+
     def total_steps(self) -> int:
         """Optimizer steps of the whole run: ``max_steps`` when set, else steps per epoch × epochs,
         computed from the data plan (never by reading the loader, whose state may not be restored)."""
@@ -149,12 +164,12 @@ class RetrieverModule(L.LightningModule):
         limit = self.hparams.max_grad_norm
         if not params:
             return torch.tensor(0.0)
-        return torch.nn.utils.clip_grad_norm_(params, limit if limit is not None else float("inf"))
+        norm = torch.nn.utils.clip_grad_norm_(params, limit if limit is not None else float("inf"))
+        return norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # a DTensor under FSDP2
 
     def _bad_step(self, err: Exception) -> None:
         self.bad_steps += 1
         self.consecutive_bad += 1
-        self.log("train/bad_steps", float(self.bad_steps), rank_zero_only=True)
         log.warning("step %d skipped: %s (%d in a row)", self.global_step, err, self.consecutive_bad)
         if self.consecutive_bad >= self.hparams.max_bad_steps:
             path = Path(self.trainer.default_root_dir) / "checkpoints" / "bad-steps.ckpt"
@@ -173,6 +188,7 @@ class RetrieverModule(L.LightningModule):
             "train/loss": loss,
             "train/lr": lr,
             "train/grad_norm": grad_norm,
+            "train/bad_steps": float(self.bad_steps),  # skipped so far (non-finite loss or gradient)
         }
         if self._t_last is not None:
             elapsed = now - self._t_last
@@ -191,10 +207,15 @@ class RetrieverModule(L.LightningModule):
         checkpoint["obliq"] = {"bad_steps": self.bad_steps, "encoder": self.encoder.settings,
                                "lora": None if self.encoder.lora is None else vars(self.encoder.lora)}
 
-    def on_load_checkpoint(self, checkpoint: dict) -> None:
+    def check_checkpoint_keys(self, keys) -> None:
+        """Raise KeyError when a checkpoint's ``state_dict`` keys miss a trainable weight."""
         trainable = {f"encoder.{n}" for n, p in self.encoder.named_parameters() if p.requires_grad}
-        missing = sorted(trainable - checkpoint["state_dict"].keys())
+        missing = sorted(trainable - set(keys))
         if missing:
             raise KeyError(f"checkpoint lacks {len(missing)} trainable weights, e.g. {missing[:3]}: "
                            "was it written with another LoRA configuration?")
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        if "state_dict" in checkpoint:  # FSDP2 strategies load (and check) the weights themselves
+            self.check_checkpoint_keys(checkpoint["state_dict"].keys())
         self.bad_steps = checkpoint.get("obliq", {}).get("bad_steps", 0)
