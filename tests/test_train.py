@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -306,3 +307,17 @@ def test_nan_steps_are_skipped_counted_and_too_many_stop_with_a_checkpoint(tiny_
     assert all(torch.equal(v, run.model.state_dict()[k]) for k, v in before.items())  # nothing applied
     saved = torch.load(tmp_path / "all" / "checkpoints" / "bad-steps.ckpt", weights_only=False)
     assert saved["obliq"]["bad_steps"] == 2 and saved["global_step"] == 0
+
+
+def test_bad_training_rows_fail_before_the_backbone_loads(tmp_path):
+    """The row error (file:line:field) comes first: the backbone here does not even exist."""
+    from obliq.trainer import cli
+
+    rows = tmp_path / "rows.jsonl"
+    good = {"id": "a", "task": "t", "source": "public", "query": "q", "positive": {"id": "d", "text": "t"}, "negatives": []}
+    rows.write_text(json.dumps(good) + "\n" + json.dumps(dict(good, id="b", query="")) + "\n")
+    config = _write_config(tmp_path, rows, str(tmp_path / "no-such-backbone"), max_steps=1)
+    with pytest.raises(ValueError, match=r"rows\.jsonl:2:"):
+        cli(["fit", "--config", str(config)])
+    with pytest.raises(FileNotFoundError, match="no file matches"):
+        cli(["fit", "--config", str(config), f"--data.sources=[{{path: {tmp_path / 'none.jsonl'}}}]"])
