@@ -104,6 +104,10 @@ def resolve_model(name_or_path: str | os.PathLike) -> str:
 
     Returns:
         A string accepted by ``from_pretrained``.
+
+    Raises:
+        FileNotFoundError: a bare name (no ``/``) that is neither an alias nor an existing path —
+            a typo, not a hub id (hub ids are ``owner/name``); the message lists the aliases.
     """
     text = str(name_or_path)
     alias = _ALIASES.get(text.lower())
@@ -111,4 +115,11 @@ def resolve_model(name_or_path: str | os.PathLike) -> str:
         return str(minilm_dir())
     if alias == SMOLLM2:
         return str(smollm2_dir())
+    if "/" not in text and os.sep not in text and not os.path.exists(text):
+        import difflib
+
+        close = difflib.get_close_matches(text.lower(), sorted(_ALIASES), n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise FileNotFoundError(f"model {text!r} is not an alias ({', '.join(sorted(_ALIASES))}), an existing "
+                                f"folder or a hub id (owner/name){hint}")
     return text

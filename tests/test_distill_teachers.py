@@ -109,3 +109,11 @@ def test_trust_remote_code_is_off_by_default_and_passed_only_when_asked(monkeypa
     EncoderTeacher("some/hub-model")
     load_teacher("some/hub-model", trust_remote_code=True)
     assert [c["trust_remote_code"] for c in calls] == [False, True]
+
+
+def test_a_mistyped_teacher_or_model_name_is_named_not_sent_to_the_hub():
+    assert isinstance(load_teacher("Stylometric"), StylometricTeacher)
+    with pytest.raises(ValueError, match="did you mean 'stylometric'"):
+        load_teacher("stylometic")
+    with pytest.raises(FileNotFoundError, match="'minlm' is not an alias .*did you mean 'minilm'"):
+        load_teacher("minlm")

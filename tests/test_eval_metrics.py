@@ -183,3 +183,22 @@ def test_rr_at_k_is_cut_at_k():
     assert ev.per_query["p"] == pytest.approx({"RR@10": 1 / 3, "RR": 1 / 3, "RR@20": 1 / 3})
     with pytest.raises(ValueError, match="not computed by trec_eval"):
         parse_measures("NDCG@10,ERR@10")
+
+
+def test_obliq_metrics_refuses_an_empty_run_or_one_of_another_task_and_counts_strays(tmp_path, caplog):
+    from obliq.eval.metrics import score_files
+
+    qrels = tmp_path / "qrels.tsv"
+    qrels.write_text("query-id\tcorpus-id\tscore\nq1\td1\t1\nq2\td2\t1\n")
+    empty, other, partial = (tmp_path / n for n in ("empty.trec", "other.trec", "partial.trec"))
+    empty.write_text("\n")
+    other.write_text("x1 Q0 d1 1 2.0 r\n")
+    partial.write_text("q1 Q0 d1 1 2.0 r\nzz Q0 d2 1 1.0 r\n")
+    with pytest.raises(ValueError, match="the run is empty"):
+        score_files(qrels, empty)
+    with pytest.raises(ValueError, match="none of its 1 queries"):
+        score_files(qrels, other)
+    out = score_files(qrels, partial, "NDCG@10")
+    assert out["metrics"]["NDCG@10"] == pytest.approx(0.5)  # q1 = 1, q2 missing = 0
+    assert out["run_queries_not_in_qrels"] == 1 and out["qrels_queries_not_in_run"] == 1
+    assert "1 run queries not in qrels" in caplog.text

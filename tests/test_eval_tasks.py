@@ -47,6 +47,10 @@ def test_malformed_lines_name_file_line_and_field(tmp_path):
     not_object = make_task(tmp_path / "d", ["[1, 2]"], [], [])
     with pytest.raises(ValueError, match=r"d/corpus\.jsonl:1: expected a JSON object"):
         load_task(not_object)
+    blank = make_task(tmp_path / "f", [{"_id": "d1", "text": " "}, {"_id": "d2", "title": "", "text": ""}],
+                      [{"_id": "q1", "text": "y"}], [("q1", "d1", 1)])
+    with pytest.raises(ValueError, match=r"f/corpus\.jsonl: every one of the 2 docs has an empty 'text'"):
+        load_task(blank)
     with pytest.raises(FileNotFoundError, match="gold qrels not found"):
         load_task(make_task(tmp_path / "e", [{"_id": "d1", "text": "x"}], [{"_id": "q1", "text": "y"}], None))
 

@@ -17,6 +17,7 @@ Two kinds are provided:
 
 from __future__ import annotations
 
+import difflib
 import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -305,8 +306,12 @@ def load_teacher(
         batch_size, max_length, trust_remote_code: encoder settings (see :class:`EncoderTeacher`).
 
     Raises:
-        See :class:`EncoderTeacher` and :class:`StylometricConfig`.
+        ValueError: a near miss of ``stylometric`` (a typo, not a model).
+        FileNotFoundError: a bare name that is no alias or folder (:func:`obliq.models.resolve_model`).
+        See also :class:`EncoderTeacher` and :class:`StylometricConfig`.
     """
-    if name == STYLOMETRIC:
+    if name.lower() == STYLOMETRIC:
         return StylometricTeacher(stylometric)
+    if difflib.get_close_matches(name.lower(), [STYLOMETRIC], cutoff=0.75):
+        raise ValueError(f"unknown teacher {name!r}: did you mean {STYLOMETRIC!r}?")
     return EncoderTeacher(name, max_length=max_length, batch_size=batch_size, trust_remote_code=trust_remote_code)

@@ -231,10 +231,26 @@ def score_files(
         per_query: also return each query's values.
 
     Returns:
-        ``{"metrics": {name: mean}, "n_queries": …, "n_excluded": …}`` (+ ``"per_query"``).
+        ``{"metrics": {name: mean}, "n_queries": …, "n_excluded": …, "run_queries_not_in_qrels": …,
+        "qrels_queries_not_in_run": …}`` (+ ``"per_query"``). Queries of the qrels that the run
+        lacks score 0 (trec_eval ``-c``); run queries without judgements are ignored and counted.
+
+    Raises:
+        ValueError: the run has no line, or none of its queries is in the qrels (a wrong pair of files).
     """
-    ev = evaluate_run(read_qrels(qrels), read_run(run), measures)
-    out: dict = {"metrics": ev.aggregate, "n_queries": ev.n_queries, "n_excluded": ev.n_excluded}
+    judged, ranked = read_qrels(qrels), read_run(run)
+    if not ranked:
+        raise ValueError(f"{run}: the run is empty (no 'qid Q0 docid rank score tag' line)")
+    if not judged.keys() & ranked.keys():
+        raise ValueError(f"{run}: none of its {len(ranked)} queries is in {qrels} (e.g. {next(iter(ranked))!r} "
+                         f"vs {next(iter(judged))!r}): is this the run of another task?")
+    ev = evaluate_run(judged, ranked, measures)
+    out: dict = {"metrics": ev.aggregate, "n_queries": ev.n_queries, "n_excluded": ev.n_excluded,
+                 "run_queries_not_in_qrels": len(ranked.keys() - judged.keys()),
+                 "qrels_queries_not_in_run": len(judged.keys() - ranked.keys())}
+    for key in ("run_queries_not_in_qrels", "qrels_queries_not_in_run"):
+        if out[key]:
+            log.warning("%s: %d %s", run, out[key], key.replace("_", " "))
     if per_query:
         out["per_query"] = ev.per_query
     return out

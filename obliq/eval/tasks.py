@@ -228,7 +228,8 @@ def load_task(
     Raises:
         FileNotFoundError: the folder, ``corpus.jsonl``, the queries file or the first split's qrels
             (by default ``qrels/test.tsv``) is missing.
-        ValueError: a malformed line (see :func:`read_jsonl`, :func:`read_qrels`), or no document or query.
+        ValueError: a malformed line (see :func:`read_jsonl`, :func:`read_qrels`), no document or
+            query, or every document (or every query) with an empty text.
     """
     path = Path(path)
     if not path.is_dir():
@@ -251,6 +252,8 @@ def load_task(
     for what, ids, texts, file in (("docs", doc_ids, doc_texts, corpus_file), ("queries", query_ids, query_texts, queries_file)):
         empty = [i for i, t in zip(ids, texts) if not t.strip()]
         report[f"empty_{what}"] = len(empty)
+        if empty and len(empty) == len(ids):
+            raise ValueError(f"{file}: every one of the {len(ids)} {what} has an empty 'text' (nothing to retrieve)")
         if empty:
             log.warning("%s: %d empty %s (e.g. %s)", file, len(empty), what, empty[0])
 
