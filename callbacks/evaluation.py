@@ -7,7 +7,9 @@ later — with the module in eval mode, restored afterwards.
 
 NDCG@10 per task (and its mean over tasks) goes to every Lightning logger (TensorBoard, CSV,
 W&B…) as ``eval/<task>/NDCG@10`` at the current global step; the files go to
-``<log_dir>/eval/step-<global step>/``.
+``<log_dir>/eval/step-<global step>/``. The values also enter ``trainer.callback_metrics`` on every
+rank, so ``ModelCheckpoint(monitor="eval/mean/NDCG@10", mode="max", every_n_train_steps=<the same
+n>)`` keeps the top-k checkpoints by retrieval quality.
 
 Queries are cut at 256 tokens during evaluation (the OBLIQ-IR paper §4) even when training uses
 longer ones: the encoder's ``{"query": …, "passage": …}`` length table (``BiEncoder.text.max_length``,
@@ -139,4 +141,8 @@ class RetrievalEvaluation(Callback):
             for logger in trainer.loggers:
                 logger.log_metrics(values, step=step)
         trainer.strategy.barrier("obliq-retrieval-evaluation")
+        # Every rank gets the values, so ModelCheckpoint(monitor="eval/mean/NDCG@10", mode="max")
+        # keeps the top-k checkpoints by retrieval quality (its decision is agreed across ranks).
+        values = trainer.strategy.broadcast(values if trainer.is_global_zero else None)
+        trainer.callback_metrics.update({k: torch.tensor(v) for k, v in values.items()})
         return self.last_summaries

@@ -8,6 +8,7 @@ import json
 import pytest
 import torch
 from lightning.pytorch import LightningModule, Trainer
+from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
 from torch.utils.data import DataLoader
 
@@ -76,8 +77,10 @@ def test_callback_evaluates_every_n_steps_and_at_end(tmp_path, tasks_dir):
     module = TinyRetriever(BiEncoder("minilm", query_max_length=64, passage_max_length=64)).train()
     callback = RetrievalEvaluation(tasks=[str(task_dir)], every_n_steps=2, top_k=100, query_max_length=32)
     logger = CSVLogger(tmp_path / "logs", name="run")
-    trainer = Trainer(max_steps=3, accelerator="cpu", devices=1, logger=logger, callbacks=[callback],
-                      enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    best = ModelCheckpoint(tmp_path / "best", filename="step{step}", auto_insert_metric_name=False,
+                           monitor="eval/mean/NDCG@10", mode="max", save_top_k=1, every_n_train_steps=2)
+    trainer = Trainer(max_steps=3, accelerator="cpu", devices=1, logger=logger, callbacks=[callback, best],
+                      enable_progress_bar=False, enable_model_summary=False)
     trainer.fit(module)
 
     # evaluated at step 2 (every_n_steps) and at the end (step 3), under no_grad, not inference_mode
@@ -101,6 +104,9 @@ def test_callback_evaluates_every_n_steps_and_at_end(tmp_path, tasks_dir):
         summary = json.loads((folder / "math-slice" / "summary.json").read_text())
         assert summary["n_queries"] == 15
         assert logged[step] == pytest.approx(summary["metrics"]["NDCG@10"], abs=1e-6)
+
+    # top-k checkpoints by the evaluation: ModelCheckpoint saw the step-2 mean NDCG@10
+    assert best.best_model_path.endswith("step2.ckpt") and best.best_model_score.item() == pytest.approx(logged[2])
 
     # the end-of-training evaluation saw the final weights: re-evaluating them now gives the same numbers
     _length_table(module.encoder)["query"] = 32
