@@ -321,3 +321,20 @@ def test_bad_training_rows_fail_before_the_backbone_loads(tmp_path):
         cli(["fit", "--config", str(config)])
     with pytest.raises(FileNotFoundError, match="no file matches"):
         cli(["fit", "--config", str(config), f"--data.sources=[{{path: {tmp_path / 'none.jsonl'}}}]"])
+
+
+def test_a_save_that_dies_midway_leaves_the_previous_checkpoint_valid(tmp_path):
+    """Checkpoints go through Lightning's TorchCheckpointIO (every strategy obliq uses): serialised in
+    memory, then written in an fsspec transaction (temporary file, then a rename)."""
+    from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
+
+    class Killed:
+        def __reduce__(self):
+            raise KeyboardInterrupt("killed while saving")
+
+    io, path = TorchCheckpointIO(), tmp_path / "last.ckpt"
+    io.save_checkpoint({"state_dict": {"w": torch.ones(3)}}, path)
+    with pytest.raises(KeyboardInterrupt):
+        io.save_checkpoint({"state_dict": {"w": torch.zeros(3)}, "tail": Killed()}, path)
+    assert torch.equal(torch.load(path, weights_only=True)["state_dict"]["w"], torch.ones(3))
+    assert [p.name for p in tmp_path.iterdir()] == ["last.ckpt"]
