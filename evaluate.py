@@ -6,6 +6,8 @@ Thin wiring around :func:`obliq.eval.evaluate.evaluate`; every flag is one of it
     python evaluate.py --model bm25 --tasks ../shared/data/tasks --output runs/bm25
     python evaluate.py --model minilm --tasks ../shared/data/tasks/math-theoremqa ../shared/data/tasks/writing-news \\
         --output runs/minilm
+    python evaluate.py --model minilm --tasks ../shared/data/tasks --output runs/minilm+rerank \\
+        --rerank configs/rerank/cpu-smollm2.yaml   # LLM-rerank the tasks the policy names (docs/rerank.md)
 """
 
 from __future__ import annotations

@@ -25,6 +25,7 @@ from obliq.eval.significance import compare_files
 from obliq.export import export
 from obliq.negatives.commands import mine as negatives_mine
 from obliq.quickstart import quickstart
+from obliq.rerank import commands as rerank
 from obliq.synth.commands import audit as synth_audit, generate as synth_generate
 
 COMMANDS = {
@@ -38,6 +39,7 @@ COMMANDS = {
     "export": export,
     "dose-sweep": dose_sweep,
     "audit": audit,
+    "rerank": {"run": rerank.run, "policy": rerank.policy},
 }
 """subcommand name → function, or → a dict of sub-subcommands (``obliq synth generate``)."""
 
@@ -71,6 +73,8 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     for noisy in ("bm25s", "faiss.loader"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    for own in ("lightning.pytorch", "lightning.fabric"):  # Lightning prints through its own handler
+        logging.getLogger(own).propagate = False
     argv = _expand(sys.argv[1:] if argv is None else list(argv))
     with user_errors():
         result = auto_cli(COMMANDS, args=argv, as_positional=False)

@@ -10,6 +10,13 @@ Per task, under ``<output>/<task name>/``:
 Over all tasks, under ``<output>/``: ``results.md`` (a markdown table), ``recall_at_k.png`` (the
 Recall@k curve, k = 10…1000, the OBLIQ-IR paper §6.1) and ``config.json`` (the arguments).
 
+With ``rerank`` (a policy file, :mod:`obliq.rerank.config`), the dense top-N of each task the policy
+names is reranked by its language-model reranker before scoring (the OBLIQ-IR paper, §3.4, Table 5):
+``run.trec`` is then the reranked run, ``run.dense.trec`` the dense one, and the summary's
+``rerank`` entry holds the method, the dense metrics and the cost (calls, tokens in/out, seconds;
+totals and per query, the paper's Table 8); ``results.md`` gets a reranking table and the policy is
+copied to ``<output>/rerank_policy.yaml``. Tasks the policy does not name keep the dense run.
+
 Dense retrieval encodes passages and queries with their own max lengths (1024 / 256, the paper
 §4), caches corpus embeddings on disk keyed by the model's files and the corpus file's digest, and
 searches exactly with :mod:`obliq.eval.index`. BM25 uses :mod:`obliq.eval.bm25`. Metrics follow
@@ -25,8 +32,9 @@ import hashlib
 import json
 import logging
 import os
+import shutil
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from time import perf_counter
@@ -64,6 +72,10 @@ class Retrieval:
     """Per-query samples of ``query_encoding`` and ``search``, milliseconds."""
     corpus_cache: str = "off"
     """``hit``, ``miss`` or ``off``."""
+    dense_run: Run | None = None
+    """The run before reranking (None when not reranked)."""
+    rerank: dict = field(default_factory=dict)
+    """What reranking did (method, depth, backend, cost); empty without a policy."""
 
 
 def _latency(texts: Sequence[str], encode_one: Callable, search_one: Callable) -> dict[str, list[float]]:
@@ -228,6 +240,10 @@ def evaluate_task(
                 f.write(json.dumps({"query_id": qid, "qrels": SPLIT_NAMES[split], **{n: values[n] for n in panel}}) + "\n")
 
     gold = results["test"]
+    rerank = dict(retrieval.rerank)
+    if retrieval.dense_run is not None:
+        write_run(output / "run.dense.trec", retrieval.dense_run, tag=Path(model).name or model)
+        rerank["dense_metrics"] = evaluate_run(task.qrels["test"], retrieval.dense_run, panel, task.query_ids).aggregate
     summary = {
         "task": task.name,
         "mechanism": task.mechanism,
@@ -241,6 +257,7 @@ def evaluate_task(
         "latency_ms": {k: _percentiles(v) for k, v in retrieval.latency_ms.items()},
         "corpus_cache": retrieval.corpus_cache,
         "validation": task.report,
+        **({"rerank": rerank} if rerank else {}),
     }
     if "pooled" in results:
         pooled = results["pooled"]
@@ -283,6 +300,18 @@ def write_report(summaries: list[dict], output: Path) -> None:
         lines.append(f"| {s['task']} | {s['n_docs']} | {t['encode_corpus']:.2f} | {t['encode_queries']:.2f} | "
                      f"{t['search']:.2f} | {t['metrics']:.2f} | {s['corpus_cache']} | "
                      f"{pct('query_encoding')} | {pct('search')} |")
+    reranked = [s for s in summaries if "dense_metrics" in s.get("rerank", {})]
+    if reranked:
+        m = panel[0]
+        lines += ["", f"Reranking (gold {m} before / after; cost per reranked query):", "",
+                  f"| task | method | depth | dense {m} | reranked {m} | calls | tokens in | tokens out | seconds | "
+                  "failed calls | repaired calls |",
+                  "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        for s in reranked:
+            r, q = s["rerank"], s["rerank"]["cost"]["per_query"]
+            lines.append(f"| {s['task']} | {r['method']} | {r['depth']} | {fmt(r['dense_metrics'][m])} | "
+                         f"{fmt(s['metrics'][m])} | {q['calls']:.1f} | {q['prompt_tokens']:.0f} | {q['new_tokens']:.0f} | "
+                         f"{q['seconds']:.2f} | {r['cost']['failed_calls']} | {r['cost']['repaired_calls']} |")
     (output / "results.md").write_text("\n".join(lines) + "\n")
 
     fig = Figure(figsize=(6, 4))
@@ -315,6 +344,32 @@ def evaluate_tasks(
     summaries = [evaluate_task(t, retrieve(t), Path(output) / t.name, model, measures) for t in tasks]
     write_report(summaries, output)
     return summaries
+
+
+def with_reranking(retrieve: Callable[[Task], Retrieval], reranker) -> Callable[[Task], Retrieval]:
+    """Wrap a retrieval function so that each task's run goes through the policy's reranker.
+
+    Args:
+        retrieve: task → dense :class:`Retrieval`.
+        reranker: an :class:`obliq.rerank.reranker.Reranker` (its config is the policy).
+
+    Returns:
+        task → :class:`Retrieval` whose ``run`` is reranked (``dense_run`` keeps the dense one) for the
+        tasks the policy names with a reranker; ``rerank`` records the method and cost.
+    """
+    cfg = reranker.config
+
+    def wrapped(task: Task) -> Retrieval:
+        retrieval = retrieve(task)
+        method = cfg.method(task.name)
+        if method == "identity":
+            return replace(retrieval, rerank={"method": "identity"})
+        run, stats = reranker.rerank_run(task, retrieval.run, method)
+        info = {"method": method, "depth": cfg.depth, "backend": f"{cfg.backend.name}:{cfg.backend.model}",
+                "cost": stats.as_dict()}
+        return replace(retrieval, run=run, dense_run=retrieval.run, rerank=info)
+
+    return wrapped
 
 
 def find_tasks(paths: Sequence[str | Path]) -> list[Path]:
@@ -351,6 +406,7 @@ def evaluate(
     bm25_b: float = B,
     bm25_stemmer: str | None = "english",
     trust_remote_code: bool = False,
+    rerank: Path | None = None,
 ) -> list[dict]:
     """Evaluate a model (or BM25) on tasks and write runs, metrics, a table and a Recall@k plot.
 
@@ -374,6 +430,9 @@ def evaluate(
         bm25_b: BM25 b (Anserini's default 0.4).
         bm25_stemmer: PyStemmer language for BM25, or null for unstemmed tokens.
         trust_remote_code: let the model run its own code (only for models you trust).
+        rerank: a reranking policy file (configs/rerank/…, or one written by ``obliq rerank
+            policy``): the tasks it names get their reranker over the dense top-N; the others keep
+            the dense run. Cost (calls, tokens, seconds per query) is reported next to the metrics.
 
     Returns:
         One summary per task (as written to ``summary.json``).
@@ -386,6 +445,15 @@ def evaluate(
     (output / "config.json").write_text(json.dumps(config, indent=2, default=str) + "\n")
     loaded = [load_task(p) for p in find_tasks(tasks)]
     parse_measures(measures)  # fail before any encoding
+    policy = None
+    if rerank is not None:
+        from obliq.rerank.config import load_policy
+
+        policy = load_policy(rerank)  # fail before any encoding
+        shutil.copyfile(rerank, output / "rerank_policy.yaml")
+        unknown = sorted(set(policy.tasks) - {t.name for t in loaded})
+        if unknown:
+            log.warning("%s names tasks not evaluated here: %s", rerank, ", ".join(unknown))
 
     if model.lower() == "bm25":
         retrieve = partial(retrieve_bm25, top_k=top_k, k1=bm25_k1, b=bm25_b, stemmer=bm25_stemmer,
@@ -401,4 +469,8 @@ def evaluate(
             return retrieve_dense(enc, task, top_k, batch_size, file, latency_queries)
 
         name = model
+    if policy is not None:
+        from obliq.rerank.reranker import Reranker
+
+        retrieve = with_reranking(retrieve, Reranker(policy))
     return evaluate_tasks(retrieve, loaded, output, name, measures)

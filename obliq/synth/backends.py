@@ -4,7 +4,8 @@ A backend turns a list of chats into one reply each::
 
     backend.generate(prompts, max_new_tokens=64, temperature=0.7, seed=13) -> list[str]
 
-and counts what it produced (``new_tokens``, ``seconds``) so a run can report tokens per second;
+and counts what it read and produced (``calls``: chats answered, ``prompt_tokens``: their tokens in,
+``new_tokens``: tokens out, ``seconds``: wall time) so a run can report tokens per second and cost;
 ``finished`` tells, for each reply of the last call, whether it ended on its own (False: cut by
 ``max_new_tokens``), so the pipeline can reject a truncated query as overlong.
 The OBLIQ-IR paper generates with a 27B Qwen model (§4, "Training data"): that is the vLLM
@@ -30,12 +31,16 @@ class Backend(Protocol):
 
     Attributes:
         name: a short description written into each row's ``meta`` (backend and model).
+        calls: chats answered so far (one chat = one language-model call, however they were batched).
+        prompt_tokens: tokens of those chats after the chat template (padding not counted).
         new_tokens: generated tokens so far (up to and including the end-of-sequence token).
         seconds: wall time spent generating so far.
         finished: per reply of the last call, whether it ended with end-of-sequence (not cut by the limit).
     """
 
     name: str
+    calls: int
+    prompt_tokens: int
     new_tokens: int
     seconds: float
     finished: list[bool]
@@ -84,6 +89,7 @@ class TransformersBackend:
         self.batch_size, self.top_p, self.threads = batch_size, top_p, threads
         self.name = f"transformers:{model}"
         self.new_tokens, self.seconds, self.finished = 0, 0.0, []
+        self.calls, self.prompt_tokens = 0, 0
 
     def generate(self, prompts: Sequence[Messages], max_new_tokens: int, temperature: float, seed: int) -> list[str]:
         """See :class:`Backend`. Batches of ``batch_size``; batch ``i`` is seeded with ``seed + i``."""
@@ -110,6 +116,8 @@ class TransformersBackend:
             finally:
                 torch.set_num_threads(threads)
             self.seconds += time.perf_counter() - start
+            self.calls += len(enc["input_ids"])
+            self.prompt_tokens += int(enc["attention_mask"].sum())
             for row in ids[:, enc["input_ids"].shape[1]:].tolist():
                 n = next((j + 1 for j, t in enumerate(row) if t in eos), None)
                 self.finished.append(n is not None)
@@ -151,6 +159,7 @@ class VLLMBackend:
         self.top_p = top_p
         self.name = f"vllm:{model}"
         self.new_tokens, self.seconds, self.finished = 0, 0.0, []
+        self.calls, self.prompt_tokens = 0, 0
 
     def generate(self, prompts: Sequence[Messages], max_new_tokens: int, temperature: float, seed: int) -> list[str]:
         """See :class:`Backend`. Every request of the call uses ``seed``."""
@@ -160,7 +169,9 @@ class VLLMBackend:
         results = self.llm.chat(list(prompts), params, use_tqdm=False)
         self.seconds += time.perf_counter() - start
         out, self.finished = [], []
+        self.calls += len(results)
         for r in results:
+            self.prompt_tokens += len(r.prompt_token_ids or [])
             self.new_tokens += len(r.outputs[0].token_ids)
             self.finished.append(r.outputs[0].finish_reason != "length")
             out.append(r.outputs[0].text.strip())

@@ -179,7 +179,8 @@ def _seed(base: int, stage: str, attempt: int, doc_ids: Sequence[str]) -> int:
     return int.from_bytes(hashlib.blake2b(key, digest_size=4).digest(), "little")
 
 
-def _cut(text: str, max_words: int) -> tuple[str, bool]:
+def cut_words(text: str, max_words: int) -> tuple[str, bool]:
+    """``text`` cut to its first ``max_words`` whitespace words (an ellipsis marks a cut); and whether it was cut."""
     parts = text.split()
     if len(parts) <= max_words:
         return text, False
@@ -271,7 +272,7 @@ def synthesize(task: Task, spec: TaskSpec, backend: Backend, out: str | os.PathL
             ids = [task.doc_ids[i] for i in batch]
             docs = []
             for i in batch:
-                text, cut = _cut(task.doc_texts[i], cfg.max_doc_words)
+                text, cut = cut_words(task.doc_texts[i], cfg.max_doc_words)
                 docs.append(text)
                 report.truncated_docs += cut
             descriptions, tries_a = stage_a.run(ids, [render(prompt_a, spec, d) for d in docs], docs, seed)

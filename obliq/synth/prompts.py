@@ -89,7 +89,7 @@ def prompt_file(stage: str, lens: str | None = None) -> str:
     return f"stage_b_{lens.replace('-', '_')}.yaml"
 
 
-def _fields(template: str, path: str, key: str) -> set[str]:
+def template_fields(template: str, path: str, key: str) -> set[str]:
     names = set()
     try:
         for _, name, spec, conv in string.Formatter().parse(template):
@@ -103,6 +103,47 @@ def _fields(template: str, path: str, key: str) -> set[str]:
             raise
         raise ValueError(f"{path}: {key}: bad template ({err}); write literal braces as {{{{ and }}}}") from None
     return names
+
+
+def check_prompt_file(path: str, text: str, keys: tuple[str, ...], allowed: set[str], needed: set[str],
+                      kind: str) -> tuple[dict, str | None, str]:
+    """Parse and check a prompt file (YAML; shared by the synthetic-query and reranking prompts).
+
+    Args:
+        path: the file's name for messages.
+        text: its content.
+        keys: the keys a prompt may have (``system`` and ``user`` among them).
+        allowed: the ``{fields}`` its templates may use.
+        needed: the fields ``user`` must use.
+        kind: what the prompt is for, in messages (``stage A``, ``tourrank``…).
+
+    Returns:
+        ``(mapping, system, user)`` with ``system`` (or None) and ``user`` stripped.
+
+    Raises:
+        ValueError: not a YAML mapping, an unknown key, ``user`` missing or empty, ``system`` not a
+            string, a bad template, a field not allowed, or a needed field missing (file and key named).
+    """
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise ValueError(f"{path}: not valid YAML: {err}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a mapping with keys {', '.join(keys)}")
+    for key in data:
+        if key not in keys:
+            raise ValueError(f"{path}: {key}: unknown key (a prompt has {', '.join(keys)})")
+    user, system = data.get("user"), data.get("system")
+    if not isinstance(user, str) or not user.strip():
+        raise ValueError(f"{path}: user: missing or empty")
+    if system is not None and not isinstance(system, str):
+        raise ValueError(f"{path}: system: expected a string")
+    used = template_fields(user, path, "user") | (template_fields(system, path, "system") if system else set())
+    if used - allowed:
+        raise ValueError(f"{path}: unknown field(s) {sorted(used - allowed)}; {kind} allows {sorted(allowed)}")
+    if needed - used:
+        raise ValueError(f"{path}: user: must contain {', '.join('{' + n + '}' for n in sorted(needed - used))}")
+    return data, system.strip() if system else None, user.strip()
 
 
 def load_prompt(stage: str, lens: str | None = None, prompt_dir: str | Path | None = None) -> Prompt:
@@ -131,32 +172,14 @@ def load_prompt(stage: str, lens: str | None = None, prompt_dir: str | Path | No
         if not file.is_file():
             raise FileNotFoundError(f"{file}: prompt file not found")
         path, text = str(file), file.read_text(encoding="utf-8")
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        raise ValueError(f"{path}: not valid YAML: {err}") from None
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: expected a mapping with keys stage, lens, system, user")
-    for key in data:
-        if key not in ("stage", "lens", "system", "user"):
-            raise ValueError(f"{path}: {key}: unknown key (a prompt has stage, lens, system, user)")
+    data, system, user = check_prompt_file(path, text, ("stage", "lens", "system", "user"), STAGE_FIELDS[stage],
+                                           {"document"} | ({"description"} if stage == "B" else set()),
+                                           f"stage {stage}")
     if str(data.get("stage")) != stage:
         raise ValueError(f"{path}: stage: is {data.get('stage')!r}, expected {stage!r}")
     if stage == "B" and data.get("lens") != lens:
         raise ValueError(f"{path}: lens: is {data.get('lens')!r}, expected {lens!r}")
-    user, system = data.get("user"), data.get("system")
-    if not isinstance(user, str) or not user.strip():
-        raise ValueError(f"{path}: user: missing or empty")
-    if system is not None and not isinstance(system, str):
-        raise ValueError(f"{path}: system: expected a string")
-    used = _fields(user, path, "user") | (_fields(system, path, "system") if system else set())
-    unknown = used - STAGE_FIELDS[stage]
-    if unknown:
-        raise ValueError(f"{path}: unknown field(s) {sorted(unknown)}; stage {stage} allows {sorted(STAGE_FIELDS[stage])}")
-    needed = {"document"} | ({"description"} if stage == "B" else set())
-    if needed - used:
-        raise ValueError(f"{path}: user: must contain {', '.join('{' + n + '}' for n in sorted(needed - used))}")
-    return Prompt(path, stage, data.get("lens"), system.strip() if system else None, user.strip())
+    return Prompt(path, stage, data.get("lens"), system, user)
 
 
 def render(prompt: Prompt, spec: TaskSpec, document: str, description: str | None = None) -> Messages:

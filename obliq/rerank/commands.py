@@ -1,0 +1,153 @@
+"""``obliq rerank …``: rerank a TREC run with a language model, and choose the per-task policy.
+
+A typical session (dense runs from evaluate.py, then the policy chosen on development queries, then
+the test numbers with it)::
+
+    python evaluate.py --model minilm --tasks ../shared/data/tasks --output runs/minilm
+    obliq rerank policy --tasks '[../shared/data/tasks]' --runs runs/minilm --out runs/policy.yaml \\
+        --base configs/rerank/cpu-smollm2.yaml
+    python evaluate.py --model minilm --tasks ../shared/data/tasks --output runs/minilm+rerank \\
+        --rerank runs/policy.yaml
+    obliq rerank run ../shared/data/tasks/math-theoremqa runs/minilm/math-theoremqa/run.trec \\
+        runs/math.tourrank.trec --method tourrank --queries 5
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+from pathlib import Path
+from typing import Literal
+
+from obliq.eval.evaluate import find_tasks
+from obliq.eval.metrics import evaluate_run, parse_measures, read_run, write_run
+from obliq.eval.tasks import load_task
+from obliq.rerank.config import RerankConfig, dump_policy, load_policy
+from obliq.rerank.reranker import Reranker
+
+log = logging.getLogger(__name__)
+
+Method = Literal["identity", "tourrank", "listwise"]
+
+
+def run(task: Path, run: Path, out: Path, policy: Path | None = None, method: Method | None = None,
+        queries: int | None = None, measures: list[str] = ["NDCG@10", "Recall@10"]) -> dict:
+    """Rerank a task's TREC run (its top ``depth`` per query) and score it before and after.
+
+    Writes the reranked run to ``out`` (TREC format; only the reranked queries) and a report with the
+    gold metrics of the dense and the reranked run on those queries and the cost (language-model
+    calls, tokens in/out, seconds; totals and per query) to ``<out>.report.json``.
+
+    Args:
+        task: the task folder (BEIR layout).
+        run: its dense run (TREC format), e.g. ``<evaluate output>/<task>/run.trec``.
+        out: the reranked run to write.
+        policy: a policy file (configs/rerank/…); default the built-in settings (SmolLM2 on CPU).
+        method: ``tourrank``, ``listwise`` or ``identity``; default the policy's choice for the task.
+        queries: rerank only the first this many queries of the task found in the run.
+        measures: metrics reported, e.g. ``[NDCG@10,Recall@10]``.
+
+    Returns:
+        The report.
+    """
+    cfg = load_policy(policy) if policy is not None else RerankConfig()
+    parse_measures(measures)
+    data = load_task(task)
+    dense = read_run(run)
+    ids = [q for q in data.query_ids if q in dense][:queries]
+    if not ids:
+        raise ValueError(f"{run}: no query of task {data.name} (ids like {data.query_ids[0]!r})")
+    method = method or cfg.method(data.name)
+    try:
+        reranked, stats = Reranker(cfg).rerank_run(data, dense, method, ids)
+    except ValueError as err:
+        raise ValueError(f"{run}: {err}") from None
+    out = Path(out)
+    write_run(out, reranked, tag=method)
+    gold = data.qrels["test"]
+    report = {
+        "task": data.name, "method": method, "depth": cfg.depth, "n_queries": len(ids),
+        "backend": f"{cfg.backend.name}:{cfg.backend.model}",
+        "metrics": {"dense": evaluate_run(gold, {q: dense[q] for q in ids}, measures, ids).aggregate,
+                    method: evaluate_run(gold, reranked, measures, ids).aggregate},
+        "cost": stats.as_dict(),
+        "args": {"task": str(task), "run": str(run), "policy": str(policy) if policy else None, "queries": queries},
+    }
+    out.with_name(out.name + ".report.json").write_text(json.dumps(report, indent=2) + "\n")
+    return report
+
+
+def policy(tasks: list[Path], runs: Path, out: Path, base: Path | None = None,
+           methods: list[Literal["tourrank", "listwise"]] = ["tourrank", "listwise"], split: str = "dev",
+           dev_queries: int = 20, seed: int = 13, metric: str = "NDCG@10", min_gain: float = 0.0) -> dict:
+    """Choose each task's reranker on development queries and write the policy (the paper's π*).
+
+    For every task, the dense run's development queries are reranked by each method and scored
+    against the identity (the dense order). A reranker is chosen only when its score beats the
+    identity's by more than ``min_gain``; among rerankers the best score wins, ties to fewer calls.
+    The written file is ``base`` with ``tasks`` set to the choices and ``dev`` holding the numbers
+    behind them (per method: the metric, calls, tokens and seconds per query); evaluate.py reads it
+    with ``--rerank``.
+
+    Development queries: those judged in ``qrels/<split>.tsv`` when the task has that file; else
+    ``dev_queries`` queries drawn from the gold (test) queries with ``seed``. Their ids are written
+    under ``dev`` — leave them out of test numbers (the shared tasks ship no dev split).
+
+    Args:
+        tasks: task folders, or folders of task folders.
+        runs: an evaluate.py output folder: ``<runs>/<task>/run.dense.trec`` (written when it
+            reranked) or else ``<runs>/<task>/run.trec`` is the dense run.
+        out: the policy file to write (YAML).
+        base: a policy file whose settings (backend, depth, TourRank, listwise…) are used and kept.
+        methods: the rerankers tried against the identity.
+        split: the development qrels file's name (``qrels/<split>.tsv``).
+        dev_queries: queries drawn when a task has no development split.
+        seed: seed of that draw.
+        metric: what the choice maximises (gold qrels), e.g. ``NDCG@10``.
+        min_gain: how much a reranker must beat the identity by to be chosen.
+
+    Returns:
+        The ``dev`` record: per task, the choice and the numbers.
+    """
+    cfg = load_policy(base) if base is not None else RerankConfig()
+    parse_measures([metric])
+    if dev_queries < 1:
+        raise ValueError(f"dev_queries: must be at least 1, got {dev_queries}")
+    reranker = Reranker(cfg)
+    record: dict = {}
+    for path in find_tasks(tasks):
+        has_dev = (path / "qrels" / f"{split}.tsv").is_file()
+        data = load_task(path, splits=(split,) if has_dev else ("test",))
+        qrels = data.qrels[split if has_dev else "test"]
+        judged = [q for q in data.query_ids if any(g > 0 for g in qrels.get(q, {}).values())]
+        if has_dev:
+            ids = judged
+        else:
+            drawn = set(random.Random(seed).sample(judged, min(dev_queries, len(judged))))
+            ids = [q for q in judged if q in drawn]
+            log.warning("%s: no qrels/%s.tsv; choosing on %d test queries drawn with seed %d (listed in the "
+                        "policy's dev section: leave them out of test numbers)", data.name, split, len(ids), seed)
+        folder = Path(runs) / data.name
+        file = next((f for f in (folder / "run.dense.trec", folder / "run.trec") if f.is_file()), None)
+        if file is None:
+            raise FileNotFoundError(f"{folder}/run.trec: dense run of {data.name} not found (run evaluate.py first)")
+        dense = read_run(file)
+        scores, cost = {}, {}
+        for method in ["identity", *dict.fromkeys(methods)]:
+            reranked, stats = reranker.rerank_run(data, dense, method, ids)
+            scores[method] = evaluate_run(qrels, reranked, [metric], ids).aggregate[metric]
+            cost[method] = stats.as_dict()["per_query"]
+        rerankers = [m for m in scores if m != "identity"]
+        top = max(rerankers, key=lambda m: (scores[m], -cost[m]["calls"])) if rerankers else "identity"
+        chosen = top if top != "identity" and scores[top] > scores["identity"] + min_gain else "identity"
+        cfg.tasks[data.name] = chosen
+        record[data.name] = {"chosen": chosen, "qrels": split if has_dev else f"test (drawn, seed {seed})",
+                             "n_queries": len(ids), metric: scores, "cost_per_query": cost,
+                             **({} if has_dev else {"query_ids": ids})}
+        log.info("%s: %s chosen (%s: %s)", data.name, chosen, metric,
+                 ", ".join(f"{m} {v:.4f}" for m, v in scores.items()))
+    cfg.dev = record
+    dump_policy(cfg, out, "Reranking policy chosen by `obliq rerank policy` on development queries (the dev "
+                          "section).\nUse it with: python evaluate.py … --rerank " + str(out))
+    return record

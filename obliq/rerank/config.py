@@ -1,0 +1,237 @@
+"""The reranking policy file: which reranker each task gets, and how the rerankers run.
+
+A policy (the OBLIQ-IR paper's π*, §5 "When language-model reranking helps") is one YAML file,
+read by ``python evaluate.py --rerank FILE``, ``obliq rerank run --policy FILE`` and ``obliq rerank
+policy --base FILE`` (which writes one). Every key is optional::
+
+    tasks:                      # task name -> identity | tourrank | listwise; tasks not named: identity
+      math-theoremqa: tourrank
+      writing-news: identity
+    depth: 100                  # N: the dense top-N is reranked; documents below keep their order
+    backend: {name: vllm, model: Qwen/Qwen2.5-32B-Instruct, tensor_parallel_size: 1}
+    tourrank: {stages: [50, 20, 10, 5, 2], group_size: 20, tournaments: 5}
+    listwise: {window: 100, step: 50}
+    max_query_words: 200        # prompts cut queries and documents to this many words
+    max_doc_words: 100
+    temperature: 0.0
+    tokens_per_id: 6            # reply budget: tokens_per_id * identifiers asked for + 16
+    seed: 13
+    prompt_dir: null            # a folder of prompt files searched before obliq/rerank/prompts
+    dev: {}                     # written by `obliq rerank policy`: the development numbers behind each choice
+
+Bad input fails with one line naming the file, the line and the key (``policy.yaml:7:tourrank.stages:
+must be strictly decreasing``). Ready-made files: ``configs/rerank/``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import yaml
+
+from obliq.synth.backends import BACKENDS, Backend, load_backend
+
+METHODS = ("identity", "tourrank", "listwise")
+"""Per-task choices: keep the dense order, TourRank, or the task-aware listwise reranker."""
+
+
+def check_int(name: str, value, minimum: int) -> None:
+    """Raise ``ValueError("<name>: …")`` unless ``value`` is an integer ≥ ``minimum``."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name}: must be an integer >= {minimum}, got {value!r}")
+
+
+@dataclass
+class TourRankConfig:
+    """TourRank's shape (:mod:`obliq.rerank.tourrank`).
+
+    Attributes:
+        stages: how many candidates advance out of each stage, strictly decreasing (the paper's
+            100 → 50 → 20 → 10 → 5 → 2 is depth 100 with stages ``[50, 20, 10, 5, 2]``); stages not
+            smaller than the number of candidates are skipped (a top-20 runs 20 → 10 → 5 → 2).
+        group_size: most candidates in one group, i.e. in one call (``g``).
+        tournaments: tournaments run with different groupings, points summed (``Y``; the paper: 5).
+    """
+
+    stages: list[int] = field(default_factory=lambda: [50, 20, 10, 5, 2])
+    group_size: int = 20
+    tournaments: int = 5
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.stages, (list, tuple)) or not self.stages:
+            raise ValueError(f"stages: must be a non-empty list of integers, got {self.stages!r}")
+        for s in self.stages:
+            check_int("stages", s, 1)
+        if any(a <= b for a, b in zip(self.stages, self.stages[1:])):
+            raise ValueError(f"stages: must be strictly decreasing, got {list(self.stages)}")
+        self.stages = list(self.stages)
+        check_int("group_size", self.group_size, 2)
+        check_int("tournaments", self.tournaments, 1)
+
+
+@dataclass
+class ListwiseConfig:
+    """The listwise reranker's sliding window (:mod:`obliq.rerank.listwise`).
+
+    Attributes:
+        window: most candidates in one prompt (one call); a top-N of at most ``window`` is one call.
+        step: how far the window moves up after each call (``step < window`` makes windows overlap,
+            so a good candidate can climb from the bottom window to the top).
+    """
+
+    window: int = 20
+    step: int = 10
+
+    def __post_init__(self) -> None:
+        check_int("window", self.window, 2)
+        check_int("step", self.step, 1)
+        if self.step > self.window:
+            raise ValueError(f"step: must be at most window ({self.window}), got {self.step}")
+
+
+@dataclass
+class BackendConfig:
+    """The text generator (:mod:`obliq.synth.backends`).
+
+    Attributes:
+        name: ``transformers`` (CPU or GPU) or ``vllm`` (GPU; the ``gen`` extra, in its own env).
+        model: an alias (``smollm2``), a local folder or a hub id.
+        device: transformers: ``cpu``, ``cuda``… (default CUDA when available).
+        dtype: transformers: ``float32``, ``bfloat16``, ``float16`` (default by device).
+        threads: transformers: torch CPU threads while generating (1 is fastest on a busy CPU).
+        batch_size: transformers: chats per ``generate`` call.
+        tensor_parallel_size: vllm: GPUs to shard the model over.
+        gpu_memory_utilization: vllm: share of GPU memory it may take.
+        max_model_len: vllm: context length cap (default the model's).
+    """
+
+    name: str = "transformers"
+    model: str = "smollm2"
+    device: str | None = None
+    dtype: str | None = None
+    threads: int | None = None
+    batch_size: int = 8
+    tensor_parallel_size: int = 1
+    gpu_memory_utilization: float = 0.9
+    max_model_len: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.name not in BACKENDS:
+            raise ValueError(f"name: must be one of {', '.join(BACKENDS)}, got {self.name!r}")
+        if not isinstance(self.model, str) or not self.model.strip():
+            raise ValueError(f"model: must be a non-empty string, got {self.model!r}")
+        check_int("batch_size", self.batch_size, 1)
+        check_int("tensor_parallel_size", self.tensor_parallel_size, 1)
+        for key in ("threads", "max_model_len"):
+            if getattr(self, key) is not None:
+                check_int(key, getattr(self, key), 1)
+        if not isinstance(self.gpu_memory_utilization, (int, float)) or not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError(f"gpu_memory_utilization: must be in (0, 1], got {self.gpu_memory_utilization!r}")
+
+    def build(self) -> Backend:
+        """Load the backend (the model is read now)."""
+        if self.name == "transformers":
+            return load_backend("transformers", self.model, device=self.device, dtype=self.dtype,
+                                threads=self.threads, batch_size=self.batch_size)
+        return load_backend("vllm", self.model, tensor_parallel_size=self.tensor_parallel_size,
+                            gpu_memory_utilization=self.gpu_memory_utilization, max_model_len=self.max_model_len)
+
+
+@dataclass
+class RerankConfig:
+    """A reranking policy and the settings of its rerankers (the module notes list the keys)."""
+
+    tasks: dict[str, str] = field(default_factory=dict)
+    depth: int = 100
+    backend: BackendConfig = field(default_factory=BackendConfig)
+    tourrank: TourRankConfig = field(default_factory=TourRankConfig)
+    listwise: ListwiseConfig = field(default_factory=ListwiseConfig)
+    max_query_words: int = 200
+    max_doc_words: int = 100
+    temperature: float = 0.0
+    tokens_per_id: int = 6
+    seed: int = 13
+    prompt_dir: str | None = None
+    dev: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.tasks, dict):
+            raise ValueError(f"tasks: must map task names to one of {', '.join(METHODS)}")
+        for name, method in self.tasks.items():
+            if method not in METHODS:
+                raise ValueError(f"tasks.{name}: must be one of {', '.join(METHODS)}, got {method!r}")
+        for key in ("depth", "max_query_words", "max_doc_words", "tokens_per_id"):
+            check_int(key, getattr(self, key), 1)
+        check_int("seed", self.seed, 0)
+        if isinstance(self.temperature, bool) or not isinstance(self.temperature, (int, float)) or self.temperature < 0:
+            raise ValueError(f"temperature: must be a number >= 0, got {self.temperature!r}")
+        if self.prompt_dir is not None and not Path(self.prompt_dir).is_dir():
+            raise ValueError(f"prompt_dir: not a folder: {self.prompt_dir}")
+        if not isinstance(self.dev, dict):
+            raise ValueError("dev: must be a mapping (written by `obliq rerank policy`)")
+
+    def method(self, task: str) -> str:
+        """The reranker a task gets: its entry in ``tasks``, else ``identity``."""
+        return self.tasks.get(task, "identity")
+
+
+_SECTIONS = {"backend": BackendConfig, "tourrank": TourRankConfig, "listwise": ListwiseConfig}
+
+
+def _key_lines(node, path: tuple = (), out: dict | None = None) -> dict[tuple, int]:
+    """1-based line of every mapping key of a composed YAML document, by key path."""
+    out = {} if out is None else out
+    if isinstance(node, yaml.MappingNode):
+        for key, value in node.value:
+            here = path + (str(key.value),)
+            out[here] = key.start_mark.line + 1
+            _key_lines(value, here, out)
+    return out
+
+
+def load_policy(path: str | Path) -> RerankConfig:
+    """Read and check a policy file.
+
+    Raises:
+        FileNotFoundError: no such file.
+        ValueError: not YAML, not a mapping, an unknown key or a bad value; the message is
+            ``<file>:<line>:<key>: <what is wrong>``.
+    """
+    path = Path(path)
+    text = path.read_text(encoding="utf-8")
+    try:
+        data, lines = yaml.safe_load(text), _key_lines(yaml.compose(text))
+    except yaml.YAMLError as err:
+        raise ValueError(f"{path}: not valid YAML: {err}") from None
+    data = {} if data is None else data
+
+    def where(*keys: str) -> str:
+        found = [lines[keys[:i]] for i in range(len(keys), 0, -1) if keys[:i] in lines]
+        return f"{path}:{found[0] if found else 1}:{'.'.join(keys) or '(top)'}"
+
+    def build(cls, values, prefix: tuple):
+        if not isinstance(values, dict):
+            raise ValueError(f"{where(*prefix)}: expected a mapping, got {type(values).__name__}")
+        names = [f.name for f in dataclasses.fields(cls)]
+        for key in values:
+            if key not in names:
+                raise ValueError(f"{where(*prefix, str(key))}: unknown key (expected one of {', '.join(names)})")
+        try:
+            return cls(**values)
+        except ValueError as err:
+            key, _, message = str(err).partition(": ")
+            raise ValueError(f"{where(*prefix, *key.split('.'))}: {message}") from None
+
+    if isinstance(data, dict):
+        data = {**data, **{k: build(c, data[k], (k,)) for k, c in _SECTIONS.items() if k in data}}
+    return build(RerankConfig, data, ())
+
+
+def dump_policy(config: RerankConfig, path: str | Path, header: str = "") -> None:
+    """Write a policy file (``header``: comment lines put on top, e.g. the command that made it)."""
+    body = yaml.safe_dump(asdict(config), sort_keys=False, allow_unicode=True)
+    comments = "".join(f"# {line}\n" if line else "#\n" for line in header.splitlines())
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(comments + body, encoding="utf-8")

@@ -1,0 +1,111 @@
+"""One place where rerankers talk to the language model: batch the prompts, parse and repair the
+replies, fall back on failure, and count everything (the cost of the OBLIQ-IR paper's Table 8).
+
+A **call** is one chat sent to the backend (a TourRank group or a listwise window), however the
+backend batches them. A call **fails** when the backend raises (every chat of that batch fails) or
+when its reply names no usable candidate; a failed call yields the input order of its group, so a
+reranker never crashes and never loses a candidate (:mod:`obliq.rerank.parse`).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import asdict, dataclass, field
+from time import perf_counter
+from typing import Sequence
+
+from obliq.rerank.parse import REPAIRS, Parsed, parse_permutation, parse_selection
+from obliq.synth.backends import Backend
+from obliq.synth.prompts import Messages
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RerankStats:
+    """What reranking cost, summed over the queries it covers.
+
+    Attributes:
+        queries: queries reranked (identity queries are not counted).
+        calls: language-model calls (chats sent).
+        failed_calls: calls whose group kept its input order (backend error or no usable id).
+        repaired_calls: calls whose reply needed at least one repair.
+        repairs: repairs by kind (:data:`obliq.rerank.parse.REPAIRS`), counted per identifier.
+        prompt_tokens: tokens in (the backend's count, chat template included, padding excluded).
+        new_tokens: tokens out.
+        seconds: wall time spent in the backend's ``generate``, seconds.
+    """
+
+    queries: int = 0
+    calls: int = 0
+    failed_calls: int = 0
+    repaired_calls: int = 0
+    repairs: dict[str, int] = field(default_factory=lambda: dict.fromkeys(REPAIRS, 0))
+    prompt_tokens: int = 0
+    new_tokens: int = 0
+    seconds: float = 0.0
+
+    def per_query(self) -> dict[str, float]:
+        """Means per reranked query: ``calls``, ``prompt_tokens``, ``new_tokens``, ``seconds``."""
+        n = max(self.queries, 1)
+        return {"calls": self.calls / n, "prompt_tokens": self.prompt_tokens / n,
+                "new_tokens": self.new_tokens / n, "seconds": self.seconds / n}
+
+    def as_dict(self) -> dict:
+        """The totals and the per-query means (``per_query``), JSON-ready."""
+        out = asdict(self)
+        out["seconds"] = round(self.seconds, 4)
+        out["per_query"] = {k: round(v, 4) for k, v in self.per_query().items()}
+        return out
+
+
+class Judge:
+    """Asks a backend to select or order candidates, with repairs, fallbacks and counts.
+
+    Args:
+        backend: a text generator (:mod:`obliq.synth.backends`).
+        stats: where the counts go.
+        temperature: sampling temperature (0 = greedy, the default for reranking).
+        tokens_per_id: reply budget per identifier asked for; a call may generate
+            ``tokens_per_id * ids + 16`` tokens (``[12], `` is about 5 tokens).
+    """
+
+    def __init__(self, backend: Backend, stats: RerankStats, temperature: float = 0.0, tokens_per_id: int = 6):
+        self.backend, self.stats = backend, stats
+        self.temperature, self.tokens_per_id = temperature, tokens_per_id
+
+    def _ask(self, prompts: Sequence[Messages], ids: int, seed: int) -> list[str | None]:
+        b = self.backend
+        tokens_in, tokens_out, start = b.prompt_tokens, b.new_tokens, perf_counter()
+        try:
+            replies: list[str | None] = list(b.generate(list(prompts), self.tokens_per_id * ids + 16,
+                                                        self.temperature, seed))
+            if len(replies) != len(prompts):
+                raise RuntimeError(f"{len(replies)} replies for {len(prompts)} prompts")
+        except Exception as err:  # a failed call keeps its group's input order: never a crash
+            log.warning("%s failed on %d prompts (%s: %s); their groups keep the input order",
+                        getattr(b, "name", "backend"), len(prompts), type(err).__name__, err)
+            replies = [None] * len(prompts)
+        self.stats.seconds += perf_counter() - start
+        self.stats.calls += len(prompts)
+        self.stats.prompt_tokens += b.prompt_tokens - tokens_in
+        self.stats.new_tokens += b.new_tokens - tokens_out
+        return replies
+
+    def _count(self, parsed: Parsed) -> list[int]:
+        self.stats.failed_calls += parsed.failed
+        self.stats.repaired_calls += bool(sum(parsed.repairs.values()))
+        for kind, n in parsed.repairs.items():
+            self.stats.repairs[kind] += n
+        return parsed.order
+
+    def select(self, prompts: Sequence[Messages], sizes: Sequence[int], ks: Sequence[int], seed: int) -> list[list[int]]:
+        """For each prompt (a group of ``sizes[i]`` candidates), the ``ks[i]`` positions it selects."""
+        if not prompts:
+            return []
+        replies = self._ask(prompts, max(ks), seed)
+        return [self._count(parse_selection(r, n, k)) for r, n, k in zip(replies, sizes, ks)]
+
+    def order(self, prompt: Messages, size: int, seed: int) -> list[int]:
+        """The permutation of ``size`` candidates one prompt (a listwise window) returns."""
+        return self._count(parse_permutation(self._ask([prompt], size, seed)[0], size))

@@ -1,0 +1,105 @@
+"""Apply a reranking policy to runs: each task's dense top-N goes through its reranker (identity,
+TourRank or task-aware listwise), documents below N keep their dense order after the reranked ones.
+
+Used by ``python evaluate.py --rerank FILE`` and the ``obliq rerank`` commands.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from typing import Sequence
+
+from obliq.audit.lean import top_k
+from obliq.eval.metrics import Run
+from obliq.eval.tasks import Task
+from obliq.rerank.config import METHODS, RerankConfig
+from obliq.rerank.judge import Judge, RerankStats
+from obliq.rerank.listwise import listwise
+from obliq.rerank.prompts import load_prompt, render
+from obliq.rerank.tourrank import tourrank
+from obliq.synth.backends import Backend
+
+log = logging.getLogger(__name__)
+
+
+def query_seed(seed: int, query_id: str) -> int:
+    """A query's generation/grouping seed: a stable hash of the policy seed and the query id."""
+    return int.from_bytes(hashlib.blake2b(f"{seed}:{query_id}".encode(), digest_size=4).digest(), "little")
+
+
+class Reranker:
+    """Reranks runs with the rerankers a :class:`obliq.rerank.config.RerankConfig` describes.
+
+    Args:
+        config: the policy and reranker settings.
+        backend: a text generator to use; default ``config.backend.build()``, loaded on first use
+            (so a policy that keeps every evaluated task at identity never loads a model).
+    """
+
+    def __init__(self, config: RerankConfig, backend: Backend | None = None):
+        self.config, self._backend = config, backend
+
+    @property
+    def backend(self) -> Backend:
+        """The text generator (built on first access)."""
+        if self._backend is None:
+            self._backend = self.config.backend.build()
+        return self._backend
+
+    def rerank_run(self, task: Task, run: Run, method: str | None = None,
+                   query_ids: Sequence[str] | None = None) -> tuple[Run, RerankStats]:
+        """Rerank the top ``config.depth`` documents of every query of a run.
+
+        Args:
+            task: the task (query and document texts).
+            run: query id → document id → score (the dense run).
+            method: ``identity``, ``tourrank`` or ``listwise``; default the policy's for this task.
+            query_ids: rerank only these queries (the result holds only them); default all.
+
+        Returns:
+            The reranked run (scores ``len(list) − rank``: reranked top-N first, then the rest in
+            dense order) and what it cost. ``identity`` returns the run's ranking unchanged at no cost.
+
+        Raises:
+            ValueError: an unknown method; a query or document of the run that the task lacks;
+                a bad prompt file.
+        """
+        cfg = self.config
+        method = method or cfg.method(task.name)
+        if method not in METHODS:
+            raise ValueError(f"unknown rerank method {method!r} (one of {', '.join(METHODS)})")
+        ids = list(run) if query_ids is None else list(query_ids)
+        stats = RerankStats()
+        if method == "identity":
+            return {q: dict(run.get(q, {})) for q in ids}, stats
+        queries = dict(zip(task.query_ids, task.query_texts))
+        texts = dict(zip(task.doc_ids, task.doc_texts))
+        prompt = load_prompt(method, task.name, cfg.prompt_dir)
+        judge = Judge(self.backend, stats, cfg.temperature, cfg.tokens_per_id)
+        out: Run = {}
+        for n, qid in enumerate(ids, 1):
+            if qid not in queries:
+                raise ValueError(f"query {qid!r} of the run is not a query of task {task.name}")
+            ranked = top_k(run.get(qid, {}), len(run.get(qid, {})))
+            head = ranked[:cfg.depth]
+            missing = [d for d in head if d not in texts]
+            if missing:
+                raise ValueError(f"document {missing[0]!r} of query {qid!r} is not in the corpus of task {task.name}")
+
+            def prompt_for(positions: list[int], k: int | None, qid=qid, head=head):
+                return render(prompt, queries[qid], [texts[head[i]] for i in positions], k,
+                              cfg.max_query_words, cfg.max_doc_words)
+
+            seed = query_seed(cfg.seed, qid)
+            if method == "tourrank":
+                order = tourrank(len(head), judge, prompt_for, cfg.tourrank, seed)
+            else:
+                order = listwise(len(head), judge, prompt_for, cfg.listwise, seed)
+            final = [head[i] for i in order] + ranked[cfg.depth:]
+            out[qid] = {d: float(len(final) - r) for r, d in enumerate(final)}
+            stats.queries += 1
+            if n % max(1, len(ids) // 10) == 0 or n == len(ids):
+                log.info("%s on %s: %d/%d queries, %d calls (%d failed), %.1f s", method, task.name, n, len(ids),
+                         stats.calls, stats.failed_calls, stats.seconds)
+        return out, stats

@@ -1,0 +1,45 @@
+"""One real rerank: SmolLM2-135M-Instruct (CPU) reorders the BM25 top-20 of two math-theoremqa queries
+with TourRank and with the task-aware listwise prompt, through `obliq rerank run` (slow: ~40 s)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from obliq.audit.lean import top_k
+from obliq.eval.evaluate import retrieve_bm25
+from obliq.eval.metrics import read_run, write_run
+from obliq.eval.tasks import load_task
+from obliq.rerank.commands import run as rerank_run
+from obliq.rerank.config import load_policy
+from obliq.rerank.tourrank import tourrank_calls
+
+
+@pytest.mark.slow
+def test_smollm2_reranks_a_real_top20(tmp_path, tasks_dir, smollm2_path):
+    task = load_task(tasks_dir / "math-theoremqa")
+    dense = retrieve_bm25(task, top_k=100, latency_queries=0).run
+    write_run(tmp_path / "bm25.trec", dense, tag="bm25")
+    policy = tmp_path / "cpu.yaml"
+    policy.write_text(yaml.safe_dump({
+        "depth": 20, "backend": {"model": smollm2_path, "device": "cpu", "threads": 1, "batch_size": 4},
+        "tourrank": {"tournaments": 1}, "max_query_words": 30, "max_doc_words": 10, "tokens_per_id": 4}))
+    calls = {"tourrank": tourrank_calls(20, load_policy(policy).tourrank), "listwise": 1}
+    assert calls["tourrank"] == 3  # 20 -> 10 -> 5 -> 2, one group each
+    for method in ("tourrank", "listwise"):
+        out = tmp_path / f"{method}.trec"
+        report = rerank_run(task.path, tmp_path / "bm25.trec", out, policy=policy, method=method, queries=2)
+        cost = report["cost"]
+        assert report["n_queries"] == cost["queries"] == 2 and cost["calls"] == 2 * calls[method]
+        assert cost["prompt_tokens"] > 60 * cost["calls"] and cost["new_tokens"] > 0 and cost["seconds"] > 0
+        assert 0 <= cost["failed_calls"] <= cost["calls"] and cost["per_query"]["calls"] == calls[method]
+        assert set(report["metrics"]) == {"dense", method}
+        assert json.loads(out.with_name(out.name + ".report.json").read_text())["cost"] == cost
+        reranked = read_run(out)
+        assert list(reranked) == task.query_ids[:2]
+        for q, docs in reranked.items():
+            order, before = top_k(docs, len(docs)), top_k(dense[q], len(dense[q]))
+            assert len(set(order)) == len(order) == len(before)          # a permutation, nothing lost
+            assert set(order[:20]) == set(before[:20]) and order[20:] == before[20:]
