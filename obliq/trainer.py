@@ -40,6 +40,9 @@ def cli(args: list[str] | None = None, run: bool = True) -> LightningCLI:
 
     # Our checkpoints are taken after the optimizer step by design (the step count is the state).
     warnings.filterwarnings("ignore", message="Using ModelCheckpoint with manual optimization")
+    # Deprecation notices between pinned third-party releases (torchdata / Lightning vs torch 2.13).
+    warnings.filterwarnings("ignore", message="'set_vital' is deprecated")
+    warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")
     from callbacks.logging import LoggedConfig
     from obliq.data import TrainingDataModule
     from obliq.model.module import RetrieverModule
