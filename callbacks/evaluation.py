@@ -99,7 +99,7 @@ class RetrievalEvaluation(Callback):
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if any(hasattr(p, "full_tensor") for p in pl_module.parameters()):  # DTensor: FSDP2-sharded
             raise ValueError("RetrievalEvaluation runs on rank 0 alone and cannot use sharded (FSDP) parameters: "
-                             "remove the callback and evaluate the saved checkpoints with evaluate.py")
+                             "remove the callback; `obliq export --checkpoint C --out DIR`, then `evaluate.py --model DIR/adapter`")
 
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs, batch, batch_idx: int) -> None:
         step = trainer.global_step

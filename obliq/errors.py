@@ -10,15 +10,29 @@ USER_ERRORS = (ValueError, KeyError, FileNotFoundError, NotADirectoryError, Perm
 """What bad input raises across obliq (RowError is a ValueError): file, line and field are in the message."""
 
 
+def _user_error(err: BaseException) -> BaseException | None:
+    """``err`` or the first user error it was raised while handling (a library's clean-up can fail
+    after ours and hide it: Lightning's teardown after a failed resume, for one)."""
+    seen = set()
+    while err is not None and id(err) not in seen:
+        if isinstance(err, USER_ERRORS):
+            return err
+        seen.add(id(err))
+        err = err.__cause__ or err.__context__
+    return None
+
+
 @contextmanager
 def user_errors():
     """Print a user error as ``error: <message>`` and exit with status 2; ``OBLIQ_DEBUG=1`` re-raises
     it with its traceback."""
     try:
         yield
-    except USER_ERRORS as err:
-        if os.environ.get("OBLIQ_DEBUG"):
+    except Exception as raised:
+        err = _user_error(raised)
+        if err is None or os.environ.get("OBLIQ_DEBUG"):
             raise
         message = err.args[0] if isinstance(err, KeyError) and err.args else err
-        print(f"error: {message}", file=sys.stderr)
+        after = "" if err is raised else f" (then, while stopping: {type(raised).__name__}: {raised})"
+        print(f"error: {message}{after}", file=sys.stderr)
         raise SystemExit(2) from None

@@ -117,3 +117,21 @@ def test_nan_loss_is_refused_before_any_backward():
         grad_cache_step(lambda b: table[b["input_ids"][:, 0]], batch, batch,
                         lambda q, d: (q * float("nan")).sum(), 1)
     assert table.grad is None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("chunk", [2, 8])
+def test_idle_passes_that_match_other_ranks_change_nothing(encoder, chunk):
+    """``pad_to`` (FSDP: every rank runs the same passes) adds one-row idle passes with zero weight:
+    the loss and gradients equal the full-batch reference, and the encoder runs the padded count."""
+    q, d = _batch(encoder)
+    ref_loss, ref = _reference(encoder, q, d, chunk, seed=3)
+    calls = []
+    encoder.zero_grad(set_to_none=True)
+    torch.manual_seed(3)
+    loss = grad_cache_step(lambda b: calls.append(len(b["input_ids"])) or encoder(b), q, d, _loss_fn(), chunk,
+                           pad_to=(3, 6))
+    assert loss.item() == pytest.approx(ref_loss.item(), rel=1e-6)
+    _assert_close(_grads(encoder), ref)
+    real = len(split(q, chunk)) + len(split(d, chunk))
+    assert len(calls) == 2 * (3 + 6) and calls.count(1) == 2 * (9 - real)  # no-grad + grad passes

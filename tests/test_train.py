@@ -247,11 +247,13 @@ def test_dose_sweep_trains_each_dose_and_writes_table_and_plot(tiny_llama_dir, t
 @pytest.mark.distributed
 def test_fsdp2_on_two_cpu_processes_matches_ddp_saves_the_whole_adapter_and_resumes(tiny_llama_dir, rows_file, tmp_path):
     """The sharded path (Lightning's ModelParallelStrategy + FSDP2 ``fully_shard``, 2 gloo processes):
-    the same adapter as DDP after 3 steps; each checkpoint holds every LoRA weight at full shape
-    (gathered from both ranks, not rank 0's slice); a resume from step 2 ends bit-identical."""
+    the same adapter as DDP after 4 steps; each checkpoint holds every LoRA weight at full shape
+    (gathered from both ranks, not rank 0's slice); a resume from step 2 ends bit-identical.
+    Rows carry 0-6 negatives (at most 2 used), so at some steps the ranks hold different numbers of
+    documents, hence of GradCache chunks: FSDP needs the same passes on both (idle passes pad)."""
     fsdp = {"class_path": "obliq.model.sharding.LoraModelParallelStrategy"}
-    runs = {name: _write_config(tmp_path / name, rows_file, tiny_llama_dir, max_steps=3, trainer__devices=2,
-                                trainer__strategy=strategy, data__batch_size=2)
+    runs = {name: _write_config(tmp_path / name, rows_file, tiny_llama_dir, max_steps=4, trainer__devices=2,
+                                trainer__strategy=strategy)
             for name, strategy in [("ddp", "ddp"), ("fsdp", fsdp), ("resumed", fsdp)]}
     for name in ("ddp", "fsdp"):
         run = _train(runs[name])
@@ -338,3 +340,31 @@ def test_a_save_that_dies_midway_leaves_the_previous_checkpoint_valid(tmp_path):
         io.save_checkpoint({"state_dict": {"w": torch.zeros(3)}, "tail": Killed()}, path)
     assert torch.equal(torch.load(path, weights_only=True)["state_dict"]["w"], torch.ones(3))
     assert [p.name for p in tmp_path.iterdir()] == ["last.ckpt"]
+
+
+def test_a_user_error_hidden_by_a_later_clean_up_failure_is_the_one_printed(capsys):
+    from obliq.errors import user_errors
+
+    with pytest.raises(SystemExit) as stop, user_errors():
+        try:
+            raise ValueError("run.ckpt: saved with world_size 2, now 1")
+        except ValueError:
+            raise RuntimeError("Please call iter(combined_loader) first.")
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: run.ckpt: saved with world_size 2, now 1 (then, while stopping: RuntimeError")
+
+
+@pytest.mark.slow
+def test_a_resume_with_more_steps_follows_the_new_schedule(tiny_llama_dir, rows_file, tmp_path):
+    """3 steps, then `--trainer.max_steps=5 --ckpt_path last`: steps 3 and 4 use the 5-step schedule
+    (1 warmup step, then linear decay: 1e-3 × (5 − step) / 4), not the 3-step run's final lr 0."""
+    from obliq.trainer import cli
+
+    config = _write_config(tmp_path, rows_file, tiny_llama_dir, max_steps=3)
+    cli(["fit", "--config", str(config)])
+    cli(["fit", "--config", str(config), "--trainer.max_steps=5", "--ckpt_path", "last"])
+    second = sorted(tmp_path.rglob("metrics.csv"))[-1].read_text()
+    steps = [int(x) for x in _column(second, "step") if x][-2:]
+    lrs = [float(x) for x in _column(second, "train/lr")][-2:]
+    assert steps == [3, 4] and lrs == pytest.approx([5e-4, 2.5e-4])

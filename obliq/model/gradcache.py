@@ -71,6 +71,7 @@ def grad_cache_step(
     backward: Callable[[torch.Tensor], None] | None = None,
     no_sync: Callable[[], ContextManager] | None = None,
     backward_scale: float = 1.0,
+    pad_to: tuple[int, int] | None = None,
 ) -> torch.Tensor:
     """One GradCache forward/backward; gradients accumulate in the parameters' ``.grad``.
 
@@ -86,6 +87,11 @@ def grad_cache_step(
             for every re-encoding but the last.
         backward_scale: multiplies the cached gradients (the world size when every rank computes
             the same global loss and the strategy averages gradients).
+        pad_to: at least this many (query, document) chunks: the missing ones are run as idle
+            passes (one row, forward and a zero-weight backward) so that every rank runs the same
+            passes — FSDP gathers parameters in each forward, and ranks whose batches hold fewer
+            documents would otherwise issue fewer collectives and hang (see
+            :func:`chunk_counts_across_ranks`). The result is unchanged.
 
     Returns:
         The detached loss.
@@ -94,33 +100,49 @@ def grad_cache_step(
         FloatingPointError: the loss is NaN or infinite (nothing is back-propagated).
     """
     backward = backward or torch.Tensor.backward
-    chunks = [("q", c) for c in split(queries, chunk_size)] + [("d", c) for c in split(docs, chunk_size)]
-    if len(chunks) == 2:  # each side fits in one chunk: a plain step is the same, one forward cheaper
+    q_chunks, d_chunks = split(queries, chunk_size), split(docs, chunk_size)
+    want_q, want_d = pad_to or (len(q_chunks), len(d_chunks))
+    idle = [{k: v[:1] for k, v in queries.items()}] * max(0, want_q - len(q_chunks)) + \
+        [{k: v[:1] for k, v in docs.items()}] * max(0, want_d - len(d_chunks))
+    if len(q_chunks) + len(d_chunks) + len(idle) == 2:  # one chunk a side: a plain step, one forward cheaper
         loss = loss_fn(encode(queries), encode(docs))
         _check_finite(loss)
         backward(loss * backward_scale)
         return loss.detach()
 
+    chunks = q_chunks + d_chunks
     states, reps = [], []
     with torch.no_grad(), _autocast_without_cache():
-        for _, chunk in chunks:
+        for chunk in chunks:
             states.append(RandState())
             reps.append(encode(chunk))
+        for chunk in idle:
+            encode(chunk)
 
     reps = [r.detach().requires_grad_() for r in reps]
-    n_q = sum(1 for side, _ in chunks if side == "q")
     with torch.enable_grad():
-        loss = loss_fn(torch.cat(reps[:n_q]), torch.cat(reps[n_q:]))
+        loss = loss_fn(torch.cat(reps[:len(q_chunks)]), torch.cat(reps[len(q_chunks):]))
     _check_finite(loss)
     grads = torch.autograd.grad(loss * backward_scale, reps)
 
-    last = len(chunks) - 1
-    for i, ((_, chunk), state, grad) in enumerate(zip(chunks, states, grads)):
-        sync = nullcontext() if (i == last or no_sync is None) else no_sync()
-        with sync, state.replay():
-            surrogate = torch.dot(encode(chunk).flatten(), grad.flatten())
-            backward(surrogate)
+    passes = [(c, s, g) for c, s, g in zip(chunks, states, grads)] + [(c, None, None) for c in idle]
+    for i, (chunk, state, grad) in enumerate(passes):
+        sync = nullcontext() if (i == len(passes) - 1 or no_sync is None) else no_sync()
+        with sync, (state.replay() if state is not None else nullcontext()):
+            out = encode(chunk)
+            backward(torch.dot(out.flatten(), grad.flatten()) if grad is not None else out.sum() * 0.0)
     return loss.detach()
+
+
+def chunk_counts_across_ranks(queries: Batch, docs: Batch, chunk_size: int | None) -> tuple[int, int]:
+    """The largest (query, document) chunk counts over all ranks (``torch.distributed`` all-reduce
+    MAX), for :func:`grad_cache_step`'s ``pad_to``. One process: this rank's own counts."""
+    counts = torch.tensor([len(split(queries, chunk_size)), len(split(docs, chunk_size))])
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        if torch.distributed.get_backend() == "nccl":
+            counts = counts.cuda()  # the rank's current device
+        torch.distributed.all_reduce(counts, op=torch.distributed.ReduceOp.MAX)
+    return int(counts[0]), int(counts[1])
 
 
 def _check_finite(loss: torch.Tensor) -> None:

@@ -22,7 +22,7 @@ import torch
 
 from obliq.loss import InfoNCELoss
 from obliq.model.encoder import BiEncoder
-from obliq.model.gradcache import grad_cache_step
+from obliq.model.gradcache import chunk_counts_across_ranks, grad_cache_step
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +83,7 @@ class RetrieverModule(L.LightningModule):
             datamodule.tokenize = self.encoder.text
 
     def configure_model(self) -> None:
-        """Under an FSDP2 strategy (``model_parallel``; Lightning calls this hook after the processes
+        """Under an FSDP2 strategy (:class:`~obliq.model.sharding.LoraModelParallelStrategy`; Lightning calls this hook after the processes
         start), shard the encoder so that LoRA weights and frozen weights never share a unit
         (:func:`obliq.model.sharding.shard_encoder`). Other strategies: nothing to do."""
         if self.device_mesh is None or getattr(self, "_sharded", False):
@@ -92,7 +92,7 @@ class RetrieverModule(L.LightningModule):
 
         if self.device_mesh["tensor_parallel"].size() > 1:
             raise ValueError("tensor parallelism is not supported: use obliq.model.sharding.LoraModelParallelStrategy "
-                             "(data parallel only) instead of model_parallel")
+                             "(data parallel only) instead of ModelParallelStrategy")
         units = shard_encoder(self.encoder, self.device_mesh["data_parallel"])
         self._sharded = True
         log.info("FSDP2: %d units (%d trainable)", len(units), sum(k == "trainable" for k, _ in units))
@@ -120,6 +120,18 @@ class RetrieverModule(L.LightningModule):
         scheduler = get_linear_schedule_with_warmup(optimizer, warmup, total)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
+    def on_train_start(self) -> None:
+        """Set each group's lr to the schedule's value at the current step. A plain resume leaves it
+        as restored; a resume with another ``max_steps`` (a longer run) would otherwise take its
+        first step at the old schedule's last lr (0 at the end of a run)."""
+        optimizer, scheduler = self.optimizers(), self.lr_schedulers()
+        for group, base, fn in zip(optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas):
+            lr = base * fn(scheduler.last_epoch)
+            if group["lr"] != lr:
+                log.warning("lr at step %d follows the current schedule: %.3g (the checkpoint had %.3g)",
+                            scheduler.last_epoch, lr, group["lr"])
+                group["lr"] = lr
+
     # ------------------------------------------------------------------ training
     def _doc_keys(self, batch) -> torch.Tensor:
         from obliq.data.rows import id_hash
@@ -144,6 +156,8 @@ class RetrieverModule(L.LightningModule):
                 backward=self.manual_backward,
                 no_sync=self.trainer.strategy.block_backward_sync if self.trainer.world_size > 1 else None,
                 backward_scale=self.loss.backward_scale,
+                pad_to=chunk_counts_across_ranks(batch["query"], batch["docs"], self.chunk_size)
+                if self.device_mesh is not None else None,  # FSDP: the same passes on every rank
             )
             grad_norm = self._clip()
             if not torch.isfinite(grad_norm):

@@ -7,9 +7,10 @@ the block's frozen weights another; the same split is made for what lies outside
 trainable one holds only the adapter (peft's advice for FSDP with LoRA, there for FSDP1's
 ``fsdp_auto_wrap_policy``; PyTorch's FSDP2 ``fully_shard`` with a list of modules for the grouping).
 
-Lightning runs it through :class:`~lightning.pytorch.strategies.ModelParallelStrategy`
-(``trainer.strategy: model_parallel``, or :class:`LoraModelParallelStrategy` for checkpoints that
-hold the whole adapter, gathered from every rank, and not the frozen base); the LightningModule's
+Lightning runs it through :class:`LoraModelParallelStrategy` (``trainer.strategy: {class_path:
+obliq.model.sharding.LoraModelParallelStrategy}``), a data-parallel
+:class:`~lightning.pytorch.strategies.ModelParallelStrategy` whose checkpoints hold the whole
+adapter, gathered from every rank, and not the frozen base; the LightningModule's
 ``configure_model`` calls :func:`shard_encoder` with the data-parallel mesh.
 """
 
@@ -111,9 +112,9 @@ class LoraModelParallelStrategy(ModelParallelStrategy):
     file per rank or, with ``save_distributed_checkpoint=False``, the full model gathered onto rank 0
     — a LoRA run would then gather the frozen 3B base at every save. This subclass writes one file
     (rank 0) with the full, unsharded trainable parameters only (``ignore_frozen_params``) and the
-    full optimizer state, so a checkpoint is the whole adapter whatever the world size, and it
-    resumes on any number of ranks. Args are those of the parent; ``save_distributed_checkpoint``
-    is fixed to False.
+    full optimizer state, so a checkpoint is the whole adapter whatever the world size (an exact
+    resume still needs the same world size: obliq's data stream is sharded by rank). Args are those
+    of the parent; ``save_distributed_checkpoint`` is fixed to False.
     """
 
     def __init__(self, data_parallel_size="auto", tensor_parallel_size=1, **kwargs):
