@@ -96,6 +96,28 @@ def smollm2_dir() -> Path:
     return out
 
 
+def check_model_name(name_or_path: str | os.PathLike) -> None:
+    """Refuse a model name that is no alias, no existing path and no hub id, without loading anything.
+
+    Raises:
+        FileNotFoundError: a path (``/…``, ``./…``, ``~/…``) that does not exist, or a bare name (no
+            ``/``) that is neither an alias nor an existing path — a typo, not a hub id (hub ids are
+            ``owner/name``); the message lists the aliases and the closest one.
+    """
+    text = str(name_or_path)
+    if text.lower() in _ALIASES or os.path.exists(os.path.expanduser(text)):
+        return
+    if text.startswith((".", "/", "~")):
+        raise FileNotFoundError(f"model {text!r}: no such file or folder")
+    if "/" not in text and os.sep not in text:
+        import difflib
+
+        close = difflib.get_close_matches(text.lower(), sorted(_ALIASES), n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise FileNotFoundError(f"model {text!r} is not an alias ({', '.join(sorted(_ALIASES))}), an existing "
+                                f"folder or a hub id (owner/name){hint}")
+
+
 def resolve_model(name_or_path: str | os.PathLike) -> str:
     """Map an alias (``minilm``, ``smollm2``) to its local folder; return anything else unchanged.
 
@@ -106,8 +128,7 @@ def resolve_model(name_or_path: str | os.PathLike) -> str:
         A string accepted by ``from_pretrained``.
 
     Raises:
-        FileNotFoundError: a bare name (no ``/``) that is neither an alias nor an existing path —
-            a typo, not a hub id (hub ids are ``owner/name``); the message lists the aliases.
+        FileNotFoundError: see :func:`check_model_name`.
     """
     text = str(name_or_path)
     alias = _ALIASES.get(text.lower())
@@ -115,11 +136,5 @@ def resolve_model(name_or_path: str | os.PathLike) -> str:
         return str(minilm_dir())
     if alias == SMOLLM2:
         return str(smollm2_dir())
-    if "/" not in text and os.sep not in text and not os.path.exists(text):
-        import difflib
-
-        close = difflib.get_close_matches(text.lower(), sorted(_ALIASES), n=1)
-        hint = f"; did you mean {close[0]!r}?" if close else ""
-        raise FileNotFoundError(f"model {text!r} is not an alias ({', '.join(sorted(_ALIASES))}), an existing "
-                                f"folder or a hub id (owner/name){hint}")
+    check_model_name(text)
     return text

@@ -16,13 +16,14 @@ import yaml
 
 from obliq.audit.lean import top_k
 from obliq.cli import main as obliq_main
-from obliq.eval.evaluate import evaluate
-from obliq.eval.metrics import evaluate_run, read_run
+from obliq.eval.evaluate import evaluate, retrieve_bm25
+from obliq.eval.metrics import evaluate_run, read_run, write_run
 from obliq.eval.tasks import Task, load_task
 from obliq.rerank.config import BackendConfig, ListwiseConfig, RerankConfig, TourRankConfig, load_policy
 from obliq.rerank.listwise import windows
 from obliq.rerank.parse import parse_permutation, parse_selection
 from obliq.rerank.prompts import load_prompt, render
+from obliq.rerank.commands import policy as policy_command
 from obliq.rerank.reranker import Reranker
 from obliq.rerank.tourrank import tourrank_calls
 
@@ -43,11 +44,13 @@ class PreferenceBackend:
         self.calls = self.prompt_tokens = self.new_tokens = 0
         self.seconds, self.finished = 0.0, []
         self.shown: list[list[str]] = []
+        self.texts: list[str] = []
 
     def generate(self, prompts, max_new_tokens, temperature, seed):
         out = []
         for messages in prompts:
             text = messages[-1]["content"]
+            self.texts.append(text)
             shown = LINE.findall(text)
             self.shown.append([t for _, t in shown])
             if self.replies:
@@ -205,11 +208,28 @@ def test_malformed_selections_are_repaired_and_counted_and_failures_fall_back():
 
 
 @pytest.mark.parametrize("n, window, step, calls", [(100, 20, 10, 9), (25, 20, 10, 2), (20, 20, 10, 1), (7, 20, 5, 1),
-                                                    (100, 100, 50, 1), (50, 10, 10, 5)])
+                                                    (100, 100, 50, 1), (50, 10, 10, 5), (2, 20, 10, 1)])
 def test_listwise_windows(n, window, step, calls):
     spans = windows(n, window, step)
     assert len(spans) == calls and spans[-1][0] == 0 and spans[0][1] == n
     assert all(b - a == min(window, n) for a, b in spans)
+
+
+def test_nothing_to_order_makes_no_call_and_loads_no_model(monkeypatch):
+    # depth 1, or a query with one candidate: no window, no group, no model loaded
+    assert windows(1, 20, 10) == [] and windows(0, 20, 10) == []
+    monkeypatch.setattr(BackendConfig, "build", lambda self: pytest.fail("the model was loaded"))
+    task = toy_task(5)
+    run = {"q1": {"d03": 1.0}, "q2": {d: 1.0 - i / 10 for i, d in enumerate(task.doc_ids)}}
+    for method in ("listwise", "tourrank"):
+        for depth, queries in ((1, ["q1", "q2"]), (20, ["q1"])):
+            out, stats = Reranker(RerankConfig(depth=depth)).rerank_run(task, run, method, queries)
+            assert {q: ranking(out, q) for q in queries} == {q: ranking(run, q) for q in queries}
+            assert (stats.calls, stats.queries, stats.per_query()["calls"]) == (0, len(queries), 0.0)
+    # a document the corpus lacks fails before any model is loaded, whatever its query's position
+    bad = {**run, "q2": {**run["q2"], "x99": 0.0}}
+    with pytest.raises(ValueError, match=r"the run: document 'x99' of query 'q2' is not in the corpus of task toy"):
+        Reranker(RerankConfig(depth=2)).rerank_run(task, bad, "listwise")
 
 
 def test_listwise_brings_the_strongest_ten_to_the_top_and_repairs_permutations():
@@ -239,6 +259,21 @@ def test_listwise_brings_the_strongest_ten_to_the_top_and_repairs_permutations()
 
 
 # --- prompts and the policy file ----------------------------------------------------------------------
+
+
+def test_prompt_dir_wins_over_every_packaged_prompt(tmp_path, caplog):
+    default = "method: listwise\nuser: 'Mine: {query} {documents}'\n"
+    (tmp_path / "listwise_default.yaml").write_text(default)
+    cfg = RerankConfig(prompt_dir=str(tmp_path))
+    with caplog.at_level("INFO", logger="obliq.rerank.config"):
+        # a packaged listwise_math-theoremqa.yaml exists, yet the user's default comes first
+        assert cfg.prompt("listwise", "math-theoremqa").path == str(tmp_path / "listwise_default.yaml")
+        assert cfg.prompt("tourrank", "math-theoremqa").path == "obliq/rerank/prompts/tourrank.yaml"
+    assert f"math-theoremqa: listwise prompt {tmp_path / 'listwise_default.yaml'}" in caplog.text
+    assert "math-theoremqa: tourrank prompt obliq/rerank/prompts/tourrank.yaml" in caplog.text
+    (tmp_path / "listwise_math-theoremqa.yaml").write_text(default)
+    assert load_prompt("listwise", "math-theoremqa", tmp_path).path == str(tmp_path / "listwise_math-theoremqa.yaml")
+    assert load_prompt("listwise", "math-theoremqa").path == "obliq/rerank/prompts/listwise_math-theoremqa.yaml"
 
 
 def test_prompts_load_and_name_the_latent_attribute(tmp_path, caplog):
@@ -275,6 +310,16 @@ def test_every_rerank_config_loads():
     ("depth: 0\n", r"bad.yaml:1:depth: must be an integer >= 1"),
     ("backend:\n  name: ollama\n", r"bad.yaml:2:backend.name: must be one of transformers, vllm"),
     ("listwise: 5\n", r"bad.yaml:1:listwise: expected a mapping"),
+    ("depth: 5\nbackend:\n  dtype: float33\n", r"bad.yaml:3:backend.dtype: must be one of float32, bfloat16, float16, "
+                                                 r"got 'float33'"),
+    ("backend:\n  device: gpu\n", r"bad.yaml:2:backend.device: must be a torch device \(cpu, cuda, cuda:1, …\), got 'gpu'"),
+    ("backend:\n  device: 0\n", r"bad.yaml:2:backend.device: must be a torch device"),
+    ("backend:\n  model: smolm2\n", r"bad.yaml:2:backend.model: model .smolm2. is not an alias .*did you mean .smollm2."),
+    ("backend:\n  model: ./no-such-model\n", r"bad.yaml:2:backend.model: model .*/no-such-model': no such file or folder"),
+    ("backend:\n  gpu_memory_utilization: true\n", r"bad.yaml:2:backend.gpu_memory_utilization: must be a number in"),
+    ("backend:\n  threads: 0\n", r"bad.yaml:2:backend.threads: must be an integer >= 1"),
+    ("backend:\n  max_model_len: 1.5\n", r"bad.yaml:2:backend.max_model_len: must be an integer >= 1"),
+    ("prompt_dir: ../no-such-prompts\n", r"bad.yaml:1:prompt_dir: not a folder: /.*/no-such-prompts$"),
 ])
 def test_policy_errors_name_file_line_and_key(tmp_path, text, message):
     (tmp_path / "bad.yaml").write_text(text)
@@ -346,6 +391,7 @@ def test_evaluate_reranks_only_the_tasks_the_policy_names(tmp_path, tasks_dir, r
     # stance-tweets: its top-100 reranked by the (oracle) listwise reranker, 9 windows per query
     r = stance["rerank"]
     assert r["method"] == "listwise" and r["depth"] == 100 and r["backend"] == "transformers:smollm2"
+    assert r["prompt"] == "obliq/rerank/prompts/listwise_stance-tweets.yaml"
     assert r["dense_metrics"] == plain[1]["metrics"]
     assert r["cost"]["calls"] == backend.calls == 10 * 9 and r["cost"]["per_query"]["calls"] == 9
     assert r["cost"]["failed_calls"] == 0 and r["cost"]["prompt_tokens"] == backend.prompt_tokens > 0
@@ -358,7 +404,13 @@ def test_evaluate_reranks_only_the_tasks_the_policy_names(tmp_path, tasks_dir, r
     assert best.aggregate["NDCG@10"] > r["dense_metrics"]["NDCG@10"] + 0.3
     assert stance["metrics"]["Recall@100"] == pytest.approx(r["dense_metrics"]["Recall@100"])  # same top-100
     report = (tmp_path / "out" / "results.md").read_text()
-    assert "| stance-tweets | listwise | 100 |" in report and "math-theoremqa | listwise" not in report
+    assert "cost per reranked query, and failed and repaired calls out of all calls" in report
+    assert "| queries | calls / query | tokens in / query | tokens out / query | seconds / query | failed / all calls | " \
+           "repaired / all calls |" in report
+    row = next(line for line in report.splitlines() if line.startswith("| stance-tweets | listwise | 100 |"))
+    assert row.endswith(f"| 10 | 9.0 | {backend.prompt_tokens / 10:.0f} | {backend.new_tokens / 10:.0f} | "
+                        f"{r['cost']['per_query']['seconds']:.2f} | 0 / 90 | 0 / 90 |")
+    assert "math-theoremqa | listwise" not in report
     assert load_policy(tmp_path / "out" / "rerank_policy.yaml").tasks == {"stance-tweets": "listwise",
                                                                            "writing-news": "tourrank"}
 
@@ -376,6 +428,7 @@ def test_rerank_commands_run_and_choose_the_policy(tmp_path, tasks_dir, real, mo
                 str(tmp_path / "math.trec"), "--policy", str(base), "--method", "tourrank", "--queries", "4"])
     report = json.loads(capsys.readouterr().out)
     assert report["n_queries"] == 4 and report["cost"]["calls"] == 4 * 3 and report["cost"]["per_query"]["calls"] == 3
+    assert report["prompt"] == "obliq/rerank/prompts/tourrank.yaml"
     assert report["metrics"]["tourrank"]["NDCG@10"] >= report["metrics"]["dense"]["NDCG@10"]
     assert len(read_run(tmp_path / "math.trec")) == 4
     assert json.loads((tmp_path / "math.trec.report.json").read_text())["cost"] == report["cost"]
@@ -393,5 +446,171 @@ def test_rerank_commands_run_and_choose_the_policy(tmp_path, tasks_dir, real, mo
     assert math["n_queries"] == stance["n_queries"] == 5 and len(math["query_ids"]) == 5
     assert math["cost_per_query"]["tourrank"]["calls"] == 3 and math["cost_per_query"]["listwise"]["calls"] == 1
     assert math["cost_per_query"]["identity"]["calls"] == 0
+    assert math["prompts"] == {"tourrank": "obliq/rerank/prompts/tourrank.yaml",
+                               "listwise": "obliq/rerank/prompts/listwise_math-theoremqa.yaml"}
     assert chosen.depth == 20 and chosen.tourrank.tournaments == 1  # the base settings are kept
     assert out.read_text().startswith("# Reranking policy chosen by `obliq rerank policy`")
+
+
+# --- bad input to the commands: one line, the right file, before any call ---------------------------
+
+
+@pytest.fixture(scope="module")
+def bm25_runs(real):
+    return {name: retrieve_bm25(task, top_k=100, latency_queries=0).run for name, task in real.items()}
+
+
+def no_model(monkeypatch):
+    monkeypatch.setattr(BackendConfig, "build", lambda self: pytest.fail("a model was loaded"))
+
+
+def one_line_error(capsys, argv) -> str:
+    with pytest.raises(SystemExit) as exit_:
+        obliq_main(argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exit_.value.code == 2 and len(err) == 1
+    return err[0]
+
+
+def test_policy_refuses_a_run_of_another_task_or_an_empty_one(tmp_path, tasks_dir, real, bm25_runs, monkeypatch, capsys):
+    no_model(monkeypatch)
+    out, file = tmp_path / "policy.yaml", tmp_path / "runs" / "stance-tweets" / "run.trec"
+    argv = ["rerank", "policy", "--tasks", json.dumps([str(tasks_dir / "stance-tweets")]), "--runs",
+            str(tmp_path / "runs"), "--out", str(out)]
+    stance = real["stance-tweets"].query_ids[0]
+    math = bm25_runs["math-theoremqa"]
+    for run, seen in ((math, f"its ids look like {next(iter(math))!r}"), ({}, "it is empty")):
+        write_run(file, run)
+        assert one_line_error(capsys, argv) == (f"error: {file}: no query of task stance-tweets ({seen}; the task's "
+                                                f"like {stance!r})")
+        assert not out.exists()
+    # `obliq rerank run` makes the same check (one function: check_run)
+    write_run(file, {})
+    assert one_line_error(capsys, ["rerank", "run", str(tasks_dir / "stance-tweets"), str(file), str(tmp_path / "o.trec"),
+                                   "--method", "listwise"]).startswith(f"error: {file}: no query of task stance-tweets")
+    # a run of the task's queries whose documents are another task's
+    write_run(file, {q: bm25_runs["math-theoremqa"][m] for q, m in zip(real["stance-tweets"].query_ids, math)})
+    assert one_line_error(capsys, argv).startswith(f"error: {file}: document ")
+    # a run holding queries of the task but none of its development queries (qrels/dev.tsv)
+    task = tmp_path / "tasks" / "stance-tweets"
+    (task / "qrels").mkdir(parents=True)
+    for name in ("corpus.jsonl", "queries.jsonl", "task.json", "qrels/test.tsv"):
+        (task / name).symlink_to(tasks_dir / "stance-tweets" / name)
+    dev = real["stance-tweets"].query_ids[:2]
+    rows = [line for line in (tasks_dir / "stance-tweets" / "qrels" / "test.tsv").read_text().splitlines()[1:]
+            if line.split("\t")[0] in dev]
+    (task / "qrels" / "dev.tsv").write_text("query-id\tcorpus-id\tscore\n" + "\n".join(rows) + "\n")
+    write_run(file, {q: r for q, r in bm25_runs["stance-tweets"].items() if q not in dev})
+    argv[argv.index("--tasks") + 1] = json.dumps([str(task)])
+    assert one_line_error(capsys, argv) == (f"error: {file}: holds none of the 2 development queries of task "
+                                            f"stance-tweets (qrels: dev)")
+    assert not out.exists()
+
+
+def test_policy_leaves_out_dev_queries_the_run_lacks_and_drops_base_tasks(tmp_path, tasks_dir, real, bm25_runs,
+                                                                          monkeypatch, caplog):
+    backend = PreferenceBackend(first(Oracle(real["stance-tweets"])))
+    monkeypatch.setattr(BackendConfig, "build", lambda self: backend)
+    base = tmp_path / "base.yaml"
+    base.write_text(yaml.safe_dump({"tasks": {"math-theoremqa": "tourrank", "stance-tweets": "identity"}, "depth": 20,
+                                    "tourrank": {"tournaments": 1}, **UNCUT}))
+    task = real["stance-tweets"]
+    judged = [q for q in task.query_ids if any(g > 0 for g in task.qrels["test"].get(q, {}).values())]
+    lacking = judged[0]
+    write_run(tmp_path / "runs" / "stance-tweets" / "run.trec",
+              {q: d for q, d in bm25_runs["stance-tweets"].items() if q != lacking})
+    out = tmp_path / "policy.yaml"
+    with caplog.at_level("WARNING"):
+        dev = policy_command([tasks_dir / "stance-tweets"], tmp_path / "runs", out, base=base, dev_queries=len(judged))
+    used = judged[1:]
+    record = dev["stance-tweets"]
+    assert record["query_ids"] == judged and record["missing_query_ids"] == [lacking] and record["n_queries"] == len(used)
+    # scored and charged on the queries the run holds: no zero for the missing one, no diluted cost
+    assert record["cost_per_query"]["tourrank"]["calls"] == 3 and record["cost_per_query"]["listwise"]["calls"] == 1
+    assert backend.calls == len(used) * (3 + 1)
+    dense_run = {q: bm25_runs["stance-tweets"][q] for q in used}
+    assert record["NDCG@10"]["identity"] == pytest.approx(
+        evaluate_run(task.qrels["test"], dense_run, ["NDCG@10"], used).aggregate["NDCG@10"])
+    assert f"1 of the {len(judged)} development queries of stance-tweets are not in the run" in caplog.text
+    # only the evaluated task is written; the base's math-theoremqa entry is dropped, and said so
+    written = load_policy(out)
+    assert written.tasks == {"stance-tweets": record["chosen"]} and record["chosen"] in ("tourrank", "listwise")
+    assert f"left out of {out}, not evaluated on development queries here: math-theoremqa: tourrank" in caplog.text
+    assert "It names only the tasks evaluated there" in out.read_text()
+
+
+def test_a_bad_prompt_fails_when_the_policy_is_loaded_and_names_the_prompt_file(tmp_path, tasks_dir, monkeypatch, capsys):
+    no_model(monkeypatch)
+    prompts = tmp_path / "prompts"
+    prompts.mkdir()
+    (prompts / "tourrank.yaml").write_text("method: tourrank\nuser: 'pick {k} of {documents}'\n")
+    (prompts / "listwise_default.yaml").write_text("method: listwise\nuser: '{documents}'\n")
+    bad = {"tourrank": f"{prompts / 'tourrank.yaml'}: user: must contain {{query}}",
+           "listwise": f"{prompts / 'listwise_default.yaml'}: user: must contain {{query}}"}
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("tasks:\n  math-theoremqa: tourrank\nprompt_dir: prompts\n")
+    with pytest.raises(ValueError) as err:
+        load_policy(policy)
+    assert str(err.value) == bad["tourrank"]
+    # evaluate.py: before any retrieval
+    monkeypatch.setattr("obliq.eval.evaluate.retrieve_bm25", lambda *a, **k: pytest.fail("retrieval ran"))
+    with pytest.raises(ValueError) as err:
+        evaluate("bm25", [str(tasks_dir / "math-theoremqa")], tmp_path / "out", rerank=policy)
+    assert str(err.value) == bad["tourrank"]
+    # obliq rerank run: the prompt file named, not the run (which is not even read: it does not exist)
+    run = ["rerank", "run", str(tasks_dir / "math-theoremqa"), str(tmp_path / "missing.trec"), str(tmp_path / "o.trec")]
+    assert one_line_error(capsys, run + ["--policy", str(policy)]) == f"error: {bad['tourrank']}"
+    # a method given on the command line: its prompt for the task is checked first too
+    policy.write_text("prompt_dir: prompts\n")
+    assert one_line_error(capsys, run + ["--policy", str(policy), "--method", "listwise"]) == f"error: {bad['listwise']}"
+    # obliq rerank policy: every method's prompt of every task, before any run is reranked
+    runs = tmp_path / "runs"
+    for name in ("math-theoremqa", "stance-tweets"):
+        task = load_task(tasks_dir / name)
+        write_run(runs / name / "run.trec", {q: {task.doc_ids[0]: 1.0} for q in task.query_ids})
+    (prompts / "tourrank.yaml").write_text("method: tourrank\nuser: '{query}: pick {k} of {documents}'\n")
+    argv = ["rerank", "policy", "--tasks", json.dumps([str(tasks_dir / "math-theoremqa"), str(tasks_dir / "stance-tweets")]),
+            "--runs", str(runs), "--out", str(tmp_path / "chosen.yaml"), "--base", str(policy)]
+    assert one_line_error(capsys, argv) == f"error: {bad['listwise']}"
+
+
+def test_rerank_run_refuses_a_task_the_policy_does_not_name(tmp_path, tasks_dir, real, bm25_runs, monkeypatch, capsys):
+    no_model(monkeypatch)
+    write_run(tmp_path / "run.trec", bm25_runs["stance-tweets"])
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("tasks:\n  math-theoremqa: tourrank\n")
+    run = ["rerank", "run", str(tasks_dir / "stance-tweets"), str(tmp_path / "run.trec"), str(tmp_path / "o.trec")]
+    fix = "pass --method tourrank, listwise or identity"
+    assert one_line_error(capsys, run + ["--policy", str(policy)]) == \
+        f"error: {policy}: tasks: no entry for task stance-tweets; {fix}"
+    assert one_line_error(capsys, run) == f"error: the built-in policy (no --policy): tasks: no entry for task stance-tweets; {fix}"
+    assert not (tmp_path / "o.trec").exists()
+    obliq_main(run + ["--policy", str(policy), "--method", "identity", "--queries", "3"])
+    report = json.loads(capsys.readouterr().out)
+    assert report["method"] == "identity" and report["prompt"] is None and report["cost"]["calls"] == 0
+    assert read_run(tmp_path / "o.trec") == {q: bm25_runs["stance-tweets"][q] for q in real["stance-tweets"].query_ids[:3]}
+
+
+def test_relative_paths_in_a_policy_are_resolved_against_its_folder(tmp_path, tasks_dir, monkeypatch, real):
+    (tmp_path / "configs").mkdir()
+    (tmp_path / "prompts" / "x").mkdir(parents=True)
+    (tmp_path / "prompts" / "x" / "listwise_default.yaml").write_text("method: listwise\nuser: 'Q {query} D {documents}'\n")
+    (tmp_path / "configs" / "my-model").mkdir()
+    policy = tmp_path / "configs" / "policy.yaml"
+    policy.write_text("tasks:\n  stance-tweets: listwise\nprompt_dir: ../prompts/x\nbackend:\n  model: my-model\n"
+                      "depth: 100\nmax_query_words: 1000\nmax_doc_words: 1000\n")
+    elsewhere = tmp_path / "elsewhere" / "deeper"  # where ../prompts/x is no folder
+    elsewhere.mkdir(parents=True)
+    monkeypatch.chdir(elsewhere)
+    cfg = load_policy(Path("../..") / "configs" / "policy.yaml")
+    assert cfg.prompt_dir == str(tmp_path / "prompts" / "x") and cfg.backend.model == str(tmp_path / "configs" / "my-model")
+    assert cfg.prompt("listwise", "stance-tweets").path == str(tmp_path / "prompts" / "x" / "listwise_default.yaml")
+    # evaluate.py writes the policy as loaded: its copy still finds the prompts from its own folder
+    backend = PreferenceBackend(first(Oracle(real["stance-tweets"])))
+    monkeypatch.setattr(BackendConfig, "build", lambda self: backend)
+    summary, = evaluate("bm25", [str(tasks_dir / "stance-tweets")], tmp_path / "out", top_k=100, latency_queries=0,
+                        rerank=Path("../..") / "configs" / "policy.yaml")
+    assert summary["rerank"]["prompt"] == str(tmp_path / "prompts" / "x" / "listwise_default.yaml")
+    assert backend.calls == 10 * 9 and all(text.startswith("Q ") for text in backend.texts)
+    copy = load_policy(tmp_path / "out" / "rerank_policy.yaml")
+    assert copy.prompt_dir == cfg.prompt_dir and copy.tasks == cfg.tasks and copy.backend == cfg.backend

@@ -13,9 +13,10 @@ Recall@k curve, k = 10…1000, the OBLIQ-IR paper §6.1) and ``config.json`` (th
 With ``rerank`` (a policy file, :mod:`obliq.rerank.config`), the dense top-N of each task the policy
 names is reranked by its language-model reranker before scoring (the OBLIQ-IR paper, §3.4, Table 5):
 ``run.trec`` is then the reranked run, ``run.dense.trec`` the dense one, and the summary's
-``rerank`` entry holds the method, the dense metrics and the cost (calls, tokens in/out, seconds;
-totals and per query, the paper's Table 8); ``results.md`` gets a reranking table and the policy is
-copied to ``<output>/rerank_policy.yaml``. Tasks the policy does not name keep the dense run.
+``rerank`` entry holds the method, the prompt file, the dense metrics and the cost (calls, tokens
+in/out, seconds; totals and per query, the paper's Table 8); ``results.md`` gets a reranking table
+and the policy, as loaded (its relative paths made absolute), is written to
+``<output>/rerank_policy.yaml``. Tasks the policy does not name keep the dense run.
 
 Dense retrieval encodes passages and queries with their own max lengths (1024 / 256, the paper
 §4), caches corpus embeddings on disk keyed by the model's files and the corpus file's digest, and
@@ -32,7 +33,6 @@ import hashlib
 import json
 import logging
 import os
-import shutil
 import tempfile
 from dataclasses import dataclass, field, replace
 from functools import partial
@@ -303,15 +303,17 @@ def write_report(summaries: list[dict], output: Path) -> None:
     reranked = [s for s in summaries if "dense_metrics" in s.get("rerank", {})]
     if reranked:
         m = panel[0]
-        lines += ["", f"Reranking (gold {m} before / after; cost per reranked query):", "",
-                  f"| task | method | depth | dense {m} | reranked {m} | calls | tokens in | tokens out | seconds | "
-                  "failed calls | repaired calls |",
-                  "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        lines += ["", f"Reranking (gold {m} before / after; cost per reranked query, and failed and repaired "
+                  "calls out of all calls):", "",
+                  f"| task | method | depth | dense {m} | reranked {m} | queries | calls / query | tokens in / query | "
+                  "tokens out / query | seconds / query | failed / all calls | repaired / all calls |",
+                  "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for s in reranked:
-            r, q = s["rerank"], s["rerank"]["cost"]["per_query"]
+            r, c, q = s["rerank"], s["rerank"]["cost"], s["rerank"]["cost"]["per_query"]
             lines.append(f"| {s['task']} | {r['method']} | {r['depth']} | {fmt(r['dense_metrics'][m])} | "
-                         f"{fmt(s['metrics'][m])} | {q['calls']:.1f} | {q['prompt_tokens']:.0f} | {q['new_tokens']:.0f} | "
-                         f"{q['seconds']:.2f} | {r['cost']['failed_calls']} | {r['cost']['repaired_calls']} |")
+                         f"{fmt(s['metrics'][m])} | {c['queries']} | {q['calls']:.1f} | {q['prompt_tokens']:.0f} | "
+                         f"{q['new_tokens']:.0f} | {q['seconds']:.2f} | {c['failed_calls']} / {c['calls']} | "
+                         f"{c['repaired_calls']} / {c['calls']} |")
     (output / "results.md").write_text("\n".join(lines) + "\n")
 
     fig = Figure(figsize=(6, 4))
@@ -355,7 +357,8 @@ def with_reranking(retrieve: Callable[[Task], Retrieval], reranker) -> Callable[
 
     Returns:
         task → :class:`Retrieval` whose ``run`` is reranked (``dense_run`` keeps the dense one) for the
-        tasks the policy names with a reranker; ``rerank`` records the method and cost.
+        tasks the policy names with a reranker; ``rerank`` records the method, the prompt file and
+        the cost.
     """
     cfg = reranker.config
 
@@ -366,7 +369,7 @@ def with_reranking(retrieve: Callable[[Task], Retrieval], reranker) -> Callable[
             return replace(retrieval, rerank={"method": "identity"})
         run, stats = reranker.rerank_run(task, retrieval.run, method)
         info = {"method": method, "depth": cfg.depth, "backend": f"{cfg.backend.name}:{cfg.backend.model}",
-                "cost": stats.as_dict()}
+                "prompt": cfg.prompt(method, task.name).path, "cost": stats.as_dict()}
         return replace(retrieval, run=run, dense_run=retrieval.run, rerank=info)
 
     return wrapped
@@ -447,10 +450,10 @@ def evaluate(
     parse_measures(measures)  # fail before any encoding
     policy = None
     if rerank is not None:
-        from obliq.rerank.config import load_policy
+        from obliq.rerank.config import dump_policy, load_policy
 
-        policy = load_policy(rerank)  # fail before any encoding
-        shutil.copyfile(rerank, output / "rerank_policy.yaml")
+        policy = load_policy(rerank)  # fail before any encoding (its prompt files are checked too)
+        dump_policy(policy, output / "rerank_policy.yaml", f"The reranking policy {rerank}, as loaded by evaluate.py.")
         unknown = sorted(set(policy.tasks) - {t.name for t in loaded})
         if unknown:
             log.warning("%s names tasks not evaluated here: %s", rerank, ", ".join(unknown))

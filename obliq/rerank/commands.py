@@ -23,8 +23,8 @@ from typing import Literal
 from obliq.eval.evaluate import find_tasks
 from obliq.eval.metrics import evaluate_run, parse_measures, read_run, write_run
 from obliq.eval.tasks import load_task
-from obliq.rerank.config import RerankConfig, dump_policy, load_policy
-from obliq.rerank.reranker import Reranker
+from obliq.rerank.config import RerankConfig, check_int, dump_policy, load_policy
+from obliq.rerank.reranker import Reranker, check_run
 
 log = logging.getLogger(__name__)
 
@@ -36,15 +36,18 @@ def run(task: Path, run: Path, out: Path, policy: Path | None = None, method: Me
     """Rerank a task's TREC run (its top ``depth`` per query) and score it before and after.
 
     Writes the reranked run to ``out`` (TREC format; only the reranked queries) and a report with the
-    gold metrics of the dense and the reranked run on those queries and the cost (language-model
-    calls, tokens in/out, seconds; totals and per query) to ``<out>.report.json``.
+    gold metrics of the dense and the reranked run on those queries, the prompt file used and the
+    cost (language-model calls, tokens in/out, seconds; totals and per query) to ``<out>.report.json``.
 
     Args:
         task: the task folder (BEIR layout).
-        run: its dense run (TREC format), e.g. ``<evaluate output>/<task>/run.trec``.
+        run: its dense run (TREC format), e.g. ``<evaluate output>/<task>/run.trec``; it must hold
+            queries of the task, and their documents must be in its corpus.
         out: the reranked run to write.
         policy: a policy file (configs/rerank/…); default the built-in settings (SmolLM2 on CPU).
-        method: ``tourrank``, ``listwise`` or ``identity``; default the policy's choice for the task.
+        method: ``tourrank``, ``listwise`` or ``identity``; default the policy's entry for the task.
+            Needed when the policy does not name the task (or without ``policy``): the command
+            refuses rather than write the dense order as a "reranked" run.
         queries: rerank only the first this many queries of the task found in the run.
         measures: metrics reported, e.g. ``[NDCG@10,Recall@10]``.
 
@@ -53,22 +56,24 @@ def run(task: Path, run: Path, out: Path, policy: Path | None = None, method: Me
     """
     cfg = load_policy(policy) if policy is not None else RerankConfig()
     parse_measures(measures)
+    if queries is not None:
+        check_int("queries", queries, 1)
     data = load_task(task)
+    if method is None:
+        if data.name not in cfg.tasks:
+            raise ValueError(f"{policy or 'the built-in policy (no --policy)'}: tasks: no entry for task {data.name}; "
+                             "pass --method tourrank, listwise or identity")
+        method = cfg.tasks[data.name]
+    prompt = cfg.prompt(method, data.name).path if method != "identity" else None  # a bad prompt fails first
     dense = read_run(run)
-    ids = [q for q in data.query_ids if q in dense][:queries]
-    if not ids:
-        raise ValueError(f"{run}: no query of task {data.name} (ids like {data.query_ids[0]!r})")
-    method = method or cfg.method(data.name)
-    try:
-        reranked, stats = Reranker(cfg).rerank_run(data, dense, method, ids)
-    except ValueError as err:
-        raise ValueError(f"{run}: {err}") from None
+    ids = check_run(data, dense, source=run)[:queries]
+    reranked, stats = Reranker(cfg).rerank_run(data, dense, method, ids)
     out = Path(out)
     write_run(out, reranked, tag=method)
     gold = data.qrels["test"]
     report = {
         "task": data.name, "method": method, "depth": cfg.depth, "n_queries": len(ids),
-        "backend": f"{cfg.backend.name}:{cfg.backend.model}",
+        "backend": f"{cfg.backend.name}:{cfg.backend.model}", "prompt": prompt,
         "metrics": {"dense": evaluate_run(gold, {q: dense[q] for q in ids}, measures, ids).aggregate,
                     method: evaluate_run(gold, reranked, measures, ids).aggregate},
         "cost": stats.as_dict(),
@@ -76,6 +81,48 @@ def run(task: Path, run: Path, out: Path, policy: Path | None = None, method: Me
     }
     out.with_name(out.name + ".report.json").write_text(json.dumps(report, indent=2) + "\n")
     return report
+
+
+def _development(path: Path, runs: Path, split: str, dev_queries: int, seed: int) -> tuple:
+    """One task's development set for :func:`policy`, checked before any call.
+
+    Returns:
+        ``(task, qrels, dense run, query ids, record)``: the ids are the development queries the run
+        holds; ``record`` starts the task's ``dev`` entry (qrels, run file, drawn and missing ids).
+
+    Raises:
+        FileNotFoundError: no dense run.
+        ValueError: the run fails :func:`obliq.rerank.reranker.check_run`, or holds none of the
+            development queries.
+    """
+    has_dev = (path / "qrels" / f"{split}.tsv").is_file()
+    data = load_task(path, splits=(split,) if has_dev else ("test",))
+    qrels = data.qrels[split if has_dev else "test"]
+    judged = [q for q in data.query_ids if any(g > 0 for g in qrels.get(q, {}).values())]
+    record: dict = {"qrels": split if has_dev else f"test (drawn, seed {seed})"}
+    if has_dev:
+        ids = judged
+    else:
+        drawn = set(random.Random(seed).sample(judged, min(dev_queries, len(judged))))
+        ids = record["query_ids"] = [q for q in judged if q in drawn]
+        log.warning("%s: no qrels/%s.tsv; choosing on %d test queries drawn with seed %d (listed in the "
+                    "policy's dev section: leave them out of test numbers)", data.name, split, len(ids), seed)
+    folder = Path(runs) / data.name
+    file = next((f for f in (folder / "run.dense.trec", folder / "run.trec") if f.is_file()), None)
+    if file is None:
+        raise FileNotFoundError(f"{folder}/run.trec: dense run of {data.name} not found (run evaluate.py first)")
+    dense = read_run(file)
+    check_run(data, dense, source=file)
+    record["run"] = str(file)
+    missing = [q for q in ids if q not in dense]
+    if len(missing) == len(ids):
+        raise ValueError(f"{file}: holds none of the {len(ids)} development queries of task {data.name} "
+                         f"(qrels: {record['qrels']})")
+    if missing:
+        record["missing_query_ids"] = missing
+        log.warning("%s: %d of the %d development queries of %s are not in the run; they are left out of the "
+                    "scores and the cost (listed under dev as missing_query_ids)", file, len(missing), len(ids), data.name)
+    return data, qrels, dense, [q for q in ids if q in dense], record
 
 
 def policy(tasks: list[Path], runs: Path, out: Path, base: Path | None = None,
@@ -86,13 +133,17 @@ def policy(tasks: list[Path], runs: Path, out: Path, base: Path | None = None,
     For every task, the dense run's development queries are reranked by each method and scored
     against the identity (the dense order). A reranker is chosen only when its score beats the
     identity's by more than ``min_gain``; among rerankers the best score wins, ties to fewer calls.
-    The written file is ``base`` with ``tasks`` set to the choices and ``dev`` holding the numbers
-    behind them (per method: the metric, calls, tokens and seconds per query); evaluate.py reads it
-    with ``--rerank``.
+    The written file is ``base`` with ``tasks`` set to the choices of the tasks evaluated here, and
+    only those (a ``base`` entry for another task is dropped, with a warning: it was not chosen on
+    development queries), and ``dev`` holding the numbers behind them (per method: the metric, the
+    prompt file, calls, tokens and seconds per query); evaluate.py reads it with ``--rerank``.
 
     Development queries: those judged in ``qrels/<split>.tsv`` when the task has that file; else
     ``dev_queries`` queries drawn from the gold (test) queries with ``seed``. Their ids are written
-    under ``dev`` — leave them out of test numbers (the shared tasks ship no dev split).
+    under ``dev`` — leave them out of test numbers (the shared tasks ship no dev split). Every run
+    is checked before the first call, as by ``obliq rerank run``; a run holding none of the
+    development queries is refused, and development queries a run lacks are left out of the scores
+    and the cost of every method, with a warning (listed under ``dev`` as ``missing_query_ids``).
 
     Args:
         tasks: task folders, or folders of task folders.
@@ -112,42 +163,31 @@ def policy(tasks: list[Path], runs: Path, out: Path, base: Path | None = None,
     """
     cfg = load_policy(base) if base is not None else RerankConfig()
     parse_measures([metric])
-    if dev_queries < 1:
-        raise ValueError(f"dev_queries: must be at least 1, got {dev_queries}")
+    check_int("dev_queries", dev_queries, 1)
+    methods = list(dict.fromkeys(methods))
+    sets = [_development(path, Path(runs), split, dev_queries, seed) for path in find_tasks(tasks)]
+    prompts = {d.name: {m: cfg.prompt(m, d.name).path for m in methods} for d, *_ in sets}  # all checked first
     reranker = Reranker(cfg)
     record: dict = {}
-    for path in find_tasks(tasks):
-        has_dev = (path / "qrels" / f"{split}.tsv").is_file()
-        data = load_task(path, splits=(split,) if has_dev else ("test",))
-        qrels = data.qrels[split if has_dev else "test"]
-        judged = [q for q in data.query_ids if any(g > 0 for g in qrels.get(q, {}).values())]
-        if has_dev:
-            ids = judged
-        else:
-            drawn = set(random.Random(seed).sample(judged, min(dev_queries, len(judged))))
-            ids = [q for q in judged if q in drawn]
-            log.warning("%s: no qrels/%s.tsv; choosing on %d test queries drawn with seed %d (listed in the "
-                        "policy's dev section: leave them out of test numbers)", data.name, split, len(ids), seed)
-        folder = Path(runs) / data.name
-        file = next((f for f in (folder / "run.dense.trec", folder / "run.trec") if f.is_file()), None)
-        if file is None:
-            raise FileNotFoundError(f"{folder}/run.trec: dense run of {data.name} not found (run evaluate.py first)")
-        dense = read_run(file)
+    for data, qrels, dense, ids, about in sets:
         scores, cost = {}, {}
-        for method in ["identity", *dict.fromkeys(methods)]:
+        for method in ["identity", *methods]:
             reranked, stats = reranker.rerank_run(data, dense, method, ids)
             scores[method] = evaluate_run(qrels, reranked, [metric], ids).aggregate[metric]
             cost[method] = stats.as_dict()["per_query"]
-        rerankers = [m for m in scores if m != "identity"]
-        top = max(rerankers, key=lambda m: (scores[m], -cost[m]["calls"])) if rerankers else "identity"
+        top = max(methods, key=lambda m: (scores[m], -cost[m]["calls"])) if methods else "identity"
         chosen = top if top != "identity" and scores[top] > scores["identity"] + min_gain else "identity"
-        cfg.tasks[data.name] = chosen
-        record[data.name] = {"chosen": chosen, "qrels": split if has_dev else f"test (drawn, seed {seed})",
-                             "n_queries": len(ids), metric: scores, "cost_per_query": cost,
-                             **({} if has_dev else {"query_ids": ids})}
+        record[data.name] = {"chosen": chosen, "n_queries": len(ids), metric: scores, "cost_per_query": cost,
+                             "prompts": prompts[data.name], **about}
         log.info("%s: %s chosen (%s: %s)", data.name, chosen, metric,
                  ", ".join(f"{m} {v:.4f}" for m, v in scores.items()))
+    dropped = {t: m for t, m in cfg.tasks.items() if t not in record}
+    if dropped:
+        log.warning("%s: left out of %s, not evaluated on development queries here: %s", base, out,
+                    ", ".join(f"{t}: {m}" for t, m in dropped.items()))
+    cfg.tasks = {t: r["chosen"] for t, r in record.items()}
     cfg.dev = record
     dump_policy(cfg, out, "Reranking policy chosen by `obliq rerank policy` on development queries (the dev "
-                          "section).\nUse it with: python evaluate.py … --rerank " + str(out))
+                          "section).\nIt names only the tasks evaluated there; other tasks keep the dense order.\n"
+                          "Use it with: python evaluate.py … --rerank " + str(out))
     return record

@@ -16,22 +16,35 @@ policy --base FILE`` (which writes one). Every key is optional::
     temperature: 0.0
     tokens_per_id: 6            # reply budget: tokens_per_id * identifiers asked for + 16
     seed: 13
-    prompt_dir: null            # a folder of prompt files searched before obliq/rerank/prompts
+    prompt_dir: null            # a folder of prompt files that wins over obliq/rerank/prompts
     dev: {}                     # written by `obliq rerank policy`: the development numbers behind each choice
 
-Bad input fails with one line naming the file, the line and the key (``policy.yaml:7:tourrank.stages:
-must be strictly decreasing``). Ready-made files: ``configs/rerank/``.
+Relative paths in a policy file (``prompt_dir``; ``backend.model`` when it starts with ``.`` or names
+something next to the file) are resolved against the file's folder, not the current directory.
+:func:`load_policy` checks every value (the backend's too) and reads and checks every prompt file
+the policy will use, so nothing fails later. Bad input fails with one line naming the file, the line
+and the key (``policy.yaml:7:tourrank.stages: must be strictly decreasing``); a bad prompt file is
+named itself (``prompts/tourrank.yaml: user: must contain {query}``). Ready-made files:
+``configs/rerank/``.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import yaml
 
+from obliq.models import check_model_name
+from obliq.rerank.prompts import Prompt, load_prompt
 from obliq.synth.backends import BACKENDS, Backend, load_backend
+
+log = logging.getLogger(__name__)
+
+DTYPES = ("float32", "bfloat16", "float16")
+"""``backend.dtype`` values (the transformers backend's torch dtypes)."""
 
 METHODS = ("identity", "tourrank", "listwise")
 """Per-task choices: keep the dense order, TourRank, or the task-aware listwise reranker."""
@@ -97,9 +110,9 @@ class BackendConfig:
 
     Attributes:
         name: ``transformers`` (CPU or GPU) or ``vllm`` (GPU; the ``gen`` extra, in its own env).
-        model: an alias (``smollm2``), a local folder or a hub id.
-        device: transformers: ``cpu``, ``cuda``… (default CUDA when available).
-        dtype: transformers: ``float32``, ``bfloat16``, ``float16`` (default by device).
+        model: an alias (``smollm2``), a local folder or a hub id (``owner/name``).
+        device: transformers: a torch device, ``cpu``, ``cuda``, ``cuda:1``… (default CUDA when available).
+        dtype: transformers: one of :data:`DTYPES` (default bfloat16 on CUDA, float32 on CPU).
         threads: transformers: torch CPU threads while generating (1 is fastest on a busy CPU).
         batch_size: transformers: chats per ``generate`` call.
         tensor_parallel_size: vllm: GPUs to shard the model over.
@@ -122,16 +135,31 @@ class BackendConfig:
             raise ValueError(f"name: must be one of {', '.join(BACKENDS)}, got {self.name!r}")
         if not isinstance(self.model, str) or not self.model.strip():
             raise ValueError(f"model: must be a non-empty string, got {self.model!r}")
+        try:
+            check_model_name(self.model)
+        except FileNotFoundError as err:
+            raise ValueError(f"model: {err}") from None
+        if self.device is not None:
+            import torch
+
+            try:
+                torch.device(self.device if isinstance(self.device, str) else "")
+            except RuntimeError:
+                raise ValueError(f"device: must be a torch device (cpu, cuda, cuda:1, …), got {self.device!r}") from None
+        if self.dtype is not None and self.dtype not in DTYPES:
+            raise ValueError(f"dtype: must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         check_int("batch_size", self.batch_size, 1)
         check_int("tensor_parallel_size", self.tensor_parallel_size, 1)
         for key in ("threads", "max_model_len"):
             if getattr(self, key) is not None:
                 check_int(key, getattr(self, key), 1)
-        if not isinstance(self.gpu_memory_utilization, (int, float)) or not 0 < self.gpu_memory_utilization <= 1:
-            raise ValueError(f"gpu_memory_utilization: must be in (0, 1], got {self.gpu_memory_utilization!r}")
+        share = self.gpu_memory_utilization
+        if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 < share <= 1:
+            raise ValueError(f"gpu_memory_utilization: must be a number in (0, 1], got {share!r}")
 
     def build(self) -> Backend:
-        """Load the backend (the model is read now)."""
+        """Load the backend (the model is read now; :class:`obliq.rerank.reranker.Reranker` calls
+        this only when a first call is needed)."""
         if self.name == "transformers":
             return load_backend("transformers", self.model, device=self.device, dtype=self.dtype,
                                 threads=self.threads, batch_size=self.batch_size)
@@ -171,10 +199,19 @@ class RerankConfig:
             raise ValueError(f"prompt_dir: not a folder: {self.prompt_dir}")
         if not isinstance(self.dev, dict):
             raise ValueError("dev: must be a mapping (written by `obliq rerank policy`)")
+        self._prompts: dict[tuple[str, str], Prompt] = {}
 
     def method(self, task: str) -> str:
         """The reranker a task gets: its entry in ``tasks``, else ``identity``."""
         return self.tasks.get(task, "identity")
+
+    def prompt(self, method: str, task: str) -> Prompt:
+        """The prompt ``method`` (``tourrank`` or ``listwise``) uses on ``task``: read and checked
+        by :func:`obliq.rerank.prompts.load_prompt` (``prompt_dir`` first), logged (INFO), then kept."""
+        if (method, task) not in self._prompts:
+            self._prompts[method, task] = load_prompt(method, task, self.prompt_dir)
+            log.info("%s: %s prompt %s", task, method, self._prompts[method, task].path)
+        return self._prompts[method, task]
 
 
 _SECTIONS = {"backend": BackendConfig, "tourrank": TourRankConfig, "listwise": ListwiseConfig}
@@ -192,12 +229,16 @@ def _key_lines(node, path: tuple = (), out: dict | None = None) -> dict[tuple, i
 
 
 def load_policy(path: str | Path) -> RerankConfig:
-    """Read and check a policy file.
+    """Read and check a policy file, and the prompt file of every task it names with a reranker.
+
+    Relative paths (``prompt_dir``; ``backend.model`` when it starts with ``.`` or names something in
+    the file's folder) are resolved against the file's folder and kept absolute.
 
     Raises:
-        FileNotFoundError: no such file.
+        FileNotFoundError: no such file; no prompt file for a named task.
         ValueError: not YAML, not a mapping, an unknown key or a bad value; the message is
-            ``<file>:<line>:<key>: <what is wrong>``.
+            ``<file>:<line>:<key>: <what is wrong>``. A bad prompt file: the message names it
+            (:func:`obliq.rerank.prompts.load_prompt`).
     """
     path = Path(path)
     text = path.read_text(encoding="utf-8")
@@ -225,8 +266,20 @@ def load_policy(path: str | Path) -> RerankConfig:
             raise ValueError(f"{where(*prefix, *key.split('.'))}: {message}") from None
 
     if isinstance(data, dict):
+        def near(value: str) -> str:  # a relative path in the file: from the file's folder
+            return str((path.parent / Path(value).expanduser()).resolve())
+
+        if isinstance(data.get("prompt_dir"), str):
+            data = {**data, "prompt_dir": near(data["prompt_dir"])}
+        model = data["backend"].get("model") if isinstance(data.get("backend"), dict) else None
+        if isinstance(model, str) and model and (model.startswith((".", "~")) or (path.parent / model).exists()):
+            data = {**data, "backend": {**data["backend"], "model": near(model)}}
         data = {**data, **{k: build(c, data[k], (k,)) for k, c in _SECTIONS.items() if k in data}}
-    return build(RerankConfig, data, ())
+    config = build(RerankConfig, data, ())
+    for task, method in config.tasks.items():
+        if method != "identity":
+            config.prompt(method, task)
+    return config
 
 
 def dump_policy(config: RerankConfig, path: str | Path, header: str = "") -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from dataclasses import asdict, dataclass, field
 from time import perf_counter
-from typing import Sequence
+from typing import Callable, Sequence
 
 from obliq.rerank.parse import REPAIRS, Parsed, parse_permutation, parse_selection
 from obliq.synth.backends import Backend
@@ -26,7 +26,8 @@ class RerankStats:
     """What reranking cost, summed over the queries it covers.
 
     Attributes:
-        queries: queries reranked (identity queries are not counted).
+        queries: queries reranked, those with nothing to order (≤ 1 candidate: no call) included;
+            identity queries are not counted.
         calls: language-model calls (chats sent).
         failed_calls: calls whose group kept its input order (backend error or no usable id).
         repaired_calls: calls whose reply needed at least one repair.
@@ -63,19 +64,22 @@ class Judge:
     """Asks a backend to select or order candidates, with repairs, fallbacks and counts.
 
     Args:
-        backend: a text generator (:mod:`obliq.synth.backends`).
+        backend: returns the text generator (:mod:`obliq.synth.backends`); called at each call, so a
+            backend built on first use (:class:`obliq.rerank.reranker.Reranker`) is only loaded when
+            a first call is needed, and its loading time is not counted.
         stats: where the counts go.
         temperature: sampling temperature (0 = greedy, the default for reranking).
         tokens_per_id: reply budget per identifier asked for; a call may generate
             ``tokens_per_id * ids + 16`` tokens (``[12], `` is about 5 tokens).
     """
 
-    def __init__(self, backend: Backend, stats: RerankStats, temperature: float = 0.0, tokens_per_id: int = 6):
+    def __init__(self, backend: Callable[[], Backend], stats: RerankStats, temperature: float = 0.0,
+                 tokens_per_id: int = 6):
         self.backend, self.stats = backend, stats
         self.temperature, self.tokens_per_id = temperature, tokens_per_id
 
     def _ask(self, prompts: Sequence[Messages], ids: int, seed: int) -> list[str | None]:
-        b = self.backend
+        b = self.backend()
         tokens_in, tokens_out, start = b.prompt_tokens, b.new_tokens, perf_counter()
         try:
             replies: list[str | None] = list(b.generate(list(prompts), self.tokens_per_id * ids + 16,

@@ -6,7 +6,8 @@ When the top-N does not fit one prompt, a window of ``window`` candidates slides
 the list to the top by ``step``: each window is reordered by one call, and the best candidates of a
 window are carried up into the next. The calls are sequential (each window depends on the previous).
 
-Calls per query: ``1`` when ``N ≤ window``, else ``⌈(N − window) / step⌉ + 1`` (see :func:`windows`).
+Calls per query: ``0`` when ``N ≤ 1`` (nothing to order), ``1`` when ``1 < N ≤ window``, else
+``⌈(N − window) / step⌉ + 1`` (see :func:`windows`).
 """
 
 from __future__ import annotations
@@ -20,10 +21,10 @@ from obliq.synth.prompts import Messages
 
 
 def windows(n: int, window: int, step: int) -> list[tuple[int, int]]:
-    """The ``[start, end)`` windows over ``n`` candidates, bottom first; ``⌈(n − window)/step⌉ + 1``
-    of them when ``n > window``, else one."""
+    """The ``[start, end)`` windows over ``n`` candidates, bottom first: ``⌈(n − window)/step⌉ + 1``
+    of them when ``n > window``, one when ``1 < n ≤ window``, none when ``n ≤ 1`` (nothing to order)."""
     if n <= window:
-        return [(0, n)] if n else []
+        return [(0, n)] if n > 1 else []
     starts = list(range(n - window, 0, -step)) + [0]
     assert len(starts) == math.ceil((n - window) / step) + 1
     return [(a, a + window) for a in starts]
@@ -41,7 +42,8 @@ def listwise(n: int, judge: Judge, prompt_for: Callable[[list[int], int | None],
         seed: generation seed (window ``w`` uses ``seed + w``).
 
     Returns:
-        A permutation of ``0…n-1``; a failed window keeps its order.
+        A permutation of ``0…n-1``; a failed window keeps its order. Makes one call per window of
+        :func:`windows` (none when ``n ≤ 1``).
     """
     order = list(range(n))
     for w, (a, b) in enumerate(windows(n, cfg.window, cfg.step)):

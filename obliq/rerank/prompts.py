@@ -1,7 +1,7 @@
 """Reranking prompts, kept as data: TourRank's selection prompt and one listwise prompt per task.
 
 Files live in ``obliq/rerank/prompts/`` (users may edit them, or put their own in a ``prompt_dir``,
-which is searched first):
+which wins over every packaged file):
 
 - ``tourrank.yaml``: the generic selection prompt of every TourRank group (fields ``{query}``,
   ``{documents}``, ``{n}``, ``{k}``);
@@ -9,6 +9,10 @@ which is searched first):
   (the OBLIQ-IR paper, §5 "When language-model reranking helps": "rank by authorial style; ignore
   topic"); fields ``{query}``, ``{documents}``, ``{n}``. A task without its own file gets
   ``listwise_default.yaml`` (generic relevance), with a warning.
+
+Search order: ``prompt_dir/tourrank.yaml``, then the packaged one; for listwise,
+``prompt_dir/listwise_<task>.yaml``, ``prompt_dir/listwise_default.yaml``, then the packaged
+``listwise_<task>.yaml`` and ``listwise_default.yaml``.
 
 A prompt file has ``method``, optional ``task``, optional ``system`` and ``user``; the template
 checks are those of the synthetic-query prompts (:mod:`obliq.synth.prompts`).
@@ -43,15 +47,13 @@ class Prompt:
     user: str
 
 
-def _find(name: str, prompt_dir: str | Path | None) -> tuple[str, str] | None:
-    """``(path label, text)`` of a prompt file: ``prompt_dir`` first, then the packaged folder."""
-    if prompt_dir is not None and (Path(prompt_dir) / name).is_file():
-        file = Path(prompt_dir) / name
-        return str(file), file.read_text(encoding="utf-8")
+def _read(name: str, folder: str | Path | None) -> tuple[str, str] | None:
+    """``(path label, text)`` of a prompt file in ``folder`` (None: the packaged folder), or None."""
+    if folder is not None:
+        file = Path(folder) / name
+        return (str(file), file.read_text(encoding="utf-8")) if file.is_file() else None
     source = resources.files("obliq.rerank") / "prompts" / name
-    if source.is_file():
-        return f"obliq/rerank/prompts/{name}", source.read_text(encoding="utf-8")
-    return None
+    return (f"obliq/rerank/prompts/{name}", source.read_text(encoding="utf-8")) if source.is_file() else None
 
 
 def load_prompt(method: str, task: str | None = None, prompt_dir: str | Path | None = None) -> Prompt:
@@ -60,7 +62,8 @@ def load_prompt(method: str, task: str | None = None, prompt_dir: str | Path | N
     Args:
         method: ``tourrank`` or ``listwise``.
         task: the task name (listwise: picks ``listwise_<task>.yaml``).
-        prompt_dir: a folder searched before the packaged prompts.
+        prompt_dir: a folder searched, for every name, before the packaged prompts (the module notes
+            give the order).
 
     Returns:
         The :class:`Prompt`.
@@ -74,7 +77,8 @@ def load_prompt(method: str, task: str | None = None, prompt_dir: str | Path | N
     if method not in METHOD_FIELDS:
         raise ValueError(f"no prompt for method {method!r} (one of {', '.join(METHOD_FIELDS)})")
     names = ["tourrank.yaml"] if method == "tourrank" else [f"listwise_{task}.yaml", "listwise_default.yaml"]
-    found = next((f for f in (_find(n, prompt_dir) for n in names) if f is not None), None)
+    folders = ([prompt_dir] if prompt_dir is not None else []) + [None]
+    found = next((f for folder in folders for n in names if (f := _read(n, folder)) is not None), None)
     if found is None:
         raise FileNotFoundError(f"no prompt file {' or '.join(names)} in {prompt_dir or 'obliq/rerank/prompts'}")
     path, text = found

@@ -16,7 +16,7 @@ from obliq.eval.tasks import Task
 from obliq.rerank.config import METHODS, RerankConfig
 from obliq.rerank.judge import Judge, RerankStats
 from obliq.rerank.listwise import listwise
-from obliq.rerank.prompts import load_prompt, render
+from obliq.rerank.prompts import render
 from obliq.rerank.tourrank import tourrank
 from obliq.synth.backends import Backend
 
@@ -28,13 +28,50 @@ def query_seed(seed: int, query_id: str) -> int:
     return int.from_bytes(hashlib.blake2b(f"{seed}:{query_id}".encode(), digest_size=4).digest(), "little")
 
 
+def check_run(task: Task, run: Run, query_ids: Sequence[str] | None = None, source: object = "the run") -> list[str]:
+    """The queries to rerank, checked against the task: the one check of a run (``obliq rerank run``,
+    ``obliq rerank policy`` and :meth:`Reranker.rerank_run` use it).
+
+    Args:
+        task: the task.
+        run: query id → document id → score.
+        query_ids: the queries asked for; default the task's queries the run holds, in task order
+            (queries of other tasks in the run are left out).
+        source: names the run in messages (its file).
+
+    Returns:
+        The query ids.
+
+    Raises:
+        ValueError: ``<source>: …``: the run holds no query of the task (an empty run, or a run of
+            another task); a query asked for that the task or the run lacks; a document of those
+            queries that the task's corpus lacks.
+    """
+    if query_ids is None:
+        query_ids = [q for q in task.query_ids if q in run]
+        if not query_ids:
+            seen = f"its ids look like {next(iter(run))!r}" if run else "it is empty"
+            raise ValueError(f"{source}: no query of task {task.name} ({seen}; the task's like {task.query_ids[0]!r})")
+    queries, docs = set(task.query_ids), set(task.doc_ids)
+    for qid in query_ids:
+        if qid not in queries:
+            raise ValueError(f"{source}: query {qid!r} is not a query of task {task.name}")
+        if qid not in run:
+            raise ValueError(f"{source}: query {qid!r} of task {task.name} is not in the run")
+        missing = next((d for d in run[qid] if d not in docs), None)
+        if missing is not None:
+            raise ValueError(f"{source}: document {missing!r} of query {qid!r} is not in the corpus of task {task.name}")
+    return list(query_ids)
+
+
 class Reranker:
     """Reranks runs with the rerankers a :class:`obliq.rerank.config.RerankConfig` describes.
 
     Args:
         config: the policy and reranker settings.
-        backend: a text generator to use; default ``config.backend.build()``, loaded on first use
-            (so a policy that keeps every evaluated task at identity never loads a model).
+        backend: a text generator to use; default ``config.backend.build()``, loaded when the first
+            call is needed (so a policy that keeps every task at identity, a run whose lists have
+            nothing to order, or a run that fails its check never loads a model).
     """
 
     def __init__(self, config: RerankConfig, backend: Backend | None = None):
@@ -55,37 +92,33 @@ class Reranker:
             task: the task (query and document texts).
             run: query id → document id → score (the dense run).
             method: ``identity``, ``tourrank`` or ``listwise``; default the policy's for this task.
-            query_ids: rerank only these queries (the result holds only them); default all.
+            query_ids: rerank only these queries (the result holds only them); default the task's
+                queries the run holds (:func:`check_run`).
 
         Returns:
             The reranked run (scores ``len(list) − rank``: reranked top-N first, then the rest in
             dense order) and what it cost. ``identity`` returns the run's ranking unchanged at no cost.
 
         Raises:
-            ValueError: an unknown method; a query or document of the run that the task lacks;
+            ValueError: an unknown method; a run that fails :func:`check_run` (before any call);
                 a bad prompt file.
         """
         cfg = self.config
         method = method or cfg.method(task.name)
         if method not in METHODS:
             raise ValueError(f"unknown rerank method {method!r} (one of {', '.join(METHODS)})")
-        ids = list(run) if query_ids is None else list(query_ids)
+        ids = check_run(task, run, query_ids)
         stats = RerankStats()
         if method == "identity":
-            return {q: dict(run.get(q, {})) for q in ids}, stats
+            return {q: dict(run[q]) for q in ids}, stats
         queries = dict(zip(task.query_ids, task.query_texts))
         texts = dict(zip(task.doc_ids, task.doc_texts))
-        prompt = load_prompt(method, task.name, cfg.prompt_dir)
-        judge = Judge(self.backend, stats, cfg.temperature, cfg.tokens_per_id)
+        prompt = cfg.prompt(method, task.name)
+        judge = Judge(lambda: self.backend, stats, cfg.temperature, cfg.tokens_per_id)
         out: Run = {}
         for n, qid in enumerate(ids, 1):
-            if qid not in queries:
-                raise ValueError(f"query {qid!r} of the run is not a query of task {task.name}")
-            ranked = top_k(run.get(qid, {}), len(run.get(qid, {})))
+            ranked = top_k(run[qid], len(run[qid]))
             head = ranked[:cfg.depth]
-            missing = [d for d in head if d not in texts]
-            if missing:
-                raise ValueError(f"document {missing[0]!r} of query {qid!r} is not in the corpus of task {task.name}")
 
             def prompt_for(positions: list[int], k: int | None, qid=qid, head=head):
                 return render(prompt, queries[qid], [texts[head[i]] for i in positions], k,

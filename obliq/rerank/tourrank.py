@@ -77,7 +77,8 @@ def tourrank_calls(n: int, cfg: TourRankConfig) -> int:
     over the stages ``n_0 = n > n_1 > … > n_S`` of :func:`stage_sizes`. Examples (g = 20, Y = 5):
     the top-100 with stages 50, 20, 10, 5, 2 takes 5 · (5 + 3 + 1 + 1 + 1) = 55 calls; the
     top-20 takes 5 · (1 + 1 + 1) = 15. (The OBLIQ-IR paper's Table 8 reports 65 calls for Y = 5,
-    13 per tournament, without stating its grouping.)
+    13 per tournament, without stating its grouping.) No stage is smaller than ``n ≤ 1`` (nor than
+    ``n`` equal to the last stage), so such a list takes 0 calls and keeps its order.
     """
     per_tournament = 0
     sizes = stage_sizes(n, cfg.stages)
