@@ -6,8 +6,9 @@ import os
 import sys
 from contextlib import contextmanager
 
-USER_ERRORS = (ValueError, KeyError, FileNotFoundError, NotADirectoryError, PermissionError, FloatingPointError)
-"""What bad input raises across obliq (RowError is a ValueError): file, line and field are in the message."""
+USER_ERRORS = (ValueError, KeyError, OSError, FloatingPointError)
+"""What bad input raises across obliq (RowError is a ValueError): file, line and field are in the message.
+OSError covers missing files and folders, permissions and a hub id that cannot be reached offline."""
 
 
 def _user_error(err: BaseException) -> BaseException | None:

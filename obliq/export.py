@@ -10,6 +10,7 @@ merged folder is removed and the export refuses.
 from __future__ import annotations
 
 import json
+import pickle
 import shutil
 from pathlib import Path
 
@@ -41,7 +42,10 @@ def load_checkpoint(path: str | Path, **overrides) -> BiEncoder:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such checkpoint")
-    ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except (RuntimeError, EOFError, pickle.UnpicklingError) as err:
+        raise ValueError(f"{path}: not a readable checkpoint ({type(err).__name__}: {str(err).splitlines()[0]})") from None
     if "obliq" not in ckpt:
         raise KeyError(f"{path}: not an obliq training checkpoint (no 'obliq' section)")
     settings = dict(ckpt["obliq"]["encoder"], **overrides)
@@ -86,6 +90,8 @@ def export(
     out = Path(out)
     encoder = load_checkpoint(checkpoint)
     adapter_dir = out / "adapter"
+    for stale in (adapter_dir, out / "merged"):  # a previous export's: never mix two checkpoints
+        shutil.rmtree(stale, ignore_errors=True)
     encoder.save_pretrained(adapter_dir)
     report = {"checkpoint": str(checkpoint), "adapter": str(adapter_dir)}
     if merge:
@@ -112,7 +118,10 @@ def merge_to_sentence_transformers(checkpoint: Path, folder: Path, probe: list[s
     encoder.tokenizer.save_pretrained(hf_dir)
     try:
         s = encoder.settings
-        transformer = Transformer(str(hf_dir), max_seq_length=s["passage_max_length"])
+        # The model's capacity (as obliq's own loader caps it), not the training length: a merged
+        # folder then encodes the text an adapter would under the same evaluation settings.
+        capacity = getattr(model.config, "max_position_embeddings", None) or s["passage_max_length"]
+        transformer = Transformer(str(hf_dir), max_seq_length=capacity)
         st = SentenceTransformer(
             modules=[transformer, Pooling(encoder.hidden_size, "mean"), Normalize()],
             prompts={"query": s["query_prefix"], "document": s["passage_prefix"]},

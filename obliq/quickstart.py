@@ -46,6 +46,10 @@ def quickstart(recipe: Path = Path("configs/quickstart.yaml"), dose: int = 2000,
     from obliq.export import export
     from obliq.trainer import cli
 
+    if max_steps is not None and max_steps < 1:
+        raise ValueError(f"max_steps must be >= 1 (or unset for the recipe's), got {max_steps}")
+    if queries_per_author < 1 or dose < 1 or k < 1:
+        raise ValueError("queries_per_author, dose and k must be >= 1")
     started = time.perf_counter()
     timings: dict[str, float] = {}
 
@@ -63,7 +67,7 @@ def quickstart(recipe: Path = Path("configs/quickstart.yaml"), dose: int = 2000,
     ckpt_dir = OUT / "train" / "checkpoints"
     for old in ckpt_dir.glob("*.ckpt"):
         old.unlink()
-    args = ["fit", "--config", str(recipe)] + ([f"--trainer.max_steps={max_steps}"] if max_steps else [])
+    args = ["fit", "--config", str(recipe)] + ([f"--trainer.max_steps={max_steps}"] if max_steps is not None else [])
     cli(args)
     export(ckpt_dir / "last.ckpt", OUT / "model")
     lap("train + export", t0)

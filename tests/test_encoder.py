@@ -218,3 +218,23 @@ def test_qlora_4bit_smollm2_trains_lora_only_on_gpu(smollm2_path):
     torch.nn.functional.cross_entropy(q @ d.T / 0.02, torch.arange(2, device=q.device)).backward()
     grads = [n for n, p in enc.named_parameters() if p.grad is not None]
     assert grads and all("lora_" in n for n in grads)
+
+
+def test_a_new_encoder_is_in_train_mode_with_or_without_lora(minilm_path):
+    """from_pretrained leaves eval mode; Lightning keeps each module's mode, so full fine-tuning
+    would run without dropout."""
+    for lora in (None, LoraSettings(r=4, alpha=8)):
+        enc = BiEncoder(minilm_path, lora=lora)
+        dropouts = [m for m in enc.modules() if isinstance(m, torch.nn.Dropout)]
+        assert dropouts and all(m.training for m in enc.modules())
+
+
+def test_a_huge_text_is_cut_before_the_tokenizer_sees_it_whole(minilm_path):
+    import time
+
+    enc = BiEncoder(minilm_path, query_max_length=16)
+    start = time.perf_counter()
+    huge = enc.tokenize(["word " * 4_000_000], "query")  # 20 MB
+    assert time.perf_counter() - start < 5
+    assert torch.equal(huge["input_ids"], enc.tokenize(["word " * 100], "query")["input_ids"])
+    assert huge["input_ids"].shape[1] == 16 and enc.truncated["query"] == 2

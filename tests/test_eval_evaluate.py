@@ -156,11 +156,11 @@ def test_pooled_qrels_and_queries_without_relevant_docs(tmp_path):
     assert "d3" not in (tmp_path / "out" / "toy" / "run.trec").read_text()  # the empty doc is never retrieved
 
 
-def test_lightning_checkpoint_is_a_clear_not_implemented(tmp_path):
+def test_lightning_checkpoint_is_refused_with_the_export_command(tmp_path):
     from obliq.eval.encoders import load_encoder
 
     (tmp_path / "last.ckpt").write_bytes(b"")
-    with pytest.raises(NotImplementedError, match="BiEncoder.save_pretrained"):
+    with pytest.raises(ValueError, match="BiEncoder.save_pretrained"):
         load_encoder(str(tmp_path / "last.ckpt"))
 
 

@@ -169,10 +169,13 @@ def test_export_round_trip(minilm_path, rows_file, tmp_path):
     # applies the prefixes through its prompts.
     st = SentenceTransformer(report["merged"], device="cpu")
     assert st.prompts["query"] == "query: " and st.prompts["document"] == "passage: "
+    assert st.max_seq_length == 512  # the backbone's capacity (as obliq's loader caps it), not the training 48
     st.max_seq_length = 32
     got = st.encode_query(PROBE, convert_to_tensor=True)
     assert torch.allclose(got, expect_q, atol=1e-5)
     assert report["probe_min_cosine"] >= 0.999
+    export(ckpt, tmp_path / "export")  # again, adapter only: the earlier merged folder must not linger
+    assert not (tmp_path / "export" / "merged").exists() and (tmp_path / "export" / "adapter").is_dir()
 
 
 def test_wandb_sweep_command_line_parses():
@@ -368,3 +371,32 @@ def test_a_resume_with_more_steps_follows_the_new_schedule(tiny_llama_dir, rows_
     steps = [int(x) for x in _column(second, "step") if x][-2:]
     lrs = [float(x) for x in _column(second, "train/lr")][-2:]
     assert steps == [3, 4] and lrs == pytest.approx([5e-4, 2.5e-4])
+
+
+def test_a_checkpoint_of_another_lora_rank_is_refused_in_one_line(minilm_path):
+    from obliq.model import BiEncoder, LoraSettings
+    from obliq.model.module import RetrieverModule
+
+    module = RetrieverModule(BiEncoder(minilm_path, lora=LoraSettings(r=4, alpha=8)))
+    state = {k: v for k, v in module.state_dict().items() if "lora_" in k}
+    module.check_checkpoint_state(state)  # its own shapes pass
+    other = RetrieverModule(BiEncoder(minilm_path, lora=LoraSettings(r=8, alpha=16)))
+    with pytest.raises(KeyError, match=r"has shape \(8, 384\), the model \(4, 384\) .*another LoRA rank"):
+        module.check_checkpoint_state({k: v for k, v in other.state_dict().items() if "lora_" in k})
+
+
+def test_bad_quickstart_settings_and_unreadable_checkpoints_fail_before_any_work(tmp_path):
+    from obliq.export import load_checkpoint
+    from obliq.quickstart import quickstart
+
+    for bad in (0, -1):
+        with pytest.raises(ValueError, match="max_steps must be >= 1"):
+            quickstart(max_steps=bad)
+    text, cut = tmp_path / "rows.jsonl", tmp_path / "cut.ckpt"
+    text.write_text('{"id": "a"}\n')
+    buffer = __import__("io").BytesIO()
+    torch.save({"state_dict": {"w": torch.ones(1000)}}, buffer)
+    cut.write_bytes(buffer.getvalue()[:2000])
+    for path in (text, cut):
+        with pytest.raises(ValueError, match="not a readable checkpoint"):
+            load_checkpoint(path)

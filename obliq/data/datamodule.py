@@ -133,7 +133,8 @@ class RowReader(Dataset):
         except RowError as err:
             raise RuntimeError(f"{err} (the file changed after it was indexed; restart to index it again)") from None
         if id_hash(row.id) != int(self._array(source, file, "ids")[pos]):
-            raise RuntimeError(f"{fi.path}:{line}: row differs from the indexed one; the file changed, restart to re-index")
+            raise RuntimeError(f"{fi.path}:{line}: row differs from the indexed one: the file changed while keeping its "
+                               f"size and time; restart, or delete {fi.folder} if it changed before this run")
         return row
 
     def __getitem__(self, ref: BatchRef) -> list[TrainingRow]:

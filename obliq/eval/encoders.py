@@ -127,7 +127,7 @@ def load_encoder(
     ``trust_remote_code`` lets either run a model's own code (off unless asked).
 
     Raises:
-        NotImplementedError: a Lightning checkpoint file.
+        ValueError: a Lightning checkpoint file (export it first).
         FileNotFoundError / OSError: from the loaders when the model cannot be found offline.
     """
     path = Path(model)
@@ -136,7 +136,7 @@ def load_encoder(
     if encoder == "sentence-transformers":
         return SentenceTransformerEncoder(model, **kwargs)
     if encoder == "auto" and path.is_file() and path.suffix == ".ckpt":
-        raise NotImplementedError(
+        raise ValueError(
             f"{model}: evaluating a Lightning checkpoint directly is not supported yet; save the encoder "
             "with BiEncoder.save_pretrained (or `obliq export`) and pass that folder"
         )

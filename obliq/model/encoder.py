@@ -99,6 +99,9 @@ class Tokenize:
             raise TypeError("tokenize expects a list of texts, not a single string")
         formatted = self.format(list(texts), kind, instructions)
         limit = self.max_length[kind]
+        # No real vocabulary has tokens of more than 100 characters, so the first limit + 1 tokens
+        # lie within this prefix: nothing kept changes, and a 300 MB row is not tokenized whole.
+        formatted = [t[: 100 * (limit + 1)] for t in formatted]
         # One token over the limit tells which texts are cut, without tokenizing them in full.
         enc = self.tokenizer(formatted, truncation=True, max_length=limit + 1, padding=False)
         over = [i for i, ids in enumerate(enc["input_ids"]) if len(ids) > limit]
@@ -215,6 +218,7 @@ class BiEncoder(nn.Module):
         self.lora = lora
         self.model = model
         check_bidirectional(self, expect=self.bidirectional)
+        self.train()  # nn.Module's default (from_pretrained leaves eval mode: no dropout in full fine-tuning)
 
     # ------------------------------------------------------------------ tokenization
     def tokenize(

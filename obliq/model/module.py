@@ -221,15 +221,24 @@ class RetrieverModule(L.LightningModule):
         checkpoint["obliq"] = {"bad_steps": self.bad_steps, "encoder": self.encoder.settings,
                                "lora": None if self.encoder.lora is None else vars(self.encoder.lora)}
 
-    def check_checkpoint_keys(self, keys) -> None:
-        """Raise KeyError when a checkpoint's ``state_dict`` keys miss a trainable weight."""
-        trainable = {f"encoder.{n}" for n, p in self.encoder.named_parameters() if p.requires_grad}
-        missing = sorted(trainable - set(keys))
+    def check_checkpoint_state(self, state: dict) -> None:
+        """Refuse a checkpoint ``state_dict`` that misses a trainable weight or holds one of another shape.
+
+        Raises:
+            KeyError: a missing weight, or a shape that differs (another LoRA rank, another backbone).
+        """
+        trainable = {f"encoder.{n}": tuple(p.shape) for n, p in self.encoder.named_parameters() if p.requires_grad}
+        missing = sorted(trainable.keys() - state.keys())
         if missing:
             raise KeyError(f"checkpoint lacks {len(missing)} trainable weights, e.g. {missing[:3]}: "
                            "was it written with another LoRA configuration?")
+        wrong = [k for k, shape in trainable.items() if tuple(state[k].shape) != shape]
+        if wrong:
+            raise KeyError(f"checkpoint weight {wrong[0]} has shape {tuple(state[wrong[0]].shape)}, the model "
+                           f"{trainable[wrong[0]]} ({len(wrong)} such): was it written with another LoRA rank "
+                           "or backbone?")
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         if "state_dict" in checkpoint:  # FSDP2 strategies load (and check) the weights themselves
-            self.check_checkpoint_keys(checkpoint["state_dict"].keys())
+            self.check_checkpoint_state(checkpoint["state_dict"])
         self.bad_steps = checkpoint.get("obliq", {}).get("bad_steps", 0)

@@ -137,9 +137,9 @@ class LoraModelParallelStrategy(ModelParallelStrategy):
         parent loads non-strictly, since the frozen base is not in the file)."""
         import torch
 
-        keys = torch.load(checkpoint_path, map_location="cpu", mmap=True, weights_only=weights_only)["state_dict"].keys()
-        check = getattr(self.lightning_module, "check_checkpoint_keys", None)
+        state = torch.load(checkpoint_path, map_location="cpu", mmap=True, weights_only=weights_only)["state_dict"]
+        check = getattr(self.lightning_module, "check_checkpoint_state", None)
         if check is not None:
-            check(keys)
+            check(state)
         return super().load_checkpoint(checkpoint_path, weights_only=weights_only)
 
