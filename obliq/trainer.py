@@ -42,6 +42,8 @@ def cli(args: list[str] | None = None, run: bool = True) -> LightningCLI:
     warnings.filterwarnings("ignore", message="Using ModelCheckpoint with manual optimization")
     # Deprecation notices between pinned third-party releases (torchdata / Lightning vs torch 2.13).
     warnings.filterwarnings("ignore", message="'set_vital' is deprecated")
+    # `obliq quickstart` / `dose-sweep` pass their own args while sys.argv holds theirs: intended.
+    warnings.filterwarnings("ignore", message="LightningCLI's args parameter is intended")
     warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")
     from callbacks.logging import LoggedConfig
     from obliq.data import TrainingDataModule
