@@ -83,9 +83,9 @@ class RetrieverModule(L.LightningModule):
             datamodule.tokenize = self.encoder.text
 
     def configure_model(self) -> None:
-        """Under an FSDP2 strategy (:class:`~obliq.model.sharding.LoraModelParallelStrategy`; Lightning calls this hook after the processes
-        start), shard the encoder so that LoRA weights and frozen weights never share a unit
-        (:func:`obliq.model.sharding.shard_encoder`). Other strategies: nothing to do."""
+        """Under FSDP2 (:class:`~obliq.model.sharding.LoraModelParallelStrategy`; Lightning calls this
+        hook once the processes run), shard the encoder so that LoRA weights and frozen weights never
+        share a unit (:func:`obliq.model.sharding.shard_encoder`). Other strategies: nothing to do."""
         if self.device_mesh is None or getattr(self, "_sharded", False):
             return
         from obliq.model.sharding import shard_encoder
