@@ -17,8 +17,8 @@ or a ``max_length`` dict on the encoder itself) is overridden for the evaluation
 afterwards; an encoder without one keeps its own lengths (with a warning).
 
 Evaluation runs on global rank 0 while the other ranks wait at a barrier; the encoder must be
-usable on one rank alone (DDP, single device). Under FSDP the parameters are sharded: evaluate the
-saved checkpoint with ``evaluate.py`` instead.
+usable on one rank alone (DDP, single device). Under FSDP the parameters are sharded and the callback
+refuses to start: export a checkpoint (``obliq export``) and evaluate the adapter with ``evaluate.py``.
 """
 
 from __future__ import annotations

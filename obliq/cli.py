@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> None:
     argv = _expand(sys.argv[1:] if argv is None else list(argv))
     with user_errors():
         result = auto_cli(COMMANDS, args=argv, as_positional=False)
-    if result is not None and argv[:1] != ["quickstart"]:  # the quickstart prints its own table
+    if result is not None:
         print(json.dumps(result, indent=2))
 
 

@@ -137,7 +137,8 @@ def grad_cache_step(
 def chunk_counts_across_ranks(queries: Batch, docs: Batch, chunk_size: int | None) -> tuple[int, int]:
     """The largest (query, document) chunk counts over all ranks (``torch.distributed`` all-reduce
     MAX), for :func:`grad_cache_step`'s ``pad_to``. One process: this rank's own counts."""
-    counts = torch.tensor([len(split(queries, chunk_size)), len(split(docs, chunk_size))])
+    rows = [queries["input_ids"].shape[0], docs["input_ids"].shape[0]]
+    counts = torch.tensor([-(-n // chunk_size) if chunk_size else 1 for n in rows])
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         if torch.distributed.get_backend() == "nccl":
             counts = counts.cuda()  # the rank's current device
