@@ -37,7 +37,7 @@ def generate(path: Path, rows: int, seed: int = 0) -> None:
     """Write ``rows`` valid training rows built from the shared tasks' texts."""
     import numpy as np
 
-    from obliq.data import text_hash
+    from obliq.text import text_hash
 
     rng = np.random.default_rng(seed)
     docs, queries = [], []
@@ -72,7 +72,7 @@ def child(mode: str, path: str, index_dir: str, batches: int, num_workers: int) 
     from transformers import AutoTokenizer
 
     from obliq.data import Source, TrainingDataModule
-    from obliq.models import resolve_model
+    from obliq.aliases import resolve_model
 
     tok = AutoTokenizer.from_pretrained(resolve_model("minilm"))
     max_len = {"query": 64, "passage": 256}

@@ -39,7 +39,7 @@ def _one(method: str, batch: int, chunk: int, steps: int) -> dict:
         from sentence_transformers import SentenceTransformer
         from sentence_transformers.losses import CachedMultipleNegativesRankingLoss
 
-        from obliq.models import resolve_model
+        from obliq.aliases import resolve_model
 
         model = SentenceTransformer(resolve_model("minilm"), device="cpu")
         model.max_seq_length = 128

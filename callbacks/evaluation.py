@@ -1,9 +1,10 @@
 """Per-task retrieval evaluation during training (a Lightning callback).
 
 Every ``every_n_steps`` optimizer steps and once at the end of training, the module's encoder is
-evaluated on the configured tasks exactly as ``evaluate.py`` does (same search, metrics and
-files), under ``torch.no_grad()`` — not ``inference_mode``, whose tensors cannot enter autograd
-later — with the module in eval mode, restored afterwards.
+evaluated on the configured tasks exactly as ``evaluate.py`` does (the same
+:class:`~obliq.eval.retrieval.RetrievalSettings`, search, metrics and files), under
+``torch.no_grad()`` — not ``inference_mode``, whose tensors cannot enter autograd later — with the
+module in eval mode, restored afterwards.
 
 NDCG@10 per task (and its mean over tasks) goes to every Lightning logger (TensorBoard, CSV,
 W&B…) as ``eval/<task>/NDCG@10`` at the current global step; the files go to
@@ -11,10 +12,9 @@ W&B…) as ``eval/<task>/NDCG@10`` at the current global step; the files go to
 rank, so ``ModelCheckpoint(monitor="eval/mean/NDCG@10", mode="max", every_n_train_steps=<the same
 n>)`` keeps the top-k checkpoints by retrieval quality.
 
-Queries are cut at 256 tokens during evaluation (the OBLIQ-IR paper §4) even when training uses
-longer ones: the encoder's ``{"query": …, "passage": …}`` length table (``BiEncoder.text.max_length``,
-or a ``max_length`` dict on the encoder itself) is overridden for the evaluation and restored
-afterwards; an encoder without one keeps its own lengths (with a warning).
+Texts are cut at the retrieval settings' lengths (256 tokens for queries, the OBLIQ-IR paper §4,
+even when training uses longer ones), passed to each ``encode`` call: the encoder itself is not
+changed.
 
 Evaluation runs on global rank 0 while the other ranks wait at a barrier; the encoder must be
 usable on one rank alone (DDP, single device). Under FSDP the parameters are sharded and the callback
@@ -24,26 +24,17 @@ refuses to start: export a checkpoint (``obliq export``) and evaluate the adapte
 from __future__ import annotations
 
 import logging
-from functools import partial
 from pathlib import Path
 
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 
-from obliq.eval.evaluate import evaluate_tasks, find_tasks, retrieve_dense
 from obliq.eval.metrics import DEFAULT_MEASURES
+from obliq.eval.results import evaluate_tasks, find_tasks
+from obliq.eval.retrieval import RetrievalSettings, make_retriever
 from obliq.eval.tasks import load_task
 
 log = logging.getLogger(__name__)
-
-
-def _length_table(encoder) -> dict | None:
-    """The encoder's mutable ``{"query": n, "passage": m}`` truncation table, if it has one."""
-    for holder in (encoder, getattr(encoder, "text", None)):
-        table = getattr(holder, "max_length", None)
-        if isinstance(table, dict) and {"query", "passage"} <= set(table):
-            return table
-    return None
 
 
 class RetrievalEvaluation(Callback):
@@ -53,14 +44,12 @@ class RetrievalEvaluation(Callback):
         tasks: task folders (BEIR layout) or folders of task folders.
         every_n_steps: evaluate when the global step is a multiple of this (0: only at the end).
         at_end: also evaluate when training ends (skipped if that step was just evaluated).
-        encoder_attr: the module attribute holding an encoder with ``encode(texts, kind, batch_size)``.
-        top_k: documents retrieved per query.
-        batch_size: texts per forward pass.
+        encoder_attr: the module attribute holding an encoder (``encode(texts, kind, batch_size, max_length)``).
+        retrieval: how to retrieve (top_k, batch size, query/passage max lengths …), as ``evaluate``'s
+            ``--retrieval``; the corpus-embedding cache is never used (the weights change).
         measures: metrics computed and written (NDCG@10 must be among them; it is logged).
         latency_queries: queries timed one at a time (0: skip, the default during training).
         dirname: folder under the trainer's log dir for the files.
-        query_max_length: query truncation while evaluating (None: the encoder's own).
-        passage_max_length: passage truncation while evaluating (None: the encoder's own).
     """
 
     def __init__(
@@ -69,13 +58,10 @@ class RetrievalEvaluation(Callback):
         every_n_steps: int = 1000,
         at_end: bool = True,
         encoder_attr: str = "encoder",
-        top_k: int = 1000,
-        batch_size: int = 32,
+        retrieval: RetrievalSettings = RetrievalSettings(),
         measures: list[str] = list(DEFAULT_MEASURES),
         latency_queries: int = 0,
         dirname: str = "eval",
-        query_max_length: int | None = 256,
-        passage_max_length: int | None = None,
     ):
         if every_n_steps < 0:
             raise ValueError(f"every_n_steps must be ≥ 0, got {every_n_steps}")
@@ -83,9 +69,8 @@ class RetrievalEvaluation(Callback):
             raise ValueError("measures must include NDCG@10 (it is the logged metric)")
         self.task_paths = list(tasks)
         self.every_n_steps, self.at_end = every_n_steps, at_end
-        self.encoder_attr, self.top_k, self.batch_size = encoder_attr, top_k, batch_size
+        self.encoder_attr, self.retrieval = encoder_attr, retrieval
         self.measures, self.latency_queries, self.dirname = list(measures), latency_queries, dirname
-        self.eval_lengths = {"query": query_max_length, "passage": passage_max_length}
         self.tasks = None
         self.last_step: int | None = None
         self.last_summaries: list[dict] = []
@@ -118,24 +103,14 @@ class RetrievalEvaluation(Callback):
             encoder = getattr(pl_module, self.encoder_attr)
             name = f"{getattr(encoder, 'name_or_path', type(encoder).__name__)}@step-{step}"
             output = Path(trainer.log_dir or trainer.default_root_dir) / self.dirname / f"step-{step:08d}"
-            retrieve = partial(retrieve_dense, encoder, top_k=self.top_k, batch_size=self.batch_size,
-                               cache=None, latency_queries=self.latency_queries)
+            retrieve = make_retriever(encoder, self.retrieval, self.latency_queries)
             was_training = pl_module.training
-            lengths = _length_table(encoder)
-            saved = dict(lengths) if lengths is not None else None
-            wanted = {k: v for k, v in self.eval_lengths.items() if v is not None}
-            if lengths is not None:
-                lengths.update(wanted)
-            elif wanted:
-                log.warning("%s has no max_length table; evaluating with its own lengths", type(encoder).__name__)
             pl_module.eval()
             try:
                 with torch.no_grad():
                     self.last_summaries = evaluate_tasks(retrieve, self.tasks, output, name, self.measures)
             finally:
                 pl_module.train(was_training)
-                if saved is not None:
-                    lengths.update(saved)
             values = {f"eval/{s['task']}/NDCG@10": s["metrics"]["NDCG@10"] for s in self.last_summaries}
             values["eval/mean/NDCG@10"] = sum(values.values()) / len(values)
             for logger in trainer.loggers:

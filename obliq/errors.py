@@ -37,3 +37,9 @@ def user_errors():
         after = "" if err is raised else f" (then, while stopping: {type(raised).__name__}: {raised})"
         print(f"error: {message}{after}", file=sys.stderr)
         raise SystemExit(2) from None
+
+
+def check_int(name: str, value, minimum: int) -> None:
+    """Raise ``ValueError("<name>: …")`` unless ``value`` is an integer ≥ ``minimum``."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name}: must be an integer >= {minimum}, got {value!r}")

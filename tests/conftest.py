@@ -35,14 +35,14 @@ def tasks_dir() -> Path:
 
 @pytest.fixture(scope="session")
 def minilm_path() -> str:
-    from obliq.models import minilm_dir
+    from obliq.aliases import minilm_dir
 
     return str(minilm_dir())
 
 
 @pytest.fixture(scope="session")
 def smollm2_path() -> str:
-    from obliq.models import smollm2_dir
+    from obliq.aliases import smollm2_dir
 
     return str(smollm2_dir())
 

@@ -17,6 +17,7 @@ import pytest
 from scipy import stats
 
 from obliq.audit.commands import audit
+from obliq.eval.retrieval import RetrievalSettings
 from obliq.eval.metrics import read_run
 from obliq.eval.tasks import read_qrels
 
@@ -51,7 +52,8 @@ def rows(report: dict, kind: str) -> dict:
 def bm25_audit(tmp_path_factory, tasks_dir):
     out = tmp_path_factory.mktemp("audit-bm25")
     audit(tasks_dir / "health-dialect", out, models=["bm25"], paired=[("aal", "wme-translated")],
-          groups=[("aal", "wme")], measures=["RR@10", "NDCG@10", "Recall@100"], bm25_stemmer=None, top_k=100,
+          groups=[("aal", "wme")], measures=["RR@10", "NDCG@10", "Recall@100"],
+          retrieval=RetrievalSettings(bm25_stemmer=None, top_k=100),
           resamples=2000, permutations=5000)
     return out, json.loads((out / "audit.json").read_text())
 
@@ -110,7 +112,8 @@ def test_bm25_and_minilm_side_by_side(tmp_path, tasks_dir, minilm_path):
     out = tmp_path / "out"
     result = audit(task, out, query_attributes=attributes, models=["bm25", minilm_path],
                    paired=[("aal", "wme-translated")], groups=[("aal", "wme")], measures=["RR@10", "Recall@10"],
-                   query_max_length=64, passage_max_length=32, cache_dir=tmp_path / "cache", top_k=100,
+                   retrieval=RetrievalSettings(query_max_length=64, passage_max_length=32, cache_dir=tmp_path / "cache",
+                                               top_k=100),
                    resamples=1000, permutations=2000)
     report = json.loads((out / "audit.json").read_text())
     minilm = Path(minilm_path).parent.name + "-model"

@@ -111,7 +111,7 @@ def test_exactly_once_over_two_ranks_two_workers_three_sources(files, minilm_pat
                 assert batch["doc_row"].tolist() == list(range(n)) + [i for i, _ in negs]
                 assert batch["positive_index"].tolist() == list(range(n))
                 assert batch["query"]["input_ids"].shape[0] == n and batch["docs"]["input_ids"].shape[0] == len(negs) + n
-                assert batch["doc_text_hash"].shape == (len(negs) + n,) and batch["doc_text_hash"].dtype == torch.long
+                assert batch["doc_keys"].shape == (len(negs) + n, 2) and batch["doc_keys"].dtype == torch.long
         assert workers == {0, 1}
     steps = {len(v) for v in seen.values()}
     assert steps == {math.ceil(len(expected) / 32)}  # every rank, every epoch: the same number of steps

@@ -11,7 +11,8 @@ import pytest
 import torch
 from test_data_support import file_ids, task_rows, tokenize, write_rows  # noqa: F401  (tokenize is a fixture)
 
-from obliq.data import RowError, Source, TrainingDataModule, normalise_text, parse_row, text_hash
+from obliq.data import RowError, Source, TrainingDataModule, parse_row
+from obliq.text import normalise_text, text_hash
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""Training rows from a kNN graph: dedup, dose, negatives, random-neighbour control (issue 5)."""
+"""Training rows from a kNN graph: dedup, negatives, random-neighbour control (issue 5)."""
 
 from __future__ import annotations
 
@@ -53,28 +53,20 @@ def random_graph(n=60, k=3, seed=0):
     return knn_graph(x, ids, k), [f"text number {i}" for i in range(n)]
 
 
-def test_dose_exact_and_reproducible():
+def test_every_distinct_edge_once_and_reproducible():
     g, texts = random_graph()
-    all_rows, counts = knn_pairs(g, texts, "t")
-    assert len(all_rows) == counts["distinct_edges"] > 50
-    a, _ = knn_pairs(g, texts, "t", dose=50, seed=1)
-    b, _ = knn_pairs(g, texts, "t", dose=50, seed=1)
-    c, _ = knn_pairs(g, texts, "t", dose=50, seed=2)
-    assert len(a) == len(c) == 50
-    assert a == b
-    assert {r["id"] for r in a} != {r["id"] for r in c}
-    assert {r["id"] for r in a} <= {r["id"] for r in all_rows}
-    validate_rows(a)
-    with pytest.raises(ValueError, match=f"larger than the {counts['distinct_edges']} distinct edges"):
-        knn_pairs(g, texts, "t", dose=counts["distinct_edges"] + 1)
-    with pytest.raises(ValueError, match="dose must be at least 1"):
-        knn_pairs(g, texts, "t", dose=0)
+    rows, counts = knn_pairs(g, texts, "t")
+    assert len(rows) == counts["distinct_edges"] > 50
+    assert rows == knn_pairs(g, texts, "t")[0]
+    pairs = {frozenset((r["meta"]["anchor_id"], r["positive"]["id"])) for r in rows}
+    assert len(pairs) == len(rows)  # a-b and b-a once
+    validate_rows(rows)
 
 
 def test_random_negatives_avoid_anchor_positive_neighbours_and_equal_texts():
     g, texts = random_graph()
     texts[5] = texts[7]  # make two documents the same text
-    rows, _ = knn_pairs(g, texts, "t", dose=40, negatives=4, seed=3)
+    rows, _ = knn_pairs(g, texts, "t", negatives=4, seed=3)
     pos = {d: i for i, d in enumerate(g.ids)}
     for r in rows:
         a, p = pos[r["meta"]["anchor_id"]], pos[r["positive"]["id"]]
@@ -97,9 +89,9 @@ def test_bm25_negatives_are_the_top_lexical_hits_left_after_the_exclusions():
     assert [n["id"] for n in first["negatives"]] == expected
 
 
-def test_control_keeps_anchors_negatives_and_dose():
+def test_control_keeps_anchors_and_negatives():
     g, texts = random_graph()
-    rows, _ = knn_pairs(g, texts, "t", dose=60, negatives=2, seed=4)
+    rows, _ = knn_pairs(g, texts, "t", negatives=2, seed=4)
     control = random_control(rows, g.ids, texts, seed=4)
     assert len(control) == len(rows)
     for r, c in zip(rows, control):

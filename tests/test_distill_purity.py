@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from obliq.distill.graph import KnnGraph, knn_graph
-from obliq.distill.purity import base_rate, format_table, graph_purity, labels_for, read_id_table
+from obliq.distill.purity import base_rate, format_purity, graph_purity, labels_for
+from obliq.files import read_id_table
 
 LABELS = ["A", "A", "A", "B", "B", "C"]
 # k = 2 neighbours by hand; same-label edges marked *:
@@ -43,7 +44,7 @@ def test_purity_from_vectors_end_to_end():
     assert r["same_attribute_rate"] == pytest.approx(4 / 6)
     assert r["base_rate"] == pytest.approx((2 + 6) / 30)
     assert r["lift"] == pytest.approx((4 / 6) / (8 / 30))
-    table = format_table([{**r, "task": "circle", "teacher": "hand"}])
+    table = format_purity([{**r, "task": "circle", "teacher": "hand"}])
     assert "66.7%" in table and "26.67%" in table and "2.5x" in table
 
 

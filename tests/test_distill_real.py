@@ -12,10 +12,11 @@ import json
 
 import pytest
 
-from obliq.distill.commands import graph, mowen_task, pairs, purity
+from obliq.distill.commands import graph, pairs, purity
 from obliq.distill.graph import teacher_graph
-from obliq.distill.mowen import build_mowen_task
-from obliq.distill.purity import graph_purity, labels_for, read_id_table
+from obliq.eval.mowen import build_mowen_task
+from obliq.distill.purity import graph_purity, labels_for
+from obliq.files import read_id_table
 from obliq.distill.teachers import load_teacher
 from obliq.eval.tasks import load_task
 
@@ -68,26 +69,27 @@ def test_commands_end_to_end(tasks_dir, tmp_path, capsys):
     task = tasks_dir / "writing-news"
     g = graph(task=task, out=tmp_path / "graph.json", k=3)
     assert g["corpus_size"] == 702 and g["k"] == 3 and g["edges"] == 702 * 3
-    report = pairs(task=task, graph=tmp_path / "graph.json", out=tmp_path / "knn.jsonl", dose=500, seed=7,
+    report = pairs(task=task, graph=tmp_path / "graph.json", out=tmp_path / "knn.jsonl", seed=7,
                    control_out=tmp_path / "control.jsonl")
     saved = json.loads((tmp_path / "knn.report.json").read_text())
-    for key in ("corpus_size", "k", "dose", "edges", "duplicates_removed", "teacher", "seed"):
+    for key in ("corpus_size", "k", "edges", "duplicates_removed", "rows", "teacher", "seed"):
         assert saved[key] == report[key]
-    assert saved["corpus_size"] == 702 and saved["dose"] == saved["rows"] == saved["control_rows"] == 500
+    n = saved["rows"]
+    assert saved["corpus_size"] == 702 and n == saved["distinct_edges"] == saved["control_rows"] > 1000
     assert saved["edges"] == 2106
     assert saved["distinct_edges"] + saved["duplicates_removed"] + saved["identical_text_edges"] == 2106
     assert saved["teacher"]["kind"] == "stylometric" and saved["seed"] == 7
 
     lines = (tmp_path / "knn.jsonl").read_text().splitlines() + (tmp_path / "control.jsonl").read_text().splitlines()
     rows = [parse_row(line, "rows.jsonl", i) for i, line in enumerate(lines, 1)]
-    assert len({r.id for r in rows}) == 1000
-    assert [r.source for r in rows] == ["knn"] * 500 + ["random-control"] * 500
-    assert [r.query for r in rows[:500]] == [r.query for r in rows[500:]]  # same anchors
+    assert len({r.id for r in rows}) == 2 * n
+    assert [r.source for r in rows] == ["knn"] * n + ["random-control"] * n
+    assert [r.query for r in rows[:n]] == [r.query for r in rows[n:]]  # same anchors
     # the teacher's pairs join same-author snippets far above the control's chance level
     attr = read_id_table(task / "attributes.tsv")
     anchor = [json.loads(line)["meta"]["anchor_id"] for line in lines]
     same = [attr[a] == attr[r.positive.id] for a, r in zip(anchor, rows)]
-    assert sum(same[:500]) > 5 * max(sum(same[500:]), 1)
+    assert sum(same[:n]) > 5 * max(sum(same[n:]), 1)
 
     results = purity(task=task, teachers=["stylometric"], k=3, out=tmp_path / "purity.json")
     table = capsys.readouterr().out
@@ -99,7 +101,7 @@ def test_cli_help_and_nested_settings(tasks_dir, tmp_path, capsys):
     """jsonargparse builds --help from the docstrings and parses the stylometric settings."""
     from jsonargparse import auto_cli
 
-    commands = {"distill": {"graph": graph, "pairs": pairs, "purity": purity, "mowen-task": mowen_task}}
+    commands = {"distill": {"graph": graph, "pairs": pairs, "purity": purity}}
     for name in commands["distill"]:
         with pytest.raises(SystemExit) as e:
             auto_cli(commands, args=["distill", name, "--help"], as_positional=False)

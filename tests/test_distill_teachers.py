@@ -11,9 +11,9 @@ from obliq.distill.teachers import (
     EncoderTeacher,
     StylometricConfig,
     StylometricTeacher,
-    load_function_words,
     load_teacher,
 )
+from obliq.text import load_function_words
 
 TEXTS = ["The cat and the dog.", "A dog ran to the park.", "It is what it is."]
 WORDS = ["the", "and", "a", "to", "it", "is"]

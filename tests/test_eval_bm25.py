@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from obliq.eval.bm25 import BM25
-from obliq.eval.evaluate import retrieve_bm25
+from obliq.eval.retrieval import RetrievalSettings, retrieve_bm25
 from obliq.eval.metrics import evaluate_run
 from obliq.eval.tasks import load_task
 
@@ -62,7 +62,7 @@ def test_reproduces_the_data_readme_reference_unstemmed(tasks_dir):
     }
     for name, (ndcg, recall) in reference.items():
         task = load_task(tasks_dir / name)
-        run = retrieve_bm25(task, top_k=1000, stemmer=None, latency_queries=0).run
+        run = retrieve_bm25(task, RetrievalSettings(top_k=1000, bm25_stemmer=None)).run
         ev = evaluate_run(task.qrels["test"], run, ["NDCG@10", "Recall@100"], task.query_ids)
         assert ev.aggregate["NDCG@10"] == pytest.approx(ndcg, abs=5e-5), name
         assert ev.aggregate["Recall@100"] == pytest.approx(recall, abs=5e-5), name

@@ -13,8 +13,8 @@ from lightning.pytorch.loggers import CSVLogger
 from torch.utils.data import DataLoader
 
 from callbacks import RetrievalEvaluation
-from callbacks.evaluation import _length_table
-from obliq.eval.evaluate import evaluate_tasks, retrieve_dense
+from obliq.eval.results import evaluate_tasks
+from obliq.eval.retrieval import RetrievalSettings, retrieve_dense
 from obliq.eval.tasks import load_task, read_jsonl, read_qrels
 
 
@@ -43,14 +43,14 @@ class TinyRetriever(LightningModule):
         super().__init__()
         self.encoder = encoder
         self.seen = []  # (grad enabled, inference mode, module training) at each encode call
-        self.query_lengths = set()  # tokens kept of a long query while queries are encoded
+        self.query_lengths = set()  # max_length asked for while queries are encoded
         self.training_flags = []
         original = encoder.encode
 
         def spy(*args, **kwargs):
             self.seen.append((torch.is_grad_enabled(), torch.is_inference_mode_enabled(), self.training))
             if kwargs.get("kind") == "query":
-                self.query_lengths.add(encoder.tokenize(["word " * 200], "query")["input_ids"].shape[1])
+                self.query_lengths.add(kwargs.get("max_length"))
             return original(*args, **kwargs)
 
         encoder.encode = spy
@@ -75,7 +75,8 @@ def test_callback_evaluates_every_n_steps_and_at_end(tmp_path, tasks_dir):
     torch.manual_seed(0)
     task_dir = small_real_task(tasks_dir, tmp_path / "math-slice")
     module = TinyRetriever(BiEncoder("minilm", query_max_length=64, passage_max_length=64)).train()
-    callback = RetrievalEvaluation(tasks=[str(task_dir)], every_n_steps=2, top_k=100, query_max_length=32)
+    settings = RetrievalSettings(top_k=100, query_max_length=32, passage_max_length=64)
+    callback = RetrievalEvaluation(tasks=[str(task_dir)], every_n_steps=2, retrieval=settings)
     logger = CSVLogger(tmp_path / "logs", name="run")
     best = ModelCheckpoint(tmp_path / "best", filename="step{step}", auto_insert_metric_name=False,
                            monitor="eval/mean/NDCG@10", mode="max", save_top_k=1, every_n_train_steps=2)
@@ -89,7 +90,7 @@ def test_callback_evaluates_every_n_steps_and_at_end(tmp_path, tasks_dir):
     assert module.seen and all(s == (False, False, False) for s in module.seen)
     assert module.training_flags == [True, True, True]  # train mode restored after the step-2 evaluation
     assert module.query_lengths == {32}  # evaluation length, not the training length (64)
-    assert module.encoder.tokenize(["word " * 200], "query")["input_ids"].shape[1] == 64  # restored
+    assert module.encoder.tokenize(["word " * 200], "query")["input_ids"].shape[1] == 64  # the encoder is untouched
 
     # the same files as evaluate.py, and the logged NDCG@10 is the written one
     logged = {}
@@ -109,13 +110,9 @@ def test_callback_evaluates_every_n_steps_and_at_end(tmp_path, tasks_dir):
     assert best.best_model_path.endswith("step2.ckpt") and best.best_model_score.item() == pytest.approx(logged[2])
 
     # the end-of-training evaluation saw the final weights: re-evaluating them now gives the same numbers
-    _length_table(module.encoder)["query"] = 32
     module.eval()
     with torch.no_grad():
-        [again] = evaluate_tasks(partial_retrieve(module.encoder), [load_task(task_dir)], tmp_path / "again",
-                                 "final", ["NDCG@10", "Recall@10"])
+        [again] = evaluate_tasks(lambda task: retrieve_dense(module.encoder, task, settings), [load_task(task_dir)],
+                                 tmp_path / "again", "final", ["NDCG@10", "Recall@10"])
     assert again["metrics"]["NDCG@10"] == pytest.approx(callback.last_summaries[0]["metrics"]["NDCG@10"], abs=1e-6)
 
-
-def partial_retrieve(encoder):
-    return lambda task: retrieve_dense(encoder, task, top_k=100, latency_queries=0)

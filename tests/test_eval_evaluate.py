@@ -3,7 +3,6 @@ sentence-transformers' own encode, brute-force numpy search and pytrec_eval on t
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -19,13 +18,6 @@ from obliq.eval.tasks import load_task, read_qrels
 
 REPO = Path(__file__).resolve().parents[1]
 README_BM25_NDCG10 = {"math-theoremqa": 0.5431, "writing-news": 0.1289}  # ../shared/data/README.md
-
-
-def load_script():
-    spec = importlib.util.spec_from_file_location("evaluate_script", REPO / "evaluate.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def pytrec_means(qrels_file: Path, run_file: Path) -> dict[str, float]:
@@ -86,9 +78,9 @@ def minilm_eval(tmp_path_factory, tasks_dir):
     out = tmp_path_factory.mktemp("minilm")
     tasks = [tasks_dir / "math-theoremqa", tasks_dir / "writing-news"]
     argv = ["--model", "minilm", "--tasks", *map(str, tasks), "--output", str(out / "run1"),
-            "--cache_dir", str(out / "cache"), "--latency_queries", "3",
-            "--query_max_length", str(QUERY_LEN), "--passage_max_length", str(PASSAGE_LEN)]
-    load_script().main(argv)
+            "--retrieval.cache_dir", str(out / "cache"), "--latency_queries", "3",
+            "--retrieval.query_max_length", str(QUERY_LEN), "--retrieval.passage_max_length", str(PASSAGE_LEN)]
+    obliq_main(["evaluate", *argv])
     return out, tasks, argv
 
 
@@ -129,14 +121,15 @@ def test_minilm_corpus_cache_is_reused(minilm_eval):
     first = json.loads((out / "run1" / "math-theoremqa" / "summary.json").read_text())
     argv = [a if a != str(out / "run1") else str(out / "run2") for a in argv]
     argv[argv.index("--tasks") + 1 : argv.index("--output")] = [str(tasks[0])]
-    [second] = load_script().main(argv)
+    [second] = obliq_main(["evaluate", *argv])
     assert second["corpus_cache"] == "hit"
     assert second["metrics"] == pytest.approx(first["metrics"], abs=1e-6)
     assert second["timing_s"]["encode_corpus"] < first["timing_s"]["encode_corpus"] / 5
 
 
 def test_pooled_qrels_and_queries_without_relevant_docs(tmp_path):
-    from obliq.eval.evaluate import evaluate_tasks, retrieve_bm25
+    from obliq.eval.results import evaluate_tasks
+    from obliq.eval.retrieval import RetrievalSettings, retrieve_bm25
     from test_eval_tasks import make_task
 
     corpus = [{"_id": f"d{i}", "text": t} for i, t in enumerate(["red apple pie", "green apple", "blue sky", ""])]
@@ -144,7 +137,7 @@ def test_pooled_qrels_and_queries_without_relevant_docs(tmp_path):
     gold = [("q1", "d0", 1), ("q2", "d2", 0), ("q3", "d3", 1)]  # q2: judged, nothing relevant; q3: no hit
     pooled = [("q1", "d1", 1), ("q2", "d2", 2)]
     task = load_task(make_task(tmp_path / "toy", corpus, queries, gold, pooled=pooled))
-    [summary] = evaluate_tasks(lambda t: retrieve_bm25(t, latency_queries=0), [task], tmp_path / "out", "bm25",
+    [summary] = evaluate_tasks(lambda t: retrieve_bm25(t, RetrievalSettings()), [task], tmp_path / "out", "bm25",
                                ["NDCG@10", "Recall@10"])
     # gold: q1 finds d0 at rank 2 (the shorter "green apple" ranks first), q3 retrieves nothing → 0; q2 excluded
     assert (summary["n_queries"], summary["n_excluded"]) == (2, 1)
@@ -179,7 +172,7 @@ def test_obliq_adapter_folder_loads_as_biencoder(tmp_path):
                 p.normal_(0, 0.05)  # a "trained" adapter, different from the base model
     trained.save_pretrained(tmp_path / "adapter")
     texts = ["How many primes are below 20?", "A ball is thrown upward at 10 m/s."]
-    loaded = load_encoder(str(tmp_path / "adapter"), query_max_length=32, passage_max_length=64)
+    loaded = load_encoder(str(tmp_path / "adapter"))
     assert isinstance(loaded, BiEncoder) and loaded.is_peft
     lora = {n: p for n, p in loaded.named_parameters() if "lora_B" in n}
     assert lora and all(p.abs().max() > 0 for p in lora.values())  # the saved adapter, not a fresh one
@@ -190,17 +183,19 @@ def test_obliq_adapter_folder_loads_as_biencoder(tmp_path):
 def test_config_file_and_task_list_forms(tmp_path):
     from test_eval_tasks import make_task
 
-    script = load_script()
+    from obliq.cli import _expand
+
     corpus = [{"_id": "d1", "text": "apple pie"}, {"_id": "d2", "text": "blue sky"}]
     for name in ("t1", "t2"):
         make_task(tmp_path / "tasks" / name, corpus, [{"_id": "q1", "text": "apple"}], [("q1", "d1", 1)])
-    assert script._tasks_as_list(["--tasks", "a", "b", "--model", "bm25"]) == ["--tasks", '["a", "b"]', "--model", "bm25"]
-    assert script._tasks_as_list(["--tasks=a"]) == ['--tasks=["a"]']
+    assert _expand(["evaluate", "--tasks", "a", "b", "--model", "bm25"]) == \
+        ["evaluate", "--tasks", '["a", "b"]', "--model", "bm25"]
+    assert _expand(["evaluate", "--tasks=a"]) == ["evaluate", '--tasks=["a"]']
     config = tmp_path / "eval.yaml"
     config.write_text(f"model: bm25\ntasks: [{tmp_path / 'tasks'}]\noutput: {tmp_path / 'out'}\n"
-                      "measures: [NDCG@10]\nlatency_queries: 0\nbm25_k1: 1.2\n")
-    summaries = script.main(["--config", str(config)])
+                      "measures: [NDCG@10]\nlatency_queries: 0\nretrieval: {bm25_k1: 1.2}\n")
+    summaries = obliq_main(["evaluate", "--config", str(config)])
     assert [s["task"] for s in summaries] == ["t1", "t2"]  # a folder of task folders expands
     assert summaries[0]["metrics"] == {"NDCG@10": 1.0}
     saved = json.loads((tmp_path / "out" / "config.json").read_text())
-    assert saved["bm25_k1"] == 1.2 and saved["measures"] == ["NDCG@10"]
+    assert saved["retrieval"]["bm25_k1"] == 1.2 and saved["measures"] == ["NDCG@10"]

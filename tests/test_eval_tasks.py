@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from obliq.eval.tasks import clean_text, load_task, read_jsonl
+from obliq.eval.tasks import load_task, read_jsonl
+from obliq.text import repair_text
 
 
 def make_task(root, corpus, queries, qrels, pooled=None):
@@ -81,6 +82,6 @@ def test_c17_bad_characters_are_repaired_and_counted(tmp_path, caplog):
     assert lineno == 1 and obj["text"] == "café \ufffd end tail"
     assert obj["text"].encode("utf-8")  # writable as UTF-8 again
     assert "repaired 2 characters" in caplog.text
-    assert clean_text("ok") == ("ok", 0)
+    assert repair_text("ok") == ("ok", 0)
     (tmp_path / "b.jsonl").write_bytes(b'{"_id": "d1", "text": "\xff bad byte"}\n')
     assert read_jsonl(tmp_path / "b.jsonl")[0][1]["text"] == "\ufffd bad byte"

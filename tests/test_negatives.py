@@ -9,7 +9,8 @@ from collections import Counter
 
 import pytest
 
-from obliq.data.rows import parse_row, text_hash
+from obliq.data.rows import parse_row
+from obliq.text import text_hash
 from obliq.eval.bm25 import BM25
 from obliq.negatives.mine import Bm25sBackend, mine_negatives
 

@@ -4,7 +4,6 @@ by evaluate.py and chosen by `obliq rerank policy` on real tasks."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import random
 import re
@@ -14,15 +13,17 @@ from pathlib import Path
 import pytest
 import yaml
 
-from obliq.audit.lean import top_k
+from obliq.eval.metrics import top_k
 from obliq.cli import main as obliq_main
-from obliq.eval.evaluate import evaluate, retrieve_bm25
+from obliq.eval.retrieval import RetrievalSettings, retrieve_bm25
+from obliq.evaluate import evaluate
 from obliq.eval.metrics import evaluate_run, read_run, write_run
 from obliq.eval.tasks import Task, load_task
-from obliq.rerank.config import BackendConfig, ListwiseConfig, RerankConfig, TourRankConfig, load_policy
+from obliq.llm.backends import BackendConfig
+from obliq.rerank.config import ListwiseConfig, RerankConfig, TourRankConfig, load_policy
 from obliq.rerank.listwise import windows
 from obliq.rerank.parse import parse_permutation, parse_selection
-from obliq.rerank.prompts import load_prompt, render
+from obliq.rerank.prompts import load_rerank_prompt, render_candidates
 from obliq.rerank.commands import policy as policy_command
 from obliq.rerank.reranker import Reranker
 from obliq.rerank.tourrank import tourrank_calls
@@ -272,24 +273,24 @@ def test_prompt_dir_wins_over_every_packaged_prompt(tmp_path, caplog):
     assert f"math-theoremqa: listwise prompt {tmp_path / 'listwise_default.yaml'}" in caplog.text
     assert "math-theoremqa: tourrank prompt obliq/rerank/prompts/tourrank.yaml" in caplog.text
     (tmp_path / "listwise_math-theoremqa.yaml").write_text(default)
-    assert load_prompt("listwise", "math-theoremqa", tmp_path).path == str(tmp_path / "listwise_math-theoremqa.yaml")
-    assert load_prompt("listwise", "math-theoremqa").path == "obliq/rerank/prompts/listwise_math-theoremqa.yaml"
+    assert load_rerank_prompt("listwise", "math-theoremqa", tmp_path).path == str(tmp_path / "listwise_math-theoremqa.yaml")
+    assert load_rerank_prompt("listwise", "math-theoremqa").path == "obliq/rerank/prompts/listwise_math-theoremqa.yaml"
 
 
 def test_prompts_load_and_name_the_latent_attribute(tmp_path, caplog):
-    tour = load_prompt("tourrank")
-    messages = render(tour, "which tweets oppose it", ["a b c", "one two three four"], k=1, max_doc_words=3)
+    tour = load_rerank_prompt("tourrank")
+    messages = render_candidates(tour, "which tweets oppose it", ["a b c", "one two three four"], k=1, max_doc_words=3)
     assert "[1] a b c\n[2] one two three …" in messages[-1]["content"] and "Select the 1 passages" in messages[-1]["content"]
-    writing = render(load_prompt("listwise", "writing-news"), "q", ["x", "y"])[-1]["content"]
+    writing = render_candidates(load_rerank_prompt("listwise", "writing-news"), "q", ["x", "y"])[-1]["content"]
     assert "authorial style" in writing and "Ignore topic" in writing and "[2] y" in writing
     for task in ("math-theoremqa", "stance-tweets", "hearings-exchanges"):
-        assert load_prompt("listwise", task).task == task
+        assert load_rerank_prompt("listwise", task).header["task"] == task
     with caplog.at_level("WARNING"):
-        assert load_prompt("listwise", "health-dialect").path.endswith("listwise_default.yaml")
+        assert load_rerank_prompt("listwise", "health-dialect").path.endswith("listwise_default.yaml")
     assert "not task-aware" in caplog.text
     (tmp_path / "listwise_toy.yaml").write_text("method: listwise\nuser: '{query} {documents} {author}'\n")
     with pytest.raises(ValueError, match=r"listwise_toy.yaml: unknown field\(s\) \['author'\]"):
-        load_prompt("listwise", "toy", tmp_path)
+        load_rerank_prompt("listwise", "toy", tmp_path)
 
 
 def test_every_rerank_config_loads():
@@ -371,18 +372,15 @@ def real(tasks_dir):
 
 
 def test_evaluate_reranks_only_the_tasks_the_policy_names(tmp_path, tasks_dir, real, monkeypatch):
-    spec = importlib.util.spec_from_file_location("evaluate_script", REPO / "evaluate.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
     backend = PreferenceBackend(first(Oracle(real["stance-tweets"]), Oracle(real["math-theoremqa"])))
     monkeypatch.setattr(BackendConfig, "build", lambda self: backend)
     policy = tmp_path / "policy.yaml"
     policy.write_text(yaml.safe_dump({"tasks": {"stance-tweets": "listwise", "writing-news": "tourrank"},
                                       "depth": 100, **UNCUT}))
     tasks = [str(tasks_dir / "math-theoremqa"), str(tasks_dir / "stance-tweets")]
-    plain = evaluate("bm25", tasks, tmp_path / "plain", top_k=100, latency_queries=0)
-    summaries = script.main(["--model", "bm25", "--tasks", *tasks, "--output", str(tmp_path / "out"),
-                                    "--top_k", "100", "--latency_queries", "0", "--rerank", str(policy)])
+    plain = evaluate("bm25", tasks, tmp_path / "plain", RetrievalSettings(top_k=100), latency_queries=0)
+    summaries = obliq_main(["evaluate", "--model", "bm25", "--tasks", *tasks, "--output", str(tmp_path / "out"),
+                            "--retrieval.top_k", "100", "--latency_queries", "0", "--rerank", str(policy)])
     math, stance = summaries
     # math-theoremqa is not named: the dense run, untouched and not charged
     assert math["rerank"] == {"method": "identity"} and math["metrics"] == plain[0]["metrics"]
@@ -420,7 +418,7 @@ def test_rerank_commands_run_and_choose_the_policy(tmp_path, tasks_dir, real, mo
     backend = PreferenceBackend(first(Oracle(real["math-theoremqa"]), Oracle(real["stance-tweets"], -1)))
     monkeypatch.setattr(BackendConfig, "build", lambda self: backend)
     evaluate("bm25", [str(tasks_dir / "math-theoremqa"), str(tasks_dir / "stance-tweets")], tmp_path / "bm25",
-             top_k=100, latency_queries=0)
+             RetrievalSettings(top_k=100), latency_queries=0)
     base = tmp_path / "base.yaml"
     base.write_text(yaml.safe_dump({"depth": 20, "tourrank": {"tournaments": 1}, **UNCUT}))
 
@@ -457,7 +455,7 @@ def test_rerank_commands_run_and_choose_the_policy(tmp_path, tasks_dir, real, mo
 
 @pytest.fixture(scope="module")
 def bm25_runs(real):
-    return {name: retrieve_bm25(task, top_k=100, latency_queries=0).run for name, task in real.items()}
+    return {name: retrieve_bm25(task, RetrievalSettings(top_k=100)).run for name, task in real.items()}
 
 
 def no_model(monkeypatch):
@@ -553,7 +551,7 @@ def test_a_bad_prompt_fails_when_the_policy_is_loaded_and_names_the_prompt_file(
         load_policy(policy)
     assert str(err.value) == bad["tourrank"]
     # evaluate.py: before any retrieval
-    monkeypatch.setattr("obliq.eval.evaluate.retrieve_bm25", lambda *a, **k: pytest.fail("retrieval ran"))
+    monkeypatch.setattr("obliq.eval.retrieval.retrieve_bm25", lambda *a, **k: pytest.fail("retrieval ran"))
     with pytest.raises(ValueError) as err:
         evaluate("bm25", [str(tasks_dir / "math-theoremqa")], tmp_path / "out", rerank=policy)
     assert str(err.value) == bad["tourrank"]
@@ -608,7 +606,8 @@ def test_relative_paths_in_a_policy_are_resolved_against_its_folder(tmp_path, ta
     # evaluate.py writes the policy as loaded: its copy still finds the prompts from its own folder
     backend = PreferenceBackend(first(Oracle(real["stance-tweets"])))
     monkeypatch.setattr(BackendConfig, "build", lambda self: backend)
-    summary, = evaluate("bm25", [str(tasks_dir / "stance-tweets")], tmp_path / "out", top_k=100, latency_queries=0,
+    summary, = evaluate("bm25", [str(tasks_dir / "stance-tweets")], tmp_path / "out", RetrievalSettings(top_k=100),
+                        latency_queries=0,
                         rerank=Path("../..") / "configs" / "policy.yaml")
     assert summary["rerank"]["prompt"] == str(tmp_path / "prompts" / "x" / "listwise_default.yaml")
     assert backend.calls == 10 * 9 and all(text.startswith("Q ") for text in backend.texts)

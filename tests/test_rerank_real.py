@@ -8,8 +8,8 @@ import json
 import pytest
 import yaml
 
-from obliq.audit.lean import top_k
-from obliq.eval.evaluate import retrieve_bm25
+from obliq.eval.metrics import top_k
+from obliq.eval.retrieval import RetrievalSettings, retrieve_bm25
 from obliq.eval.metrics import read_run, write_run
 from obliq.eval.tasks import load_task
 from obliq.rerank.commands import run as rerank_run
@@ -20,7 +20,7 @@ from obliq.rerank.tourrank import tourrank_calls
 @pytest.mark.slow
 def test_smollm2_reranks_a_real_top20(tmp_path, tasks_dir, smollm2_path):
     task = load_task(tasks_dir / "math-theoremqa")
-    dense = retrieve_bm25(task, top_k=100, latency_queries=0).run
+    dense = retrieve_bm25(task, RetrievalSettings(top_k=100)).run
     write_run(tmp_path / "bm25.trec", dense, tag="bm25")
     policy = tmp_path / "cpu.yaml"
     policy.write_text(yaml.safe_dump({

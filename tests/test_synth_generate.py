@@ -196,7 +196,7 @@ def test_vllm_backend_missing_names_the_extra():
         pass
     else:
         pytest.skip("vLLM is installed here")
-    from obliq.synth.backends import load_backend
+    from obliq.llm.backends import load_backend
 
     with pytest.raises(ImportError, match=re.escape("pip install -e '.[gen]'")):
         load_backend("vllm", "smollm2")
@@ -214,8 +214,8 @@ def test_real_generation_with_smollm2_on_two_documents(tasks_dir, tmp_path, smol
     main(["synth", "generate", "--config", str(REPO / "configs" / "synth" / "math-theoremqa.yaml"),
           "--task", str(tasks_dir / "math-theoremqa"), "--out", str(out), "--n_docs", "2",
           "--generation.max_new_tokens_a", "48", "--generation.max_new_tokens_b", "40",
-          "--generation.max_retries", "1", "--device", "cpu",
-          "--threads", "1"])  # robust on a CPU shared with other busy processes (see TransformersBackend)
+          "--generation.max_retries", "1", "--backend.device", "cpu",
+          "--backend.threads", "1"])  # robust on a CPU shared with other busy processes (see TransformersBackend)
     assert torch.get_num_threads() == threads  # the backend's thread setting is scoped to generation
     report = json.loads((tmp_path / "synth.jsonl.report.json").read_text())["report"]
     assert report["sampled"] == 2 and report["generated"] + sum(report["skipped"].values()) == 2

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from obliq.eval.tasks import read_jsonl
-from obliq.synth.prompts import LENSES, TaskSpec, load_prompt, prompt_file, render
+from obliq.synth.prompts import LENSES, TaskSpec, load_stage_prompt, prompt_file, render_stage
 
 REPO = Path(__file__).resolve().parents[1]
 TASKS = ("writing-news", "math-theoremqa", "stance-tweets", "hearings-exchanges")
@@ -32,8 +32,8 @@ def test_every_task_renders_through_every_lens(task, lens, tasks_dir):
     # a real document with braces if the corpus has one (LaTeX in math), else the first
     docs = [obj["text"] for _, obj in read_jsonl(tasks_dir / task / "corpus.jsonl")[:300]]
     doc = next((d for d in docs if "{" in d), docs[0])
-    a = render(load_prompt("A"), spec, doc)
-    b = render(load_prompt("B", lens), spec, doc, "a described latent attribute")
+    a = render_stage(load_stage_prompt("A"), spec, doc)
+    b = render_stage(load_stage_prompt("B", lens), spec, doc, "a described latent attribute")
     for messages in (a, b):
         assert [m["role"] for m in messages] == ["system", "user"]
         user = messages[-1]["content"]
@@ -47,7 +47,7 @@ def test_every_task_renders_through_every_lens(task, lens, tasks_dir):
 
 
 def test_the_three_lenses_ask_for_different_queries():
-    users = {lens: load_prompt("B", lens).user for lens in LENSES}
+    users = {lens: load_stage_prompt("B", lens).user for lens in LENSES}
     assert "say what such {units} imply" in users["descriptive"]
     assert "whatever their topic" in users["analogue"]
     assert "conversational, vague and lossy" in users["tip-of-the-tongue"]
@@ -66,19 +66,19 @@ def test_the_three_lenses_ask_for_different_queries():
 def test_bad_prompt_files_name_file_and_key(tmp_path, text, message):
     (tmp_path / "stage_a.yaml").write_text(text)
     with pytest.raises(ValueError, match=message) as err:
-        load_prompt("A", prompt_dir=tmp_path)
+        load_stage_prompt("A", prompt_dir=tmp_path)
     assert str(tmp_path / "stage_a.yaml") in str(err.value)
 
 
 def test_stage_b_needs_description_and_known_lens(tmp_path):
     (tmp_path / "stage_b_analogue.yaml").write_text("stage: B\nlens: analogue\nuser: '{document}'\n")
     with pytest.raises(ValueError, match=r"must contain \{description\}"):
-        load_prompt("B", "analogue", prompt_dir=tmp_path)
+        load_stage_prompt("B", "analogue", prompt_dir=tmp_path)
     with pytest.raises(ValueError, match="no prompt for stage"):
-        load_prompt("B", "sideways")
+        load_stage_prompt("B", "sideways")
     with pytest.raises(FileNotFoundError, match="stage_b_descriptive.yaml"):
-        load_prompt("B", "descriptive", prompt_dir=tmp_path)
+        load_stage_prompt("B", "descriptive", prompt_dir=tmp_path)
     with pytest.raises(ValueError, match="Stage B needs"):
-        render(load_prompt("B", "analogue"), _spec("math-theoremqa"), "doc")
+        render_stage(load_stage_prompt("B", "analogue"), _spec("math-theoremqa"), "doc")
     with pytest.raises(ValueError, match="spec.lens"):
         TaskSpec("t", "sideways", "a", "b", "c", "d")

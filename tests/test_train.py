@@ -21,15 +21,18 @@ CONFIGS = sorted(p for p in (REPO / "configs").glob("*.yaml"))  # training recip
 
 
 def _parser():
-    """The fit subcommand's arguments, as LightningCLI builds them, without instantiating anything."""
+    """The fit subcommand's arguments, as LightningCLI builds them (obliq's parser mode and run_dir),
+    without instantiating anything."""
     from jsonargparse import ArgumentParser
     from lightning.pytorch import Trainer
 
     from obliq.data import TrainingDataModule
     from obliq.model.module import RetrieverModule
+    from obliq.trainer import PARSER_MODE
 
-    parser = ArgumentParser(exit_on_error=False)
+    parser = ArgumentParser(exit_on_error=False, parser_mode=PARSER_MODE)
     parser.add_argument("--config", action="config")
+    parser.add_argument("--run_dir", type=str, default="runs/train")
     parser.add_argument("--seed_everything", type=bool | int, default=True)
     parser.add_argument("--ckpt_path", type=str | None, default=None)
     parser.add_class_arguments(Trainer, "trainer")
@@ -45,6 +48,12 @@ def test_every_config_loads_against_the_code(config):
     cfg = _parser().parse_args(["--config", str(config)])
     assert cfg.model.encoder.class_path == "obliq.model.BiEncoder"
     assert cfg.data.sources
+    # one run folder, named once: every output folder follows --run_dir
+    moved = _parser().parse_args(["--config", str(config), "--run_dir=elsewhere/run"])
+    assert cfg.trainer.default_root_dir == cfg.run_dir and moved.trainer.default_root_dir == "elsewhere/run"
+    outputs = [c.init_args.dirpath for c in moved.trainer.callbacks if "dirpath" in c.init_args]
+    outputs.append(moved.trainer.logger.init_args.save_dir)
+    assert outputs and all(str(p).startswith("elsewhere/run") for p in outputs), outputs
 
 
 def _write_config(folder: Path, rows: Path, backbone: str, max_steps: int, **extra) -> Path:
@@ -234,14 +243,19 @@ def test_dose_sweep_trains_each_dose_and_writes_table_and_plot(tiny_llama_dir, t
     knn = write_rows(tmp_path / "knn.jsonl", [dict(r, source="knn") for r in rows[12:]])
     config = _write_config(tmp_path / "recipe", public, tiny_llama_dir, max_steps=2)
     cfg = yaml.safe_load(config.read_text())
-    cfg["data"]["sources"].append({"path": str(knn)})
+    cfg["data"]["sources"].append({"path": str(knn), "count": 12})
+    cfg["run_dir"] = str(tmp_path / "recipe")  # outputs derived from the run folder, as the shipped recipes do
+    cfg["trainer"]["default_root_dir"] = cfg["trainer"]["logger"]["init_args"]["save_dir"] = "${run_dir}"
+    cfg["trainer"]["callbacks"][0]["init_args"]["dirpath"] = "${run_dir}/ckpt"
     config.write_text(yaml.safe_dump(cfg))
     result = dose_sweep(config, [0, 8], [str(tasks_dir / "math-theoremqa")], out=tmp_path / "sweep")
     assert result["doses"] == [0, 8] and len(result["ndcg@10"]["math-theoremqa"]) == 2
-    written = yaml.safe_load((tmp_path / "sweep" / "dose-8" / "config.yaml").read_text())
-    assert written["data"]["sources"][-1] == {"path": str(knn), "count": 8}
-    assert len(yaml.safe_load((tmp_path / "sweep" / "dose-0" / "config.yaml").read_text())["data"]["sources"]) == 1
-    assert (tmp_path / "sweep" / "dose-8" / "checkpoints").is_dir()  # outputs relocated per dose
+    [written] = (tmp_path / "sweep" / "dose-8").rglob("config.yaml")  # saved by the run (LoggedConfig)
+    assert yaml.safe_load(written.read_text())["data"]["sources"][-1] == {"path": str(knn), "count": 8, "weight": None}
+    [written] = (tmp_path / "sweep" / "dose-0").rglob("config.yaml")
+    assert len(yaml.safe_load(written.read_text())["data"]["sources"]) == 1
+    assert (tmp_path / "sweep" / "dose-8" / "ckpt").is_dir()  # outputs follow --run_dir per dose
+    assert not (tmp_path / "recipe" / "ckpt").exists()
     assert (tmp_path / "sweep" / "dose_sweep.png").stat().st_size > 0
     assert "| 8 |" in (tmp_path / "sweep" / "dose_sweep.md").read_text()
 

@@ -17,17 +17,17 @@ from __future__ import annotations
 import json
 import logging
 import math
+from dataclasses import asdict, is_dataclass
 from pathlib import Path
 from time import perf_counter
 
 from obliq.audit.contrasts import group_contrast, paired_contrast
 from obliq.audit.inputs import load_query_sets, query_set_files, read_document_lean, read_query_attributes, restrict_queries
 from obliq.audit.report import figure, headline_p, markdown
-from obliq.audit.runs import is_run_file, model_run, query_values
+from obliq.audit.runs import model_run, query_values
 from obliq.audit.stats import BOOTSTRAP_RESAMPLES, CONFIDENCE, PERMUTATIONS
-from obliq.eval.bm25 import B, K1
-from obliq.eval.encoders import EncoderKind
 from obliq.eval.metrics import parse_measures, write_run
+from obliq.eval.retrieval import RetrievalSettings, is_run_file
 
 log = logging.getLogger(__name__)
 
@@ -82,17 +82,7 @@ def audit(
     permutations: int = PERMUTATIONS,
     seed: int = 0,
     confidence: float = CONFIDENCE,
-    top_k: int = 1000,
-    encoder: EncoderKind = "auto",
-    batch_size: int = 32,
-    query_max_length: int = 256,
-    passage_max_length: int = 1024,
-    cache: bool = True,
-    cache_dir: Path | None = None,
-    bm25_k1: float = K1,
-    bm25_b: float = B,
-    bm25_stemmer: str | None = "english",
-    trust_remote_code: bool = False,
+    retrieval: RetrievalSettings = RetrievalSettings(),
 ) -> dict:
     """Audit retrievers for identity-signal sensitivity: paired variants, unpaired groups, lean@k.
 
@@ -130,17 +120,9 @@ def audit(
         permutations: sign-flip resamples B (p floor 1/(B + 1); the paper: 50,000).
         seed: seed of every resampling.
         confidence: level of the intervals.
-        top_k: documents retrieved per query (RR and Recall@k are computed within them).
-        encoder: ``auto``, ``obliq`` or ``sentence-transformers`` (as evaluate.py).
-        batch_size: texts per forward pass.
-        query_max_length: query truncation in tokens.
-        passage_max_length: passage truncation in tokens.
-        cache: cache corpus embeddings on disk (shared with evaluate.py).
-        cache_dir: where; default ``$OBLIQ_CACHE/embeddings``.
-        bm25_k1: BM25 k1.
-        bm25_b: BM25 b.
-        bm25_stemmer: PyStemmer language for BM25, or null for unstemmed tokens.
-        trust_remote_code: let a model run its own code (only for models you trust).
+        retrieval: how each model retrieves, as ``evaluate``'s ``--retrieval``
+            (:class:`obliq.eval.retrieval.RetrievalSettings`; RR and Recall@k are computed within
+            its ``top_k``; the corpus-embedding cache is shared with ``evaluate``).
 
     Returns:
         ``{"output", "files", "headline"}``: the headline lists, per contrast, model and headline
@@ -151,7 +133,7 @@ def audit(
             attributes, or bad input files (file, line and field named).
         FileNotFoundError: a missing task folder or file.
     """
-    config = {k: (str(v) if isinstance(v, Path) else v) for k, v in locals().items()}
+    config = json.loads(json.dumps({k: asdict(v) if is_dataclass(v) else v for k, v in locals().items()}, default=str))
     started = perf_counter()
     task, output = Path(task), Path(output)
     if not paired and not groups:
@@ -190,8 +172,7 @@ def audit(
     for model in models:
         t0 = perf_counter()
         slug = _slug(model, taken)
-        run = model_run(model, loaded, top_k, encoder, batch_size, query_max_length, passage_max_length, cache,
-                        cache_dir, bm25_k1, bm25_b, bm25_stemmer, trust_remote_code)
+        run = model_run(model, loaded, retrieval)
         retrieval_s = perf_counter() - t0
         values = query_values(run, loaded, measures, lean, lean_k, lean_relevant_only)
         folder = output / slug

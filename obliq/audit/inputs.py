@@ -11,7 +11,7 @@
   groups pairs that are not independent, e.g. several pairs built from one source article (default:
   the pair-id). A missing ``pair-id`` column makes every query its own pair.
 - **Document attributes** (TSV, header optional): ``corpus-id<TAB>lean``, a number per document
-  (e.g. −1 left, 0 centre, +1 right), read with :func:`obliq.distill.purity.read_id_table`.
+  (e.g. −1 left, 0 centre, +1 right), read with :func:`obliq.files.read_id_table`.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from obliq.distill.purity import read_id_table
+from obliq.files import read_id_table
 from obliq.eval.tasks import Task, load_task
 
 log = logging.getLogger(__name__)

@@ -14,13 +14,8 @@ from __future__ import annotations
 import math
 from typing import Iterable
 
-from obliq.eval.metrics import Run
+from obliq.eval.metrics import Run, top_k
 from obliq.eval.tasks import Qrels
-
-
-def top_k(docs: dict[str, float], k: int) -> list[str]:
-    """The ``k`` best document ids of one query's run (score desc, then id desc, trec_eval's order)."""
-    return [d for d, _ in sorted(docs.items(), key=lambda x: (x[1], x[0]), reverse=True)[:k]]
 
 
 def lean_at_k(

@@ -26,14 +26,15 @@ may be smaller, and differ by at most one across ranks; ``M`` documents)::
       "positive_index": LongTensor (n,)   # docs index of each query's positive: arange(n)
       "doc_row":        LongTensor (M,)   # the row (0..n-1) each document came with
       "doc_ids":        list[str] (M)     # document ids
-      "doc_text_hash":  LongTensor (M,)   # obliq.data.rows.text_hash: equal for equal normalised text
+      "doc_keys":       LongTensor (M, 2) # identity keys: obliq.text.id_hash of the id, text_hash of the
+                        # text (equal for equal normalised text); the loss masks equal keys
       "row_ids":        list[str] (n)     # training-row ids
     }
 
 Duplicate documents in a batch: **the loss masks them; the sampler does not avoid them.** Two rows
 of a batch may share a positive (``shared/cases/C05``), and one row's negative may be another row's
 positive; the loss must drop, for query ``i``, every in-batch column other than ``positive_index[i]``
-whose ``doc_ids`` or ``doc_text_hash`` equals that of its positive. Within one row a negative never
+whose ``doc_keys`` (id or normalised text) equal those of its positive. Within one row a negative never
 equals the positive (by id or normalised text): such rows are invalid (``shared/cases/C06``).
 
 Guarantees, per epoch: every row of the epoch's mixture (see :mod:`obliq.data.mixture` for counts
@@ -49,10 +50,7 @@ from obliq.data.rows import (
     Doc,
     RowError,
     TrainingRow,
-    normalise_text,
     parse_row,
-    repair_text,
-    text_hash,
 )
 
 __all__ = [
@@ -70,11 +68,8 @@ __all__ = [
     "TrainingDataModule",
     "TrainingRow",
     "index_file",
-    "normalise_text",
     "parse_row",
     "permute",
-    "repair_text",
-    "text_hash",
 ]
 
 _LOADER = {"BatchRef", "Collator", "PlanSampler", "RowReader", "TrainingDataModule"}

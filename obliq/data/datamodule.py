@@ -41,7 +41,8 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 
 from obliq.data.index import FileIndex, index_file
 from obliq.data.mixture import MixturePlan, Source
-from obliq.data.rows import RowError, TrainingRow, id_hash, parse_row
+from obliq.data.rows import RowError, TrainingRow, parse_row
+from obliq.text import id_hash
 
 Tokenize = Callable[[list[str], str, list[str | None]], dict[str, torch.Tensor]]
 
@@ -175,7 +176,7 @@ class Collator:
             "positive_index": torch.arange(len(rows), dtype=torch.long),
             "doc_row": torch.tensor([*range(len(rows)), *(i for i, _ in negatives)], dtype=torch.long),
             "doc_ids": [doc.id for doc in docs],
-            "doc_text_hash": torch.tensor([doc.text_hash for doc in docs], dtype=torch.long),
+            "doc_keys": torch.tensor([[id_hash(doc.id), doc.text_hash] for doc in docs], dtype=torch.long).reshape(-1, 2),
             "row_ids": [row.id for row in rows],
         }
 
@@ -306,7 +307,7 @@ class TrainingDataModule(L.LightningDataModule):
         self.batch_size, self.max_negatives, self.seed, self.shuffle = batch_size, max_negatives, seed, shuffle
         self.on_bad_row, self.num_workers, self.prefetch_factor = on_bad_row, num_workers, prefetch_factor
         if index_dir is None:
-            from obliq.models import cache_dir
+            from obliq.files import cache_dir
 
             index_dir = str(cache_dir() / "data-index")
         self.index_dir, self.tokenize = index_dir, tokenize

@@ -30,7 +30,8 @@ from pathlib import Path
 
 import numpy as np
 
-from obliq.data.rows import RowError, id_hash, parse_row
+from obliq.data.rows import RowError, parse_row
+from obliq.text import id_hash
 
 INDEX_VERSION = 1
 _ARRAYS = {"offsets": ("Q", np.uint64), "lengths": ("I", np.uint32), "lines": ("Q", np.uint64), "ids": ("q", np.int64)}
@@ -46,7 +47,7 @@ class FileIndex:
         folder: the cache folder holding ``meta.json`` and the arrays.
         rows: number of valid rows.
         skipped: bad rows left out, by kind (empty in fail mode).
-        repaired_chars: characters replaced by :func:`~obliq.data.rows.repair_text` in valid rows.
+        repaired_chars: characters replaced by :func:`~obliq.text.repair_text` in valid rows.
         repaired_rows: valid rows with at least one repair.
     """
 

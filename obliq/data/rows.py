@@ -13,20 +13,19 @@ repaired first (``shared/cases/C17``): each lone UTF-16 surrogate becomes U+FFFD
 a space, and the number of replaced characters is kept on the row (:attr:`TrainingRow.repairs`).
 A row whose negative is its positive, by id or by normalised text, is invalid (``shared/cases/C06``).
 
-:func:`normalise_text` / :func:`text_hash` define "the same text" for the whole project: the
-negative-vs-positive check here, the ``doc_text_hash`` of a batch (the loss masks equal hashes,
-``shared/cases/C05``) and, by the same function, the hard-negative miner.
+:func:`obliq.text.normalise_text` / :func:`obliq.text.text_hash` define "the same text": the
+negative-vs-positive check here, the document keys of a batch (the loss masks equal keys,
+``shared/cases/C05``) and, by the same functions, the hard-negative miner.
 """
 
 from __future__ import annotations
 
-import functools
-import hashlib
 import json
-import re
-import unicodedata
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
+
+from obliq.text import normalise_text, repair_text, text_hash
 
 ROW_SOURCES = ("synthetic", "knn", "random-control", "public")
 """Allowed values of a row's ``source`` field (DESIGN.md)."""
@@ -46,7 +45,6 @@ ERROR_KINDS = ("json", "unknown-field", "missing", "type", "empty", "value", "ne
 
 _ROW_FIELDS = ("id", "task", "source", "query", "positive", "negatives", "lens", "instruction", "meta")
 _DOC_FIELDS = ("id", "text")
-_BAD_CHARS = re.compile("[\x00\ud800-\udfff]")
 
 
 class RowError(ValueError):
@@ -70,7 +68,7 @@ class RowError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class Doc:
-    """A document of a row: its id, its (repaired) text and :func:`text_hash` of that text."""
+    """A document of a row: its id, its (repaired) text and :func:`obliq.text.text_hash` of that text."""
 
     id: str
     text: str
@@ -87,7 +85,7 @@ class TrainingRow:
         negatives: hard negatives in file order (possibly none); none has the positive's id or text.
         lens, instruction: optional strings (``None`` when absent).
         meta: optional free-form object, not repaired.
-        repairs: number of characters replaced by :func:`repair_text` across the row's strings.
+        repairs: number of characters replaced by :func:`obliq.text.repair_text` across the row's strings.
     """
 
     id: str
@@ -100,60 +98,6 @@ class TrainingRow:
     instruction: str | None = None
     meta: dict[str, Any] | None = field(default=None, compare=False)
     repairs: int = 0
-
-
-def repair_text(text: str) -> tuple[str, int]:
-    """Replace each lone surrogate (U+D800..U+DFFF) by U+FFFD and each NUL by a space (``shared/cases/C17``).
-
-    JSON escapes such as ``"\\udcb2"`` decode to lone surrogates, which break UTF-8 encoding and
-    tokenizers; a proper surrogate pair escape decodes to one code point and is left alone.
-
-    Returns:
-        The repaired text and the number of characters replaced.
-    """
-    if not _BAD_CHARS.search(text):
-        return text, 0
-    repaired, n = _BAD_CHARS.subn(lambda m: " " if m.group() == "\x00" else "\ufffd", text)
-    return repaired, n
-
-
-@functools.cache
-def _punctuation_table() -> dict[int, None]:
-    # Unicode has punctuation (P*) only in planes 0 and 1; scanning those takes ~30 ms.
-    return dict.fromkeys(i for i in range(0x20000) if unicodedata.category(chr(i)).startswith("P"))
-
-
-@functools.cache
-def _ascii_punctuation() -> bytes:
-    return bytes(c for c in range(128) if c in _punctuation_table())
-
-
-def normalise_text(text: str) -> str:
-    """The form in which two texts count as "the same document".
-
-    Unicode NFKC, case folding, every Unicode punctuation character (categories P*) removed, runs of
-    whitespace collapsed to one space, ends stripped. This is the comparison the shared tasks were
-    de-duplicated with ("after lowercasing and removing punctuation", ``shared/data/README.md``).
-    """
-    if text.isascii():  # same result, faster: NFKC is the identity and casefold is lower on ASCII
-        return " ".join(text.lower().encode().translate(None, _ascii_punctuation()).decode().split())
-    folded = unicodedata.normalize("NFKC", text).casefold().translate(_punctuation_table())
-    return " ".join(folded.split())
-
-
-def text_hash(text: str) -> int:
-    """Signed 64-bit hash of :func:`normalise_text` of ``text`` (BLAKE2b, 8-byte digest), stable across runs.
-
-    Fits a ``torch.int64``; equal for texts that differ only in case, punctuation or whitespace.
-    """
-    digest = hashlib.blake2b(normalise_text(text).encode("utf-8", "surrogatepass"), digest_size=8).digest()
-    return int.from_bytes(digest, "little", signed=True)
-
-
-def id_hash(row_id: str) -> int:
-    """Signed 64-bit BLAKE2b hash of a row id, used to find duplicate ids without holding the ids."""
-    digest = hashlib.blake2b(row_id.encode("utf-8", "surrogatepass"), digest_size=8).digest()
-    return int.from_bytes(digest, "little", signed=True)
 
 
 class _Checker:
@@ -201,7 +145,7 @@ def parse_row(raw: bytes | str, path: str, line: int) -> TrainingRow:
         line: the 1-based line number, for error messages.
 
     Returns:
-        The row, with strings repaired (:func:`repair_text`) and the repair count in ``repairs``.
+        The row, with strings repaired (:func:`obliq.text.repair_text`) and the repair count in ``repairs``.
 
     Raises:
         RowError: the first problem found, as ``file:line:field: reason``; ``kind`` is one of
@@ -252,3 +196,23 @@ def parse_row(raw: bytes | str, path: str, line: int) -> TrainingRow:
     if meta is not None and not isinstance(meta, dict):
         raise check.fail("meta", "type", f"expected an object, got {type(meta).__name__}")
     return TrainingRow(row_id, task, source, query, positive, tuple(negatives), lens, instruction, meta, check.repairs)
+
+
+def read_rows(path: str | Path) -> list[dict]:
+    """Read a JSONL file of training rows, each validated with :func:`obliq.data.rows.parse_row`.
+
+    Blank lines are skipped.
+
+    Raises:
+        FileNotFoundError: no such file.
+        obliq.data.rows.RowError: a bad row (``file:line:field: reason``).
+    """
+    path = Path(path)
+    rows = []
+    with path.open("rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            if not raw.strip():
+                continue
+            parse_row(raw, str(path), lineno)
+            rows.append(json.loads(raw.decode("utf-8"), strict=False))
+    return rows

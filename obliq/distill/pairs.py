@@ -5,11 +5,14 @@ anchor's text is the query side, the neighbour the positive, ``source`` = ``knn`
 scores are not carried. The paper trains on these pairs with in-batch negatives, so mined negatives
 are off by default (``negatives=0``); random or BM25 negatives can be added.
 
-The dose (the number of rows, 5,000 in the model card) is drawn uniformly without replacement
-from the distinct edges with a seeded generator: the same seed gives the same rows.
+Every distinct edge becomes a row. The dose (how many kNN rows an epoch trains on, 5,000 in the
+model card) is not drawn here: it is the ``count`` of the rows' source in the training mixture
+(:mod:`obliq.data.mixture`), the first ``count`` rows of a seeded order, so doses nest and one file of
+pairs serves every dose.
 
-The control (§6.5, Appendix H) keeps everything but the graph: the same rows, so the same anchors,
-negatives and dose, with each positive replaced by a document drawn uniformly from the corpus. It
+The control (§6.5, Appendix H) keeps everything but the graph: the same rows, so the same anchors
+and negatives (and, given the same ``count`` in place of the kNN source, the same dose), with each
+positive replaced by a document drawn uniformly from the corpus. It
 collapses the student in the paper, which shows the graph's structure carries the signal.
 """
 
@@ -20,7 +23,7 @@ from typing import Literal, Sequence
 
 import numpy as np
 
-from obliq.data.rows import normalise_text
+from obliq.text import normalise_text
 from obliq.distill.graph import KnnGraph
 
 NegativeSource = Literal["random", "bm25"]
@@ -49,7 +52,6 @@ def knn_pairs(
     graph: KnnGraph,
     texts: Sequence[str],
     task: str,
-    dose: int | None = None,
     seed: int = 13,
     both_directions: bool = False,
     negatives: int = 0,
@@ -60,7 +62,7 @@ def knn_pairs(
     """One training row per sampled edge of ``graph``.
 
     Edges are taken anchors in corpus order, nearest neighbour first. An edge whose two texts are
-    the same document (equal after :func:`obliq.data.rows.normalise_text`: an exact or near-exact
+    the same document (equal after :func:`obliq.text.normalise_text`: an exact or near-exact
     duplicate) is dropped — it teaches nothing and would be a positive equal to its query. Unless
     ``both_directions``, a–b and b–a are one pair, kept as the first one met.
 
@@ -68,8 +70,7 @@ def knn_pairs(
         graph: the teacher's kNN graph.
         texts: the document texts, in ``graph.ids`` order.
         task: the rows' ``task`` field.
-        dose: rows wanted; None takes every distinct edge.
-        seed: seed of the dose draw (and of random negatives).
+        seed: seed of random negatives.
         both_directions: keep a–b and b–a as two rows.
         negatives: mined negatives per row (0: none; the paper uses in-batch negatives only).
         negative_source: ``random`` (uniform) or ``bm25`` (top BM25 hits of the anchor text,
@@ -84,15 +85,12 @@ def knn_pairs(
         ``distinct_edges`` and ``rows``.
 
     Raises:
-        ValueError: ``texts`` and the graph disagree in length, ``dose`` < 1 or larger than the
-            distinct edges (the message gives how many there are), ``negatives`` < 0, or too few
+        ValueError: ``texts`` and the graph disagree in length, ``negatives`` < 0, or too few
             documents left to draw negatives from.
     """
     n = len(graph.ids)
     if len(texts) != n:
         raise ValueError(f"{len(texts)} texts for a graph over {n} documents")
-    if dose is not None and dose < 1:
-        raise ValueError(f"dose must be at least 1 (or None for all edges), got {dose}")
     if negatives < 0:
         raise ValueError(f"negatives must be >= 0, got {negatives}")
     same_text = _same_text_groups(texts)
@@ -108,15 +106,7 @@ def knn_pairs(
             continue
         seen.add(key)
         edges.append((i, j, rank))
-    if dose is not None and dose > len(edges):
-        raise ValueError(
-            f"dose {dose} is larger than the {len(edges)} distinct edges of the k={graph.k} graph over {n} documents; "
-            "lower the dose, raise k, allow both directions, or pass dose=None for all edges"
-        )
     rng = np.random.default_rng(seed)
-    if dose is not None:
-        chosen = np.sort(rng.choice(len(edges), size=dose, replace=False))
-        edges = [edges[c] for c in chosen]
 
     negs: list[list[int]] = [[] for _ in edges]
     if negatives:

@@ -28,41 +28,6 @@ from obliq.distill.graph import KnnGraph
 log = logging.getLogger(__name__)
 
 
-def read_id_table(path: str | Path, value: str = "attribute") -> dict[str, str]:
-    """Read a two-column TSV with a header line: ``corpus-id<TAB><value>`` (``attributes.tsv``, ``sources.tsv``).
-
-    Returns:
-        corpus id → value.
-
-    Raises:
-        FileNotFoundError: no such file.
-        ValueError: a line without exactly two tab-separated columns, an empty field, or an id listed
-            twice (file, line and field named).
-    """
-    path = Path(path)
-    out: dict[str, str] = {}
-    where: dict[str, int] = {}
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            line = line.rstrip("\n").rstrip("\r")
-            if not line.strip():
-                continue
-            cols = line.split("\t")
-            if len(cols) != 2:
-                raise ValueError(f"{path}:{lineno}: expected 2 tab-separated columns (corpus-id, {value}), got {len(cols)}")
-            if lineno == 1 and cols[0].strip().lower() in ("corpus-id", "doc-id", "id", "_id"):
-                continue
-            doc, val = cols[0].strip(), cols[1].strip()
-            if not doc:
-                raise ValueError(f"{path}:{lineno}: field 'corpus-id' is empty")
-            if not val:
-                raise ValueError(f"{path}:{lineno}: field {value!r} is empty")
-            if doc in out:
-                raise ValueError(f"{path}:{lineno}: corpus-id {doc!r} already given on line {where[doc]}")
-            out[doc], where[doc] = val, lineno
-    return out
-
-
 def labels_for(ids: Sequence[str], table: dict[str, str], path: str | Path, value: str = "attribute") -> list[str]:
     """The value of every id in ``ids`` from ``table`` (read from ``path``).
 
@@ -132,7 +97,7 @@ def graph_purity(graph: KnnGraph, labels: Sequence[str], groups: Sequence[str] |
             "base_rate": base, "lift": rate / base if base > 0 else float("inf")}
 
 
-def format_table(results: Sequence[dict]) -> str:
+def format_purity(results: Sequence[dict]) -> str:
     """A plain-text table of purity results (keys of :func:`graph_purity` plus ``teacher``, ``task``)."""
     header = ("task", "teacher", "docs", "k", "edges", "same-attr", "base", "lift")
     rows = [(str(r.get("task", "")), str(r.get("teacher", "")), str(r["docs"]), str(r["k"]), str(r["edges"]),

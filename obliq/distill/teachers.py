@@ -26,12 +26,10 @@ from typing import Literal, Protocol, Sequence
 import numpy as np
 
 from obliq.eval.index import unit_float32
+from obliq.text import load_function_words
 
 STYLOMETRIC = "stylometric"
 """The name :func:`load_teacher` maps to :class:`StylometricTeacher`."""
-
-FUNCTION_WORD_LISTS = Path(__file__).with_name("function_words")
-"""Folder of the built-in function-word lists (``<name>.txt``: ``english``, ``mosteller-wallace``)."""
 
 _WORD = re.compile(r"[a-z]+(?:'[a-z]+)?")
 
@@ -84,8 +82,7 @@ class EncoderTeacher:
 
         self.model, self.encoder_kind, self.max_length = str(model), encoder, max_length
         self.batch_size, self.trust_remote_code = batch_size, trust_remote_code
-        self.encoder = load_encoder(self.model, encoder, passage_max_length=max_length,
-                                    trust_remote_code=trust_remote_code)
+        self.encoder = load_encoder(self.model, encoder, trust_remote_code=trust_remote_code)
         self.name = Path(self.model).name if Path(self.model).exists() else self.model
 
     def encode(self, texts: Sequence[str]) -> np.ndarray:
@@ -96,8 +93,9 @@ class EncoderTeacher:
         """
         if not len(texts):
             raise ValueError("no texts to encode")
-        return unit_float32(self.encoder.encode(list(texts), kind="passage", batch_size=self.batch_size),
-                            f"{self.name} embeddings")
+        vectors = self.encoder.encode(list(texts), kind="passage", batch_size=self.batch_size,
+                                      max_length=self.max_length)
+        return unit_float32(vectors, f"{self.name} embeddings")
 
     def describe(self) -> dict:
         return {"kind": "encoder", "model": self.model, "encoder": self.encoder_kind,
@@ -145,36 +143,6 @@ class StylometricConfig:
             raise ValueError(f"function_word_weight must lie in [0, 1], got {self.function_word_weight}")
         if self.function_word_weight > 0 and not self.function_words:
             raise ValueError("function_word_weight > 0 needs a function-word list")
-
-
-def load_function_words(spec: str) -> list[str]:
-    """The function words named by ``spec``: a built-in list name or a path (one word a line).
-
-    Returns:
-        Distinct lowercase words, in file order.
-
-    Raises:
-        FileNotFoundError: neither a built-in list nor a file.
-        ValueError: a line holds more than one token, or the list is empty (file and line named).
-    """
-    path = FUNCTION_WORD_LISTS / f"{spec}.txt"
-    if not path.is_file():
-        path = Path(spec)
-        if not path.is_file():
-            builtin = sorted(p.stem for p in FUNCTION_WORD_LISTS.glob("*.txt"))
-            raise FileNotFoundError(f"function-word list {spec!r}: not a built-in list {builtin} and not a file")
-    words: list[str] = []
-    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        line = line.split("#", 1)[0].strip().lower()
-        if not line:
-            continue
-        if len(line.split()) != 1:
-            raise ValueError(f"{path}:{lineno}: expected one word a line, got {line!r}")
-        if line not in words:
-            words.append(line)
-    if not words:
-        raise ValueError(f"{path}: no function words")
-    return words
 
 
 def _unit_rows(x: np.ndarray) -> np.ndarray:
@@ -307,7 +275,7 @@ def load_teacher(
 
     Raises:
         ValueError: a near miss of ``stylometric`` (a typo, not a model).
-        FileNotFoundError: a bare name that is no alias or folder (:func:`obliq.models.resolve_model`).
+        FileNotFoundError: a bare name that is no alias or folder (:func:`obliq.aliases.resolve_model`).
         See also :class:`EncoderTeacher` and :class:`StylometricConfig`.
     """
     if name.lower() == STYLOMETRIC:

@@ -25,6 +25,8 @@ import numpy as np
 TOKEN = re.compile(r"\w+")
 K1 = 0.9
 B = 0.4
+BM25_STEMMER = "english"
+"""The default PyStemmer language (Snowball English, Porter2)."""
 
 
 class BM25:
@@ -37,7 +39,7 @@ class BM25:
         stemmer: a PyStemmer language (default ``english``) or None for no stemming.
     """
 
-    def __init__(self, texts: Sequence[str], k1: float = K1, b: float = B, stemmer: str | None = "english"):
+    def __init__(self, texts: Sequence[str], k1: float = K1, b: float = B, stemmer: str | None = BM25_STEMMER):
         import bm25s
 
         self.k1, self.b, self.n_docs = k1, b, len(texts)

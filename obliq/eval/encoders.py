@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, Protocol, Sequence
 
-from obliq.models import resolve_model
+from obliq.aliases import resolve_model
 
 Kind = Literal["query", "passage"]
 EncoderKind = Literal["auto", "sentence-transformers", "obliq"]
@@ -25,9 +25,11 @@ OBLIQ_CONFIG = "obliq_encoder.json"  # written by BiEncoder.save_pretrained
 
 
 class Encoder(Protocol):
-    """The protocol evaluation needs."""
+    """The protocol evaluation needs, and all an evaluator may set: per call, the ``kind`` of text,
+    the ``batch_size`` and a token ``max_length`` (the evaluation's, which the encoder cuts to its
+    capacity; None keeps the encoder's own). Nothing else of an encoder is changed by evaluating it."""
 
-    def encode(self, texts: list[str], kind: Kind = "query", batch_size: int = 32):
+    def encode(self, texts: list[str], kind: Kind = "query", batch_size: int = 32, max_length: int | None = None):
         """(n, d) vectors (torch or numpy, any float dtype) for n texts; rows need not be unit norm."""
         ...
 
@@ -36,32 +38,25 @@ class SentenceTransformerEncoder:
     """A sentence-transformers model behind the :class:`Encoder` protocol.
 
     A transformers folder without sentence-transformers files gets sentence-transformers' default
-    (mean pooling). Texts are cut at ``min(model max_seq_length, query/passage max length)``.
+    (mean pooling). Texts are cut at the model's own ``max_seq_length`` or at a call's ``max_length``,
+    whichever is shorter.
 
     Args:
-        name_or_path: an alias (``minilm``, see :mod:`obliq.models`), a folder or a hub id.
-        query_max_length / passage_max_length: token limits (the paper §4: 256 for queries).
+        name_or_path: an alias (``minilm``, see :mod:`obliq.aliases`), a folder or a hub id.
         device: torch device; None lets sentence-transformers pick (CUDA when available).
         trust_remote_code: run the model's own Python code from its folder or the hub (off unless asked).
     """
 
-    def __init__(
-        self,
-        name_or_path: str,
-        query_max_length: int = 256,
-        passage_max_length: int = 1024,
-        device: str | None = None,
-        trust_remote_code: bool = False,
-    ):
+    def __init__(self, name_or_path: str, device: str | None = None, trust_remote_code: bool = False):
         from sentence_transformers import SentenceTransformer
 
         self.name_or_path = str(name_or_path)
         self.model = SentenceTransformer(resolve_model(name_or_path), device=device, trust_remote_code=trust_remote_code)
-        limit = self.model.max_seq_length or min(passage_max_length, query_max_length)
-        self.max_length = {"query": min(limit, query_max_length), "passage": min(limit, passage_max_length)}
+        self.capacity = self.model.max_seq_length
 
     def encode(
-        self, texts: Sequence[str], kind: Kind = "query", batch_size: int = 32, show_progress: bool | None = None
+        self, texts: Sequence[str], kind: Kind = "query", batch_size: int = 32, max_length: int | None = None,
+        show_progress: bool | None = None,
     ) -> "torch.Tensor":
         """Encode texts as queries or passages.
 
@@ -69,6 +64,7 @@ class SentenceTransformerEncoder:
             texts: n strings.
             kind: ``query`` (``encode_query``) or ``passage`` (``encode_document``).
             batch_size: texts per forward pass.
+            max_length: token limit for this call (cut to the model's ``max_seq_length``); None: the model's own.
             show_progress: a progress bar; None shows it when there are more than 8 batches.
 
         Returns:
@@ -77,12 +73,13 @@ class SentenceTransformerEncoder:
         Raises:
             ValueError: an unknown kind.
         """
-        if kind not in self.max_length:
+        if kind not in ("query", "passage"):
             raise ValueError(f"kind must be 'query' or 'passage', got {kind!r}")
         texts = list(texts)
         if show_progress is None:
             show_progress = len(texts) > 8 * batch_size
-        self.model.max_seq_length = self.max_length[kind]
+        limits = [n for n in (self.capacity, max_length) if n]
+        self.model.max_seq_length = min(limits) if limits else None
         fn = self.model.encode_query if kind == "query" else self.model.encode_document
         out = fn(texts, batch_size=batch_size, convert_to_tensor=True, normalize_embeddings=True,
                  show_progress_bar=show_progress)
@@ -104,13 +101,7 @@ def fingerprint(model: str) -> str:
     return f"{path.resolve()}@{digest}"
 
 
-def load_encoder(
-    model: str,
-    encoder: EncoderKind = "auto",
-    query_max_length: int = 256,
-    passage_max_length: int = 1024,
-    trust_remote_code: bool = False,
-) -> Encoder:
+def load_encoder(model: str, encoder: EncoderKind = "auto", trust_remote_code: bool = False) -> Encoder:
     """Load what ``model`` names.
 
     ``encoder="auto"`` decides from the files:
@@ -131,8 +122,7 @@ def load_encoder(
         FileNotFoundError / OSError: from the loaders when the model cannot be found offline.
     """
     path = Path(model)
-    kwargs = dict(query_max_length=query_max_length, passage_max_length=passage_max_length,
-                  trust_remote_code=trust_remote_code)
+    kwargs = dict(trust_remote_code=trust_remote_code)
     if encoder == "sentence-transformers":
         return SentenceTransformerEncoder(model, **kwargs)
     if encoder == "auto" and path.is_file() and path.suffix == ".ckpt":

@@ -199,6 +199,12 @@ def read_run(path: str | Path) -> Run:
     return run
 
 
+def top_k(docs: dict[str, float], k: int) -> list[str]:
+    """The ``k`` best document ids of one query's run, in trec_eval's order (score descending, then
+    document id descending); ``k`` at least the run's length gives the whole ranking."""
+    return [d for d, _ in sorted(docs.items(), key=lambda x: (x[1], x[0]), reverse=True)[:k]]
+
+
 def write_run(path: str | Path, run: Run, tag: str = "obliq") -> None:
     """Write a run in TREC format, ranked as trec_eval ranks it (score desc, then doc id desc).
 
@@ -210,8 +216,8 @@ def write_run(path: str | Path, run: Run, tag: str = "obliq") -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w", encoding="utf-8") as f:
         for qid, docs in run.items():
-            ranked = sorted(docs.items(), key=lambda x: (x[1], x[0]), reverse=True)
-            for rank, (did, score) in enumerate(ranked, 1):
+            for rank, did in enumerate(top_k(docs, len(docs)), 1):
+                score = docs[did]
                 f.write(f"{qid} Q0 {did} {rank} {float(score)!r} {tag}\n")
 
 

@@ -20,11 +20,12 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import re
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
+
+from obliq.text import repair_text
 
 log = logging.getLogger(__name__)
 
@@ -34,29 +35,11 @@ Qrels = dict[str, dict[str, int]]
 QRELS_SPLITS = ("test", "pooled")
 """The qrels files an evaluation reads: ``test`` (gold, required) and ``pooled`` (when present)."""
 
-_SURROGATE = re.compile(r"[\ud800-\udfff]")
-
-
-def clean_text(text: str) -> tuple[str, int]:
-    """Replace each lone surrogate with U+FFFD and each NUL with a space (C17).
-
-    ``json.loads`` joins valid surrogate pairs, so any surrogate left in a ``str`` is a lone one,
-    which breaks UTF-8 writes and tokenizers.
-
-    Returns:
-        The repaired text and the number of characters replaced.
-    """
-    n = text.count("\x00")
-    text = text.replace("\x00", " ")
-    text, m = _SURROGATE.subn("\ufffd", text)
-    return text, n + m
-
-
 def read_jsonl(path: str | Path, required: tuple[str, ...] = ("_id", "text")) -> list[tuple[int, dict]]:
     """Read a JSONL file of objects, checking that each has the required string fields.
 
     Blank lines are skipped. Ids given as JSON integers are turned into strings; string fields are
-    repaired with :func:`clean_text` (the count is logged). Bytes that are not UTF-8 are replaced
+    repaired with :func:`obliq.text.repair_text` (the count is logged). Bytes that are not UTF-8 are replaced
     by U+FFFD and counted.
 
     Args:
@@ -99,7 +82,7 @@ def read_jsonl(path: str | Path, required: tuple[str, ...] = ("_id", "text")) ->
                     value = str(value)
                 if not isinstance(value, str):
                     raise ValueError(f"{path}:{lineno}: field {key!r} must be a string, got {type(value).__name__}")
-                value, n = clean_text(value)
+                value, n = repair_text(value)
                 repairs += n
                 obj[key] = value
             if "_id" in required and not obj["_id"].strip():

@@ -19,11 +19,16 @@ import torch
 from torch import nn
 
 from obliq.model.pooling import mean_pool
-from obliq.models import resolve_model
+from obliq.aliases import resolve_model
 
 log = logging.getLogger(__name__)
 
 Kind = Literal["query", "passage"]
+
+QUERY_MAX_LENGTH = 256
+"""Default query length in tokens, for training and evaluation (the OBLIQ-IR paper §4)."""
+PASSAGE_MAX_LENGTH = 1024
+"""Default passage length in tokens (the model card); cut to a backbone's positions when it has fewer."""
 
 DECODER_LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 BERT_LORA_TARGETS = ["query", "key", "value", "dense"]
@@ -63,19 +68,26 @@ class Tokenize:
         query_max_length / passage_max_length: cut lengths in tokens, special tokens included.
             A tokenizer's ``model_max_length`` is ignored (some report 1e30, C17).
         use_instructions: prepend ``Instruct: <instruction>\\n`` to queries that carry one.
+        capacity: the backbone's positions: no call tokenizes beyond it (None: no cap).
 
     ``truncated`` counts the texts cut so far, per kind.
     """
 
     def __init__(self, tokenizer, query_prefix: str = "query: ", passage_prefix: str = "passage: ",
-                 query_max_length: int = 256, passage_max_length: int = 1024, use_instructions: bool = False):
+                 query_max_length: int = QUERY_MAX_LENGTH, passage_max_length: int = PASSAGE_MAX_LENGTH,
+                 use_instructions: bool = False, capacity: int | None = None):
         if min(query_max_length, passage_max_length) < 1:
             raise ValueError("max lengths must be positive")
         self.tokenizer = tokenizer
         self.prefix = {"query": query_prefix, "passage": passage_prefix}
-        self.max_length = {"query": query_max_length, "passage": passage_max_length}
+        self.capacity = capacity
+        self.max_length = {"query": self.cap(query_max_length), "passage": self.cap(passage_max_length)}
         self.use_instructions = use_instructions
         self.truncated = {"query": 0, "passage": 0}
+
+    def cap(self, length: int) -> int:
+        """``length`` cut to the backbone's positions."""
+        return min(length, self.capacity) if self.capacity else length
 
     def format(self, texts: list[str], kind: Kind, instructions: list[str | None] | None = None) -> list[str]:
         """Prefix texts for ``kind`` (and, with ``use_instructions``, each query's instruction)."""
@@ -87,9 +99,17 @@ class Tokenize:
         return out
 
     def __call__(
-        self, texts: list[str], kind: Kind, instructions: list[str | None] | None = None
+        self, texts: list[str], kind: Kind, instructions: list[str | None] | None = None,
+        max_length: int | None = None,
     ) -> dict[str, torch.Tensor]:
         """Tokenize n texts of one kind.
+
+        Args:
+            texts: n strings.
+            kind: ``query`` or ``passage``.
+            instructions: each query's instruction (or None), used with ``use_instructions``.
+            max_length: this call's length limit (cut to the backbone's positions); None uses the
+                kind's own (``max_length[kind]``).
 
         Returns:
             ``input_ids`` and ``attention_mask``, LongTensors (n, L), L ≤ the kind's max length,
@@ -98,7 +118,9 @@ class Tokenize:
         if isinstance(texts, str):
             raise TypeError("tokenize expects a list of texts, not a single string")
         formatted = self.format(list(texts), kind, instructions)
-        limit = self.max_length[kind]
+        if max_length is not None and max_length < 1:
+            raise ValueError(f"max_length must be positive, got {max_length}")
+        limit = self.cap(max_length) if max_length is not None else self.max_length[kind]
         # No real vocabulary has tokens of more than 100 characters, so the first limit + 1 tokens
         # lie within this prefix: nothing kept changes, and a 300 MB row is not tokenized whole.
         formatted = [t[: 100 * (limit + 1)] for t in formatted]
@@ -119,7 +141,7 @@ class BiEncoder(nn.Module):
     """A shared query/passage encoder: backbone → masked mean pooling → L2 normalisation.
 
     Args:
-        backbone: an alias (``minilm``, ``smollm2``, see :mod:`obliq.models`), a local folder or a
+        backbone: an alias (``minilm``, ``smollm2``, see :mod:`obliq.aliases`), a local folder or a
             hub id.
         lora: LoRA settings; None trains/uses the backbone as it is.
         adapter: a folder with a saved peft adapter to load onto the backbone (evaluation, resume).
@@ -152,8 +174,8 @@ class BiEncoder(nn.Module):
         query_prefix: str = "query: ",
         passage_prefix: str = "passage: ",
         use_instructions: bool = False,
-        query_max_length: int = 256,
-        passage_max_length: int = 1024,
+        query_max_length: int = QUERY_MAX_LENGTH,
+        passage_max_length: int = PASSAGE_MAX_LENGTH,
         dtype: str = "float32",
         quantization: Literal["4bit", "8bit"] | None = None,
         gradient_checkpointing: bool = False,
@@ -185,9 +207,8 @@ class BiEncoder(nn.Module):
         if positions and max(query_max_length, passage_max_length) > positions:
             log.warning("%s has %d positions: max lengths %d/%d cut to fit", backbone, positions,
                         query_max_length, passage_max_length)
-            query_max_length, passage_max_length = min(query_max_length, positions), min(passage_max_length, positions)
         self.text = Tokenize(self.tokenizer, query_prefix, passage_prefix, query_max_length, passage_max_length,
-                             use_instructions)
+                             use_instructions, capacity=positions)
 
         kwargs: dict = {"dtype": _DTYPES[dtype], "trust_remote_code": trust_remote_code}
         if attn_implementation:
@@ -222,10 +243,11 @@ class BiEncoder(nn.Module):
 
     # ------------------------------------------------------------------ tokenization
     def tokenize(
-        self, texts: list[str], kind: Kind, instructions: list[str | None] | None = None
+        self, texts: list[str], kind: Kind, instructions: list[str | None] | None = None,
+        max_length: int | None = None,
     ) -> dict[str, torch.Tensor]:
         """See :class:`Tokenize` (``self.text``)."""
-        return self.text(texts, kind, instructions)
+        return self.text(texts, kind, instructions, max_length)
 
     @property
     def truncated(self) -> dict[str, int]:
@@ -277,6 +299,7 @@ class BiEncoder(nn.Module):
         batch_size: int = 32,
         show_progress: bool | None = None,
         instructions: list[str | None] | None = None,
+        max_length: int | None = None,
     ) -> torch.Tensor:
         """Encode texts in batches (longest first, to pad little), in eval mode and without gradients.
 
@@ -285,6 +308,9 @@ class BiEncoder(nn.Module):
             kind: ``query`` or ``passage`` (picks the prefix and the max length).
             batch_size: texts per forward pass.
             show_progress: a tqdm bar; None shows it when there are more than 8 batches.
+            instructions: each text's instruction (queries, with ``use_instructions``).
+            max_length: token limit for this call (an evaluator's setting; cut to the backbone's
+                positions); None: the encoder's own length for ``kind``.
 
         Returns:
             (n, hidden) float32 CPU tensor of unit vectors, in the input order.
@@ -305,7 +331,7 @@ class BiEncoder(nn.Module):
             for s in tqdm(starts, desc=f"encode {kind}", disable=not show_progress):
                 idx = order[s : s + batch_size]
                 instr = [instructions[i] for i in idx] if instructions is not None else None
-                chunks.append(self(self.tokenize([texts[i] for i in idx], kind, instr)).cpu())
+                chunks.append(self(self.tokenize([texts[i] for i in idx], kind, instr, max_length)).cpu())
         finally:
             self.train(was_training)
         out = torch.empty(len(texts), chunks[0].shape[1])

@@ -44,7 +44,7 @@ class RetrieverModule(L.LightningModule):
             so a resumed run draws exactly what an uninterrupted one would.
 
     Batch: the dictionary of :mod:`obliq.data` (``query``, ``docs``, ``positive_index``,
-    ``doc_ids``, ``doc_text_hash``, ...).
+    ``doc_keys``, ...).
     """
 
     def __init__(
@@ -133,19 +133,13 @@ class RetrieverModule(L.LightningModule):
                 group["lr"] = lr
 
     # ------------------------------------------------------------------ training
-    def _doc_keys(self, batch) -> torch.Tensor:
-        from obliq.data.rows import id_hash
-
-        ids = torch.tensor([id_hash(i) for i in batch["doc_ids"]], dtype=torch.long)
-        return torch.stack([ids, batch["doc_text_hash"].cpu()], dim=1).to(self.device)
-
     def training_step(self, batch, batch_idx: int):
         optimizer = self.optimizers()
         scheduler = self.lr_schedulers()
         optimizer.zero_grad(set_to_none=True)
         torch.manual_seed(self.hparams.seed * 1_000_003 + self.global_step)  # CPU and every CUDA device
         positive_index = batch["positive_index"].to(self.device)
-        keys = self._doc_keys(batch)
+        keys = batch["doc_keys"].to(self.device)
         try:
             loss = grad_cache_step(
                 self.encoder,

@@ -15,32 +15,12 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Literal
 
-from obliq.data.rows import parse_row
-from obliq.eval.bm25 import B, K1
+from obliq.data.rows import parse_row, read_rows
+from obliq.eval.bm25 import B, BM25_STEMMER, K1
 from obliq.eval.tasks import load_task
 from obliq.negatives.mine import Bm25sBackend, MiningReport, mine_negatives
 
 log = logging.getLogger(__name__)
-
-
-def read_rows(path: str | Path) -> list[dict]:
-    """Read a JSONL file of training rows, each validated with :func:`obliq.data.rows.parse_row`.
-
-    Blank lines are skipped.
-
-    Raises:
-        FileNotFoundError: no such file.
-        obliq.data.rows.RowError: a bad row (``file:line:field: reason``).
-    """
-    path = Path(path)
-    rows = []
-    with path.open("rb") as f:
-        for lineno, raw in enumerate(f, 1):
-            if not raw.strip():
-                continue
-            parse_row(raw, str(path), lineno)
-            rows.append(json.loads(raw.decode("utf-8"), strict=False))
-    return rows
 
 
 def mine(
@@ -52,7 +32,7 @@ def mine(
     backend: Literal["bm25s", "pyserini"] = "bm25s",
     k1: float = K1,
     b: float = B,
-    stemmer: str | None = "english",
+    stemmer: str | None = BM25_STEMMER,
     threads: int = 1,
 ) -> dict:
     """Add BM25 hard negatives to training rows and write them (DESIGN.md row format).

@@ -5,7 +5,7 @@ For each row the query is searched against the task corpus and the best-ranked d
 ``negatives``, except candidates that are not negatives at all (``shared/cases/C06``, ``C17``):
 
 - ``positive_id``: the row's positive, by id;
-- ``positive_text``: another document whose normalised text (:func:`obliq.data.rows.text_hash`) is a
+- ``positive_text``: another document whose normalised text (:func:`obliq.text.text_hash`) is a
   positive's text — the same document indexed twice;
 - ``same_query_positive``: the positive (by id or text) of another row with the same normalised query,
   e.g. the other relevant documents of a real query;
@@ -35,8 +35,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Protocol, Sequence
 
-from obliq.data.rows import normalise_text, text_hash
-from obliq.eval.bm25 import B, BM25, K1
+from obliq.text import normalise_text, text_hash
+from obliq.eval.bm25 import B, BM25, BM25_STEMMER, K1
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +68,7 @@ class Bm25sBackend:
         stemmer: PyStemmer language, or None (default ``english``, Snowball Porter2).
     """
 
-    def __init__(self, texts: Sequence[str], k1: float = K1, b: float = B, stemmer: str | None = "english"):
+    def __init__(self, texts: Sequence[str], k1: float = K1, b: float = B, stemmer: str | None = BM25_STEMMER):
         self.index = BM25(texts, k1=k1, b=b, stemmer=stemmer)
         self.name = f"bm25s(k1={k1}, b={b}, stemmer={stemmer})"
 

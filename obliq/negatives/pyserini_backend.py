@@ -38,7 +38,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Sequence
 
-from obliq.eval.bm25 import B, BM25, K1
+from obliq.eval.bm25 import B, BM25, BM25_STEMMER, K1
 from obliq.negatives.mine import Hits
 
 log = logging.getLogger(__name__)
@@ -141,7 +141,7 @@ class PyseriniBackend:
         ImportError: the ``pyserini`` extra is missing.
     """
 
-    def __init__(self, texts: Sequence[str], k1: float = K1, b: float = B, stemmer: str | None = "english",
+    def __init__(self, texts: Sequence[str], k1: float = K1, b: float = B, stemmer: str | None = BM25_STEMMER,
                  index_dir: str | os.PathLike | None = None, threads: int = 1):
         LuceneSearcher, LuceneIndexer, JWhiteSpaceAnalyzer = import_pyserini()
         self._analyzer = BM25([], stemmer=stemmer)  # only its tokenize()

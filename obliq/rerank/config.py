@@ -37,23 +37,15 @@ from pathlib import Path
 
 import yaml
 
-from obliq.models import check_model_name
-from obliq.rerank.prompts import Prompt, load_prompt
-from obliq.synth.backends import BACKENDS, Backend, load_backend
+from obliq.errors import check_int
+from obliq.llm.backends import BackendConfig
+from obliq.llm.prompts import PromptTemplate
+from obliq.rerank.prompts import load_rerank_prompt
 
 log = logging.getLogger(__name__)
 
-DTYPES = ("float32", "bfloat16", "float16")
-"""``backend.dtype`` values (the transformers backend's torch dtypes)."""
-
 METHODS = ("identity", "tourrank", "listwise")
 """Per-task choices: keep the dense order, TourRank, or the task-aware listwise reranker."""
-
-
-def check_int(name: str, value, minimum: int) -> None:
-    """Raise ``ValueError("<name>: …")`` unless ``value`` is an integer ≥ ``minimum``."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name}: must be an integer >= {minimum}, got {value!r}")
 
 
 @dataclass
@@ -105,69 +97,6 @@ class ListwiseConfig:
 
 
 @dataclass
-class BackendConfig:
-    """The text generator (:mod:`obliq.synth.backends`).
-
-    Attributes:
-        name: ``transformers`` (CPU or GPU) or ``vllm`` (GPU; the ``gen`` extra, in its own env).
-        model: an alias (``smollm2``), a local folder or a hub id (``owner/name``).
-        device: transformers: a torch device, ``cpu``, ``cuda``, ``cuda:1``… (default CUDA when available).
-        dtype: transformers: one of :data:`DTYPES` (default bfloat16 on CUDA, float32 on CPU).
-        threads: transformers: torch CPU threads while generating (1 is fastest on a busy CPU).
-        batch_size: transformers: chats per ``generate`` call.
-        tensor_parallel_size: vllm: GPUs to shard the model over.
-        gpu_memory_utilization: vllm: share of GPU memory it may take.
-        max_model_len: vllm: context length cap (default the model's).
-    """
-
-    name: str = "transformers"
-    model: str = "smollm2"
-    device: str | None = None
-    dtype: str | None = None
-    threads: int | None = None
-    batch_size: int = 8
-    tensor_parallel_size: int = 1
-    gpu_memory_utilization: float = 0.9
-    max_model_len: int | None = None
-
-    def __post_init__(self) -> None:
-        if self.name not in BACKENDS:
-            raise ValueError(f"name: must be one of {', '.join(BACKENDS)}, got {self.name!r}")
-        if not isinstance(self.model, str) or not self.model.strip():
-            raise ValueError(f"model: must be a non-empty string, got {self.model!r}")
-        try:
-            check_model_name(self.model)
-        except FileNotFoundError as err:
-            raise ValueError(f"model: {err}") from None
-        if self.device is not None:
-            import torch
-
-            try:
-                torch.device(self.device if isinstance(self.device, str) else "")
-            except RuntimeError:
-                raise ValueError(f"device: must be a torch device (cpu, cuda, cuda:1, …), got {self.device!r}") from None
-        if self.dtype is not None and self.dtype not in DTYPES:
-            raise ValueError(f"dtype: must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
-        check_int("batch_size", self.batch_size, 1)
-        check_int("tensor_parallel_size", self.tensor_parallel_size, 1)
-        for key in ("threads", "max_model_len"):
-            if getattr(self, key) is not None:
-                check_int(key, getattr(self, key), 1)
-        share = self.gpu_memory_utilization
-        if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 < share <= 1:
-            raise ValueError(f"gpu_memory_utilization: must be a number in (0, 1], got {share!r}")
-
-    def build(self) -> Backend:
-        """Load the backend (the model is read now; :class:`obliq.rerank.reranker.Reranker` calls
-        this only when a first call is needed)."""
-        if self.name == "transformers":
-            return load_backend("transformers", self.model, device=self.device, dtype=self.dtype,
-                                threads=self.threads, batch_size=self.batch_size)
-        return load_backend("vllm", self.model, tensor_parallel_size=self.tensor_parallel_size,
-                            gpu_memory_utilization=self.gpu_memory_utilization, max_model_len=self.max_model_len)
-
-
-@dataclass
 class RerankConfig:
     """A reranking policy and the settings of its rerankers (the module notes list the keys)."""
 
@@ -199,17 +128,17 @@ class RerankConfig:
             raise ValueError(f"prompt_dir: not a folder: {self.prompt_dir}")
         if not isinstance(self.dev, dict):
             raise ValueError("dev: must be a mapping (written by `obliq rerank policy`)")
-        self._prompts: dict[tuple[str, str], Prompt] = {}
+        self._prompts: dict[tuple[str, str], PromptTemplate] = {}
 
     def method(self, task: str) -> str:
         """The reranker a task gets: its entry in ``tasks``, else ``identity``."""
         return self.tasks.get(task, "identity")
 
-    def prompt(self, method: str, task: str) -> Prompt:
+    def prompt(self, method: str, task: str) -> PromptTemplate:
         """The prompt ``method`` (``tourrank`` or ``listwise``) uses on ``task``: read and checked
-        by :func:`obliq.rerank.prompts.load_prompt` (``prompt_dir`` first), logged (INFO), then kept."""
+        by :func:`obliq.rerank.prompts.load_rerank_prompt` (``prompt_dir`` first), logged (INFO), then kept."""
         if (method, task) not in self._prompts:
-            self._prompts[method, task] = load_prompt(method, task, self.prompt_dir)
+            self._prompts[method, task] = load_rerank_prompt(method, task, self.prompt_dir)
             log.info("%s: %s prompt %s", task, method, self._prompts[method, task].path)
         return self._prompts[method, task]
 
@@ -238,7 +167,7 @@ def load_policy(path: str | Path) -> RerankConfig:
         FileNotFoundError: no such file; no prompt file for a named task.
         ValueError: not YAML, not a mapping, an unknown key or a bad value; the message is
             ``<file>:<line>:<key>: <what is wrong>``. A bad prompt file: the message names it
-            (:func:`obliq.rerank.prompts.load_prompt`).
+            (:func:`obliq.rerank.prompts.load_rerank_prompt`).
     """
     path = Path(path)
     text = path.read_text(encoding="utf-8")

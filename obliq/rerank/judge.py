@@ -14,9 +14,9 @@ from dataclasses import asdict, dataclass, field
 from time import perf_counter
 from typing import Callable, Sequence
 
-from obliq.rerank.parse import REPAIRS, Parsed, parse_permutation, parse_selection
-from obliq.synth.backends import Backend
-from obliq.synth.prompts import Messages
+from obliq.rerank.parse import REPAIRS, ParsedOrder, parse_permutation, parse_selection
+from obliq.llm.backends import Backend
+from obliq.llm.prompts import Messages
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +64,7 @@ class Judge:
     """Asks a backend to select or order candidates, with repairs, fallbacks and counts.
 
     Args:
-        backend: returns the text generator (:mod:`obliq.synth.backends`); called at each call, so a
+        backend: returns the text generator (:mod:`obliq.llm.backends`); called at each call, so a
             backend built on first use (:class:`obliq.rerank.reranker.Reranker`) is only loaded when
             a first call is needed, and its loading time is not counted.
         stats: where the counts go.
@@ -96,7 +96,7 @@ class Judge:
         self.stats.new_tokens += b.new_tokens - tokens_out
         return replies
 
-    def _count(self, parsed: Parsed) -> list[int]:
+    def _count(self, parsed: ParsedOrder) -> list[int]:
         self.stats.failed_calls += parsed.failed
         self.stats.repaired_calls += bool(sum(parsed.repairs.values()))
         for kind, n in parsed.repairs.items():

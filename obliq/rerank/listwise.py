@@ -17,7 +17,7 @@ from typing import Callable
 
 from obliq.rerank.config import ListwiseConfig
 from obliq.rerank.judge import Judge
-from obliq.synth.prompts import Messages
+from obliq.llm.prompts import Messages
 
 
 def windows(n: int, window: int, step: int) -> list[tuple[int, int]]:

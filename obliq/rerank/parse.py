@@ -31,7 +31,7 @@ _BARE = re.compile(r"(?<![\w.])(\d+)(?!\w|\.\d)")  # a whole number: not in "x12
 
 
 @dataclass
-class Parsed:
+class ParsedOrder:
     """A repaired reply: ``order`` holds 0-based input positions (the selection, or the whole
     permutation); ``failed`` when nothing usable was found and ``order`` is the input order."""
 
@@ -57,7 +57,7 @@ def _identifiers(reply: str | None, n: int, repairs: Counter) -> list[int]:
     return out
 
 
-def parse_selection(reply: str | None, n: int, k: int) -> Parsed:
+def parse_selection(reply: str | None, n: int, k: int) -> ParsedOrder:
     """The ``k`` candidates (of ``n``) a reply selects, repaired.
 
     Args:
@@ -66,7 +66,7 @@ def parse_selection(reply: str | None, n: int, k: int) -> Parsed:
         k: how many the prompt asked for (1 ≤ k ≤ n).
 
     Returns:
-        :class:`Parsed` with exactly ``k`` distinct positions in ``0…n-1``, in the reply's order.
+        :class:`ParsedOrder` with exactly ``k`` distinct positions in ``0…n-1``, in the reply's order.
 
     Raises:
         ValueError: ``k`` outside ``1…n`` (a caller's bug, not the model's).
@@ -76,17 +76,17 @@ def parse_selection(reply: str | None, n: int, k: int) -> Parsed:
     repairs: Counter = Counter()
     chosen = _identifiers(reply, n, repairs)
     if not chosen:
-        return Parsed(list(range(k)), repairs, failed=True)
+        return ParsedOrder(list(range(k)), repairs, failed=True)
     if len(chosen) > k:
         repairs["extra"] += len(chosen) - k
         chosen = chosen[:k]
     fill = [i for i in range(n) if i not in chosen][: k - len(chosen)]
     if fill:
         repairs["missing"] += len(fill)
-    return Parsed(chosen + fill, repairs)
+    return ParsedOrder(chosen + fill, repairs)
 
 
-def parse_permutation(reply: str | None, n: int) -> Parsed:
+def parse_permutation(reply: str | None, n: int) -> ParsedOrder:
     """The order of ``n`` candidates a reply gives, repaired into a permutation of ``0…n-1``.
 
     Args:
@@ -94,14 +94,14 @@ def parse_permutation(reply: str | None, n: int) -> Parsed:
         n: candidates shown, numbered 1…n.
 
     Returns:
-        :class:`Parsed` whose ``order`` is a permutation: the reply's identifiers first, then the
+        :class:`ParsedOrder` whose ``order`` is a permutation: the reply's identifiers first, then the
         candidates it left out, in input order.
     """
     repairs: Counter = Counter()
     ranked = _identifiers(reply, n, repairs)
     if not ranked:
-        return Parsed(list(range(n)), repairs, failed=True)
+        return ParsedOrder(list(range(n)), repairs, failed=True)
     rest = [i for i in range(n) if i not in ranked]
     if rest:
         repairs["missing"] += len(rest)
-    return Parsed(ranked + rest, repairs)
+    return ParsedOrder(ranked + rest, repairs)

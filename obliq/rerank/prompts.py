@@ -15,19 +15,16 @@ Search order: ``prompt_dir/tourrank.yaml``, then the packaged one; for listwise,
 ``listwise_<task>.yaml`` and ``listwise_default.yaml``.
 
 A prompt file has ``method``, optional ``task``, optional ``system`` and ``user``; the template
-checks are those of the synthetic-query prompts (:mod:`obliq.synth.prompts`).
+checks are the LLM layer's (:mod:`obliq.llm.prompts`).
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 from typing import Sequence
 
-from obliq.synth.generate import cut_words
-from obliq.synth.prompts import Messages, check_prompt_file
+from obliq.llm.prompts import Messages, PromptTemplate, cut_words, find_prompt, read_prompt
 
 log = logging.getLogger(__name__)
 
@@ -36,27 +33,7 @@ METHOD_FIELDS = {"tourrank": {"query", "documents", "n", "k"}, "listwise": {"que
 TourRank) must appear."""
 
 
-@dataclass(frozen=True)
-class Prompt:
-    """One prompt file: where it came from, its method and task, and its templates."""
-
-    path: str
-    method: str
-    task: str | None
-    system: str | None
-    user: str
-
-
-def _read(name: str, folder: str | Path | None) -> tuple[str, str] | None:
-    """``(path label, text)`` of a prompt file in ``folder`` (None: the packaged folder), or None."""
-    if folder is not None:
-        file = Path(folder) / name
-        return (str(file), file.read_text(encoding="utf-8")) if file.is_file() else None
-    source = resources.files("obliq.rerank") / "prompts" / name
-    return (f"obliq/rerank/prompts/{name}", source.read_text(encoding="utf-8")) if source.is_file() else None
-
-
-def load_prompt(method: str, task: str | None = None, prompt_dir: str | Path | None = None) -> Prompt:
+def load_rerank_prompt(method: str, task: str | None = None, prompt_dir: str | Path | None = None) -> PromptTemplate:
     """Read and check the prompt of a method (and, for listwise, of a task).
 
     Args:
@@ -66,7 +43,7 @@ def load_prompt(method: str, task: str | None = None, prompt_dir: str | Path | N
             give the order).
 
     Returns:
-        The :class:`Prompt`.
+        The checked template; its ``header`` holds ``method`` and ``task``.
 
     Raises:
         FileNotFoundError: no prompt file for the method (a packaged file was removed).
@@ -77,27 +54,26 @@ def load_prompt(method: str, task: str | None = None, prompt_dir: str | Path | N
     if method not in METHOD_FIELDS:
         raise ValueError(f"no prompt for method {method!r} (one of {', '.join(METHOD_FIELDS)})")
     names = ["tourrank.yaml"] if method == "tourrank" else [f"listwise_{task}.yaml", "listwise_default.yaml"]
-    folders = ([prompt_dir] if prompt_dir is not None else []) + [None]
-    found = next((f for folder in folders for n in names if (f := _read(n, folder)) is not None), None)
+    found = find_prompt(names, prompt_dir, "obliq.rerank")
     if found is None:
         raise FileNotFoundError(f"no prompt file {' or '.join(names)} in {prompt_dir or 'obliq/rerank/prompts'}")
     path, text = found
     if method == "listwise" and path.endswith("listwise_default.yaml"):
         log.warning("no listwise_%s.yaml prompt: task %s is reranked with the generic %s (not task-aware)",
                     task, task, path)
-    data, system, user = check_prompt_file(path, text, ("method", "task", "system", "user"), METHOD_FIELDS[method],
-                                           {"query", "documents"} | ({"k"} if method == "tourrank" else set()), method)
-    if data.get("method") != method:
-        raise ValueError(f"{path}: method: is {data.get('method')!r}, expected {method!r}")
-    return Prompt(path, method, data.get("task"), system, user)
+    prompt = read_prompt(path, text, ("method", "task"), METHOD_FIELDS[method],
+                         {"query", "documents"} | ({"k"} if method == "tourrank" else set()), method)
+    if prompt.header.get("method") != method:
+        raise ValueError(f"{path}: method: is {prompt.header.get('method')!r}, expected {method!r}")
+    return prompt
 
 
-def render(prompt: Prompt, query: str, documents: Sequence[str], k: int | None = None,
-           max_query_words: int = 200, max_doc_words: int = 100) -> Messages:
+def render_candidates(prompt: PromptTemplate, query: str, documents: Sequence[str], k: int | None = None,
+                      max_query_words: int = 200, max_doc_words: int = 100) -> Messages:
     """Fill a prompt for one group (TourRank) or window (listwise).
 
     Args:
-        prompt: from :func:`load_prompt`.
+        prompt: from :func:`load_rerank_prompt`.
         query: the query text, cut to ``max_query_words`` whitespace words.
         documents: the candidates' texts in the order shown; numbered ``[1]``…``[n]``, each cut to
             ``max_doc_words`` words and put on one line.
@@ -107,10 +83,5 @@ def render(prompt: Prompt, query: str, documents: Sequence[str], k: int | None =
         Chat messages: an optional system message, then the user message.
     """
     lines = [f"[{i}] {' '.join(cut_words(text, max_doc_words)[0].split())}" for i, text in enumerate(documents, 1)]
-    values = {"query": cut_words(query, max_query_words)[0], "documents": "\n".join(lines),
-              "n": len(documents), "k": k if k is not None else ""}
-    messages = []
-    if prompt.system:
-        messages.append({"role": "system", "content": prompt.system.format_map(values)})
-    messages.append({"role": "user", "content": prompt.user.format_map(values)})
-    return messages
+    return prompt.render({"query": cut_words(query, max_query_words)[0], "documents": "\n".join(lines),
+                          "n": len(documents), "k": k if k is not None else ""})

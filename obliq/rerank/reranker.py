@@ -8,17 +8,18 @@ from __future__ import annotations
 
 import hashlib
 import logging
+from dataclasses import replace
 from typing import Sequence
 
-from obliq.audit.lean import top_k
-from obliq.eval.metrics import Run
+from obliq.eval.metrics import Run, top_k
+from obliq.eval.retrieval import Retrieval, Retriever
 from obliq.eval.tasks import Task
+from obliq.llm.backends import Backend
 from obliq.rerank.config import METHODS, RerankConfig
 from obliq.rerank.judge import Judge, RerankStats
 from obliq.rerank.listwise import listwise
-from obliq.rerank.prompts import render
+from obliq.rerank.prompts import render_candidates
 from obliq.rerank.tourrank import tourrank
-from obliq.synth.backends import Backend
 
 log = logging.getLogger(__name__)
 
@@ -121,7 +122,7 @@ class Reranker:
             head = ranked[:cfg.depth]
 
             def prompt_for(positions: list[int], k: int | None, qid=qid, head=head):
-                return render(prompt, queries[qid], [texts[head[i]] for i in positions], k,
+                return render_candidates(prompt, queries[qid], [texts[head[i]] for i in positions], k,
                               cfg.max_query_words, cfg.max_doc_words)
 
             seed = query_seed(cfg.seed, qid)
@@ -136,3 +137,28 @@ class Reranker:
                 log.info("%s on %s: %d/%d queries, %d calls (%d failed), %.1f s", method, task.name, n, len(ids),
                          stats.calls, stats.failed_calls, stats.seconds)
         return out, stats
+
+    def wrap(self, retrieve: Retriever) -> Retriever:
+        """A retriever whose runs go through this policy's rerankers (``evaluate --rerank``).
+
+        Args:
+            retrieve: task → dense :class:`~obliq.eval.retrieval.Retrieval`.
+
+        Returns:
+            task → :class:`~obliq.eval.retrieval.Retrieval` whose ``run`` is reranked (``dense_run``
+            keeps the dense one) for the tasks the policy names with a reranker; ``rerank`` records
+            the method, the prompt file and the cost.
+        """
+        cfg = self.config
+
+        def wrapped(task: Task) -> Retrieval:
+            retrieval = retrieve(task)
+            method = cfg.method(task.name)
+            if method == "identity":
+                return replace(retrieval, rerank={"method": "identity"})
+            run, stats = self.rerank_run(task, retrieval.run, method)
+            info = {"method": method, "depth": cfg.depth, "backend": f"{cfg.backend.name}:{cfg.backend.model}",
+                    "prompt": cfg.prompt(method, task.name).path, "cost": stats.as_dict()}
+            return replace(retrieval, run=run, dense_run=retrieval.run, rerank=info)
+
+        return wrapped

@@ -26,7 +26,7 @@ from typing import Callable
 
 from obliq.rerank.config import TourRankConfig
 from obliq.rerank.judge import Judge
-from obliq.synth.prompts import Messages
+from obliq.llm.prompts import Messages
 
 
 def stage_sizes(n: int, stages: list[int]) -> list[int]:

@@ -10,7 +10,7 @@ For each (query, source document) pair:
   token of a sentence (text start, or after ``.``, ``!``, ``?``, ``:``, a newline or an opening
   quote/bracket; a ``.`` after a title such as ``Ms`` or ``Dr`` or after an initial does not end a
   sentence) unless they are written all in capitals (acronyms: ``IRS``), and whose lower-case
-  form is not an English function word (``obliq/distill/function_words/english.txt``). The query
+  form is not an English function word (``obliq/function_words/english.txt``). The query
   leaks when one of those tokens appears in it with the same spelling (case-sensitive). Known
   limits: it misses lower-case entities (``@user``, hashtags) and single letters, and counts
   mid-sentence capitalised common words (titles such as ``Chairman``, ``Court``).
@@ -31,10 +31,10 @@ import functools
 import re
 import statistics
 from dataclasses import dataclass
-from importlib import resources
 from typing import Sequence
 
 from obliq.eval.bm25 import BM25
+from obliq.text import load_function_words
 
 _TOKEN = re.compile(r"\w+")
 _SENTENCE_START = set(".!?:\n\"“‘'([{")
@@ -43,9 +43,8 @@ _TITLES = frozenset("mr mrs ms dr prof sen rep gov gen lt col sgt capt st jr sr 
 
 @functools.cache
 def function_words() -> frozenset[str]:
-    """English function words, lowercase (the list shipped in ``obliq/distill/function_words``)."""
-    text = (resources.files("obliq.distill") / "function_words" / "english.txt").read_text(encoding="utf-8")
-    return frozenset(w.strip() for w in text.splitlines() if w.strip() and not w.startswith("#"))
+    """English function words, lowercase (:func:`obliq.text.load_function_words`)."""
+    return frozenset(load_function_words("english"))
 
 
 def entity_tokens(text: str) -> set[str]:
@@ -157,7 +156,7 @@ def audit_pairs(name: str, queries: Sequence[str], sources: Sequence[Sequence[in
     )
 
 
-def format_table(task: str, rows: Sequence[AuditRow]) -> str:
+def format_audit(task: str, rows: Sequence[AuditRow]) -> str:
     """A plain-text table of audit rows (rates in percent)."""
     head = f"{'task':<20} {'queries':<10} {'n':>6} {'pairs':>7} {'leak %':>7} {'jaccard':>8} {'med rank':>9} " \
            f"{'rank1 %':>8} {'top10 %':>8} {'unret %':>8}"

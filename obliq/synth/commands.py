@@ -14,13 +14,12 @@ import json
 import logging
 from dataclasses import asdict
 from pathlib import Path
-from typing import Literal
 
 from obliq.eval.bm25 import BM25
+from obliq.data.rows import read_rows
 from obliq.eval.tasks import load_task
-from obliq.negatives.commands import read_rows
-from obliq.synth.audit import audit_pairs, format_table
-from obliq.synth.backends import load_backend
+from obliq.llm.backends import BackendConfig
+from obliq.synth.audit import audit_pairs, format_audit
 from obliq.synth.generate import GenerationConfig, synthesize
 from obliq.synth.prompts import TaskSpec
 
@@ -33,12 +32,8 @@ def generate(
     spec: TaskSpec,
     n_docs: int | None = 100,
     seed: int = 13,
-    backend: Literal["transformers", "vllm"] = "transformers",
-    model: str = "smollm2",
+    backend: BackendConfig = BackendConfig(),
     generation: GenerationConfig = GenerationConfig(),
-    device: str | None = None,
-    threads: int | None = None,
-    tensor_parallel_size: int = 1,
     prompt_dir: Path | None = None,
 ) -> dict:
     """Write synthetic training queries for a task (Stage A, then Stage B through the task's lens).
@@ -55,21 +50,16 @@ def generate(
         spec: the task's name, lens and attribute wording (configs/synth/<task>.yaml).
         n_docs: documents to sample (seeded), or null for all.
         seed: sampling and generation seed.
-        backend: ``transformers`` (CPU or GPU) or ``vllm`` (GPU; needs the ``gen`` extra in its own env).
-        model: an alias (smollm2), a local folder or a hub id.
+        backend: the generator: ``name`` ``transformers`` (CPU or GPU) or ``vllm`` (GPU; the ``gen``
+            extra in its own env), ``model`` (an alias such as smollm2, a folder or a hub id), and its
+            settings (:class:`obliq.llm.backends.BackendConfig`).
         generation: generation settings.
-        device: transformers only: cpu, cuda… (default CUDA when available).
-        threads: transformers only: torch CPU threads while generating (default torch's; 1 is
-            faster on a CPU shared with other busy processes).
-        tensor_parallel_size: vllm only: GPUs to shard the model over.
         prompt_dir: a folder of prompt files replacing the packaged ones (obliq/synth/prompts).
     """
     args = {k: (str(v) if isinstance(v, Path) else asdict(v) if hasattr(v, "__dataclass_fields__") else v)
             for k, v in locals().items()}
     data = load_task(task)
-    kwargs = ({"device": device, "threads": threads, "batch_size": generation.batch_size} if backend == "transformers"
-              else {"tensor_parallel_size": tensor_parallel_size})
-    engine = load_backend(backend, model, **kwargs)
+    engine = backend.build()
     report = asdict(synthesize(data, spec, engine, out, n_docs=n_docs, seed=seed, generation=generation,
                                prompt_dir=prompt_dir))
     out = Path(out)
@@ -79,7 +69,7 @@ def generate(
     return report
 
 
-def audit(rows: Path, task: Path, split: str = "test", real: bool = True) -> dict:
+def audit_queries(rows: Path, task: Path, split: str = "test", real: bool = True) -> dict:
     """Audit generated and real queries against their sources: entity leaks, overlap, BM25 rank.
 
     Generated queries are compared with their positives, the task's real queries with their
@@ -112,5 +102,5 @@ def audit(rows: Path, task: Path, split: str = "test", real: bool = True) -> dic
                 queries.append(text)
                 sources.append(src)
         table.append(audit_pairs("real", queries, sources, data.doc_texts, bm25))
-    print(format_table(data.name, table))
+    print(format_audit(data.name, table))
     return {"task": data.name, "rows": [asdict(r) for r in table]}

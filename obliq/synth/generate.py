@@ -35,9 +35,11 @@ from typing import Sequence
 
 from obliq.data.rows import RowError, parse_row
 from obliq.eval.tasks import Task
-from obliq.synth.backends import Backend
-from obliq.synth.parse import REJECT_REASONS, parse_reply, words
-from obliq.synth.prompts import TaskSpec, load_prompt, render
+from obliq.llm.backends import Backend
+from obliq.llm.prompts import cut_words
+from obliq.synth.parse import REJECT_REASONS, parse_reply
+from obliq.text import words
+from obliq.synth.prompts import TaskSpec, load_stage_prompt, render_stage
 
 log = logging.getLogger(__name__)
 
@@ -179,14 +181,6 @@ def _seed(base: int, stage: str, attempt: int, doc_ids: Sequence[str]) -> int:
     return int.from_bytes(hashlib.blake2b(key, digest_size=4).digest(), "little")
 
 
-def cut_words(text: str, max_words: int) -> tuple[str, bool]:
-    """``text`` cut to its first ``max_words`` whitespace words (an ellipsis marks a cut); and whether it was cut."""
-    parts = text.split()
-    if len(parts) <= max_words:
-        return text, False
-    return " ".join(parts[:max_words]) + " …", True
-
-
 class _Stage:
     """Generate one stage for a batch with retries; collects counts into the report."""
 
@@ -238,7 +232,7 @@ def synthesize(task: Task, spec: TaskSpec, backend: Backend, out: str | os.PathL
     Args:
         task: the loaded task (:func:`obliq.eval.tasks.load_task`).
         spec: the task's lens and wording (:class:`obliq.synth.prompts.TaskSpec`).
-        backend: a generator (:mod:`obliq.synth.backends`).
+        backend: a generator (:mod:`obliq.llm.backends`).
         out: the output JSONL of training rows (appended; see the module notes on resuming).
         n_docs: documents to sample, or None for all.
         seed: sampling seed; generation seeds derive from it.
@@ -252,7 +246,7 @@ def synthesize(task: Task, spec: TaskSpec, backend: Backend, out: str | os.PathL
         RowError, ValueError: a bad existing output file (see :func:`read_done`); a prompt file error.
     """
     cfg = generation or GenerationConfig()
-    prompt_a, prompt_b = load_prompt("A", prompt_dir=prompt_dir), load_prompt("B", spec.lens, prompt_dir=prompt_dir)
+    prompt_a, prompt_b = load_stage_prompt("A", prompt_dir=prompt_dir), load_stage_prompt("B", spec.lens, prompt_dir=prompt_dir)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     report = SynthReport(task=spec.name, lens=spec.lens, backend=backend.name)
@@ -275,11 +269,11 @@ def synthesize(task: Task, spec: TaskSpec, backend: Backend, out: str | os.PathL
                 text, cut = cut_words(task.doc_texts[i], cfg.max_doc_words)
                 docs.append(text)
                 report.truncated_docs += cut
-            descriptions, tries_a = stage_a.run(ids, [render(prompt_a, spec, d) for d in docs], docs, seed)
+            descriptions, tries_a = stage_a.run(ids, [render_stage(prompt_a, spec, d) for d in docs], docs, seed)
             keep = [n for n, d in enumerate(ids) if d in descriptions]
             b_ids = [ids[n] for n in keep]
             queries, tries_b = stage_b.run(
-                b_ids, [render(prompt_b, spec, docs[n], descriptions[ids[n]]) for n in keep], [docs[n] for n in keep], seed)
+                b_ids, [render_stage(prompt_b, spec, docs[n], descriptions[ids[n]]) for n in keep], [docs[n] for n in keep], seed)
             retried.update(d for d, t in tries_a.items() if t > 1)
             retried.update(d for d, t in tries_b.items() if t > 1)
             lines = []

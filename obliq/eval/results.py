@@ -1,0 +1,196 @@
+"""Score a retriever's runs on tasks and write the result files (docs/formats.md).
+
+Per task, under ``<output>/<task name>/``:
+
+- ``run.trec``: the retrieved documents of every query (TREC run format);
+- ``per_query.jsonl``: one line per evaluated query and qrels split (``test`` = gold, ``pooled``);
+- ``summary.json``: ``{"task", "mechanism", "model", "metrics", "n_queries", "n_excluded", …}``
+  with the pooled metrics, the Recall@k curve, the time per stage and latency p50/p95.
+
+Over all tasks, under ``<output>/``: ``results.md`` (a markdown table) and ``recall_at_k.png`` (the
+Recall@k curve, k = 10…1000, the OBLIQ-IR paper §6.1).
+
+Retrieval itself is :mod:`obliq.eval.retrieval`; metrics follow :mod:`obliq.eval.metrics`
+(trec_eval conventions; queries without relevant documents excluded). A retrieval that was reranked
+(:class:`~obliq.eval.retrieval.Retrieval` with a ``dense_run``) also writes ``run.dense.trec`` and
+the dense metrics and cost in the summary's ``rerank`` entry, and ``results.md`` gets a reranking table.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from time import perf_counter
+from typing import Sequence
+
+import numpy as np
+
+from obliq.eval.metrics import DEFAULT_MEASURES, RECALL_CURVE_K, evaluate_run, parse_measures, write_run
+from obliq.eval.retrieval import Retrieval, Retriever
+from obliq.eval.tasks import Task
+
+log = logging.getLogger(__name__)
+
+SPLIT_NAMES = {"test": "gold", "pooled": "pooled"}
+
+
+def _percentiles(samples: list[float]) -> dict:
+    if not samples:
+        return {"p50": None, "p95": None, "n": 0}
+    p50, p95 = np.percentile(samples, [50, 95])
+    return {"p50": round(float(p50), 3), "p95": round(float(p95), 3), "n": len(samples)}
+
+
+def evaluate_task(
+    task: Task,
+    retrieval: Retrieval,
+    output: Path,
+    model: str,
+    measures: str | Sequence[str] = DEFAULT_MEASURES,
+) -> dict:
+    """Score a task's run under each qrels split and write its files into ``output``.
+
+    Returns:
+        The summary written to ``summary.json``.
+    """
+    output = Path(output)
+    output.mkdir(parents=True, exist_ok=True)
+    panel = list(parse_measures(measures))
+    curve = {k: f"Recall@{k}" for k in RECALL_CURVE_K}
+    names = panel + [c for c in curve.values() if c not in panel]
+    write_run(output / "run.trec", retrieval.run, tag=Path(model).name or model)
+
+    t = perf_counter()
+    results = {split: evaluate_run(qrels, retrieval.run, names, task.query_ids) for split, qrels in task.qrels.items()}
+    timing = dict(retrieval.timing_s, metrics=perf_counter() - t)
+
+    with (output / "per_query.jsonl").open("w", encoding="utf-8") as f:
+        for split, ev in results.items():
+            for qid, values in ev.per_query.items():
+                f.write(json.dumps({"query_id": qid, "qrels": SPLIT_NAMES[split], **{n: values[n] for n in panel}}) + "\n")
+
+    gold = results["test"]
+    rerank = dict(retrieval.rerank)
+    if retrieval.dense_run is not None:
+        write_run(output / "run.dense.trec", retrieval.dense_run, tag=Path(model).name or model)
+        rerank["dense_metrics"] = evaluate_run(task.qrels["test"], retrieval.dense_run, panel, task.query_ids).aggregate
+    summary = {
+        "task": task.name,
+        "mechanism": task.mechanism,
+        "model": model,
+        "metrics": {n: gold.aggregate[n] for n in panel},
+        "n_queries": gold.n_queries,
+        "n_excluded": gold.n_excluded,
+        "n_docs": len(task.doc_ids),
+        "recall_curve": {str(k): gold.aggregate[name] for k, name in curve.items()},
+        "timing_s": {k: round(v, 4) for k, v in timing.items()},
+        "latency_ms": {k: _percentiles(v) for k, v in retrieval.latency_ms.items()},
+        "corpus_cache": retrieval.corpus_cache,
+        "validation": task.report,
+        **({"rerank": rerank} if rerank else {}),
+    }
+    if "pooled" in results:
+        pooled = results["pooled"]
+        summary["pooled"] = {
+            "metrics": {n: pooled.aggregate[n] for n in panel},
+            "n_queries": pooled.n_queries,
+            "n_excluded": pooled.n_excluded,
+        }
+    (output / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    log.info("%s on %s: %s (%d queries, %d excluded)", model, task.name,
+             ", ".join(f"{n}={v:.4f}" for n, v in summary["metrics"].items()), gold.n_queries, gold.n_excluded)
+    return summary
+
+
+def write_report(summaries: list[dict], output: Path) -> None:
+    """Write ``results.md`` (metrics, time per stage, latency) and ``recall_at_k.png`` over all tasks."""
+    from matplotlib.figure import Figure
+
+    output = Path(output)
+    output.mkdir(parents=True, exist_ok=True)
+    if not summaries:
+        return
+    panel = list(summaries[0]["metrics"])
+    fmt = lambda v: "–" if v is None or v != v else f"{v:.4f}"  # noqa: E731  (NaN → dash)
+    lines = [f"# Retrieval results: {summaries[0]['model']}", "",
+             "| task | mechanism | qrels | queries | excluded | " + " | ".join(panel) + " |",
+             "|---|---|---|---:|---:|" + "---:|" * len(panel)]
+    for s in summaries:
+        rows = [("gold", s)] + ([("pooled", s["pooled"])] if "pooled" in s else [])
+        for label, r in rows:
+            lines.append(f"| {s['task']} | {s['mechanism'] or ''} | {label} | {r['n_queries']} | {r['n_excluded']} | "
+                         + " | ".join(fmt(r["metrics"][n]) for n in panel) + " |")
+    lines += ["", "Time per stage (s) and latency per query (ms, p50 / p95):", "",
+              "| task | docs | encode corpus | encode queries | search | metrics | corpus cache | "
+              "query encoding p50 / p95 | search p50 / p95 |",
+              "|---|---:|---:|---:|---:|---:|---|---:|---:|"]
+    for s in summaries:
+        t, lat = s["timing_s"], s["latency_ms"]
+        pct = lambda k: f"{lat[k]['p50']} / {lat[k]['p95']}" if lat.get(k, {}).get("n") else "–"  # noqa: E731
+        sec = lambda k: f"{t[k]:.2f}" if k in t else "–"  # noqa: E731  (a run read from a file has no stages)
+        lines.append(f"| {s['task']} | {s['n_docs']} | {sec('encode_corpus')} | {sec('encode_queries')} | "
+                     f"{sec('search')} | {sec('metrics')} | {s['corpus_cache']} | {pct('query_encoding')} | {pct('search')} |")
+    reranked = [s for s in summaries if "dense_metrics" in s.get("rerank", {})]
+    if reranked:
+        m = panel[0]
+        lines += ["", f"Reranking (gold {m} before / after; cost per reranked query, and failed and repaired "
+                  "calls out of all calls):", "",
+                  f"| task | method | depth | dense {m} | reranked {m} | queries | calls / query | tokens in / query | "
+                  "tokens out / query | seconds / query | failed / all calls | repaired / all calls |",
+                  "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        for s in reranked:
+            r, c, q = s["rerank"], s["rerank"]["cost"], s["rerank"]["cost"]["per_query"]
+            lines.append(f"| {s['task']} | {r['method']} | {r['depth']} | {fmt(r['dense_metrics'][m])} | "
+                         f"{fmt(s['metrics'][m])} | {c['queries']} | {q['calls']:.1f} | {q['prompt_tokens']:.0f} | "
+                         f"{q['new_tokens']:.0f} | {q['seconds']:.2f} | {c['failed_calls']} / {c['calls']} | "
+                         f"{c['repaired_calls']} / {c['calls']} |")
+    (output / "results.md").write_text("\n".join(lines) + "\n")
+
+    fig = Figure(figsize=(6, 4))
+    ax = fig.subplots()
+    for s in summaries:
+        ks = [int(k) for k in s["recall_curve"]]
+        ax.plot(ks, list(s["recall_curve"].values()), marker="o", label=s["task"])
+    ax.set(xscale="log", xlabel="k", ylabel="Recall@k (gold)", ylim=(0, 1.02), title=summaries[0]["model"])
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(output / "recall_at_k.png", dpi=120)
+
+
+def evaluate_tasks(
+    retrieve: Retriever,
+    tasks: Sequence[Task],
+    output: Path,
+    model: str,
+    measures: str | Sequence[str] = DEFAULT_MEASURES,
+) -> list[dict]:
+    """Retrieve and score every task, write each task's files and the report over all of them.
+
+    Raises:
+        ValueError: two tasks share a name (their files would collide).
+    """
+    names = [t.name for t in tasks]
+    if len(set(names)) != len(names):
+        raise ValueError(f"task names must be unique, got {names}")
+    summaries = [evaluate_task(t, retrieve(t), Path(output) / t.name, model, measures) for t in tasks]
+    write_report(summaries, output)
+    return summaries
+
+
+def find_tasks(paths: Sequence[str | Path]) -> list[Path]:
+    """Task folders from paths that are task folders or folders of task folders (sorted).
+
+    Raises:
+        FileNotFoundError: a path is neither.
+    """
+    out = []
+    for p in map(Path, paths):
+        if (p / "corpus.jsonl").is_file():
+            out.append(p)
+        elif p.is_dir() and (subs := sorted(s for s in p.iterdir() if (s / "corpus.jsonl").is_file())):
+            out.extend(subs)
+        else:
+            raise FileNotFoundError(f"{p}: not a task folder (no corpus.jsonl) nor a folder of task folders")
+    return out

@@ -1,0 +1,258 @@
+"""Retrieval for evaluation: one settings object and one dispatch from a model to a retriever.
+
+Every command that retrieves a task (``evaluate``, ``audit``, the training callback, the quickstart,
+the dose sweep) describes how with a :class:`RetrievalSettings` and gets its retriever from
+:func:`make_retriever`, which knows three kinds of model:
+
+- ``bm25``: :class:`obliq.eval.bm25.BM25` over the task corpus (Lucene scoring, k1, b, stemmer);
+- a TREC run file (``*.trec``, e.g. written on a GPU machine): read as it is;
+- anything else is a dense encoder: an alias, a folder, an adapter, a hub id
+  (:func:`obliq.eval.encoders.load_encoder`), or an encoder object already in memory (the module
+  being trained). Passages and queries are encoded with the settings' own max lengths (passed to
+  each ``encode`` call, never written into the encoder), the corpus embeddings are cached on disk
+  keyed by the model's files, the encoder kind, the passage length and the corpus file's digest,
+  and search is exact (:mod:`obliq.eval.index`).
+
+Latency (the paper §6.4) is measured per query, one query at a time after one warm-up query, on the
+first ``latency_queries`` queries: query encoding (BM25: tokenizing) and search, in ms.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from time import perf_counter
+from typing import Callable, Sequence
+
+import numpy as np
+
+from obliq.eval.bm25 import B, BM25, BM25_STEMMER, K1
+from obliq.eval.encoders import Encoder, EncoderKind, fingerprint, load_encoder
+from obliq.eval.index import DenseIndex, unit_float32
+from obliq.eval.metrics import Run, read_run, run_from_search
+from obliq.eval.tasks import Task
+from obliq.files import atomic_write, cache_dir
+from obliq.model.encoder import PASSAGE_MAX_LENGTH, QUERY_MAX_LENGTH
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RetrievalSettings:
+    """How a model retrieves a task: the settings every evaluating command shares.
+
+    Attributes:
+        encoder: ``auto`` (from the model's files), ``obliq`` (BiEncoder: its prefixes, mean pooling)
+            or ``sentence-transformers`` (the model's own pooling and prompts).
+        top_k: documents retrieved per query (Recall@1000 needs 1000).
+        batch_size: texts per forward pass.
+        query_max_length: query truncation in tokens (the OBLIQ-IR paper §4: 256).
+        passage_max_length: passage truncation in tokens (the model card: 1024); either length is cut
+            to what the model can read.
+        cache: cache corpus embeddings on disk, keyed by the model's files and the corpus.
+        cache_dir: where; default ``$OBLIQ_CACHE/embeddings`` (``~/.cache/obliq/embeddings``).
+        bm25_k1: BM25 term-frequency saturation (Anserini's default 0.9).
+        bm25_b: BM25 length normalisation (Anserini's default 0.4).
+        bm25_stemmer: PyStemmer language for BM25, or null for unstemmed tokens.
+        trust_remote_code: let the model run its own code (only for models you trust).
+    """
+
+    encoder: EncoderKind = "auto"
+    top_k: int = 1000
+    batch_size: int = 32
+    query_max_length: int = QUERY_MAX_LENGTH
+    passage_max_length: int = PASSAGE_MAX_LENGTH
+    cache: bool = True
+    cache_dir: Path | None = None
+    bm25_k1: float = K1
+    bm25_b: float = B
+    bm25_stemmer: str | None = BM25_STEMMER
+    trust_remote_code: bool = False
+
+    def __post_init__(self) -> None:
+        for key in ("top_k", "batch_size", "query_max_length", "passage_max_length"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"retrieval.{key}: must be an integer >= 1, got {value!r}")
+
+
+@dataclass
+class Retrieval:
+    """What retrieving one task produced."""
+
+    run: Run
+    timing_s: dict[str, float]
+    """Wall time of ``encode_corpus``, ``encode_queries`` and ``search`` (whole task), seconds."""
+    latency_ms: dict[str, list[float]] = field(default_factory=dict)
+    """Per-query samples of ``query_encoding`` and ``search``, milliseconds."""
+    corpus_cache: str = "off"
+    """``hit``, ``miss`` or ``off``."""
+    dense_run: Run | None = None
+    """The run before reranking (None when not reranked)."""
+    rerank: dict = field(default_factory=dict)
+    """What reranking did (method, depth, backend, cost); empty without a policy."""
+
+
+Retriever = Callable[[Task], Retrieval]
+"""A task → its :class:`Retrieval`."""
+
+
+def _latency(texts: Sequence[str], encode_one: Callable, search_one: Callable) -> dict[str, list[float]]:
+    samples: dict[str, list[float]] = {"query_encoding": [], "search": []}
+    if texts:
+        search_one(encode_one(texts[0]))  # warm-up, not counted
+    for text in texts:
+        t0 = perf_counter()
+        q = encode_one(text)
+        t1 = perf_counter()
+        search_one(q)
+        t2 = perf_counter()
+        samples["query_encoding"].append((t1 - t0) * 1e3)
+        samples["search"].append((t2 - t1) * 1e3)
+    return samples
+
+
+def corpus_cache_file(folder: Path, model_key: str, task: Task) -> Path:
+    """Where a task's corpus embeddings for a model are cached: ``<folder>/<task>-<key>.npy``.
+
+    ``model_key`` must change whenever the vectors would (model files, encoder kind, passage max
+    length); the key also covers the corpus file's SHA-256.
+    """
+    key = hashlib.sha256(f"{model_key}|{task.corpus_sha256}".encode()).hexdigest()[:20]
+    return Path(folder) / f"{task.name}-{key}.npy"
+
+
+def retrieve_dense(
+    encoder: Encoder,
+    task: Task,
+    settings: RetrievalSettings,
+    cache: Path | None = None,
+    latency_queries: int = 0,
+) -> Retrieval:
+    """Encode the corpus (or read it from ``cache``) and the queries, then search exactly.
+
+    Args:
+        encoder: anything with ``encode(texts, kind, batch_size, max_length)``.
+        task: the task.
+        settings: ``top_k`` (capped at the corpus size), ``batch_size`` and the two max lengths.
+        cache: an ``.npy`` file for the corpus embeddings (see :func:`corpus_cache_file`);
+            None encodes every time.
+        latency_queries: queries timed one at a time (0 skips the latency measurement).
+
+    Returns:
+        The run (cosine scores) with its timings.
+    """
+    def encode(texts: Sequence[str], kind: str, batch_size: int):
+        length = settings.query_max_length if kind == "query" else settings.passage_max_length
+        return encoder.encode(list(texts), kind=kind, batch_size=batch_size, max_length=length)
+
+    timing: dict[str, float] = {}
+    t = perf_counter()
+    docs, status = None, "off"
+    if cache is not None:
+        status = "miss"
+        if cache.is_file():
+            docs = np.load(cache)
+            if docs.ndim != 2 or docs.shape[0] != len(task.doc_ids):
+                log.warning("%s: cached embeddings have shape %s for %d docs; re-encoding", cache, docs.shape, len(task.doc_ids))
+                docs = None
+            else:
+                status = "hit"
+    if docs is None:
+        docs = unit_float32(encode(task.doc_texts, "passage", settings.batch_size), "corpus embeddings")
+        if cache is not None:
+            with atomic_write(cache, "wb") as f:
+                np.save(f, docs)
+    timing["encode_corpus"] = perf_counter() - t
+
+    t = perf_counter()
+    queries = encode(task.query_texts, "query", settings.batch_size)
+    timing["encode_queries"] = perf_counter() - t
+
+    t = perf_counter()
+    index = DenseIndex(docs)
+    scores, indices = index.search(queries, settings.top_k)
+    timing["search"] = perf_counter() - t
+
+    latency = _latency(
+        task.query_texts[:latency_queries],
+        lambda text: encode([text], "query", 1),
+        lambda q: index.search(q, settings.top_k),
+    )
+    return Retrieval(run_from_search(task.query_ids, task.doc_ids, scores, indices), timing, latency, status)
+
+
+def retrieve_bm25(task: Task, settings: RetrievalSettings, latency_queries: int = 0) -> Retrieval:
+    """BM25 retrieval of a task (see :mod:`obliq.eval.bm25` for the scoring and text analysis).
+
+    Timings: ``encode_corpus`` = tokenizing and indexing, ``encode_queries`` = tokenizing queries.
+    """
+    timing: dict[str, float] = {}
+    t = perf_counter()
+    index = BM25(task.doc_texts, k1=settings.bm25_k1, b=settings.bm25_b, stemmer=settings.bm25_stemmer)
+    timing["encode_corpus"] = perf_counter() - t
+    t = perf_counter()
+    tokens = index.tokenize(task.query_texts)
+    timing["encode_queries"] = perf_counter() - t
+    t = perf_counter()
+    hits = [index.search_tokens(q, settings.top_k) for q in tokens]
+    timing["search"] = perf_counter() - t
+    latency = _latency(
+        task.query_texts[:latency_queries],
+        lambda text: index.tokenize([text])[0],
+        lambda q: index.search_tokens(q, settings.top_k),
+    )
+    run = run_from_search(task.query_ids, task.doc_ids, [h[0] for h in hits], [h[1] for h in hits])
+    return Retrieval(run, timing, latency, "off")
+
+
+def is_run_file(model: object) -> bool:
+    """True when ``model`` names an existing ``.trec`` file."""
+    return isinstance(model, (str, Path)) and str(model).endswith(".trec") and Path(model).is_file()
+
+
+def retrieve_run_file(path: str | Path, task: Task) -> Retrieval:
+    """A task's run read from a TREC run file (its queries of other tasks are left out; a task query
+    missing from the file scores 0 on every measure, with a warning)."""
+    run = read_run(path)
+    missing = [q for q in task.query_ids if q not in run]
+    if missing:
+        log.warning("%s: %d queries of %s have no results (they score 0; e.g. %s)", path, len(missing), task.name,
+                    missing[0])
+    return Retrieval({q: run[q] for q in task.query_ids if q in run}, {}, {}, "off")
+
+
+def make_retriever(model: str | Encoder, settings: RetrievalSettings | None = None,
+                   latency_queries: int = 0) -> Retriever:
+    """The one dispatch from a model to a retriever (see the module notes).
+
+    Args:
+        model: ``bm25``; a TREC run file; an alias, folder, adapter or hub id; or an encoder object.
+        settings: how to retrieve (default :class:`RetrievalSettings`).
+        latency_queries: queries timed one at a time per task (0: none).
+
+    Returns:
+        task → :class:`Retrieval`. A named encoder is loaded now, once, for every task.
+
+    Raises:
+        FileNotFoundError / OSError / ValueError: from :func:`obliq.eval.encoders.load_encoder`.
+    """
+    settings = settings or RetrievalSettings()
+    if isinstance(model, str) and model.lower() == "bm25":
+        return lambda task: retrieve_bm25(task, settings, latency_queries)
+    if is_run_file(model):
+        return lambda task: retrieve_run_file(model, task)
+    if isinstance(model, str):
+        encoder = load_encoder(model, settings.encoder, settings.trust_remote_code)
+        key = f"{fingerprint(model)}|{type(encoder).__name__}|{settings.encoder}|{settings.passage_max_length}"
+    else:
+        encoder, key = model, None  # an encoder in memory (training): its weights change, nothing is cached
+    folder = Path(settings.cache_dir) if settings.cache_dir is not None else cache_dir() / "embeddings"
+
+    def retrieve(task: Task) -> Retrieval:
+        file = corpus_cache_file(folder, key, task) if settings.cache and key is not None else None
+        return retrieve_dense(encoder, task, settings, file, latency_queries)
+
+    return retrieve

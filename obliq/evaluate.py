@@ -1,0 +1,90 @@
+"""``obliq evaluate`` (and ``python evaluate.py``): a model, BM25 or a run file on tasks, optionally reranked.
+
+Examples::
+
+    obliq evaluate --model bm25 --tasks ../shared/data/tasks --output runs/bm25
+    obliq evaluate --model minilm --tasks ../shared/data/tasks/math-theoremqa ../shared/data/tasks/writing-news \\
+        --output runs/minilm --retrieval.top_k 100
+    obliq evaluate --model minilm --tasks ../shared/data/tasks --output runs/minilm+rerank \\
+        --rerank configs/rerank/cpu-smollm2.yaml   # LLM-rerank the tasks the policy names (docs/rerank.md)
+
+It wires the layers together: tasks (:mod:`obliq.eval.tasks`), the retriever
+(:func:`obliq.eval.retrieval.make_retriever` with a :class:`~obliq.eval.retrieval.RetrievalSettings`),
+the reranker of a policy (:mod:`obliq.rerank`), and the result files (:mod:`obliq.eval.results`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+from obliq.eval.metrics import DEFAULT_MEASURES, parse_measures
+from obliq.eval.results import evaluate_tasks, find_tasks
+from obliq.eval.retrieval import RetrievalSettings, make_retriever
+from obliq.eval.tasks import load_task
+
+log = logging.getLogger(__name__)
+
+
+def evaluate(
+    model: str,
+    tasks: list[str],
+    output: Path,
+    retrieval: RetrievalSettings = RetrievalSettings(),
+    measures: str | list[str] = list(DEFAULT_MEASURES),
+    latency_queries: int = 100,
+    rerank: Path | None = None,
+) -> list[dict]:
+    """Evaluate a model (or BM25, or a run file) on tasks and write runs, metrics, a table and a Recall@k plot.
+
+    Per task, ``<output>/<task>/`` gets ``run.trec``, ``per_query.jsonl`` and ``summary.json``; over
+    all tasks ``<output>/`` gets ``results.md``, ``recall_at_k.png`` and ``config.json`` (these
+    arguments). See docs/formats.md.
+
+    Args:
+        model: ``bm25``; a TREC run file (``*.trec``); a folder saved by obliq (``obliq export``: a
+            LoRA adapter or a full model); a peft adapter folder; a sentence-transformers or
+            transformers folder; an alias (``minilm``); or a hub id (needs the hub cache offline).
+        tasks: task folders in BEIR layout, or folders holding task folders.
+        output: folder for the results.
+        retrieval: how to retrieve: encoder kind, top_k, batch size, query/passage max lengths,
+            the corpus-embedding cache, BM25's k1/b/stemmer, trust_remote_code
+            (:class:`obliq.eval.retrieval.RetrievalSettings`).
+        measures: metrics reported (trec_eval names accepted), e.g. ``[NDCG@10,Recall@100]``.
+        latency_queries: queries timed one at a time for latency p50/p95 (0: none).
+        rerank: a reranking policy file (configs/rerank/…, or one written by ``obliq rerank
+            policy``): the tasks it names get their reranker over the dense top-N; the others keep
+            the dense run. Cost (calls, tokens, seconds per query) is reported next to the metrics;
+            ``run.dense.trec`` keeps the dense run and ``rerank_policy.yaml`` the policy as loaded.
+
+    Returns:
+        One summary per task (as written to ``summary.json``; ``results.md`` holds the table).
+    """
+    config = {k: v for k, v in locals().items()}
+    output = Path(output)
+    loaded = [load_task(p) for p in find_tasks(tasks)]
+    parse_measures(measures)  # fail before any encoding
+    policy = None
+    if rerank is not None:
+        from obliq.rerank.config import dump_policy, load_policy
+
+        policy = load_policy(rerank)  # fail before any encoding (its prompt files are checked too)
+        unknown = sorted(set(policy.tasks) - {t.name for t in loaded})
+        if unknown:
+            log.warning("%s names tasks not evaluated here: %s", rerank, ", ".join(unknown))
+    retrieve = make_retriever(model, retrieval, latency_queries)
+    output.mkdir(parents=True, exist_ok=True)
+    (output / "config.json").write_text(json.dumps(config, indent=2, default=_jsonable) + "\n")
+    if policy is not None:
+        from obliq.rerank.reranker import Reranker
+
+        dump_policy(policy, output / "rerank_policy.yaml", f"The reranking policy {rerank}, as loaded by evaluate.py.")
+        retrieve = Reranker(policy).wrap(retrieve)
+    return evaluate_tasks(retrieve, loaded, output, "bm25" if model.lower() == "bm25" else model, measures)
+
+
+def _jsonable(value):
+    from dataclasses import asdict, is_dataclass
+
+    return asdict(value) if is_dataclass(value) else str(value)

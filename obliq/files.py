@@ -1,0 +1,133 @@
+"""Files at the bottom of every stage: how text files are opened, written atomically, and named.
+
+- :func:`open_text` is how obliq opens every text input (JSONL, TSV, TREC, YAML): UTF-8 with a
+  leading byte-order mark removed (spreadsheet tools and some editors write one, and it would
+  otherwise become part of the first id); :func:`strip_bom` does the same for readers that work on
+  bytes (the training-row index keeps byte offsets).
+- :func:`atomic_write` writes a file through a temporary file in the same folder and renames it into
+  place, so a killed process leaves the old file or the new one, never half of one.
+- :func:`read_id_table` reads the ``id<TAB>value`` tables tasks carry (attributes, sources).
+- :func:`safe_name` turns a name found in a file (a task's name) into a folder name that cannot
+  leave the output folder.
+- :func:`cache_dir` is where obliq caches what it computes (``$OBLIQ_CACHE``, default ``~/.cache/obliq``).
+"""
+
+from __future__ import annotations
+
+import codecs
+import os
+import re
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+from typing import IO, Iterator
+
+BOM = codecs.BOM_UTF8
+"""The UTF-8 byte-order mark (EF BB BF)."""
+
+
+def cache_dir() -> Path:
+    """The folder where obliq caches converted models, embeddings and row indexes
+    (``$OBLIQ_CACHE`` or ``~/.cache/obliq``)."""
+    return Path(os.environ.get("OBLIQ_CACHE", Path.home() / ".cache" / "obliq"))
+
+
+def open_text(path: str | os.PathLike) -> IO[str]:
+    """Open a text file for reading as UTF-8, dropping a leading byte-order mark (C28).
+
+    Raises:
+        FileNotFoundError: no such file.
+    """
+    return open(path, encoding="utf-8-sig")
+
+
+def read_text(path: str | os.PathLike) -> str:
+    """The whole of a text file, as :func:`open_text` reads it."""
+    with open_text(path) as f:
+        return f.read()
+
+
+def strip_bom(data: bytes) -> bytes:
+    """``data`` without a leading UTF-8 byte-order mark (for readers of the first line of a file in bytes)."""
+    return data[len(BOM):] if data.startswith(BOM) else data
+
+
+@contextmanager
+def atomic_write(path: str | os.PathLike, mode: str = "w") -> Iterator[IO]:
+    """Write ``path`` all at once: the block writes a temporary file beside it, renamed over
+    ``path`` when the block ends without an error (the temporary file is removed otherwise).
+
+    Args:
+        path: the file to write; its folder is created.
+        mode: ``"w"`` (UTF-8 text) or ``"wb"``.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as f:
+            yield f
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def write_text(path: str | os.PathLike, text: str) -> None:
+    """Write a text file atomically (:func:`atomic_write`)."""
+    with atomic_write(path) as f:
+        f.write(text)
+
+
+def read_id_table(path: str | os.PathLike, value: str = "attribute") -> dict[str, str]:
+    """Read a two-column TSV with a header line: ``corpus-id<TAB><value>`` (a task's ``attributes.tsv``,
+    ``sources.tsv``, a lean table).
+
+    Returns:
+        corpus id → value.
+
+    Raises:
+        FileNotFoundError: no such file.
+        ValueError: a line without exactly two tab-separated columns, an empty field, or an id listed
+            twice (file, line and field named).
+    """
+    path = Path(path)
+    out: dict[str, str] = {}
+    where: dict[str, int] = {}
+    with open_text(path) as f:
+        for lineno, line in enumerate(f, 1):
+            line = line.rstrip("\n").rstrip("\r")
+            if not line.strip():
+                continue
+            cols = line.split("\t")
+            if len(cols) != 2:
+                raise ValueError(f"{path}:{lineno}: expected 2 tab-separated columns (corpus-id, {value}), got {len(cols)}")
+            if lineno == 1 and cols[0].strip().lower() in ("corpus-id", "doc-id", "id", "_id"):
+                continue
+            doc, val = cols[0].strip(), cols[1].strip()
+            if not doc:
+                raise ValueError(f"{path}:{lineno}: field 'corpus-id' is empty")
+            if not val:
+                raise ValueError(f"{path}:{lineno}: field {value!r} is empty")
+            if doc in out:
+                raise ValueError(f"{path}:{lineno}: corpus-id {doc!r} already given on line {where[doc]}")
+            out[doc], where[doc] = val, lineno
+    return out
+
+
+_UNSAFE = re.compile(r"[^\w.\-]+")
+
+
+def safe_name(name: str, what: str = "name") -> str:
+    """A folder name made from ``name``: runs of characters other than letters, digits, ``_``, ``.``
+    and ``-`` become ``_``; a result that is empty or only dots (``.``, ``..``) is refused, so the
+    folder can never leave the folder it is made in.
+
+    Raises:
+        ValueError: nothing usable is left (the message names ``what``).
+    """
+    out = _UNSAFE.sub("_", str(name)).strip("_")
+    if not out or set(out) <= {"."}:
+        raise ValueError(f"{what} {name!r} cannot be used as a folder name")
+    return out
