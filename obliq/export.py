@@ -16,6 +16,9 @@ from pathlib import Path
 
 import torch
 
+from obliq import __version__
+from obliq.aliases import portable_name
+from obliq.files import write_text
 from obliq.model.encoder import BiEncoder, LoraSettings
 
 PROBE = [
@@ -28,16 +31,13 @@ PROBE = [
 ]
 
 
-def load_checkpoint(path: str | Path, **overrides) -> BiEncoder:
-    """Rebuild the encoder of a training checkpoint (``train.py fit``) with its trained weights.
-
-    Args:
-        path: a ``.ckpt`` file written by :class:`~obliq.model.module.RetrieverModule`.
-        overrides: BiEncoder settings to change (e.g. ``dtype="float32"``).
+def read_checkpoint(path: str | Path) -> dict:
+    """Read a training checkpoint as data (``weights_only=True``: no pickled code runs).
 
     Raises:
         FileNotFoundError: no such file.
-        KeyError: the file is not an obliq checkpoint, or lacks trained weights.
+        ValueError: not a readable checkpoint.
+        KeyError: not an obliq training checkpoint (no ``obliq`` section).
     """
     path = Path(path)
     if not path.is_file():
@@ -46,8 +46,25 @@ def load_checkpoint(path: str | Path, **overrides) -> BiEncoder:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except (RuntimeError, EOFError, pickle.UnpicklingError) as err:
         raise ValueError(f"{path}: not a readable checkpoint ({type(err).__name__}: {str(err).splitlines()[0]})") from None
-    if "obliq" not in ckpt:
+    if not isinstance(ckpt, dict) or "obliq" not in ckpt:
         raise KeyError(f"{path}: not an obliq training checkpoint (no 'obliq' section)")
+    return ckpt
+
+
+def load_checkpoint(path: str | Path, ckpt: dict | None = None, **overrides) -> BiEncoder:
+    """Rebuild the encoder of a training checkpoint (``train.py fit``) with its trained weights.
+
+    Args:
+        path: a ``.ckpt`` file written by :class:`~obliq.model.module.RetrieverModule`.
+        ckpt: its content when already read (:func:`read_checkpoint`).
+        overrides: BiEncoder settings to change (e.g. ``dtype="float32"``).
+
+    Raises:
+        FileNotFoundError: no such file.
+        ValueError: not a readable checkpoint.
+        KeyError: the file is not an obliq checkpoint, or lacks trained weights.
+    """
+    ckpt = ckpt if ckpt is not None else read_checkpoint(path)
     settings = dict(ckpt["obliq"]["encoder"], **overrides)
     lora = ckpt["obliq"]["lora"]
     encoder = BiEncoder(**settings, lora=LoraSettings(**lora) if lora else None)
@@ -70,8 +87,11 @@ def export(
     merge: bool = False,
     min_cosine: float = 0.999,
     probe_file: Path | None = None,
+    results: Path | None = None,
 ) -> dict:
-    """Write ``<out>/adapter`` (peft adapter + obliq settings) and, with ``merge``, ``<out>/merged``.
+    """Write ``<out>/adapter`` (peft adapter + obliq settings) and, with ``merge``, ``<out>/merged``,
+    each with a model card (``README.md``, Hugging Face format: base model, training data and doses,
+    the recipe's settings, the evaluation table when ``results`` is given, how to load it).
 
     Args:
         checkpoint: a training checkpoint (``.ckpt``).
@@ -80,6 +100,8 @@ def export(
             hold the prefixes; mean pooling; normalisation).
         min_cosine: the least cosine between merged and adapter embeddings on the probe set.
         probe_file: texts to probe with, one per line (default: a built-in set).
+        results: an ``evaluate`` output folder of this model (``<task>/summary.json``): its metrics go
+            into the model card.
 
     Returns:
         What was written and the probe's minimum cosine.
@@ -88,25 +110,30 @@ def export(
         ValueError: the merged model's embeddings drift below ``min_cosine`` (nothing merged is kept).
     """
     out = Path(out)
-    encoder = load_checkpoint(checkpoint)
+    ckpt = read_checkpoint(checkpoint)
+    evaluation = _evaluation(Path(results)) if results is not None else []
+    encoder = load_checkpoint(checkpoint, ckpt)
     adapter_dir = out / "adapter"
     for stale in (adapter_dir, out / "merged"):  # a previous export's: never mix two checkpoints
         shutil.rmtree(stale, ignore_errors=True)
     encoder.save_pretrained(adapter_dir)
+    write_text(adapter_dir / "README.md", model_card(ckpt, encoder, "adapter", evaluation))
     report = {"checkpoint": str(checkpoint), "adapter": str(adapter_dir)}
     if merge:
         probe = Path(probe_file).read_text().splitlines() if probe_file else PROBE
-        report.update(merge_to_sentence_transformers(checkpoint, out / "merged", probe, min_cosine))
+        report.update(merge_to_sentence_transformers(checkpoint, ckpt, out / "merged", probe, min_cosine))
+        write_text(out / "merged" / "README.md", model_card(ckpt, encoder, "merged", evaluation))
     (out / "export.json").write_text(json.dumps(report, indent=2) + "\n")
     return report
 
 
-def merge_to_sentence_transformers(checkpoint: Path, folder: Path, probe: list[str], min_cosine: float) -> dict:
+def merge_to_sentence_transformers(checkpoint: Path, ckpt: dict, folder: Path, probe: list[str],
+                                   min_cosine: float) -> dict:
     """Merge LoRA in float32, cast once to the training dtype, save and verify a sentence-transformers folder."""
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.models import Normalize, Pooling, Transformer
 
-    encoder = load_checkpoint(checkpoint, dtype="float32")
+    encoder = load_checkpoint(checkpoint, ckpt, dtype="float32")
     expect = _probe_embeddings(encoder.encode, probe)
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[encoder.settings["dtype"]]
     model = encoder.model.merge_and_unload() if encoder.is_peft else encoder.model
@@ -148,3 +175,94 @@ def merge_to_sentence_transformers(checkpoint: Path, folder: Path, probe: list[s
             "texts; use the adapter export (or merge to float32)"
         )
     return {"merged": str(folder), "merged_dtype": str(dtype).removeprefix("torch."), "probe_min_cosine": cosine}
+
+
+def _evaluation(results: Path) -> list[dict]:
+    """The per-task summaries of an ``evaluate`` output folder.
+
+    Raises:
+        FileNotFoundError: the folder holds no ``<task>/summary.json``.
+    """
+    summaries = [json.loads(p.read_text()) for p in sorted(results.glob("*/summary.json"))]
+    if not summaries:
+        raise FileNotFoundError(f"{results}: no <task>/summary.json (an evaluate output folder)")
+    return summaries
+
+
+def model_card(ckpt: dict, encoder: BiEncoder, kind: str, evaluation: list[dict]) -> str:
+    """A Hugging Face model card (``README.md``) for an exported adapter (``kind="adapter"``) or merged
+    sentence-transformers folder (``"merged"``), built from the checkpoint's own record of its training:
+    the base model by its portable name, the encoder's settings, LoRA, the loss and optimiser settings,
+    the training sources with their rows per epoch (the doses), and the evaluation table when given."""
+    settings, lora = encoder.settings, ckpt["obliq"]["lora"]
+    base = portable_name(settings["backbone"])
+    hp = ckpt.get("hyper_parameters", {})
+    stats = (ckpt.get("TrainingDataModule") or {}).get("stats") or {}
+    temperature = hp.get("temperature")
+    library = "peft" if kind == "adapter" else "sentence-transformers"
+    lines = ["---", f"base_model: {base}", f"library_name: {library}", "pipeline_tag: sentence-similarity", "tags:",
+             "- obliq", "- dense-retrieval", "- sentence-transformers", "- feature-extraction"]
+    lines += (["- lora"] if lora else []) + ["---", "",
+              f"# {base.split('/')[-1]} fine-tuned for oblique queries ({'LoRA adapter' if kind == 'adapter' else 'merged'})", "",
+              "A bi-encoder for retrieval by a latent attribute of the document (stance, technique, style, a lossy "
+              f"recollection), trained with obliq {__version__} (the OBLIQ-IR recipe: InfoNCE with GradCache on "
+              "synthetic queries and kNN-graph pairs from a frozen specialist).", "", "## Model", "",
+              "| setting | value |", "|---|---|", f"| base model | `{base}` |",
+              f"| architecture | {encoder.backbone_config.model_type}, "
+              f"{'bidirectional' if encoder.bidirectional else 'causal'} attention |",
+              "| pooling | mean over non-padding tokens, then L2 normalisation |",
+              f"| embedding size | {encoder.hidden_size} |",
+              f"| prefixes | query `{settings['query_prefix']!r}`, passage `{settings['passage_prefix']!r}` |",
+              f"| max length (training) | query {settings['query_max_length']}, passage {settings['passage_max_length']} tokens |",
+              f"| weights dtype | {settings['dtype']} |"]
+    if lora:
+        lines.append(f"| LoRA | r {lora['r']}, alpha {lora['alpha']}, dropout {lora['dropout']}, targets "
+                     f"{', '.join(lora['target_modules'] or _targets(encoder))} |")
+    lines += ["", "## Training", "", "| setting | value |", "|---|---|",
+              f"| optimizer steps | {ckpt.get('global_step', '?')} (epoch {ckpt.get('epoch', '?')}) |"]
+    if temperature:
+        lines.append(f"| loss | InfoNCE over in-batch positives and hard negatives, temperature {temperature} "
+                     f"(scale {1 / temperature:g}), GradCache chunk {hp.get('chunk_size')}, negatives gathered "
+                     f"across devices: {hp.get('gather_across_devices')} |")
+    if "lr" in hp:
+        lines.append(f"| optimizer | AdamW, lr {hp['lr']}, weight decay {hp.get('weight_decay')}, warmup ratio "
+                     f"{hp.get('warmup_ratio')} then linear decay, gradient clip {hp.get('max_grad_norm')} |")
+    if stats.get("sources"):
+        lines += ["", "Training data (rows per epoch = the dose of each source):", "",
+                  "| source | rows | rows per epoch |", "|---|---:|---:|"]
+        lines += [f"| `{Path(src['path']).name}` | {src['rows']} | {src['per_epoch']} |" for src in stats["sources"]]
+    if evaluation:
+        panel = list(evaluation[0]["metrics"])
+        lines += ["", "## Evaluation", "", "Gold qrels, trec_eval conventions (`obliq evaluate`).", "",
+                  "| task | queries | " + " | ".join(panel) + " |", "|---|---:|" + "---:|" * len(panel)]
+        lines += [f"| {e['task']} | {e['n_queries']} | " + " | ".join(
+            "–" if e["metrics"].get(m) is None else f"{e['metrics'][m]:.4f}" for m in panel) + " |" for e in evaluation]
+    lines += ["", "## Usage", ""]
+    if kind == "merged":
+        lines += ["With sentence-transformers (the prompts add the prefixes):", "", "```python",
+                  "from sentence_transformers import SentenceTransformer", "",
+                  'model = SentenceTransformer("path/to/this/folder")',
+                  'queries = model.encode_query(["posts that quietly oppose the new policy"])',
+                  'docs = model.encode_document(["..."])', "scores = queries @ docs.T", "```"]
+    else:
+        lines += ["With obliq: `obliq evaluate --model path/to/this/folder --tasks …`, or", "",
+                  "```python", "from obliq.eval.encoders import load_encoder", "",
+                  'encoder = load_encoder("path/to/this/folder")',
+                  'q = encoder.encode(["posts that quietly oppose the new policy"], kind="query")', "```", "",
+                  "With transformers and peft (prefix the texts, mean-pool over the attention mask, L2-normalise):",
+                  "", "```python", "import torch", "from peft import PeftModel",
+                  "from transformers import AutoModel, AutoTokenizer", "",
+                  f'tokenizer = AutoTokenizer.from_pretrained("{base}")',
+                  f'model = PeftModel.from_pretrained(AutoModel.from_pretrained("{base}"), "path/to/this/folder").eval()',
+                  f'batch = tokenizer([{settings["query_prefix"]!r} + "your query"], return_tensors="pt", padding=True)',
+                  "hidden = model(**batch).last_hidden_state", 'mask = batch["attention_mask"].unsqueeze(-1).float()',
+                  "embedding = torch.nn.functional.normalize((hidden * mask).sum(1) / mask.sum(1), dim=-1)", "```"]
+        if encoder.bidirectional and getattr(encoder.backbone_config, "is_causal", None) is False:
+            lines += ["", "The backbone is a decoder made bidirectional: set `config.is_causal = False` and each "
+                          "attention module's `is_causal = False` before use (obliq's loader does)."]
+    return "\n".join(lines) + "\n"
+
+
+def _targets(encoder: BiEncoder) -> list[str]:
+    config = next(iter(encoder.model.peft_config.values()))
+    return sorted(config.target_modules)

@@ -14,7 +14,7 @@ from obliq.distill.purity import base_rate
 
 
 def validate_rows(rows: list[dict], path: str = "rows.jsonl") -> None:
-    """Validate rows with obliq/data's row parser (DESIGN.md "Formats"), plus unique ids."""
+    """Validate rows with obliq/data's row parser (docs/formats.md), plus unique ids."""
     from obliq.data.rows import parse_row
 
     ids = set()

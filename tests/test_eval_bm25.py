@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from obliq.eval.bm25 import BM25
-from obliq.eval.retrieval import RetrievalSettings, retrieve_bm25
 from obliq.eval.metrics import evaluate_run
+from obliq.eval.retrieval import RetrievalSettings, retrieve_bm25
 from obliq.eval.tasks import load_task
 
 

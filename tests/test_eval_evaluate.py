@@ -128,9 +128,10 @@ def test_minilm_corpus_cache_is_reused(minilm_eval):
 
 
 def test_pooled_qrels_and_queries_without_relevant_docs(tmp_path):
+    from test_eval_tasks import make_task
+
     from obliq.eval.results import evaluate_tasks
     from obliq.eval.retrieval import RetrievalSettings, retrieve_bm25
-    from test_eval_tasks import make_task
 
     corpus = [{"_id": f"d{i}", "text": t} for i, t in enumerate(["red apple pie", "green apple", "blue sky", ""])]
     queries = [{"_id": "q1", "text": "apple"}, {"_id": "q2", "text": "sky"}, {"_id": "q3", "text": "zebra"}]

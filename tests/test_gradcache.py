@@ -10,8 +10,7 @@ import pytest
 import torch
 
 from obliq.loss import InfoNCELoss
-from obliq.model import BiEncoder, LoraSettings
-from obliq.model import gradcache
+from obliq.model import BiEncoder, LoraSettings, gradcache
 from obliq.model.gradcache import grad_cache_step, split
 
 QUERIES = ["which author writes like this", "a proof by induction", "stance against the policy",

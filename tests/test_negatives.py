@@ -10,9 +10,9 @@ from collections import Counter
 import pytest
 
 from obliq.data.rows import parse_row
-from obliq.text import text_hash
 from obliq.eval.bm25 import BM25
 from obliq.negatives.mine import Bm25sBackend, mine_negatives
+from obliq.text import text_hash
 
 
 def _row(query, pos_id, pos_text, rid="r1"):

@@ -13,18 +13,17 @@ from pathlib import Path
 import pytest
 import yaml
 
-from obliq.eval.metrics import top_k
 from obliq.cli import main as obliq_main
+from obliq.eval.metrics import evaluate_run, read_run, top_k, write_run
 from obliq.eval.retrieval import RetrievalSettings, retrieve_bm25
-from obliq.evaluate import evaluate
-from obliq.eval.metrics import evaluate_run, read_run, write_run
 from obliq.eval.tasks import Task, load_task
+from obliq.evaluate import evaluate
 from obliq.llm.backends import BackendConfig
-from obliq.rerank.config import ListwiseConfig, RerankConfig, TourRankConfig, load_policy
+from obliq.rerank.commands import policy as policy_command
+from obliq.rerank.config import RerankConfig, TourRankConfig, load_policy
 from obliq.rerank.listwise import windows
 from obliq.rerank.parse import parse_permutation, parse_selection
 from obliq.rerank.prompts import load_rerank_prompt, render_candidates
-from obliq.rerank.commands import policy as policy_command
 from obliq.rerank.reranker import Reranker
 from obliq.rerank.tourrank import tourrank_calls
 

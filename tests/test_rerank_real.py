@@ -8,9 +8,8 @@ import json
 import pytest
 import yaml
 
-from obliq.eval.metrics import top_k
+from obliq.eval.metrics import read_run, top_k, write_run
 from obliq.eval.retrieval import RetrievalSettings, retrieve_bm25
-from obliq.eval.metrics import read_run, write_run
 from obliq.eval.tasks import load_task
 from obliq.rerank.commands import run as rerank_run
 from obliq.rerank.config import load_policy

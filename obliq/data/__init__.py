@@ -11,7 +11,7 @@ Usage::
     # the LightningModule's setup() sets: trainer.datamodule.tokenize = self.encoder.text
     trainer.fit(model, datamodule=dm)                     # resumes exactly with ckpt_path=...
 
-Rows are the training-row format of DESIGN.md, validated when the file is first indexed
+Rows are the training-row format of docs/formats.md, validated when the file is first indexed
 (:mod:`obliq.data.rows`, :mod:`obliq.data.index`); the mixture, order and rank sharding are
 :mod:`obliq.data.mixture`; the loader and resume are :mod:`obliq.data.datamodule`.
 

@@ -1,4 +1,4 @@
-"""The training-row format of DESIGN.md ("Formats"): parsing, validation, text repair and text identity.
+"""The training-row format of docs/formats.md: parsing, validation, text repair and text identity.
 
 A training row is one JSON object on one line of a JSONL file::
 
@@ -28,7 +28,7 @@ from typing import Any
 from obliq.text import normalise_text, repair_text, text_hash
 
 ROW_SOURCES = ("synthetic", "knn", "random-control", "public")
-"""Allowed values of a row's ``source`` field (DESIGN.md)."""
+"""Allowed values of a row's ``source`` field (docs/formats.md)."""
 
 ERROR_KINDS = ("json", "unknown-field", "missing", "type", "empty", "value", "negative-is-positive", "duplicate-id")
 """Classes of bad rows, the keys of the skip counts:
@@ -77,7 +77,7 @@ class Doc:
 
 @dataclass(frozen=True, slots=True)
 class TrainingRow:
-    """One validated training row (DESIGN.md "Formats").
+    """One validated training row (docs/formats.md).
 
     Attributes:
         id, task, source, query: as in the file (``source`` is one of :data:`ROW_SOURCES`).

@@ -23,9 +23,9 @@ from typing import Literal
 from obliq.distill.graph import KnnGraph, load_graph, teacher_graph
 from obliq.distill.pairs import knn_pairs, random_control
 from obliq.distill.purity import format_purity, graph_purity, labels_for
-from obliq.files import read_id_table
 from obliq.distill.teachers import StylometricConfig, load_teacher
 from obliq.eval.tasks import Task, load_task
+from obliq.files import read_id_table
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +117,7 @@ def pairs(
     Args:
         task: the task folder the graph was built on (texts are read from its corpus.jsonl).
         graph: a graph file written by ``obliq distill graph``.
-        out: the training rows to write (JSONL, DESIGN.md format).
+        out: the training rows to write (JSONL, docs/formats.md format).
         seed: seed of random negatives and of the control.
         control_out: where to write the random-neighbour control rows (JSONL); None skips it.
         both_directions: keep a–b and b–a as two rows.

@@ -1,6 +1,6 @@
 """Training rows from a teacher's kNN graph, and the random-neighbour control (the paper's §3.2, §6.5).
 
-Each edge anchor → neighbour of the graph becomes one training row in the DESIGN.md format: the
+Each edge anchor → neighbour of the graph becomes one training row in the training-row format (docs/formats.md): the
 anchor's text is the query side, the neighbour the positive, ``source`` = ``knn``; the teacher's
 scores are not carried. The paper trains on these pairs with in-batch negatives, so mined negatives
 are off by default (``negatives=0``); random or BM25 negatives can be added.
@@ -23,8 +23,8 @@ from typing import Literal, Sequence
 
 import numpy as np
 
-from obliq.text import normalise_text
 from obliq.distill.graph import KnnGraph
+from obliq.text import normalise_text
 
 NegativeSource = Literal["random", "bm25"]
 

@@ -28,7 +28,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from obliq.eval.bm25 import B, BM25, BM25_STEMMER, K1
+from obliq.eval.bm25 import BM25, BM25_STEMMER, K1, B
 from obliq.eval.encoders import Encoder, EncoderKind, fingerprint, load_encoder
 from obliq.eval.index import DenseIndex, unit_float32
 from obliq.eval.metrics import Run, read_run, run_from_search

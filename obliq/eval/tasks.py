@@ -1,6 +1,6 @@
 """Evaluation tasks in BEIR layout: reading, repairing and validating them.
 
-A task is a folder (DESIGN.md, "Formats"): ``corpus.jsonl`` (``_id``, ``title``, ``text``),
+A task is a folder (docs/formats.md): ``corpus.jsonl`` (``_id``, ``title``, ``text``),
 ``queries.jsonl`` (``_id``, ``text``), ``qrels/test.tsv`` (gold) and optionally ``qrels/pooled.tsv``,
 plus an optional ``task.json`` with ``name`` and ``mechanism``.
 
@@ -20,7 +20,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence

@@ -18,8 +18,8 @@ from typing import Literal
 import torch
 from torch import nn
 
+from obliq.aliases import portable_name, resolve_model
 from obliq.model.pooling import mean_pool
-from obliq.aliases import resolve_model
 
 log = logging.getLogger(__name__)
 
@@ -342,14 +342,21 @@ class BiEncoder(nn.Module):
     def save_pretrained(self, folder: str | Path) -> None:
         """Write the LoRA adapter (peft format) and the encoder settings to ``folder``.
 
-        Without LoRA the whole backbone is saved. :meth:`from_pretrained` reads it back.
+        Without LoRA the whole backbone is saved. :meth:`from_pretrained` reads it back. The base model
+        is recorded by its portable name (:func:`obliq.aliases.portable_name`: a packaged model's hub
+        id, not this machine's path), so the folder loads wherever obliq is installed.
         """
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
+        backbone = portable_name(self.settings["backbone"])
+        if self.is_peft:  # the adapter names its base by the portable name, not this machine's path
+            for config in self.model.peft_config.values():
+                config.base_model_name_or_path = backbone
         self.model.save_pretrained(folder)
         if not self.is_peft:
             self.tokenizer.save_pretrained(folder)
-        settings = dict(self.settings, lora=asdict(self.lora) if self.lora else None, is_adapter=self.is_peft)
+        settings = dict(self.settings, backbone=backbone, lora=asdict(self.lora) if self.lora else None,
+                        is_adapter=self.is_peft)
         (folder / CONFIG_NAME).write_text(json.dumps(settings, indent=2))
 
     @classmethod

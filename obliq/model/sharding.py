@@ -16,9 +16,8 @@ adapter, gathered from every rank, and not the frozen base; the LightningModule'
 
 from __future__ import annotations
 
-from torch import nn
-
 from lightning.pytorch.strategies import ModelParallelStrategy
+from torch import nn
 
 
 def _blocks(model: nn.Module) -> list[nn.Module]:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Literal
 
 from obliq.data.rows import parse_row, read_rows
-from obliq.eval.bm25 import B, BM25_STEMMER, K1
+from obliq.eval.bm25 import BM25_STEMMER, K1, B
 from obliq.eval.tasks import load_task
 from obliq.negatives.mine import Bm25sBackend, MiningReport, mine_negatives
 
@@ -35,7 +35,7 @@ def mine(
     stemmer: str | None = BM25_STEMMER,
     threads: int = 1,
 ) -> dict:
-    """Add BM25 hard negatives to training rows and write them (DESIGN.md row format).
+    """Add BM25 hard negatives to training rows and write them (docs/formats.md row format).
 
     Each row's query is searched over the task corpus; the top documents become its negatives,
     excluding its positive by id and by normalised text, positives of rows with the same query,

@@ -35,8 +35,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Protocol, Sequence
 
+from obliq.eval.bm25 import BM25, BM25_STEMMER, K1, B
 from obliq.text import normalise_text, text_hash
-from obliq.eval.bm25 import B, BM25, BM25_STEMMER, K1
 
 log = logging.getLogger(__name__)
 
@@ -112,7 +112,7 @@ def mine_negatives(rows: Sequence[dict], doc_ids: Sequence[str], doc_texts: Sequ
     """Fill each row's ``negatives`` with its top BM25 documents that are real negatives.
 
     Args:
-        rows: training rows as dicts (DESIGN.md format: ``query``, ``positive`` {``id``, ``text``}, ...).
+        rows: training rows as dicts (docs/formats.md format: ``query``, ``positive`` {``id``, ``text``}, ...).
         doc_ids, doc_texts: the task corpus, in the backend's index order.
         backend: a :class:`SearchBackend` built over ``doc_texts``.
         k: negatives per row (the paper: 4).

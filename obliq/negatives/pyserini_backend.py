@@ -38,7 +38,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Sequence
 
-from obliq.eval.bm25 import B, BM25, BM25_STEMMER, K1
+from obliq.eval.bm25 import BM25, BM25_STEMMER, K1, B
 from obliq.negatives.mine import Hits
 
 log = logging.getLogger(__name__)

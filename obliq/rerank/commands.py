@@ -20,10 +20,10 @@ import random
 from pathlib import Path
 from typing import Literal
 
-from obliq.eval.results import find_tasks
-from obliq.eval.metrics import evaluate_run, parse_measures, read_run, write_run
-from obliq.eval.tasks import load_task
 from obliq.errors import check_int
+from obliq.eval.metrics import evaluate_run, parse_measures, read_run, write_run
+from obliq.eval.results import find_tasks
+from obliq.eval.tasks import load_task
 from obliq.rerank.config import RerankConfig, dump_policy, load_policy
 from obliq.rerank.reranker import Reranker, check_run
 

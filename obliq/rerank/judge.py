@@ -14,9 +14,9 @@ from dataclasses import asdict, dataclass, field
 from time import perf_counter
 from typing import Callable, Sequence
 
-from obliq.rerank.parse import REPAIRS, ParsedOrder, parse_permutation, parse_selection
 from obliq.llm.backends import Backend
 from obliq.llm.prompts import Messages
+from obliq.rerank.parse import REPAIRS, ParsedOrder, parse_permutation, parse_selection
 
 log = logging.getLogger(__name__)
 

@@ -15,9 +15,9 @@ from __future__ import annotations
 import math
 from typing import Callable
 
+from obliq.llm.prompts import Messages
 from obliq.rerank.config import ListwiseConfig
 from obliq.rerank.judge import Judge
-from obliq.llm.prompts import Messages
 
 
 def windows(n: int, window: int, step: int) -> list[tuple[int, int]]:

@@ -24,9 +24,9 @@ import math
 import random
 from typing import Callable
 
+from obliq.llm.prompts import Messages
 from obliq.rerank.config import TourRankConfig
 from obliq.rerank.judge import Judge
-from obliq.llm.prompts import Messages
 
 
 def stage_sizes(n: int, stages: list[int]) -> list[int]:

