@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 from obliq.eval.retrieval import RetrievalSettings
+from obliq.files import write_json
 
 
 def dose_sweep(
@@ -78,7 +79,7 @@ def dose_sweep(
         for s in summaries:
             table[s["task"]].append(s["metrics"]["NDCG@10"])
     result = {"recipe": str(recipe), "doses": list(doses), "ndcg@10": table}
-    (out / "dose_sweep.json").write_text(json.dumps(result, indent=2) + "\n")
+    write_json(out / "dose_sweep.json", result)
     lines = ["| dose | " + " | ".join(table) + " |", "|---:|" + "---:|" * len(table)]
     for i, dose in enumerate(doses):
         lines.append(f"| {dose} | " + " | ".join(f"{table[t][i]:.4f}" for t in table) + " |")

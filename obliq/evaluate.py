@@ -15,14 +15,14 @@ the reranker of a policy (:mod:`obliq.rerank`), and the result files (:mod:`obli
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 
-from obliq.eval.metrics import DEFAULT_MEASURES, parse_measures
+from obliq.eval.metrics import DEFAULT_MEASURES, check_depth
 from obliq.eval.results import evaluate_tasks, find_tasks
-from obliq.eval.retrieval import RetrievalSettings, make_retriever
+from obliq.eval.retrieval import RetrievalSettings, is_run_file, make_retriever
 from obliq.eval.tasks import load_task
+from obliq.files import write_json
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +64,9 @@ def evaluate(
     config = {k: v for k, v in locals().items()}
     output = Path(output)
     loaded = [load_task(p) for p in find_tasks(tasks)]
-    parse_measures(measures)  # fail before any encoding
+    if not is_run_file(model):  # fail before any encoding (a run file's depth is checked when it is read)
+        for task in loaded:
+            check_depth(measures, retrieval.top_k, len(task.doc_ids))
     policy = None
     if rerank is not None:
         from obliq.rerank.config import dump_policy, load_policy
@@ -75,7 +77,7 @@ def evaluate(
             log.warning("%s names tasks not evaluated here: %s", rerank, ", ".join(unknown))
     retrieve = make_retriever(model, retrieval, latency_queries)
     output.mkdir(parents=True, exist_ok=True)
-    (output / "config.json").write_text(json.dumps(config, indent=2, default=_jsonable) + "\n")
+    write_json(output / "config.json", config)
     if policy is not None:
         from obliq.rerank.reranker import Reranker
 
@@ -83,8 +85,3 @@ def evaluate(
         retrieve = Reranker(policy).wrap(retrieve)
     return evaluate_tasks(retrieve, loaded, output, "bm25" if model.lower() == "bm25" else model, measures)
 
-
-def _jsonable(value):
-    from dataclasses import asdict, is_dataclass
-
-    return asdict(value) if is_dataclass(value) else str(value)

@@ -18,7 +18,7 @@ import torch
 
 from obliq import __version__
 from obliq.aliases import portable_name
-from obliq.files import write_text
+from obliq.files import read_text, write_json, write_text
 from obliq.model.encoder import BiEncoder, LoraSettings
 
 PROBE = [
@@ -120,10 +120,10 @@ def export(
     write_text(adapter_dir / "README.md", model_card(ckpt, encoder, "adapter", evaluation))
     report = {"checkpoint": str(checkpoint), "adapter": str(adapter_dir)}
     if merge:
-        probe = Path(probe_file).read_text().splitlines() if probe_file else PROBE
+        probe = read_text(probe_file).splitlines() if probe_file else PROBE
         report.update(merge_to_sentence_transformers(checkpoint, ckpt, out / "merged", probe, min_cosine))
         write_text(out / "merged" / "README.md", model_card(ckpt, encoder, "merged", evaluation))
-    (out / "export.json").write_text(json.dumps(report, indent=2) + "\n")
+    write_json(out / "export.json", report)
     return report
 
 
@@ -183,7 +183,7 @@ def _evaluation(results: Path) -> list[dict]:
     Raises:
         FileNotFoundError: the folder holds no ``<task>/summary.json``.
     """
-    summaries = [json.loads(p.read_text()) for p in sorted(results.glob("*/summary.json"))]
+    summaries = [json.loads(read_text(p)) for p in sorted(results.glob("*/summary.json"))]
     if not summaries:
         raise FileNotFoundError(f"{results}: no <task>/summary.json (an evaluate output folder)")
     return summaries

@@ -9,12 +9,17 @@
 - :func:`read_id_table` reads the ``id<TAB>value`` tables tasks carry (attributes, sources).
 - :func:`safe_name` turns a name found in a file (a task's name) into a folder name that cannot
   leave the output folder.
+- :func:`json_text` / :func:`write_json` are how obliq writes JSON: strict (a NaN or infinity
+  becomes ``null``), so any JSON reader can read it back; paths and dataclasses become plain values.
 - :func:`cache_dir` is where obliq caches what it computes (``$OBLIQ_CACHE``, default ``~/.cache/obliq``).
 """
 
 from __future__ import annotations
 
 import codecs
+import dataclasses
+import json
+import math
 import os
 import re
 import tempfile
@@ -78,6 +83,33 @@ def write_text(path: str | os.PathLike, text: str) -> None:
     """Write a text file atomically (:func:`atomic_write`)."""
     with atomic_write(path) as f:
         f.write(text)
+
+
+def _plain(obj):
+    """``obj`` with non-finite floats as None, dataclasses as dicts, paths and other objects as strings."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, (str, int, bool)) or obj is None:
+        return obj
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return _plain(dataclasses.asdict(obj))
+    if isinstance(obj, dict):
+        return {str(k): _plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple, set)):
+        return [_plain(v) for v in obj]
+    if hasattr(obj, "item") and callable(obj.item):  # a numpy or torch scalar
+        return _plain(obj.item())
+    return str(obj)
+
+
+def json_text(obj, indent: int | None = 2) -> str:
+    """Strict JSON for ``obj`` (see the module notes); one line when ``indent`` is None."""
+    return json.dumps(_plain(obj), indent=indent, ensure_ascii=False, allow_nan=False)
+
+
+def write_json(path: str | os.PathLike, obj) -> None:
+    """Write ``obj`` as strict JSON (:func:`json_text`), atomically, with a final newline."""
+    write_text(path, json_text(obj) + "\n")
 
 
 def read_id_table(path: str | os.PathLike, value: str = "attribute") -> dict[str, str]:

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict
 from pathlib import Path
+
+from obliq.files import read_text, write_json
 
 OUT = Path("runs/quickstart")
 EVAL_TOKENS = 256
@@ -87,15 +88,15 @@ def quickstart(recipe: Path = Path("configs/quickstart.yaml"), k: int = 3, max_s
     lap("evaluate", t0)
 
     base, trained = results["MiniLM (base)"], results["MiniLM + LoRA on kNN pairs"]
-    comparison = asdict(compare(_ndcg(base["per_query"]), _ndcg(trained["per_query"]), seed=0))  # trained − base
+    comparison = compare(_ndcg(base["per_query"]), _ndcg(trained["per_query"]), seed=0)  # trained − base
     summary = {
         "task": {"docs": len(task.doc_ids), "queries": len(task.query_ids)},
         "dose": knn.get("count") or written, "pairs": written, "k": k,
         "systems": {n: r["summary"]["metrics"] for n, r in results.items()},
-        "trained_vs_base": comparison,
+        "trained_vs_base": {**comparison.as_dict(), "text": comparison.text("Trained − base")},
         "seconds": dict(timings, total=round(time.perf_counter() - started, 1)),
     }
-    (OUT / "quickstart.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+    write_json(OUT / "quickstart.json", summary)
     print(_table(summary))
 
 
@@ -115,7 +116,7 @@ class _FittedTeacher:
 
 def _ndcg(path: Path) -> dict[str, float]:
     out = {}
-    for line in path.read_text().splitlines():
+    for line in read_text(path).splitlines():
         row = json.loads(line)
         if row["qrels"] == "gold":
             out[row["query_id"]] = row["NDCG@10"]
@@ -129,9 +130,6 @@ def _table(summary: dict) -> str:
              "| system | NDCG@10 | Recall@100 |", "|---|---:|---:|"]
     for name, m in summary["systems"].items():
         lines.append(f"| {name} | {m['NDCG@10']:.4f} | {m['Recall@100']:.4f} |")
-    c = summary["trained_vs_base"]
-    lines += ["", f"Trained − base NDCG@10 = {c['diff']:+.4f} (95% CI {c['ci_low']:+.4f} … {c['ci_high']:+.4f}, "
-              f"paired bootstrap p = {c['p_value']:.4f}, {c['resamples']} resamples); queries helped {c['helped']}, "
-              f"hurt {c['hurt']}, tied {c['tied']} (zero in both {c['zero_both']}).",
+    lines += ["", summary["trained_vs_base"]["text"] + ".",
               f"Time (s): {json.dumps(summary['seconds'])}"]
     return "\n".join(lines)

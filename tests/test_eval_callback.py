@@ -76,7 +76,8 @@ def test_callback_evaluates_every_n_steps_and_at_end(tmp_path, tasks_dir):
     task_dir = small_real_task(tasks_dir, tmp_path / "math-slice")
     module = TinyRetriever(BiEncoder("minilm", query_max_length=64, passage_max_length=64)).train()
     settings = RetrievalSettings(top_k=100, query_max_length=32, passage_max_length=64)
-    callback = RetrievalEvaluation(tasks=[str(task_dir)], every_n_steps=2, retrieval=settings)
+    callback = RetrievalEvaluation(tasks=[str(task_dir)], every_n_steps=2, retrieval=settings,
+                                   measures=["NDCG@10", "Recall@10", "Recall@100"])
     logger = CSVLogger(tmp_path / "logs", name="run")
     best = ModelCheckpoint(tmp_path / "best", filename="step{step}", auto_insert_metric_name=False,
                            monitor="eval/mean/NDCG@10", mode="max", save_top_k=1, every_n_train_steps=2)

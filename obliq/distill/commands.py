@@ -25,7 +25,7 @@ from obliq.distill.pairs import knn_pairs, random_control
 from obliq.distill.purity import format_purity, graph_purity, labels_for
 from obliq.distill.teachers import StylometricConfig, load_teacher
 from obliq.eval.tasks import Task, load_task
-from obliq.files import read_id_table
+from obliq.files import read_id_table, write_json
 
 log = logging.getLogger(__name__)
 
@@ -162,7 +162,7 @@ def pairs(
         result["control_file"], result["control_rows"] = str(control_out), len(control)
     result["seconds"] = round(perf_counter() - t0, 3)
     report = Path(report) if report is not None else out.with_suffix(".report.json")
-    report.write_text(json.dumps(result, ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
+    write_json(report, result)
     result["report"] = str(report)
     return result
 
@@ -219,5 +219,5 @@ def purity(
     print(format_purity(results))
     if out is not None:
         Path(out).parent.mkdir(parents=True, exist_ok=True)
-        Path(out).write_text(json.dumps(results, ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
+        write_json(out, results)
     return results

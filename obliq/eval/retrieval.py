@@ -83,6 +83,9 @@ class Retrieval:
     """What retrieving one task produced."""
 
     run: Run
+    depth: int
+    """How many documents per query the ranking was asked to hold (``top_k``; a run file: its longest
+    ranking); a query may hold fewer (BM25 returns only documents sharing a term)."""
     timing_s: dict[str, float]
     """Wall time of ``encode_corpus``, ``encode_queries`` and ``search`` (whole task), seconds."""
     latency_ms: dict[str, list[float]] = field(default_factory=dict)
@@ -181,7 +184,8 @@ def retrieve_dense(
         lambda text: encode([text], "query", 1),
         lambda q: index.search(q, settings.top_k),
     )
-    return Retrieval(run_from_search(task.query_ids, task.doc_ids, scores, indices), timing, latency, status)
+    return Retrieval(run_from_search(task.query_ids, task.doc_ids, scores, indices), settings.top_k, timing, latency,
+                     status)
 
 
 def retrieve_bm25(task: Task, settings: RetrievalSettings, latency_queries: int = 0) -> Retrieval:
@@ -205,7 +209,7 @@ def retrieve_bm25(task: Task, settings: RetrievalSettings, latency_queries: int 
         lambda q: index.search_tokens(q, settings.top_k),
     )
     run = run_from_search(task.query_ids, task.doc_ids, [h[0] for h in hits], [h[1] for h in hits])
-    return Retrieval(run, timing, latency, "off")
+    return Retrieval(run, settings.top_k, timing, latency, "off")
 
 
 def is_run_file(model: object) -> bool:
@@ -221,7 +225,8 @@ def retrieve_run_file(path: str | Path, task: Task) -> Retrieval:
     if missing:
         log.warning("%s: %d queries of %s have no results (they score 0; e.g. %s)", path, len(missing), task.name,
                     missing[0])
-    return Retrieval({q: run[q] for q in task.query_ids if q in run}, {}, {}, "off")
+    run = {q: run[q] for q in task.query_ids if q in run}
+    return Retrieval(run, max((len(docs) for docs in run.values()), default=0), {}, {}, "off")
 
 
 def make_retriever(model: str | Encoder, settings: RetrievalSettings | None = None,

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
+from obliq.files import open_text, read_text, strip_bom
 from obliq.text import repair_text
 
 log = logging.getLogger(__name__)
@@ -33,6 +34,18 @@ Qrels = dict[str, dict[str, int]]
 
 QRELS_SPLITS = ("test", "pooled")
 """The qrels files an evaluation reads: ``test`` (gold, required) and ``pooled`` (when present)."""
+
+def check_id(value: str, where: str) -> str:
+    """``value`` when a TREC run line can hold it as one column.
+
+    Raises:
+        ValueError: ``value`` is empty or holds whitespace (the message starts with ``where``, C25).
+    """
+    if not value or any(c.isspace() for c in value):
+        raise ValueError(f"{where}: id {value!r} cannot be written in a TREC run or qrels (empty or holds whitespace); "
+                         "give it an id without spaces")
+    return value
+
 
 def read_jsonl(path: str | Path, required: tuple[str, ...] = ("_id", "text")) -> list[tuple[int, dict]]:
     """Read a JSONL file of objects, checking that each has the required string fields.
@@ -50,13 +63,15 @@ def read_jsonl(path: str | Path, required: tuple[str, ...] = ("_id", "text")) ->
 
     Raises:
         FileNotFoundError: no such file.
-        ValueError: a line is not JSON, not an object, misses a required field, or has a field of
-            the wrong type (the message names file, line and field).
+        ValueError: a line is not JSON, not an object, misses a required field, has a field of
+            the wrong type, or an ``_id`` a TREC run cannot hold (empty or with whitespace, C25);
+            the message names file, line and field.
     """
     path = Path(path)
     rows, repairs = [], 0
     with path.open("rb") as f:
         for lineno, raw in enumerate(f, 1):
+            raw = strip_bom(raw) if lineno == 1 else raw
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError:
@@ -84,8 +99,8 @@ def read_jsonl(path: str | Path, required: tuple[str, ...] = ("_id", "text")) ->
                 value, n = repair_text(value)
                 repairs += n
                 obj[key] = value
-            if "_id" in required and not obj["_id"].strip():
-                raise ValueError(f"{path}:{lineno}: field '_id' is empty")
+            if "_id" in required:
+                check_id(obj["_id"], f"{path}:{lineno}: field '_id'")
             rows.append((lineno, obj))
     if repairs:
         log.warning("%s: repaired %d characters (lone surrogates, NUL bytes, invalid UTF-8)", path, repairs)
@@ -106,14 +121,16 @@ def read_qrels(path: str | Path) -> Qrels:
 
     Raises:
         FileNotFoundError: no such file.
-        ValueError: a line has the wrong number of columns or a grade that is not an integer,
-            or the same (query, document) pair has two different grades (file and lines named).
+        ValueError: no judgement at all (an empty or header-only file); a line has the wrong number
+            of columns, a grade that is not an integer of trec_eval's range, or an id a TREC run
+            cannot hold (whitespace, C25); the same (query, document) pair has two different grades
+            (file and lines named).
     """
     path = Path(path)
     qrels: Qrels = {}
     where: dict[tuple[str, str], int] = {}
     duplicates, first = 0, True
-    with path.open(encoding="utf-8") as f:
+    with open_text(path) as f:
         for lineno, line in enumerate(f, 1):
             if not line.strip():
                 continue
@@ -132,6 +149,10 @@ def read_qrels(path: str | Path) -> Qrels:
                 if header:  # `query-id corpus-id score`
                     continue
                 raise ValueError(f"{path}:{lineno}: field 'score' must be an integer, got {grade!r}") from None
+            if not -(2**31) <= g < 2**31:
+                raise ValueError(f"{path}:{lineno}: field 'score' {g} is outside trec_eval's integer range")
+            check_id(qid, f"{path}:{lineno}: field 'query-id'")
+            check_id(did, f"{path}:{lineno}: field 'corpus-id'")
             old = qrels.setdefault(qid, {}).get(did)
             if old is not None:
                 if old != g:
@@ -144,6 +165,8 @@ def read_qrels(path: str | Path) -> Qrels:
             where[qid, did] = lineno
     if duplicates:
         log.warning("%s: %d repeated qrels rows dropped (kept once)", path, duplicates)
+    if not qrels:
+        raise ValueError(f"{path}: no judgement (the file is empty or holds only a header)")
     return qrels
 
 
@@ -216,7 +239,7 @@ def load_task(
     path = Path(path)
     if not path.is_dir():
         raise FileNotFoundError(f"task folder not found: {path}")
-    meta = json.loads((path / "task.json").read_text()) if (path / "task.json").is_file() else {}
+    meta = json.loads(read_text(path / "task.json")) if (path / "task.json").is_file() else {}
     report: dict = {}
 
     corpus_file, queries_file = path / "corpus.jsonl", path / queries

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from obliq.aliases import portable_name, resolve_model
+from obliq.files import read_text, write_json
 from obliq.model.pooling import mean_pool
 
 log = logging.getLogger(__name__)
@@ -357,7 +358,7 @@ class BiEncoder(nn.Module):
             self.tokenizer.save_pretrained(folder)
         settings = dict(self.settings, backbone=backbone, lora=asdict(self.lora) if self.lora else None,
                         is_adapter=self.is_peft)
-        (folder / CONFIG_NAME).write_text(json.dumps(settings, indent=2))
+        write_json(folder / CONFIG_NAME, settings)
 
     @classmethod
     def from_pretrained(cls, folder: str | Path, trainable: bool = False, **overrides) -> "BiEncoder":
@@ -370,7 +371,7 @@ class BiEncoder(nn.Module):
         cfg_file = folder / CONFIG_NAME
         if not cfg_file.is_file():
             raise FileNotFoundError(f"{cfg_file} not found: not a folder written by BiEncoder.save_pretrained")
-        settings = json.loads(cfg_file.read_text())
+        settings = json.loads(read_text(cfg_file))
         lora = settings.pop("lora")
         is_adapter = settings.pop("is_adapter")
         if not is_adapter:

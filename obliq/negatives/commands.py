@@ -18,6 +18,7 @@ from typing import Literal
 from obliq.data.rows import parse_row, read_rows
 from obliq.eval.bm25 import BM25_STEMMER, K1, B
 from obliq.eval.tasks import load_task
+from obliq.files import write_json
 from obliq.negatives.mine import Bm25sBackend, MiningReport, mine_negatives
 
 log = logging.getLogger(__name__)
@@ -84,7 +85,7 @@ def mine(
             f.write(line + "\n")
     tmp.replace(out)
     summary = asdict(report)
-    out.with_name(out.name + ".report.json").write_text(json.dumps({"args": args, "report": summary}, indent=2) + "\n")
+    write_json(out.with_name(out.name + ".report.json"), {"args": args, "report": summary})
     log.info("%d rows, %d negatives, %d short rows; dropped %s; %.1f rows/s (%s)", report.rows, report.negatives,
              report.short_rows, summary["dropped"], report.rows_per_s, report.backend)
     return summary

@@ -14,7 +14,6 @@ the test numbers with it)::
 
 from __future__ import annotations
 
-import json
 import logging
 import random
 from pathlib import Path
@@ -24,6 +23,7 @@ from obliq.errors import check_int
 from obliq.eval.metrics import evaluate_run, parse_measures, read_run, write_run
 from obliq.eval.results import find_tasks
 from obliq.eval.tasks import load_task
+from obliq.files import write_json
 from obliq.rerank.config import RerankConfig, dump_policy, load_policy
 from obliq.rerank.reranker import Reranker, check_run
 
@@ -80,7 +80,7 @@ def run(task: Path, run: Path, out: Path, policy: Path | None = None, method: Me
         "cost": stats.as_dict(),
         "args": {"task": str(task), "run": str(run), "policy": str(policy) if policy else None, "queries": queries},
     }
-    out.with_name(out.name + ".report.json").write_text(json.dumps(report, indent=2) + "\n")
+    write_json(out.with_name(out.name + ".report.json"), report)
     return report
 
 

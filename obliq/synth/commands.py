@@ -10,7 +10,6 @@ A typical run (one config per task in ``configs/synth/``)::
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import asdict
 from pathlib import Path
@@ -18,6 +17,7 @@ from pathlib import Path
 from obliq.data.rows import read_rows
 from obliq.eval.bm25 import BM25
 from obliq.eval.tasks import load_task
+from obliq.files import write_json
 from obliq.llm.backends import BackendConfig
 from obliq.synth.audit import audit_pairs, format_audit
 from obliq.synth.generate import GenerationConfig, synthesize
@@ -63,7 +63,7 @@ def generate(
     report = asdict(synthesize(data, spec, engine, out, n_docs=n_docs, seed=seed, generation=generation,
                                prompt_dir=prompt_dir))
     out = Path(out)
-    out.with_name(out.name + ".report.json").write_text(json.dumps({"args": args, "report": report}, indent=2) + "\n")
+    write_json(out.with_name(out.name + ".report.json"), {"args": args, "report": report})
     log.info("%s: %d rows written (%d already done), skipped %s, %d retries, %.1f tokens/s", report["task"],
              report["generated"], report["already_done"], report["skipped"], report["retries"], report["tokens_per_s"])
     return report
