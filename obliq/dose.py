@@ -26,7 +26,11 @@ def dose_sweep(
     Each dose is one ``train.py fit`` of the recipe with ``--run_dir=<out>/dose-<n>`` (the recipe
     derives its checkpoint and log folders from ``${run_dir}``) and the kNN source's ``count`` set to
     the dose (the one dose mechanism, :mod:`obliq.data.mixture`); the final weights are exported to
-    ``dose-<n>/model`` and evaluated like ``evaluate`` does.
+    ``dose-<n>/model`` and evaluated like ``evaluate`` does. Every dose, the untrained dose 0 included,
+    is the recipe's encoder (its prefixes and the retrieval settings' lengths): one reading policy,
+    stated with the table. What is held fixed is stated too: with ``max_steps`` (given here or in the
+    recipe) every dose trains the same number of rows, so the dose changes only their diversity;
+    without it, each dose trains one epoch of its own rows, as the paper's dose is rows per epoch.
 
     Args:
         recipe: a ``train.py`` config (YAML).
@@ -45,7 +49,7 @@ def dose_sweep(
     Raises:
         ValueError: a negative dose, or a source index out of range.
     """
-    from obliq.eval.results import evaluate_tasks, find_tasks
+    from obliq.eval.results import evaluate_tasks, find_tasks, reads_text
     from obliq.eval.retrieval import make_retriever
     from obliq.eval.tasks import load_task
     from obliq.model.encoder import BiEncoder
@@ -54,12 +58,17 @@ def dose_sweep(
     if any(d < 0 for d in doses):
         raise ValueError(f"doses must be >= 0, got {doses}")
     base = recipe_config(recipe)
+    steps = max_steps or (base.get("trainer") or {}).get("max_steps") or -1
+    held = (f"every dose trains {steps} steps of {base['data'].get('batch_size', 32)} rows: the same rows seen, the "
+            "dose changes only their diversity" if steps > 0 else
+            "each dose trains one epoch of its own rows (the paper's dose: rows per epoch): larger doses train longer")
     n_sources = len(base["data"]["sources"])
     if not -n_sources <= source < n_sources:
         raise ValueError(f"source {source} out of range: {recipe} has {n_sources} data sources")
     loaded = [load_task(p) for p in find_tasks(tasks)]
     out = Path(out)
     table: dict[str, list[float]] = {t.name: [] for t in loaded}
+    reads: dict = {}
     for dose in doses:
         folder = out / f"dose-{dose}"
         sources = [dict(s) for s in base["data"]["sources"]]
@@ -78,9 +87,15 @@ def dose_sweep(
                                    ["NDCG@10", "Recall@100"])
         for s in summaries:
             table[s["task"]].append(s["metrics"]["NDCG@10"])
-    result = {"recipe": str(recipe), "doses": list(doses), "ndcg@10": table}
+            reads.setdefault(s["task"], s["reads"])
+            if s["reads"] != reads[s["task"]]:  # a recipe whose encoder changes its reading between doses
+                raise ValueError(f"dose {dose} reads {s['task']} as {reads_text(s['reads'])}, dose {doses[0]} as "
+                                 f"{reads_text(reads[s['task']])}: the doses would not be comparable")
+    result = {"recipe": str(recipe), "doses": list(doses), "ndcg@10": table, "held_fixed": held,
+              "reads": reads_text(next(iter(reads.values()), None))}
     write_json(out / "dose_sweep.json", result)
-    lines = ["| dose | " + " | ".join(table) + " |", "|---:|" + "---:|" * len(table)]
+    lines = [f"Dose sweep of {recipe}: {held}; every model reads texts as: {result['reads']}.", "",
+             "| dose | " + " | ".join(table) + " |", "|---:|" + "---:|" * len(table)]
     for i, dose in enumerate(doses):
         lines.append(f"| {dose} | " + " | ".join(f"{table[t][i]:.4f}" for t in table) + " |")
     (out / "dose_sweep.md").write_text("\n".join(lines) + "\n")

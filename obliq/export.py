@@ -145,9 +145,9 @@ def merge_to_sentence_transformers(checkpoint: Path, ckpt: dict, folder: Path, p
     encoder.tokenizer.save_pretrained(hf_dir)
     try:
         s = encoder.settings
-        # The model's capacity (as obliq's own loader caps it), not the training length: a merged
+        # The model's capacity (as obliq's own encoder caps it), not the training length: a merged
         # folder then encodes the text an adapter would under the same evaluation settings.
-        capacity = getattr(model.config, "max_position_embeddings", None) or s["passage_max_length"]
+        capacity = encoder.text.capacity or s["passage_max_length"]
         transformer = Transformer(str(hf_dir), max_seq_length=capacity)
         st = SentenceTransformer(
             modules=[transformer, Pooling(encoder.hidden_size, "mean"), Normalize()],

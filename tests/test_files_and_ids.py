@@ -9,13 +9,12 @@ import math
 
 import pytest
 import pytrec_eval
+from test_eval_tasks import make_task
 
 from obliq.cli import main as obliq_main
 from obliq.eval.metrics import evaluate_run, read_run, write_run
 from obliq.eval.tasks import load_task, read_qrels
 from obliq.files import BOM, json_text, read_id_table, write_json
-from test_eval_tasks import make_task
-
 
 # --- C28: a byte-order mark at the start of a file --------------------------------------------
 
@@ -31,8 +30,8 @@ def test_c28_a_bom_before_a_headerless_trec_qrels_changes_nothing(tmp_path, caps
 
 def test_a_bom_before_every_other_kind_of_text_input_is_ignored(tmp_path):
     """Run files, corpus/queries JSONL, BEIR qrels, id tables and training rows: one helper reads them all."""
-    from obliq.data.rows import read_rows
     from obliq.data.index import index_file
+    from obliq.data.rows import read_rows
 
     task = make_task(tmp_path / "t", [{"_id": "d1", "text": "apple"}, {"_id": "d2", "text": "sky"}],
                      [{"_id": "q1", "text": "apple"}], [("q1", "d1", 1)])

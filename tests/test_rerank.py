@@ -404,10 +404,10 @@ def test_evaluate_reranks_only_the_tasks_the_policy_names(tmp_path, tasks_dir, r
     assert stance["metrics"]["Recall@100"] == pytest.approx(r["dense_metrics"]["Recall@100"])  # same top-100
     report = (tmp_path / "out" / "results.md").read_text()
     assert "cost per reranked query, and failed and repaired calls out of all calls" in report
-    assert "| queries | calls / query | tokens in / query | tokens out / query | seconds / query | failed / all calls | " \
-           "repaired / all calls |" in report
+    assert "| queries | reasoning | calls / query | tokens in / query | tokens out / query | seconds / query | " \
+           "failed / all calls | repaired / all calls |" in report
     row = next(line for line in report.splitlines() if line.startswith("| stance-tweets | listwise | 100 |"))
-    assert row.endswith(f"| 10 | 9.0 | {backend.prompt_tokens / 10:.0f} | {backend.new_tokens / 10:.0f} | "
+    assert row.endswith(f"| 10 | off | 9.0 | {backend.prompt_tokens / 10:.0f} | {backend.new_tokens / 10:.0f} | "
                         f"{r['cost']['per_query']['seconds']:.2f} | 0 / 90 | 0 / 90 |")
     assert "math-theoremqa | listwise" not in report
     assert load_policy(tmp_path / "out" / "rerank_policy.yaml").tasks == {"stance-tweets": "listwise",

@@ -177,7 +177,7 @@ def test_export_round_trip(minilm_path, rows_file, tmp_path):
     # applies the prefixes through its prompts.
     st = SentenceTransformer(report["merged"], device="cpu")
     assert st.prompts["query"] == "query: " and st.prompts["document"] == "passage: "
-    assert st.max_seq_length == 512  # the backbone's capacity (as obliq's loader caps it), not the training 48
+    assert st.max_seq_length == 256  # the backbone's capacity (as obliq's encoder caps it), not the training 48
     st.max_seq_length = 32
     got = st.encode_query(PROBE, convert_to_tensor=True)
     assert torch.allclose(got, expect_q, atol=1e-5)

@@ -95,6 +95,7 @@ def evaluate_task(
         "timing_s": {k: round(v, 4) for k, v in timing.items()},
         "latency_ms": {k: _percentiles(v) for k, v in retrieval.latency_ms.items()},
         "corpus_cache": retrieval.corpus_cache,
+        "reads": retrieval.reads,
         "validation": task.report,
         **({"rerank": rerank} if rerank else {}),
     }
@@ -111,6 +112,17 @@ def evaluate_task(
     return summary
 
 
+def reads_text(reads: dict | None) -> str:
+    """How a system read the texts, in words: ``query prefix 'query: ' ≤ 256 tokens, passage prefix
+    'passage: ' ≤ 256 tokens`` (dense), the BM25 settings, or what else the retrieval recorded."""
+    if not reads:
+        return "unknown"
+    if "query_prefix" in reads:
+        return (f"query prefix {reads['query_prefix']!r} ≤ {reads['query_max_length']} tokens, passage prefix "
+                f"{reads['passage_prefix']!r} ≤ {reads['passage_max_length']} tokens")
+    return ", ".join(f"{k} {v}" for k, v in reads.items())
+
+
 def write_report(summaries: list[dict], output: Path) -> None:
     """Write ``results.md`` (metrics, time per stage, latency) and ``recall_at_k.png`` over all tasks."""
     from matplotlib.figure import Figure
@@ -121,7 +133,8 @@ def write_report(summaries: list[dict], output: Path) -> None:
         return
     panel = list(summaries[0]["metrics"])
     fmt = lambda v: "–" if v is None or v != v else f"{v:.4f}"  # noqa: E731  (NaN → dash)
-    lines = [f"# Retrieval results: {summaries[0]['model']}", "",
+    lines = [f"# Retrieval results: {summaries[0]['model']}", "", f"Texts read as: {reads_text(summaries[0].get('reads'))}.",
+             "",
              "| task | mechanism | qrels | queries | excluded | " + " | ".join(panel) + " |",
              "|---|---|---|---:|---:|" + "---:|" * len(panel)]
     for s in summaries:
@@ -144,13 +157,14 @@ def write_report(summaries: list[dict], output: Path) -> None:
         m = panel[0]
         lines += ["", f"Reranking (gold {m} before / after; cost per reranked query, and failed and repaired "
                   "calls out of all calls):", "",
-                  f"| task | method | depth | dense {m} | reranked {m} | queries | calls / query | tokens in / query | "
-                  "tokens out / query | seconds / query | failed / all calls | repaired / all calls |",
-                  "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+                  f"| task | method | depth | dense {m} | reranked {m} | queries | reasoning | calls / query | "
+                  "tokens in / query | tokens out / query | seconds / query | failed / all calls | repaired / all calls |",
+                  "|---|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|"]
         for s in reranked:
             r, c, q = s["rerank"], s["rerank"]["cost"], s["rerank"]["cost"]["per_query"]
+            thought = {True: f"on ({c['reasoning_unclosed']} unclosed)", False: "off"}.get(c.get("reasoning"), "–")
             lines.append(f"| {s['task']} | {r['method']} | {r['depth']} | {fmt(r['dense_metrics'][m])} | "
-                         f"{fmt(s['metrics'][m])} | {c['queries']} | {q['calls']:.1f} | {q['prompt_tokens']:.0f} | "
+                         f"{fmt(s['metrics'][m])} | {c['queries']} | {thought} | {q['calls']:.1f} | {q['prompt_tokens']:.0f} | "
                          f"{q['new_tokens']:.0f} | {q['seconds']:.2f} | {c['failed_calls']} / {c['calls']} | "
                          f"{c['repaired_calls']} / {c['calls']} |")
     (output / "results.md").write_text("\n".join(lines) + "\n")

@@ -88,6 +88,9 @@ class Retrieval:
     ranking); a query may hold fewer (BM25 returns only documents sharing a term)."""
     timing_s: dict[str, float]
     """Wall time of ``encode_corpus``, ``encode_queries`` and ``search`` (whole task), seconds."""
+    reads: dict = field(default_factory=dict)
+    """How the system read the texts: a dense encoder's prefixes and token lengths
+    (``text_policy``), BM25's k1, b and stemmer; what a report states beside its numbers."""
     latency_ms: dict[str, list[float]] = field(default_factory=dict)
     """Per-query samples of ``query_encoding`` and ``search``, milliseconds."""
     corpus_cache: str = "off"
@@ -184,8 +187,10 @@ def retrieve_dense(
         lambda text: encode([text], "query", 1),
         lambda q: index.search(q, settings.top_k),
     )
-    return Retrieval(run_from_search(task.query_ids, task.doc_ids, scores, indices), settings.top_k, timing, latency,
-                     status)
+    policy = getattr(encoder, "text_policy", None)
+    reads = policy(settings.query_max_length, settings.passage_max_length) if policy else {"texts": "whole"}
+    return Retrieval(run_from_search(task.query_ids, task.doc_ids, scores, indices), settings.top_k, timing, reads,
+                     latency, status)
 
 
 def retrieve_bm25(task: Task, settings: RetrievalSettings, latency_queries: int = 0) -> Retrieval:
@@ -209,7 +214,8 @@ def retrieve_bm25(task: Task, settings: RetrievalSettings, latency_queries: int 
         lambda q: index.search_tokens(q, settings.top_k),
     )
     run = run_from_search(task.query_ids, task.doc_ids, [h[0] for h in hits], [h[1] for h in hits])
-    return Retrieval(run, settings.top_k, timing, latency, "off")
+    reads = {"bm25_k1": settings.bm25_k1, "bm25_b": settings.bm25_b, "bm25_stemmer": settings.bm25_stemmer}
+    return Retrieval(run, settings.top_k, timing, reads, latency, "off")
 
 
 def is_run_file(model: object) -> bool:
@@ -226,7 +232,7 @@ def retrieve_run_file(path: str | Path, task: Task) -> Retrieval:
         log.warning("%s: %d queries of %s have no results (they score 0; e.g. %s)", path, len(missing), task.name,
                     missing[0])
     run = {q: run[q] for q in task.query_ids if q in run}
-    return Retrieval(run, max((len(docs) for docs in run.values()), default=0), {}, {}, "off")
+    return Retrieval(run, max((len(docs) for docs in run.values()), default=0), {}, {"run_file": str(path)})
 
 
 def make_retriever(model: str | Encoder, settings: RetrievalSettings | None = None,

@@ -203,10 +203,9 @@ class BiEncoder(nn.Module):
         path = resolve_model(backbone)
         self.tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
         _ensure_pad_token(self.tokenizer)
-        positions = getattr(AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code),
-                            "max_position_embeddings", None)
+        positions = model_capacity(path, AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code))
         if positions and max(query_max_length, passage_max_length) > positions:
-            log.warning("%s has %d positions: max lengths %d/%d cut to fit", backbone, positions,
+            log.warning("%s reads at most %d tokens: max lengths %d/%d cut to fit", backbone, positions,
                         query_max_length, passage_max_length)
         self.text = Tokenize(self.tokenizer, query_prefix, passage_prefix, query_max_length, passage_max_length,
                              use_instructions, capacity=positions)
@@ -249,6 +248,14 @@ class BiEncoder(nn.Module):
     ) -> dict[str, torch.Tensor]:
         """See :class:`Tokenize` (``self.text``)."""
         return self.text(texts, kind, instructions, max_length)
+
+    def text_policy(self, query_max_length: int | None = None, passage_max_length: int | None = None) -> dict:
+        """How this encoder reads texts when asked for these lengths: its prefixes and the token
+        lengths it actually keeps (cut to its capacity). What a report states of a system."""
+        return {"query_prefix": self.text.prefix["query"], "passage_prefix": self.text.prefix["passage"],
+                "query_max_length": self.text.cap(query_max_length) if query_max_length else self.text.max_length["query"],
+                "passage_max_length": self.text.cap(passage_max_length) if passage_max_length
+                else self.text.max_length["passage"]}
 
     @property
     def truncated(self) -> dict[str, int]:
@@ -389,6 +396,18 @@ class BiEncoder(nn.Module):
 
 
 # ---------------------------------------------------------------------- helpers
+def model_capacity(path: str, config) -> int | None:
+    """How many tokens a backbone reads: its position embeddings, or a sentence-transformers folder's
+    own ``max_seq_length`` when that is shorter (all-MiniLM-L6-v2: 256 of 512 positions, the length
+    it was trained at), so that obliq's encoder and sentence-transformers read the same text."""
+    limits = [getattr(config, "max_position_embeddings", None)]
+    st_config = Path(path) / "sentence_bert_config.json"
+    if st_config.is_file():
+        limits.append(json.loads(read_text(st_config)).get("max_seq_length"))
+    limits = [int(n) for n in limits if n]
+    return min(limits) if limits else None
+
+
 def _ensure_pad_token(tokenizer) -> None:
     """Give a tokenizer without a pad token one explicitly, at load time (C02).
 

@@ -3,7 +3,11 @@
 Manual optimisation (Lightning): AdamW (lr 2e-4), linear warmup over the first 3% of steps then
 linear decay to 0 (the model card; transformers' ``get_linear_schedule_with_warmup``), optional
 gradient clipping. A step whose loss or gradient norm is not finite is skipped and counted;
-``max_bad_steps`` in a row stop the run with a checkpoint and a clear message.
+``max_bad_steps`` in a row stop the run with a checkpoint and a clear message. Under fp16
+(``16-mixed``, a GradScaler) the gradients are unscaled before their norm is clipped or logged, the
+scaler is updated after every step, and a step it skips for overflow is counted apart
+(``train/overflow_steps``), not as a bad step: the schedule advances only on applied steps (the
+PyTorch AMP recipe: scale → backward → unscale → clip → step → update).
 
 Checkpoints hold only the trainable weights (the LoRA adapter, or everything when training fully),
 plus what Lightning saves itself: optimizer, scheduler, loop and data-loader state. Randomness is
@@ -73,6 +77,8 @@ class RetrieverModule(L.LightningModule):
         self.chunk_size = chunk_size
         self.bad_steps = 0
         self.consecutive_bad = 0
+        self.overflow_steps = 0  # fp16 steps the GradScaler skipped (not bad steps)
+        self._grad_norm = torch.tensor(0.0)
         self._t_last: float | None = None
 
     # ------------------------------------------------------------------ setup
@@ -153,19 +159,39 @@ class RetrieverModule(L.LightningModule):
                 pad_to=chunk_counts_across_ranks(batch["query"], batch["docs"], self.chunk_size)
                 if self.device_mesh is not None else None,  # FSDP: the same passes on every rank
             )
-            grad_norm = self._clip()
-            if not torch.isfinite(grad_norm):
-                raise FloatingPointError(f"non-finite gradient norm {grad_norm.item()}")
+            scaler = getattr(self.trainer.precision_plugin, "scaler", None)
+            if scaler is None:  # fp32 / bf16: clip here; a non-finite gradient is a bad step
+                grad_norm = self._clip()
+                if not torch.isfinite(grad_norm):
+                    raise FloatingPointError(f"non-finite gradient norm {grad_norm.item()}")
         except FloatingPointError as err:
             optimizer.zero_grad(set_to_none=True)
             self._bad_step(err)
             return None
         lr = optimizer.param_groups[0]["lr"]  # the rate this step used
-        optimizer.step()
+        if scaler is None:
+            optimizer.step()
+        else:
+            # fp16: Lightning's step unscales the gradients, calls on_before_optimizer_step (which clips
+            # and measures the unscaled norm), lets the scaler skip a step whose gradients overflowed,
+            # and updates the scale every step. An overflow is the scaler's business, not a bad step.
+            scale = scaler.get_scale()
+            optimizer.step()
+            if scaler.get_scale() < scale:  # the scale backed off: this step was skipped
+                self.overflow_steps += 1
+                self.log("train/overflow_steps", float(self.overflow_steps), batch_size=len(batch["positive_index"]))
+                return None
+            grad_norm = self._grad_norm
         scheduler.step()
         self.consecutive_bad = 0
         self._log_step(batch, loss, grad_norm, lr)
         return loss
+
+    def on_before_optimizer_step(self, optimizer) -> None:
+        """Under fp16 (a GradScaler), Lightning calls this after unscaling the gradients: clip them and
+        keep their true norm. Other precisions clip in :meth:`training_step`."""
+        if getattr(self.trainer.precision_plugin, "scaler", None) is not None:
+            self._grad_norm = self._clip()
 
     def _clip(self) -> torch.Tensor:
         params = [p for p in self.encoder.parameters() if p.grad is not None]
@@ -212,7 +238,8 @@ class RetrieverModule(L.LightningModule):
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         trainable = {f"encoder.{n}" for n, p in self.encoder.named_parameters() if p.requires_grad}
         checkpoint["state_dict"] = {k: v for k, v in checkpoint["state_dict"].items() if k in trainable}
-        checkpoint["obliq"] = {"bad_steps": self.bad_steps, "encoder": self.encoder.settings,
+        checkpoint["obliq"] = {"bad_steps": self.bad_steps, "overflow_steps": self.overflow_steps,
+                               "encoder": self.encoder.settings,
                                "lora": None if self.encoder.lora is None else vars(self.encoder.lora)}
 
     def check_checkpoint_state(self, state: dict) -> None:
@@ -236,3 +263,4 @@ class RetrieverModule(L.LightningModule):
         if "state_dict" in checkpoint:  # FSDP2 strategies load (and check) the weights themselves
             self.check_checkpoint_state(checkpoint["state_dict"])
         self.bad_steps = checkpoint.get("obliq", {}).get("bad_steps", 0)
+        self.overflow_steps = checkpoint.get("obliq", {}).get("overflow_steps", 0)

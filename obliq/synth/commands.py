@@ -10,6 +10,7 @@ A typical run (one config per task in ``configs/synth/``)::
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import asdict
 from pathlib import Path
@@ -17,7 +18,7 @@ from pathlib import Path
 from obliq.data.rows import read_rows
 from obliq.eval.bm25 import BM25
 from obliq.eval.tasks import load_task
-from obliq.files import write_json
+from obliq.files import read_text, write_json
 from obliq.llm.backends import BackendConfig
 from obliq.synth.audit import audit_pairs, format_audit
 from obliq.synth.generate import GenerationConfig, synthesize
@@ -74,7 +75,10 @@ def audit_queries(rows: Path, task: Path, split: str = "test", real: bool = True
 
     Generated queries are compared with their positives, the task's real queries with their
     relevant documents (the OBLIQ-IR paper, Appendix J): entity-leak rate (capitalised-token heuristic, see
-    obliq.synth.audit), token Jaccard, and the source's BM25 rank. Prints a table; returns its rows.
+    obliq.synth.audit), token Jaccard, and the source's BM25 rank. When the generation report
+    (``<rows>.report.json``, written by ``synth generate``) is beside the rows, the share of replies
+    rejected for each reason is reported too (``echo``: replies that repeated the prompt's instructions
+    or talked about the task; ``unclosed-reasoning``). Prints a table; returns its rows.
 
     Args:
         rows: JSONL of training rows whose positives are documents of the task (e.g. from ``synth generate``).
@@ -103,4 +107,18 @@ def audit_queries(rows: Path, task: Path, split: str = "test", real: bool = True
                 sources.append(src)
         table.append(audit_pairs("real", queries, sources, data.doc_texts, bm25))
     print(format_audit(data.name, table))
-    return {"task": data.name, "rows": [asdict(r) for r in table]}
+    out = {"task": data.name, "rows": [asdict(r) for r in table]}
+    report = Path(rows).with_name(Path(rows).name + ".report.json")
+    if report.is_file():
+        generated = json.loads(read_text(report)).get("report", {})
+        replies = sum(generated.get("replies", {}).values())
+        if replies:
+            shares: dict[str, float] = {}
+            for key, n in generated.get("rejected", {}).items():
+                reason = key.split(":", 1)[-1]
+                shares[reason] = shares.get(reason, 0.0) + n / replies
+            out["rejected_share"] = dict(sorted(shares.items()))
+            out["replies"] = replies
+            print(f"replies rejected, share of {replies}: " + (", ".join(f"{k} {100 * v:.1f}%" for k, v in
+                                                                       out["rejected_share"].items()) or "none"))
+    return out

@@ -35,8 +35,8 @@ from typing import Sequence
 
 from obliq.data.rows import RowError, parse_row
 from obliq.eval.tasks import Task
-from obliq.llm.backends import Backend
-from obliq.llm.prompts import cut_words
+from obliq.llm.backends import Backend, ask
+from obliq.llm.prompts import PromptTemplate, cut_words
 from obliq.synth.parse import REJECT_REASONS, parse_reply
 from obliq.synth.prompts import TaskSpec, load_stage_prompt, render_stage
 from obliq.text import words
@@ -95,11 +95,14 @@ class SynthReport:
         skipped: documents given up after all retries, by stage (``{"A": n, "B": n}``).
         retries: extra attempts made (replies generated beyond the first per document and stage).
         docs_retried: documents that needed at least one retry.
+        replies: replies read, by stage (``{"A": n, "B": n}``), retries included.
         rejected: rejected replies by ``<stage>:<reason>`` (see :data:`obliq.synth.parse.REJECT_REASONS`).
         truncated_docs: documents cut to ``max_doc_words`` in the prompts.
         mean_query_words, mean_description_words: over the rows written by this run.
         new_tokens, generation_seconds, tokens_per_s: the backend's output and time (both stages,
             retries included).
+        reasoning: whether the model was let reason (its budget then grew by its ``reasoning_tokens``).
+        reasoning_replies: replies that held a reasoning block (removed before parsing).
         dropped_partial_line: whether a half-written last line was cut from the output.
     """
 
@@ -113,6 +116,7 @@ class SynthReport:
     skipped: dict[str, int] = field(default_factory=lambda: {"A": 0, "B": 0})
     retries: int = 0
     docs_retried: int = 0
+    replies: dict[str, int] = field(default_factory=lambda: {"A": 0, "B": 0})
     rejected: dict[str, int] = field(default_factory=dict)
     truncated_docs: int = 0
     mean_query_words: float = 0.0
@@ -120,6 +124,8 @@ class SynthReport:
     new_tokens: int = 0
     generation_seconds: float = 0.0
     tokens_per_s: float = 0.0
+    reasoning: bool = False
+    reasoning_replies: int = 0
     dropped_partial_line: bool = False
 
 
@@ -184,8 +190,10 @@ def _seed(base: int, stage: str, attempt: int, doc_ids: Sequence[str]) -> int:
 class _Stage:
     """Generate one stage for a batch with retries; collects counts into the report."""
 
-    def __init__(self, name: str, backend: Backend, cfg: GenerationConfig, report: SynthReport, rejects):
+    def __init__(self, name: str, backend: Backend, cfg: GenerationConfig, report: SynthReport, rejects,
+                 prompt: PromptTemplate):
         self.name, self.backend, self.cfg, self.report, self.rejects = name, backend, cfg, report, rejects
+        self.instructions = prompt.instructions()
         self.tag = "description" if name == "A" else "query"
         self.max_tokens = cfg.max_new_tokens_a if name == "A" else cfg.max_new_tokens_b
         self.lo, self.hi = cfg.description_words if name == "A" else cfg.query_words
@@ -200,17 +208,16 @@ class _Stage:
             if attempt:
                 self.report.retries += len(todo)
             ids = [doc_ids[i] for i in todo]
-            replies = self.backend.generate([prompts[i] for i in todo], self.max_tokens, self.cfg.temperature,
-                                            _seed(seed, self.name, attempt, ids))
-            finished = getattr(self.backend, "finished", None) or [True] * len(replies)
-            if len(replies) != len(todo) or len(finished) != len(todo):
-                raise RuntimeError(f"{self.backend.name}: {len(replies)} replies and {len(finished)} finished flags "
-                                   f"for {len(todo)} prompts")
+            replies = ask(self.backend, [prompts[i] for i in todo], self.max_tokens, self.cfg.temperature,
+                          _seed(seed, self.name, attempt, ids))
             failed = []
-            for i, reply, done in zip(todo, replies, finished):
+            for i, reply in zip(todo, replies):
                 attempts[doc_ids[i]] = attempt + 1
-                parsed = parse_reply(reply, self.tag, self.lo, self.hi, docs[i], self.cfg.copy_ngram,
-                                     whole_sentences=self.name == "A", truncated=not done)
+                self.report.replies[self.name] += 1
+                self.report.reasoning_replies += reply.reasoning
+                parsed = parse_reply(reply.text, self.tag, self.lo, self.hi, docs[i], self.cfg.copy_ngram,
+                                     whole_sentences=self.name == "A", truncated=not reply.finished,
+                                     instructions=self.instructions)
                 if parsed.ok:
                     results[doc_ids[i]] = parsed.text
                     continue
@@ -218,7 +225,7 @@ class _Stage:
                 key = f"{self.name}:{parsed.reason}"
                 self.report.rejected[key] = self.report.rejected.get(key, 0) + 1
                 self.rejects.write(json.dumps({"doc_id": doc_ids[i], "stage": self.name, "attempt": attempt + 1,
-                                               "reason": parsed.reason, "reply": reply}, ensure_ascii=False) + "\n")
+                                               "reason": parsed.reason, "reply": reply.raw}, ensure_ascii=False) + "\n")
             todo = failed
         self.report.skipped[self.name] += len(todo)
         return results, attempts
@@ -249,7 +256,8 @@ def synthesize(task: Task, spec: TaskSpec, backend: Backend, out: str | os.PathL
     prompt_a, prompt_b = load_stage_prompt("A", prompt_dir=prompt_dir), load_stage_prompt("B", spec.lens, prompt_dir=prompt_dir)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    report = SynthReport(task=spec.name, lens=spec.lens, backend=backend.name)
+    report = SynthReport(task=spec.name, lens=spec.lens, backend=backend.name,
+                         reasoning=bool(getattr(backend, "reasoning", False)))
     order, report.empty_docs_excluded = sample_documents(task, n_docs, seed)
     report.sampled = len(order)
     done, report.dropped_partial_line = read_done(out, spec.name)
@@ -259,8 +267,8 @@ def synthesize(task: Task, spec: TaskSpec, backend: Backend, out: str | os.PathL
     q_words, d_words, retried = [], [], set()
     rejects_path = out.with_name(out.name + ".rejects.jsonl")
     with out.open("a", encoding="utf-8") as sink, rejects_path.open("a", encoding="utf-8") as rejects:
-        stage_a = _Stage("A", backend, cfg, report, rejects)
-        stage_b = _Stage("B", backend, cfg, report, rejects)
+        stage_a = _Stage("A", backend, cfg, report, rejects, prompt_a)
+        stage_b = _Stage("B", backend, cfg, report, rejects, prompt_b)
         for start in range(0, len(todo), cfg.batch_size):
             batch = todo[start:start + cfg.batch_size]
             ids = [task.doc_ids[i] for i in batch]
