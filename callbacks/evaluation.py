@@ -30,9 +30,9 @@ import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 
 from obliq.eval.metrics import DEFAULT_MEASURES
-from obliq.eval.results import evaluate_tasks, find_tasks
+from obliq.eval.results import evaluate_tasks
 from obliq.eval.retrieval import RetrievalSettings, make_retriever
-from obliq.eval.tasks import load_task
+from obliq.eval.tasks import find_tasks, load_task
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +42,9 @@ class RetrievalEvaluation(Callback):
 
     Args:
         tasks: task folders (BEIR layout) or folders of task folders.
+        split: the query set evaluated: ``test`` (``queries.jsonl`` and ``qrels/test.tsv``) or another
+            name, e.g. ``dev`` (``queries-dev.jsonl`` and ``qrels/dev.tsv``): what a sweep or
+            checkpoint selection should optimise, never the test queries.
         every_n_steps: evaluate when the global step is a multiple of this (0: only at the end).
         at_end: also evaluate when training ends (skipped if that step was just evaluated).
         encoder_attr: the module attribute holding an encoder (``encode(texts, kind, batch_size, max_length)``).
@@ -55,6 +58,7 @@ class RetrievalEvaluation(Callback):
     def __init__(
         self,
         tasks: list[str],
+        split: str = "test",
         every_n_steps: int = 1000,
         at_end: bool = True,
         encoder_attr: str = "encoder",
@@ -67,7 +71,7 @@ class RetrievalEvaluation(Callback):
             raise ValueError(f"every_n_steps must be ≥ 0, got {every_n_steps}")
         if "NDCG@10" not in measures:
             raise ValueError("measures must include NDCG@10 (it is the logged metric)")
-        self.task_paths = list(tasks)
+        self.task_paths, self.split = list(tasks), split
         self.every_n_steps, self.at_end = every_n_steps, at_end
         self.encoder_attr, self.retrieval = encoder_attr, retrieval
         self.measures, self.latency_queries, self.dirname = list(measures), latency_queries, dirname
@@ -77,7 +81,9 @@ class RetrievalEvaluation(Callback):
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         if self.tasks is None:
-            self.tasks = [load_task(p) for p in find_tasks(self.task_paths)]  # fail before training starts
+            queries = "queries.jsonl" if self.split == "test" else f"queries-{self.split}.jsonl"
+            self.tasks = [load_task(p, queries=queries, splits=(self.split,))  # fail before training starts
+                          for p in find_tasks(self.task_paths)]
         if not hasattr(pl_module, self.encoder_attr):
             raise AttributeError(f"{type(pl_module).__name__} has no attribute {self.encoder_attr!r} (the encoder)")
 

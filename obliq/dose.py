@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 from obliq.eval.retrieval import RetrievalSettings
-from obliq.files import write_json
+from obliq.files import claim_output, write_json
 
 
 def dose_sweep(
@@ -20,6 +20,7 @@ def dose_sweep(
     source: int = -1,
     max_steps: int | None = None,
     retrieval: RetrievalSettings = RetrievalSettings(cache=False),
+    overwrite: bool = False,
 ) -> dict:
     """Train ``recipe`` once per dose of its kNN source and evaluate each model on ``tasks``.
 
@@ -42,16 +43,18 @@ def dose_sweep(
         source: index of the kNN source in ``data.sources``.
         max_steps: override the recipe's steps (the same for every dose).
         retrieval: how each model retrieves (as ``evaluate``'s ``--retrieval``).
+        overwrite: replace an earlier sweep in ``out`` (refused otherwise).
 
     Returns:
         ``{"doses": [...], "ndcg@10": {task: [value per dose]}}``.
 
     Raises:
         ValueError: a negative dose, or a source index out of range.
+        FileExistsError: ``out`` holds an earlier sweep and ``overwrite`` is false.
     """
-    from obliq.eval.results import evaluate_tasks, find_tasks, reads_text
+    from obliq.eval.results import evaluate_tasks, reads_text
     from obliq.eval.retrieval import make_retriever
-    from obliq.eval.tasks import load_task
+    from obliq.eval.tasks import find_tasks, load_task
     from obliq.model.encoder import BiEncoder
     from obliq.trainer import fit_and_export, recipe_config
 
@@ -66,7 +69,7 @@ def dose_sweep(
     if not -n_sources <= source < n_sources:
         raise ValueError(f"source {source} out of range: {recipe} has {n_sources} data sources")
     loaded = [load_task(p) for p in find_tasks(tasks)]
-    out = Path(out)
+    out = claim_output(out, overwrite, "a dose sweep")
     table: dict[str, list[float]] = {t.name: [] for t in loaded}
     reads: dict = {}
     for dose in doses:
@@ -79,7 +82,7 @@ def dose_sweep(
         if sources:
             args = ["fit", "--config", str(recipe), f"--run_dir={folder}", "--data.sources=" + json.dumps(sources)]
             args += [f"--trainer.max_steps={max_steps}"] if max_steps else []
-            encoder = str(fit_and_export(args, folder / "model"))
+            encoder = str(fit_and_export(args, folder / "model", overwrite=True))
         else:  # nothing left to train on: the recipe's encoder as it starts
             init = {k: v for k, v in base["model"]["encoder"].get("init_args", {}).items() if k != "lora"}
             encoder = BiEncoder(**init).eval()

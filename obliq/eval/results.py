@@ -28,7 +28,7 @@ import numpy as np
 from obliq.eval.metrics import DEFAULT_MEASURES, RECALL_CURVE_K, check_depth, evaluate_run, parse_measures, write_run
 from obliq.eval.retrieval import Retrieval, Retriever
 from obliq.eval.tasks import Task
-from obliq.files import json_text, write_json
+from obliq.files import json_text, safe_name, write_json
 
 log = logging.getLogger(__name__)
 
@@ -76,17 +76,20 @@ def evaluate_task(
     with (output / "per_query.jsonl").open("w", encoding="utf-8") as f:
         for split, ev in results.items():
             for qid, values in ev.per_query.items():
-                f.write(json_text({"query_id": qid, "qrels": SPLIT_NAMES[split], **{n: values[n] for n in panel}}, indent=None) + "\n")
+                row = {"query_id": qid, "qrels": SPLIT_NAMES.get(split, split), **{n: values[n] for n in panel}}
+                f.write(json_text(row, indent=None) + "\n")
 
-    gold = results["test"]
+    main = next(iter(task.qrels))  # the task's required split: test (gold), or e.g. dev
+    gold = results[main]
     rerank = dict(retrieval.rerank)
     if retrieval.dense_run is not None:
         write_run(output / "run.dense.trec", retrieval.dense_run, tag=Path(model).name or model)
-        rerank["dense_metrics"] = evaluate_run(task.qrels["test"], retrieval.dense_run, panel, task.query_ids).aggregate
+        rerank["dense_metrics"] = evaluate_run(task.qrels[main], retrieval.dense_run, panel, task.query_ids).aggregate
     summary = {
         "task": task.name,
         "mechanism": task.mechanism,
         "model": model,
+        "qrels": main,
         "metrics": {n: gold.aggregate[n] for n in panel},
         "n_queries": gold.n_queries,
         "n_excluded": gold.n_excluded,
@@ -193,26 +196,9 @@ def evaluate_tasks(
     Raises:
         ValueError: two tasks share a name (their files would collide).
     """
-    names = [t.name for t in tasks]
-    if len(set(names)) != len(names):
-        raise ValueError(f"task names must be unique, got {names}")
-    summaries = [evaluate_task(t, retrieve(t), Path(output) / t.name, model, measures) for t in tasks]
+    folders = [safe_name(t.name, "task name") for t in tasks]
+    if len(set(folders)) != len(folders):
+        raise ValueError(f"task names must be unique as folder names, got {[t.name for t in tasks]}")
+    summaries = [evaluate_task(t, retrieve(t), Path(output) / f, model, measures) for t, f in zip(tasks, folders)]
     write_report(summaries, output)
     return summaries
-
-
-def find_tasks(paths: Sequence[str | Path]) -> list[Path]:
-    """Task folders from paths that are task folders or folders of task folders (sorted).
-
-    Raises:
-        FileNotFoundError: a path is neither.
-    """
-    out = []
-    for p in map(Path, paths):
-        if (p / "corpus.jsonl").is_file():
-            out.append(p)
-        elif p.is_dir() and (subs := sorted(s for s in p.iterdir() if (s / "corpus.jsonl").is_file())):
-            out.extend(subs)
-        else:
-            raise FileNotFoundError(f"{p}: not a task folder (no corpus.jsonl) nor a folder of task folders")
-    return out

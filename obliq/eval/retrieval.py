@@ -33,7 +33,7 @@ from obliq.eval.encoders import Encoder, EncoderKind, fingerprint, load_encoder
 from obliq.eval.index import DenseIndex, unit_float32
 from obliq.eval.metrics import Run, read_run, run_from_search
 from obliq.eval.tasks import Task
-from obliq.files import atomic_write, cache_dir
+from obliq.files import atomic_write, cache_dir, safe_name
 from obliq.model.encoder import PASSAGE_MAX_LENGTH, QUERY_MAX_LENGTH
 
 log = logging.getLogger(__name__)
@@ -127,7 +127,7 @@ def corpus_cache_file(folder: Path, model_key: str, task: Task) -> Path:
     length); the key also covers the corpus file's SHA-256.
     """
     key = hashlib.sha256(f"{model_key}|{task.corpus_sha256}".encode()).hexdigest()[:20]
-    return Path(folder) / f"{task.name}-{key}.npy"
+    return Path(folder) / f"{safe_name(task.name, 'task name')}-{key}.npy"
 
 
 def retrieve_dense(
@@ -160,12 +160,14 @@ def retrieve_dense(
     if cache is not None:
         status = "miss"
         if cache.is_file():
-            docs = np.load(cache)
-            if docs.ndim != 2 or docs.shape[0] != len(task.doc_ids):
-                log.warning("%s: cached embeddings have shape %s for %d docs; re-encoding", cache, docs.shape, len(task.doc_ids))
-                docs = None
-            else:
+            try:
+                docs = np.load(cache, allow_pickle=False)
+                if docs.ndim != 2 or docs.shape[0] != len(task.doc_ids) or not np.isfinite(docs).all():
+                    raise ValueError(f"shape {docs.shape} for {len(task.doc_ids)} documents, or non-finite values")
                 status = "hit"
+            except (ValueError, OSError, EOFError) as err:  # a corrupt or foreign cache file: rebuilt
+                log.warning("%s: unusable cached embeddings (%s); discarded and re-encoded", cache, err)
+                docs = None
     if docs is None:
         docs = unit_float32(encode(task.doc_texts, "passage", settings.batch_size), "corpus embeddings")
         if cache is not None:
@@ -227,6 +229,10 @@ def retrieve_run_file(path: str | Path, task: Task) -> Retrieval:
     """A task's run read from a TREC run file (its queries of other tasks are left out; a task query
     missing from the file scores 0 on every measure, with a warning)."""
     run = read_run(path)
+    if not set(run) & set(task.query_ids):
+        seen = f"its ids look like {next(iter(run))!r}" if run else "it is empty"
+        raise ValueError(f"{path}: holds no query of task {task.name} ({seen}; the task's like {task.query_ids[0]!r}): "
+                         "a run of another task?")
     missing = [q for q in task.query_ids if q not in run]
     if missing:
         log.warning("%s: %d queries of %s have no results (they score 0; e.g. %s)", path, len(missing), task.name,

@@ -193,6 +193,27 @@ class Task:
     """Validation counts (duplicates, empty texts, qrels ids missing, queries without relevant docs)."""
 
 
+def _task_json(file: Path) -> dict:
+    """A task's ``task.json`` ({} when absent), checked: an object whose ``name`` and ``mechanism``, when
+    given, are non-empty strings.
+
+    Raises:
+        ValueError: not JSON, not an object, or a field of the wrong type (the file named).
+    """
+    if not file.is_file():
+        return {}
+    try:
+        meta = json.loads(read_text(file))
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{file}: not valid JSON ({err})") from None
+    if not isinstance(meta, dict):
+        raise ValueError(f"{file}: expected a JSON object with name and mechanism")
+    for key in ("name", "mechanism"):
+        if key in meta and meta[key] is not None and (not isinstance(meta[key], str) or not meta[key].strip()):
+            raise ValueError(f"{file}: field {key!r} must be a non-empty string, got {meta[key]!r}")
+    return meta
+
+
 def _unique(rows: list[tuple[int, dict]], path: Path, what: str, report: dict) -> list[tuple[int, dict]]:
     seen: dict[str, int] = {}
     kept = []
@@ -239,7 +260,7 @@ def load_task(
     path = Path(path)
     if not path.is_dir():
         raise FileNotFoundError(f"task folder not found: {path}")
-    meta = json.loads(read_text(path / "task.json")) if (path / "task.json").is_file() else {}
+    meta = _task_json(path / "task.json")
     report: dict = {}
 
     corpus_file, queries_file = path / "corpus.jsonl", path / queries
@@ -302,3 +323,25 @@ def load_task(
         corpus_sha256=hashlib.sha256(corpus_file.read_bytes()).hexdigest(),
         report=report,
     )
+
+
+def find_tasks(paths: Sequence[str | Path]) -> list[Path]:
+    """Task folders from paths that are task folders or folders of task folders (sorted).
+
+    Raises:
+        FileNotFoundError: a path is neither; or, in a folder of task folders, a subfolder is not a
+            task (no ``corpus.jsonl``: a task that cannot be read is an error, never skipped).
+    """
+    out = []
+    for p in map(Path, paths):
+        if (p / "corpus.jsonl").is_file():
+            out.append(p)
+            continue
+        subs = sorted(s for s in p.iterdir() if s.is_dir() and not s.name.startswith(".")) if p.is_dir() else []
+        if not subs:
+            raise FileNotFoundError(f"{p}: not a task folder (no corpus.jsonl) nor a folder of task folders")
+        broken = [s for s in subs if not (s / "corpus.jsonl").is_file()]
+        if broken:
+            raise FileNotFoundError(f"{broken[0]}: in the folder of tasks {p}, but not a task (no corpus.jsonl)")
+        out.extend(subs)
+    return out

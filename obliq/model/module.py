@@ -127,12 +127,16 @@ class RetrieverModule(L.LightningModule):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
     def on_train_start(self) -> None:
-        """Set each group's lr to the schedule's value at the current step. A plain resume leaves it
-        as restored; a resume with another ``max_steps`` (a longer run) would otherwise take its
-        first step at the old schedule's last lr (0 at the end of a run)."""
+        """Take the peak lr and weight decay from this run's settings and set each group's lr to the
+        schedule's value at the current step. A plain resume changes nothing; a resume that asks for
+        another lr, weight decay, warmup or ``max_steps`` (a longer run) continues with them from the
+        checkpoint's step (the restored optimizer would otherwise keep the old values, and a longer run
+        take its first step at the old schedule's last lr, 0 at the end of a run)."""
         optimizer, scheduler = self.optimizers(), self.lr_schedulers()
-        for group, base, fn in zip(optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas):
-            lr = base * fn(scheduler.last_epoch)
+        scheduler.base_lrs = [self.hparams.lr] * len(optimizer.param_groups)
+        for group, fn in zip(optimizer.param_groups, scheduler.lr_lambdas):
+            group["initial_lr"], group["weight_decay"] = self.hparams.lr, self.hparams.weight_decay
+            lr = self.hparams.lr * fn(scheduler.last_epoch)
             if group["lr"] != lr:
                 log.warning("lr at step %d follows the current schedule: %.3g (the checkpoint had %.3g)",
                             scheduler.last_epoch, lr, group["lr"])

@@ -18,7 +18,7 @@ from typing import Literal
 from obliq.data.rows import parse_row, read_rows
 from obliq.eval.bm25 import BM25_STEMMER, K1, B
 from obliq.eval.tasks import load_task
-from obliq.files import write_json
+from obliq.files import atomic_write, claim_output, refuse_input_as_output, write_json
 from obliq.negatives.mine import Bm25sBackend, MiningReport, mine_negatives
 
 log = logging.getLogger(__name__)
@@ -35,6 +35,7 @@ def mine(
     b: float = B,
     stemmer: str | None = BM25_STEMMER,
     threads: int = 1,
+    overwrite: bool = False,
 ) -> dict:
     """Add BM25 hard negatives to training rows and write them (docs/formats.md row format).
 
@@ -47,7 +48,7 @@ def mine(
     Args:
         rows: input JSONL of training rows (e.g. from ``obliq synth generate``).
         task: the task folder (BEIR layout) whose corpus is searched.
-        out: output JSONL (overwritten).
+        out: output JSONL.
         k: negatives per row (the paper: 4).
         skip: candidates to leave out at the top of each ranking, after the exclusions (false-negative guard).
         backend: ``bm25s`` (obliq's BM25) or ``pyserini`` (a Lucene index; needs the ``pyserini`` extra).
@@ -55,10 +56,23 @@ def mine(
         b: BM25 length normalisation.
         stemmer: PyStemmer language of the analyzer, or null for none.
         threads: search threads (pyserini only).
+        overwrite: replace an existing output file (refused otherwise).
+
+    Raises:
+        FileExistsError: ``out`` exists and ``overwrite`` is false.
+        ValueError: ``out`` is one of the inputs; a row's positive is not a document of the task (rows
+            of another task: the message names the file, line and id).
     """
     args = {k_: (str(v) if isinstance(v, Path) else v) for k_, v in locals().items()}
+    claim_output(out, overwrite, "rows")
+    refuse_input_as_output(out, [rows, *(p for p in Path(task).rglob("*") if p.is_file())])
     data = load_task(task)
     items = read_rows(rows)
+    corpus = set(data.doc_ids)
+    stray = [(n, r["positive"]["id"]) for n, r in enumerate(items, 1) if r["positive"]["id"] not in corpus]
+    if stray:
+        raise ValueError(f"{rows}: {len(stray)} of {len(items)} rows have a positive that is not a document of "
+                         f"{data.name} (e.g. row {stray[0][0]}: {stray[0][1]!r}): rows of another task?")
     report = MiningReport()
     start = time.perf_counter()
     if backend == "bm25s":
@@ -76,14 +90,11 @@ def mine(
         if hasattr(engine, "close"):
             engine.close()
     out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp")
-    with tmp.open("w", encoding="utf-8") as f:
+    with atomic_write(out) as f:
         for lineno, row in enumerate(mined, 1):
             line = json.dumps(row, ensure_ascii=False)
             parse_row(line, str(out), lineno)
             f.write(line + "\n")
-    tmp.replace(out)
     summary = asdict(report)
     write_json(out.with_name(out.name + ".report.json"), {"args": args, "report": summary})
     log.info("%d rows, %d negatives, %d short rows; dropped %s; %.1f rows/s (%s)", report.rows, report.negatives,

@@ -18,7 +18,7 @@ from pathlib import Path
 from obliq.data.rows import read_rows
 from obliq.eval.bm25 import BM25
 from obliq.eval.tasks import load_task
-from obliq.files import read_text, write_json
+from obliq.files import read_text, refuse_input_as_output, write_json
 from obliq.llm.backends import BackendConfig
 from obliq.synth.audit import audit_pairs, format_audit
 from obliq.synth.generate import GenerationConfig, synthesize
@@ -59,6 +59,10 @@ def generate(
     """
     args = {k: (str(v) if isinstance(v, Path) else asdict(v) if hasattr(v, "__dataclass_fields__") else v)
             for k, v in locals().items()}
+    task_files = [p for p in Path(task).rglob("*") if p.is_file()]
+    for written in (Path(out), Path(out).with_name(Path(out).name + ".rejects.jsonl"),
+                    Path(out).with_name(Path(out).name + ".report.json")):
+        refuse_input_as_output(written, task_files)
     data = load_task(task)
     engine = backend.build()
     report = asdict(synthesize(data, spec, engine, out, n_docs=n_docs, seed=seed, generation=generation,

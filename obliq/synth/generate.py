@@ -7,8 +7,9 @@ through the task's lens. Here:
    ``n_docs`` (all when ``None``). The order is a function of the seed and corpus alone, so a rerun
    with a larger ``n_docs`` extends the same sample.
 2. **Resume**: the output is an append-only JSONL of training rows keyed by the positive's document
-   id. Documents already in it are not generated again. A half-written last line (a killed run) is
-   cut off; any other bad line is an error naming file, line and field.
+   id. Documents already in it are not generated again. A last line without its newline is kept when
+   it is a complete row and cut off when it is a half-written one (a killed run); any other bad line is
+   an error naming file, line and field.
 3. **Generation**, in batches of ``batch_size`` documents: Stage A for the batch, then Stage B for
    the documents with a description. A reply that :func:`obliq.synth.parse.parse_reply` rejects is
    generated again (new seed) up to ``max_retries`` times (a Stage B reply cut by the token limit is
@@ -149,9 +150,9 @@ def sample_documents(task: Task, n_docs: int | None, seed: int) -> tuple[list[in
 def read_done(out: Path, task_name: str) -> tuple[set[str], bool]:
     """Positive ids already in an output file, cutting a half-written last line.
 
-    A last line without its newline is a killed run's partial write: it is removed from the file
-    (the file is truncated after the last complete line). Every complete line must be a valid row
-    of the same task.
+    A last line without its newline is either complete (a valid row: the newline is added and the row
+    kept) or a killed run's partial write (cut off; its document is generated again). Every complete
+    line must be a valid row of the same task.
 
     Returns:
         ``(document ids done, whether a partial line was removed)``.
@@ -166,10 +167,17 @@ def read_done(out: Path, task_name: str) -> tuple[set[str], bool]:
     cut = False
     if data and not data.endswith(b"\n"):
         keep = data.rfind(b"\n") + 1
-        with out.open("r+b") as f:
-            f.truncate(keep)
-        log.warning("%s: removed a half-written last line (%d bytes) left by a killed run", out, len(data) - keep)
-        data, cut = data[:keep], True
+        try:
+            parse_row(data[keep:], str(out), data.count(b"\n") + 1)
+        except RowError:  # a partial write: cut it, its document is generated again
+            with out.open("r+b") as f:
+                f.truncate(keep)
+            log.warning("%s: removed a half-written last line (%d bytes) left by a killed run", out, len(data) - keep)
+            data, cut = data[:keep], True
+        else:  # complete but for its newline: keep it
+            with out.open("ab") as f:
+                f.write(b"\n")
+            data += b"\n"
     done = set()
     for lineno, raw in enumerate(data.split(b"\n")[:-1], 1):
         if not raw.strip():
