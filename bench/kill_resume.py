@@ -1,7 +1,7 @@
 """Kill anywhere: one small CPU run SIGKILLed at random points and resumed each time ends bit-identical.
 
 A tiny random Llama (2 layers, bidirectional, LoRA) trains on 40 real rows of math-theoremqa, 4 per
-step, for 30 steps (3 epochs), with a checkpoint after every step. The same run goes uninterrupted
+step, for 40 steps (4 epochs), with a checkpoint after every step. The same run goes uninterrupted
 once (the reference). Then it is started and killed with SIGKILL ``--kills`` times, each time at a
 random step and a random moment inside it — or, for about a third of the kills, while a checkpoint is
 being written (its temporary file is on disk) — and resumed with ``--ckpt_path last`` until
@@ -35,7 +35,7 @@ from lightning.pytorch import Callback
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = Path(os.environ.get("OBLIQ_DATA", REPO.parent / "shared" / "data"))
-STEPS, BATCH, ROWS = 30, 4, 40
+STEPS, BATCH, ROWS = 40, 4, 40
 
 
 class SeenRows(Callback):
@@ -149,16 +149,19 @@ def main() -> None:
     reference = _start(whole)
     broken_dir = out / f"killed-{args.seed}"
     broken = _config(broken_dir, backbone, rows)
+    targets = sorted(rng.randint(1, STEPS - 1) for _ in range(args.kills))  # steps may repeat
     outcomes, run = [], _start(broken)
-    while len(outcomes) < args.kills:
-        before = _steps_done(broken_dir)
-        target = rng.randint(before + 1, STEPS - 1) if before + 1 < STEPS else STEPS
+    for target in targets:
         during_write = rng.random() < 1 / 3
         deadline = time.time() + 300
+        started = time.time()
         while run.poll() is None and time.time() < deadline:
-            if _steps_done(broken_dir) >= target and (not during_write or _writing(broken_dir)):
-                if not during_write:
-                    time.sleep(rng.uniform(0, 0.3))  # a random moment inside the next step
+            reached = _steps_done(broken_dir) >= target
+            if reached and during_write and _writing(broken_dir):
+                break
+            if reached and not during_write:
+                # a random moment: inside the next step, or (a target already passed) of the restart
+                time.sleep(rng.uniform(0, 0.5) if time.time() - started > 1 else rng.uniform(0, 8))
                 break
             time.sleep(0.001)
         if run.poll() is not None:  # it finished (or failed) before the kill point

@@ -16,9 +16,11 @@ Texts are cut at the retrieval settings' lengths (256 tokens for queries, the OB
 even when training uses longer ones), passed to each ``encode`` call: the encoder itself is not
 changed.
 
-Evaluation runs on global rank 0 while the other ranks wait at a barrier; the encoder must be
-usable on one rank alone (DDP, single device). Under FSDP the parameters are sharded and the callback
-refuses to start: export a checkpoint (``obliq export``) and evaluate the adapter with ``evaluate.py``.
+Evaluation runs on every rank: each encodes its share of the corpus and queries
+(:func:`obliq.eval.retrieval.encode_texts`; under FSDP every rank must take part in each forward
+pass anyway), the embeddings are gathered, and global rank 0 searches, scores, writes the files and
+logs; the values are then broadcast, so every rank gets the same metrics. The numbers are those of one
+process (``tests/test_distributed.py`` checks DDP and FSDP2 on two CPU processes).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from pathlib import Path
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 
-from obliq.eval.metrics import DEFAULT_MEASURES
+from obliq.eval.metrics import DEFAULT_MEASURES, check_depth
 from obliq.eval.results import evaluate_tasks
 from obliq.eval.retrieval import RetrievalSettings, make_retriever
 from obliq.eval.tasks import find_tasks, load_task
@@ -84,13 +86,10 @@ class RetrievalEvaluation(Callback):
             queries = "queries.jsonl" if self.split == "test" else f"queries-{self.split}.jsonl"
             self.tasks = [load_task(p, queries=queries, splits=(self.split,))  # fail before training starts
                           for p in find_tasks(self.task_paths)]
+            for task in self.tasks:  # on every rank: no rank may stop halfway through an evaluation
+                check_depth(self.measures, self.retrieval.top_k, len(task.doc_ids))
         if not hasattr(pl_module, self.encoder_attr):
             raise AttributeError(f"{type(pl_module).__name__} has no attribute {self.encoder_attr!r} (the encoder)")
-
-    def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        if any(hasattr(p, "full_tensor") for p in pl_module.parameters()):  # DTensor: FSDP2-sharded
-            raise ValueError("RetrievalEvaluation runs on rank 0 alone and cannot use sharded (FSDP) parameters: "
-                             "remove the callback; `obliq export --checkpoint C --out DIR`, then `evaluate.py --model DIR/adapter`")
 
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs, batch, batch_idx: int) -> None:
         step = trainer.global_step
@@ -102,21 +101,27 @@ class RetrievalEvaluation(Callback):
             self.evaluate(trainer, pl_module)
 
     def evaluate(self, trainer: Trainer, pl_module: LightningModule) -> list[dict]:
-        """Evaluate now (rank 0), log NDCG@10 per task and write the files; returns the summaries."""
+        """Evaluate now (every rank encodes its share; rank 0 scores, writes the files and logs NDCG@10
+        per task); returns the summaries (on rank 0)."""
         step = trainer.global_step
         self.last_step = step
-        if trainer.is_global_zero:
-            encoder = getattr(pl_module, self.encoder_attr)
-            name = f"{getattr(encoder, 'name_or_path', type(encoder).__name__)}@step-{step}"
-            output = Path(trainer.log_dir or trainer.default_root_dir) / self.dirname / f"step-{step:08d}"
-            retrieve = make_retriever(encoder, self.retrieval, self.latency_queries)
-            was_training = pl_module.training
-            pl_module.eval()
-            try:
-                with torch.no_grad():
+        encoder = getattr(pl_module, self.encoder_attr)
+        retrieve = make_retriever(encoder, self.retrieval, self.latency_queries)
+        was_training = pl_module.training
+        pl_module.eval()
+        values = None
+        try:
+            with torch.no_grad():
+                if trainer.is_global_zero:
+                    name = f"{getattr(encoder, 'name_or_path', type(encoder).__name__)}@step-{step}"
+                    output = Path(trainer.log_dir or trainer.default_root_dir) / self.dirname / f"step-{step:08d}"
                     self.last_summaries = evaluate_tasks(retrieve, self.tasks, output, name, self.measures)
-            finally:
-                pl_module.train(was_training)
+                else:  # the same retrievals, in the same order: every rank's share of every forward pass
+                    for task in self.tasks:
+                        retrieve(task)
+        finally:
+            pl_module.train(was_training)
+        if trainer.is_global_zero:
             values = {f"eval/{s['task']}/NDCG@10": s["metrics"]["NDCG@10"] for s in self.last_summaries}
             values["eval/mean/NDCG@10"] = sum(values.values()) / len(values)
             for logger in trainer.loggers:

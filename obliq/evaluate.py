@@ -20,7 +20,7 @@ from pathlib import Path
 
 from obliq.eval.metrics import DEFAULT_MEASURES, check_depth
 from obliq.eval.results import evaluate_tasks
-from obliq.eval.retrieval import RetrievalSettings, is_run_file, make_retriever
+from obliq.eval.retrieval import RetrievalSettings, is_run_file, make_retriever, world
 from obliq.eval.tasks import find_tasks, load_task
 from obliq.files import claim_output, write_json
 
@@ -60,10 +60,16 @@ def evaluate(
             ``run.dense.trec`` keeps the dense run and ``rerank_policy.yaml`` the policy as loaded.
         overwrite: write into an ``output`` that already holds results (refused otherwise, before any work).
 
+    Under ``torchrun`` (or any launcher that sets ``WORLD_SIZE``), the ranks share the encoding
+    (:func:`obliq.eval.retrieval.encode_texts`) and rank 0 writes the results; reranking needs one
+    process.
+
     Returns:
-        One summary per task (as written to ``summary.json``; ``results.md`` holds the table).
+        One summary per task (as written to ``summary.json``; ``results.md`` holds the table); an empty
+        list on the other ranks of a process group.
     """
     config = {k: v for k, v in locals().items()}
+    rank = _join_process_group()
     output = claim_output(output, overwrite, "evaluation results")
     loaded = [load_task(p) for p in find_tasks(tasks)]
     if not is_run_file(model):  # fail before any encoding (a run file's depth is checked when it is read)
@@ -73,11 +79,17 @@ def evaluate(
     if rerank is not None:
         from obliq.rerank.config import dump_policy, load_policy
 
+        if world()[1] > 1:
+            raise ValueError("--rerank runs on one process; evaluate the dense run on several, then rerank")
         policy = load_policy(rerank)  # fail before any encoding (its prompt files are checked too)
         unknown = sorted(set(policy.tasks) - {t.name for t in loaded})
         if unknown:
             log.warning("%s names tasks not evaluated here: %s", rerank, ", ".join(unknown))
     retrieve = make_retriever(model, retrieval, latency_queries)
+    if rank != 0:  # the same retrievals, in the same order: this rank's share of the encoding
+        for task in loaded:
+            retrieve(task)
+        return []
     output.mkdir(parents=True, exist_ok=True)
     write_json(output / "config.json", config)
     if policy is not None:
@@ -87,3 +99,17 @@ def evaluate(
         retrieve = Reranker(policy).wrap(retrieve)
     return evaluate_tasks(retrieve, loaded, output, "bm25" if model.lower() == "bm25" else model, measures)
 
+
+def _join_process_group() -> int:
+    """Join the process group a launcher set up (``WORLD_SIZE`` > 1: gloo on CPUs, nccl on GPUs, each
+    rank on its own GPU); returns this process's rank (0 alone)."""
+    import os
+
+    import torch
+    import torch.distributed as dist
+
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
+        if torch.cuda.is_available():
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    return world()[0]

@@ -15,6 +15,12 @@ the dose sweep) describes how with a :class:`RetrievalSettings` and gets its ret
 
 Latency (the paper §6.4) is measured per query, one query at a time after one warm-up query, on the
 first ``latency_queries`` queries: query encoding (BM25: tokenizing) and search, in ms.
+
+**On several processes** (a ``torch.distributed`` group: DDP or FSDP training, or ``torchrun
+evaluate.py``), every rank encodes its share of the texts (:func:`encode_texts`: ranks take every
+world-th text, padded to the same number so that every rank makes the same forward passes, which a
+sharded model needs), the embeddings are gathered, and each rank holds the whole matrix; search and
+metrics are then the one-process ones. Latency is measured only on one process.
 """
 
 from __future__ import annotations
@@ -130,6 +136,43 @@ def corpus_cache_file(folder: Path, model_key: str, task: Task) -> Path:
     return Path(folder) / f"{safe_name(task.name, 'task name')}-{key}.npy"
 
 
+def world() -> tuple[int, int]:
+    """``(rank, world size)`` of the default ``torch.distributed`` group, or ``(0, 1)`` outside one."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def encode_texts(encoder: Encoder, texts: Sequence[str], kind: str, batch_size: int, max_length: int | None):
+    """``encoder.encode`` of every text, shared among the ranks of a process group (see the module
+    notes); one process encodes them all itself.
+
+    Returns:
+        (n, d) embeddings in the order of ``texts``: numpy or torch, as the encoder returns them (one
+        process), or a float32 CPU tensor (several).
+    """
+    import torch
+    import torch.distributed as dist
+
+    rank, size = world()
+    if size == 1:
+        return encoder.encode(list(texts), kind=kind, batch_size=batch_size, max_length=max_length)
+    per = -(-len(texts) // size)
+    mine = list(texts[rank::size])
+    mine += [texts[0]] * (per - len(mine))  # the same number of texts, hence of forward passes, on every rank
+    local = torch.as_tensor(encoder.encode(mine, kind=kind, batch_size=batch_size, max_length=max_length)).float()
+    if dist.get_backend() == "nccl":
+        local = local.cuda()
+    parts = [torch.empty_like(local) for _ in range(size)]
+    dist.all_gather(parts, local.contiguous())
+    out = torch.empty(len(texts), local.shape[1])
+    for r, part in enumerate(parts):
+        out[r::size] = part[: len(range(r, len(texts), size))].cpu()
+    return out
+
+
 def retrieve_dense(
     encoder: Encoder,
     task: Task,
@@ -145,14 +188,15 @@ def retrieve_dense(
         settings: ``top_k`` (capped at the corpus size), ``batch_size`` and the two max lengths.
         cache: an ``.npy`` file for the corpus embeddings (see :func:`corpus_cache_file`);
             None encodes every time.
-        latency_queries: queries timed one at a time (0 skips the latency measurement).
+        latency_queries: queries timed one at a time (0 skips the latency measurement; skipped on
+            several processes).
 
     Returns:
-        The run (cosine scores) with its timings.
+        The run (cosine scores) with its timings; every rank of a process group gets the same run.
     """
     def encode(texts: Sequence[str], kind: str, batch_size: int):
         length = settings.query_max_length if kind == "query" else settings.passage_max_length
-        return encoder.encode(list(texts), kind=kind, batch_size=batch_size, max_length=length)
+        return encode_texts(encoder, texts, kind, batch_size, length)
 
     timing: dict[str, float] = {}
     t = perf_counter()
@@ -185,7 +229,7 @@ def retrieve_dense(
     timing["search"] = perf_counter() - t
 
     latency = _latency(
-        task.query_texts[:latency_queries],
+        task.query_texts[:latency_queries] if world()[1] == 1 else [],  # one query at a time: one process
         lambda text: encode([text], "query", 1),
         lambda q: index.search(q, settings.top_k),
     )

@@ -64,13 +64,15 @@ class Backend(Protocol):
     reasoning_tokens: int
     delimiters: tuple[tuple[str, str], ...]
 
-    def generate(self, prompts: Sequence[Messages], max_new_tokens: int, temperature: float, seed: int) -> list[str]:
-        """One raw reply per chat, in order; ``temperature`` 0 means greedy; ``seed`` makes sampling repeatable."""
+    def generate(self, prompts: Sequence[Messages], max_new_tokens: int, temperature: float,
+                 seed: int | Sequence[int]) -> list[str]:
+        """One raw reply per chat, in order; ``temperature`` 0 means greedy; ``seed`` (one for the
+        call, or one per chat) makes sampling repeatable."""
         ...
 
 
 def ask(backend: Backend, prompts: Sequence[Messages], answer_tokens: int, temperature: float,
-        seed: int) -> list[Reply]:
+        seed: int | Sequence[int]) -> list[Reply]:
     """The one way obliq asks a language model: one :class:`~obliq.llm.reply.Reply` per chat.
 
     The budget is ``answer_tokens``, plus ``reasoning_tokens`` when the backend lets the model reason;
@@ -139,8 +141,10 @@ class TransformersBackend:
         self.new_tokens, self.seconds, self.finished = 0, 0.0, []
         self.calls, self.prompt_tokens = 0, 0
 
-    def generate(self, prompts: Sequence[Messages], max_new_tokens: int, temperature: float, seed: int) -> list[str]:
-        """See :class:`Backend`. Batches of ``batch_size``; batch ``i`` is seeded with ``seed + i``."""
+    def generate(self, prompts: Sequence[Messages], max_new_tokens: int, temperature: float,
+                 seed: int | Sequence[int]) -> list[str]:
+        """See :class:`Backend`. Batches of ``batch_size``; a batch is seeded with its first chat's seed
+        (per-chat seeds are exact with ``batch_size`` 1), or with ``seed + i`` for batch ``i``."""
         import torch
 
         out: list[str] = []
@@ -158,7 +162,7 @@ class TransformersBackend:
                 if self.threads:
                     torch.set_num_threads(self.threads)
                 with torch.random.fork_rng(devices=devices), torch.inference_mode():
-                    torch.manual_seed(seed + i // self.batch_size)
+                    torch.manual_seed(seed[i] if not isinstance(seed, int) else seed + i // self.batch_size)
                     ids = self.model.generate(**enc, max_new_tokens=max_new_tokens, eos_token_id=self.end_ids,
                                               pad_token_id=self.tokenizer.pad_token_id, **sampling)
             finally:
@@ -223,11 +227,13 @@ class VLLMBackend:
         self.new_tokens, self.seconds, self.finished = 0, 0.0, []
         self.calls, self.prompt_tokens = 0, 0
 
-    def generate(self, prompts: Sequence[Messages], max_new_tokens: int, temperature: float, seed: int) -> list[str]:
-        """See :class:`Backend`. Every request of the call uses ``seed``."""
-        params = self._sampling(temperature=temperature, top_p=self.top_p if temperature > 0 else 1.0,
-                                max_tokens=max_new_tokens, seed=seed, stop_token_ids=self.end_ids,
-                                skip_special_tokens=False)
+    def generate(self, prompts: Sequence[Messages], max_new_tokens: int, temperature: float,
+                 seed: int | Sequence[int]) -> list[str]:
+        """See :class:`Backend`. Each request gets its own seed (``seed`` itself for all, when one)."""
+        seeds = [seed] * len(prompts) if isinstance(seed, int) else list(seed)
+        params = [self._sampling(temperature=temperature, top_p=self.top_p if temperature > 0 else 1.0,
+                                 max_tokens=max_new_tokens, seed=s, stop_token_ids=self.end_ids,
+                                 skip_special_tokens=False) for s in seeds]
         start = time.perf_counter()
         results = self.llm.chat(list(prompts), params, use_tqdm=False,
                                 chat_template_kwargs={"enable_thinking": self.reasoning})

@@ -5,13 +5,15 @@ through the task's lens. Here:
 
 1. **Sampling**: the task's non-empty documents, shuffled with ``random.Random(seed)``; the first
    ``n_docs`` (all when ``None``). The order is a function of the seed and corpus alone, so a rerun
-   with a larger ``n_docs`` extends the same sample.
+   with a larger ``n_docs`` extends the same sample. A shard (:mod:`obliq.shards`) takes every
+   ``count``-th document of it; ``obliq synth merge`` joins the shards back.
 2. **Resume**: the output is an append-only JSONL of training rows keyed by the positive's document
    id. Documents already in it are not generated again. A last line without its newline is kept when
    it is a complete row and cut off when it is a half-written one (a killed run); any other bad line is
    an error naming file, line and field.
 3. **Generation**, in batches of ``batch_size`` documents: Stage A for the batch, then Stage B for
-   the documents with a description. A reply that :func:`obliq.synth.parse.parse_reply` rejects is
+   the documents with a description; each document's seeds derive from the run's seed and its own id
+   (not its batch's). A reply that :func:`obliq.synth.parse.parse_reply` rejects is
    generated again (new seed) up to ``max_retries`` times (a Stage B reply cut by the token limit is
    rejected as overlong; a Stage A reply keeps its finished sentences), then the document is skipped and counted.
    Every rejected reply is appended to ``<out>.rejects.jsonl`` (document, stage, attempt, reason, reply).
@@ -32,12 +34,12 @@ import os
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
 
 from obliq.data.rows import RowError, parse_row
 from obliq.eval.tasks import Task
 from obliq.llm.backends import Backend, ask
 from obliq.llm.prompts import PromptTemplate, cut_words
+from obliq.shards import Shard
 from obliq.synth.parse import REJECT_REASONS, parse_reply
 from obliq.synth.prompts import TaskSpec, load_stage_prompt, render_stage
 from obliq.text import words
@@ -128,6 +130,9 @@ class SynthReport:
     reasoning: bool = False
     reasoning_replies: int = 0
     dropped_partial_line: bool = False
+    shard: dict = field(default_factory=lambda: {"index": 0, "count": 1})
+    documents: list[str] = field(default_factory=list)
+    """The documents of this run's sample (its shard's), in sample order: what a merge checks."""
 
 
 def sample_documents(task: Task, n_docs: int | None, seed: int) -> tuple[list[int], int]:
@@ -190,8 +195,9 @@ def read_done(out: Path, task_name: str) -> tuple[set[str], bool]:
     return done, cut
 
 
-def _seed(base: int, stage: str, attempt: int, doc_ids: Sequence[str]) -> int:
-    key = f"{base}:{stage}:{attempt}:{','.join(doc_ids)}".encode()
+def _seed(base: int, stage: str, attempt: int, doc_id: str) -> int:
+    """A document's own generation seed: the same whichever batch or shard the document falls in."""
+    key = f"{base}:{stage}:{attempt}:{doc_id}".encode()
     return int.from_bytes(hashlib.blake2b(key, digest_size=4).digest(), "little")
 
 
@@ -217,7 +223,7 @@ class _Stage:
                 self.report.retries += len(todo)
             ids = [doc_ids[i] for i in todo]
             replies = ask(self.backend, [prompts[i] for i in todo], self.max_tokens, self.cfg.temperature,
-                          _seed(seed, self.name, attempt, ids))
+                          [_seed(seed, self.name, attempt, d) for d in ids])
             failed = []
             for i, reply in zip(todo, replies):
                 attempts[doc_ids[i]] = attempt + 1
@@ -241,7 +247,7 @@ class _Stage:
 
 def synthesize(task: Task, spec: TaskSpec, backend: Backend, out: str | os.PathLike, n_docs: int | None = 100,
                seed: int = 13, generation: GenerationConfig | None = None,
-               prompt_dir: str | os.PathLike | None = None) -> SynthReport:
+               prompt_dir: str | os.PathLike | None = None, shard: Shard = Shard(0, 1)) -> SynthReport:
     """Generate synthetic training rows for a task, appending to ``out`` (resumable).
 
     Args:
@@ -253,6 +259,9 @@ def synthesize(task: Task, spec: TaskSpec, backend: Backend, out: str | os.PathL
         seed: sampling seed; generation seeds derive from it.
         generation: generation settings (defaults: :class:`GenerationConfig`).
         prompt_dir: a folder of prompt files replacing the packaged ones.
+        shard: generate for this shard of the sample only (:class:`obliq.shards.Shard`, resolved);
+            every document's seeds are its own, so merged shards give a single run's rows (with a
+            backend that seeds each chat: vLLM, or transformers with ``batch_size`` 1 or greedy).
 
     Returns:
         The :class:`SynthReport` of this run (also written to ``<out>.report.json`` by the command).
@@ -267,6 +276,8 @@ def synthesize(task: Task, spec: TaskSpec, backend: Backend, out: str | os.PathL
     report = SynthReport(task=spec.name, lens=spec.lens, backend=backend.name,
                          reasoning=bool(getattr(backend, "reasoning", False)))
     order, report.empty_docs_excluded = sample_documents(task, n_docs, seed)
+    order = shard.select(order)
+    report.shard, report.documents = {"index": shard.index, "count": shard.count}, [task.doc_ids[i] for i in order]
     report.sampled = len(order)
     done, report.dropped_partial_line = read_done(out, spec.name)
     todo = [i for i in order if task.doc_ids[i] not in done]
