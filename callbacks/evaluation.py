@@ -110,11 +110,12 @@ class RetrievalEvaluation(Callback):
         was_training = pl_module.training
         pl_module.eval()
         values = None
+        # trainer.log_dir is itself a collective (a broadcast from rank 0): read it on every rank
+        output = Path(trainer.log_dir or trainer.default_root_dir) / self.dirname / f"step-{step:08d}"
         try:
             with torch.no_grad():
                 if trainer.is_global_zero:
                     name = f"{getattr(encoder, 'name_or_path', type(encoder).__name__)}@step-{step}"
-                    output = Path(trainer.log_dir or trainer.default_root_dir) / self.dirname / f"step-{step:08d}"
                     self.last_summaries = evaluate_tasks(retrieve, self.tasks, output, name, self.measures)
                 else:  # the same retrievals, in the same order: every rank's share of every forward pass
                     for task in self.tasks:
