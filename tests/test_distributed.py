@@ -148,7 +148,7 @@ def test_two_ranks_encoding_shares_give_the_one_process_run(tiny_llama_dir, task
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 def test_the_training_callback_evaluates_on_every_rank_under_ddp_and_fsdp2(strategy, tiny_llama_dir, tasks_dir,
                                                                            tmp_path):
-    """2 CPU processes train 2 steps with the evaluation callback at the end: under FSDP2 too (its
+    """2 CPU processes train 2 steps with the evaluation callback at step 2 (the last): under FSDP2 too (its
     parameters are sharded, so every rank must encode); the logged NDCG@10 equals one process's
     evaluation of the saved weights, and every rank got the value (the monitored checkpoint)."""
     import csv
@@ -172,11 +172,11 @@ def test_the_training_callback_evaluates_on_every_rank_under_ddp_and_fsdp2(strat
     settings = {"top_k": 50, "batch_size": 4, "query_max_length": 32, "passage_max_length": 48}
     cfg["trainer"]["callbacks"] += [
         {"class_path": "callbacks.RetrievalEvaluation",
-         "init_args": {"tasks": [str(task_dir)], "every_n_steps": 0, "measures": ["NDCG@10", "Recall@10"],
-                       "retrieval": settings}},
+         "init_args": {"tasks": [str(task_dir)], "every_n_steps": 2, "measures": ["NDCG@10", "Recall@10"],
+                       "retrieval": settings}},  # at step 2 (the last): the end adds no second evaluation
         {"class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
          "init_args": {"dirpath": str(tmp_path / "run" / "best"), "monitor": "eval/mean/NDCG@10", "mode": "max",
-                       "save_top_k": 1}}]
+                       "save_top_k": 1, "every_n_train_steps": 2}}]
     config.write_text(yaml.safe_dump(cfg))
     run = _train(config)
     assert run.wait(timeout=900) == 0, run.stderr.read()
