@@ -71,10 +71,10 @@ import torch
 
 LLAMA_3B = dict(hidden_size=3072, num_hidden_layers=28, num_attention_heads=24, num_key_value_heads=8,
                 intermediate_size=8192, vocab_size=128256, max_position_embeddings=131072,
-                rope_parameters={"rope_type": "default", "rope_theta": 500000.0}, tie_word_embeddings=True,
+                rope_theta=500000.0, tie_word_embeddings=True,
                 rms_norm_eps=1e-5, head_dim=128)
 TINY = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=128,
-            max_position_embeddings=512, rope_parameters={"rope_type": "default", "rope_theta": 500000.0},
+            max_position_embeddings=512, rope_theta=500000.0,
             tie_word_embeddings=True, rms_norm_eps=1e-5)
 RECIPE = dict(anchors=8, negatives=4, length=1024, chunk=4, temperature=0.02, lora_r=16, lora_alpha=32,
               lora_dropout=0.05, docs=100_000, dim=3072, queries=100, latency_length=256, latency_n=50, matmul=8192)
