@@ -14,7 +14,7 @@ import json
 import logging
 from pathlib import Path
 
-from obliq.eval.results import find_tasks
+from obliq.eval.tasks import find_tasks
 from obliq.evaluate import evaluate
 
 REPO = Path(__file__).resolve().parents[1]

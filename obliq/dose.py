@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 from obliq.eval.retrieval import RetrievalSettings
+from obliq.files import claim_output, write_json
 
 
 def dose_sweep(
@@ -19,13 +20,18 @@ def dose_sweep(
     source: int = -1,
     max_steps: int | None = None,
     retrieval: RetrievalSettings = RetrievalSettings(cache=False),
+    overwrite: bool = False,
 ) -> dict:
     """Train ``recipe`` once per dose of its kNN source and evaluate each model on ``tasks``.
 
     Each dose is one ``train.py fit`` of the recipe with ``--run_dir=<out>/dose-<n>`` (the recipe
     derives its checkpoint and log folders from ``${run_dir}``) and the kNN source's ``count`` set to
     the dose (the one dose mechanism, :mod:`obliq.data.mixture`); the final weights are exported to
-    ``dose-<n>/model`` and evaluated like ``evaluate`` does.
+    ``dose-<n>/model`` and evaluated like ``evaluate`` does. Every dose, the untrained dose 0 included,
+    is the recipe's encoder (its prefixes and the retrieval settings' lengths): one reading policy,
+    stated with the table. What is held fixed is stated too: with ``max_steps`` (given here or in the
+    recipe) every dose trains the same number of rows, so the dose changes only their diversity;
+    without it, each dose trains one epoch of its own rows, as the paper's dose is rows per epoch.
 
     Args:
         recipe: a ``train.py`` config (YAML).
@@ -37,28 +43,35 @@ def dose_sweep(
         source: index of the kNN source in ``data.sources``.
         max_steps: override the recipe's steps (the same for every dose).
         retrieval: how each model retrieves (as ``evaluate``'s ``--retrieval``).
+        overwrite: replace an earlier sweep in ``out`` (refused otherwise).
 
     Returns:
         ``{"doses": [...], "ndcg@10": {task: [value per dose]}}``.
 
     Raises:
         ValueError: a negative dose, or a source index out of range.
+        FileExistsError: ``out`` holds an earlier sweep and ``overwrite`` is false.
     """
-    from obliq.eval.results import evaluate_tasks, find_tasks
+    from obliq.eval.results import evaluate_tasks, reads_text
     from obliq.eval.retrieval import make_retriever
-    from obliq.eval.tasks import load_task
+    from obliq.eval.tasks import find_tasks, load_task
     from obliq.model.encoder import BiEncoder
     from obliq.trainer import fit_and_export, recipe_config
 
     if any(d < 0 for d in doses):
         raise ValueError(f"doses must be >= 0, got {doses}")
     base = recipe_config(recipe)
+    steps = max_steps or (base.get("trainer") or {}).get("max_steps") or -1
+    held = (f"every dose trains {steps} steps of {base['data'].get('batch_size', 32)} rows: the same rows seen, the "
+            "dose changes only their diversity" if steps > 0 else
+            "each dose trains one epoch of its own rows (the paper's dose: rows per epoch): larger doses train longer")
     n_sources = len(base["data"]["sources"])
     if not -n_sources <= source < n_sources:
         raise ValueError(f"source {source} out of range: {recipe} has {n_sources} data sources")
     loaded = [load_task(p) for p in find_tasks(tasks)]
-    out = Path(out)
+    out = claim_output(out, overwrite, "a dose sweep")
     table: dict[str, list[float]] = {t.name: [] for t in loaded}
+    reads: dict = {}
     for dose in doses:
         folder = out / f"dose-{dose}"
         sources = [dict(s) for s in base["data"]["sources"]]
@@ -69,7 +82,7 @@ def dose_sweep(
         if sources:
             args = ["fit", "--config", str(recipe), f"--run_dir={folder}", "--data.sources=" + json.dumps(sources)]
             args += [f"--trainer.max_steps={max_steps}"] if max_steps else []
-            encoder = str(fit_and_export(args, folder / "model"))
+            encoder = str(fit_and_export(args, folder / "model", overwrite=True))
         else:  # nothing left to train on: the recipe's encoder as it starts
             init = {k: v for k, v in base["model"]["encoder"].get("init_args", {}).items() if k != "lora"}
             encoder = BiEncoder(**init).eval()
@@ -77,9 +90,15 @@ def dose_sweep(
                                    ["NDCG@10", "Recall@100"])
         for s in summaries:
             table[s["task"]].append(s["metrics"]["NDCG@10"])
-    result = {"recipe": str(recipe), "doses": list(doses), "ndcg@10": table}
-    (out / "dose_sweep.json").write_text(json.dumps(result, indent=2) + "\n")
-    lines = ["| dose | " + " | ".join(table) + " |", "|---:|" + "---:|" * len(table)]
+            reads.setdefault(s["task"], s["reads"])
+            if s["reads"] != reads[s["task"]]:  # a recipe whose encoder changes its reading between doses
+                raise ValueError(f"dose {dose} reads {s['task']} as {reads_text(s['reads'])}, dose {doses[0]} as "
+                                 f"{reads_text(reads[s['task']])}: the doses would not be comparable")
+    result = {"recipe": str(recipe), "doses": list(doses), "ndcg@10": table, "held_fixed": held,
+              "reads": reads_text(next(iter(reads.values()), None))}
+    write_json(out / "dose_sweep.json", result)
+    lines = [f"Dose sweep of {recipe}: {held}; every model reads texts as: {result['reads']}.", "",
+             "| dose | " + " | ".join(table) + " |", "|---:|" + "---:|" * len(table)]
     for i, dose in enumerate(doses):
         lines.append(f"| {dose} | " + " | ".join(f"{table[t][i]:.4f}" for t in table) + " |")
     (out / "dose_sweep.md").write_text("\n".join(lines) + "\n")

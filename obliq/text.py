@@ -18,6 +18,8 @@ import re
 import unicodedata
 from pathlib import Path
 
+from obliq.files import read_text
+
 FUNCTION_WORD_LISTS = Path(__file__).with_name("function_words")
 """Folder of the built-in function-word lists (``<name>.txt``: ``english``, ``mosteller-wallace``)."""
 
@@ -101,7 +103,7 @@ def load_function_words(spec: str) -> list[str]:
             builtin = sorted(p.stem for p in FUNCTION_WORD_LISTS.glob("*.txt"))
             raise FileNotFoundError(f"function-word list {spec!r}: not a built-in list {builtin} and not a file")
     found: list[str] = []
-    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    for lineno, line in enumerate(read_text(path).splitlines(), 1):
         line = line.split("#", 1)[0].strip().lower()
         if not line:
             continue

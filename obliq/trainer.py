@@ -6,17 +6,113 @@ Configs are read in jsonargparse's ``omegaconf+`` mode: a recipe names its run f
 top-level ``run_dir``, and derives every output folder from it with OmegaConf interpolation
 (``default_root_dir: ${run_dir}``, ``dirpath: ${run_dir}/checkpoints``). Interpolations are resolved
 after the command line is read, so ``--run_dir=runs/other`` moves all of them.
+
+**Every run its own folder.** ``run_dir`` names the recipe's folder; each ``fit`` runs in a version of
+it (:func:`run_folder`): ``<run_dir>/version_<n>`` (the next free n), or ``<run_dir>/wandb-<id>`` when
+a W&B sweep agent or a W&B run id is in the environment (``WANDB_RUN_ID``), so a second run or a sweep
+trial never writes over the first one's checkpoints. ``--ckpt_path last`` resumes the newest version
+that has a ``last.ckpt``, in its own folder; a checkpoint file inside a version folder resumes there.
+
+**A resume never ignores the command line.** A checkpoint is data: its stored settings are compared
+with the user's (:func:`resume_differences`), never merged over them (Lightning's own
+``_parse_ckpt_path`` would). Training settings the user changed are applied, and said so: ``lr``,
+``weight_decay``, ``warmup_ratio`` (the schedule continues from the checkpoint's step with the new
+values), ``max_grad_norm``, ``max_bad_steps``, ``chunk_size``, ``temperature``, ``seed``,
+``gather_across_devices``, and the encoder's lengths, dtype, attention kernel and gradient
+checkpointing. What the trained weights depend on is refused with the list of differences: the
+backbone, LoRA, bidirectionality, prefixes and instructions. A changed data mixture, batch size,
+world size or seed is refused when the data position is restored (:mod:`obliq.data.datamodule`).
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import re
+import sys
 from pathlib import Path
 
 from lightning.pytorch.cli import LightningCLI
 
+log = logging.getLogger(__name__)
+
 PARSER_MODE = "omegaconf+"
 """jsonargparse's parser mode for training configs: ``${…}`` interpolation, resolved last."""
+
+APPLIED = ("lr", "weight_decay", "warmup_ratio", "max_grad_norm", "max_bad_steps", "chunk_size", "temperature", "seed",
+           "gather_across_devices")
+"""Module settings a resume takes from the user even when the checkpoint was trained with others."""
+ENCODER_IDENTITY = ("backbone", "bidirectional", "query_prefix", "passage_prefix", "use_instructions")
+"""Encoder settings the trained weights depend on: a resume that changes one is refused."""
+VERSION = re.compile(r"^(version_(\d+)|wandb-\w+)$")
+
+
+def run_folder(run_dir: str | os.PathLike, ckpt_path: str | None) -> tuple[Path, str | None]:
+    """The folder a ``fit`` runs in, and the checkpoint it resumes (see the module notes).
+
+    Returns:
+        ``(folder, ckpt_path)``: a version of ``run_dir``; ``ckpt_path`` with ``last`` resolved to the
+        newest version's ``last.ckpt`` when there is one (else unchanged, for Lightning to resolve).
+    """
+    base = Path(run_dir)
+    versions = [p for p in base.iterdir() if p.is_dir() and VERSION.match(p.name)] if base.is_dir() else []
+    if ckpt_path == "last":
+        resumable = [(p.stat().st_mtime, p) for p in versions if next(p.rglob("last.ckpt"), None) is not None]
+        if resumable:
+            newest = max(resumable)[1]
+            return newest, str(max(newest.rglob("last.ckpt"), key=lambda f: f.stat().st_mtime))
+    elif ckpt_path and Path(ckpt_path).is_file():
+        inside = next((v for v in versions if Path(ckpt_path).resolve().is_relative_to(v.resolve())), None)
+        if inside is not None:
+            return inside, ckpt_path
+    wandb_id = os.environ.get("WANDB_RUN_ID")
+    if wandb_id:
+        return base / ("wandb-" + re.sub(r"\W", "_", wandb_id)), ckpt_path
+    taken = [int(m.group(2)) for p in versions if (m := VERSION.match(p.name)) and m.group(2) is not None]
+    return base / f"version_{max(taken, default=-1) + 1}", ckpt_path
+
+
+def resume_differences(ckpt: dict, model: dict, source: object) -> list[str]:
+    """What the user asks that differs from the checkpoint's own settings.
+
+    Args:
+        ckpt: the checkpoint (read with ``weights_only=True``).
+        model: the user's ``model`` config section (``encoder`` with its ``init_args``, and the module's
+            settings).
+        source: the checkpoint's path, for messages.
+
+    Returns:
+        One line per applied difference (``model.lr: 0.001 in the checkpoint, 0.0005 now: applied``).
+
+    Raises:
+        ValueError: a difference in what the trained weights depend on (:data:`ENCODER_IDENTITY`,
+            LoRA), listing every such difference.
+    """
+    from obliq.aliases import portable_name
+
+    applied, refused = [], []
+    stored = ckpt.get("hyper_parameters") or {}
+    for key in APPLIED:
+        if key in stored and key in model and stored[key] != model[key]:
+            applied.append(f"model.{key}: {stored[key]!r} in the checkpoint, {model[key]!r} now: applied")
+    saved = (ckpt.get("obliq") or {}).get("encoder") or {}
+    asked = dict((model.get("encoder") or {}).get("init_args") or {})
+    for key, value in saved.items():
+        if key not in asked or key == "trust_remote_code":
+            continue
+        same = portable_name(value) == portable_name(asked[key]) if key == "backbone" else value == asked[key]
+        if not same:
+            line = f"model.encoder.init_args.{key}: {value!r} in the checkpoint, {asked[key]!r} now"
+            (refused if key in ENCODER_IDENTITY else applied).append(line + ("" if key in ENCODER_IDENTITY else ": applied"))
+    lora, asked_lora = (ckpt.get("obliq") or {}).get("lora"), asked.get("lora")
+    if isinstance(asked_lora, dict) and lora is not None:
+        for key, value in lora.items():
+            if key in asked_lora and asked_lora[key] != value:
+                refused.append(f"model.encoder.init_args.lora.{key}: {value!r} in the checkpoint, {asked_lora[key]!r} now")
+    if refused:
+        raise ValueError(f"{source}: cannot resume with another model: " + "; ".join(refused)
+                         + " (start a new run, or resume with the checkpoint's settings)")
+    return applied
 
 
 class TrainCLI(LightningCLI):
@@ -26,8 +122,36 @@ class TrainCLI(LightningCLI):
 
     def add_arguments_to_parser(self, parser) -> None:
         parser.add_argument("--run_dir", type=str, default="runs/train",
-                            help="The run's folder; a recipe derives its checkpoint, log and W&B folders from it "
-                                 "(${run_dir}).")
+                            help="The recipe's folder; each run goes in a version of it, from which the recipe derives "
+                                 "its checkpoint, log and W&B folders (${run_dir}).")
+
+    def parse_arguments(self, parser, args) -> None:
+        """Parse, then once more with ``--run_dir`` set to this run's version folder (and ``last``
+        resolved), so the recipe's ``${run_dir}`` interpolations land in it."""
+        super().parse_arguments(parser, args)
+        sub = self.config.get("subcommand")
+        if sub != "fit" or isinstance(args, dict):
+            return
+        config = self.config[sub]
+        folder, ckpt_path = run_folder(config.run_dir, config.get("ckpt_path"))
+        args = list(sys.argv[1:] if args is None else args) + [f"--run_dir={folder}"]
+        if ckpt_path != config.get("ckpt_path"):
+            args.append(f"--ckpt_path={ckpt_path}")
+        super().parse_arguments(parser, args)
+
+    def _parse_ckpt_path(self) -> None:
+        """Compare the checkpoint's settings with the user's, never merge them over the user's (Lightning's
+        own method would, silently): applied differences are logged, refused ones raise."""
+        sub = self.config.get("subcommand")
+        path = self.config[sub].get("ckpt_path") if sub else None
+        if not path or not Path(path).is_file():
+            return
+        from obliq.export import read_checkpoint
+
+        model = self.config[sub].get("model")
+        ckpt = read_checkpoint(path)
+        for line in resume_differences(ckpt, model.as_dict() if hasattr(model, "as_dict") else dict(model), path):
+            log.warning("resume from %s: %s", path, line)
 
     def before_instantiate_classes(self) -> None:
         from obliq.data import TrainingDataModule
@@ -108,16 +232,23 @@ def recipe_config(recipe: str | os.PathLike, **overrides) -> dict:
         raise ValueError(f"{recipe}: {err}") from None
 
 
-def fit_and_export(args: list[str], out: str | os.PathLike) -> Path:
+def fit_and_export(args: list[str], out: str | os.PathLike, overwrite: bool = False) -> Path:
     """Run ``train.py`` with ``args`` (``fit --config …``), save the final weights as
-    ``<run_dir>/final.ckpt`` and export its adapter to ``<out>/adapter`` (:func:`obliq.export.export`).
+    ``<run folder>/final.ckpt`` and export its adapter to ``<out>/adapter`` (:func:`obliq.export.export`).
+
+    Args:
+        args: the training command line.
+        out: the export folder.
+        overwrite: replace an earlier export there (refused otherwise, before training).
 
     Returns:
         The adapter folder (what ``evaluate`` loads).
     """
     from obliq.export import export
+    from obliq.files import claim_output
 
+    claim_output(out, overwrite, "an export")
     run = cli(args)
     final = Path(run.trainer.default_root_dir) / "final.ckpt"
     run.trainer.save_checkpoint(final)
-    return Path(export(final, out)["adapter"])
+    return Path(export(final, out, overwrite=True)["adapter"])

@@ -123,7 +123,7 @@ def test_audit_command_on_a_run_file(tmp_path):
 
     # gold-filtered lean
     audit(task, out, models=[str(task / "hand.trec")], paired=[("left", "right")], document_attributes=task / "lean.tsv",
-          lean_k=[3], lean_relevant_only=True, measures=["RR@10"], resamples=500, permutations=500)
+          lean_k=[3], lean_relevant_only=True, measures=["RR@10"], resamples=500, permutations=500, overwrite=True)
     text = (out / "audit.json").read_text()
     row = [r for r in json.loads(text)["paired"][0]["rows"] if r["metric"] == "lean@3"][0]
     assert row["n_pairs"] == 1 and row["delta"] == pytest.approx(1.5)

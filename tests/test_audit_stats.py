@@ -1,4 +1,5 @@
-"""Audit statistics on tiny inputs computed by hand, and against scipy's own implementations."""
+"""The statistics path (obliq.eval.significance, as the audit assembles it) on tiny inputs computed by
+hand, and against scipy's own implementations."""
 
 from __future__ import annotations
 
@@ -8,13 +9,12 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from obliq.audit.stats import (
+from obliq.audit.stats import groups_summary, paired_summary
+from obliq.eval.significance import (
     bootstrap_gap,
     bootstrap_mean,
     cluster_sums,
-    groups_summary,
     mann_whitney_test,
-    paired_summary,
     sign_flip_test,
     wilcoxon_test,
 )
@@ -34,7 +34,7 @@ def test_paired_zero_gap_gives_p_one_and_a_ci_containing_zero(delta):
     assert out["delta"] == pytest.approx(0.0, abs=1e-15)
     assert out["ci"][0] <= 0.0 <= out["ci"][1]
     assert out["wilcoxon"]["p_value"] == 1.0  # W+ = W- (or nothing to rank)
-    assert out["sign_flip"]["p_value"] == 1.0  # every resample is at least as extreme as 0
+    assert out["sign_flip"]["p_value"] == 1.0  # every sign pattern is at least as extreme as 0
     assert out["mean_comparison"] - out["mean_reference"] == pytest.approx(out["delta"])
 
 
@@ -54,22 +54,23 @@ def test_paired_constant_shift_gives_that_shift():
     # Wilcoxon, 8 positive differences, exact null: P(W- = 0) = 2^-8 on each side.
     assert out["wilcoxon"]["p_value"] == pytest.approx(2 / 2**8)
     assert out["wilcoxon"]["n_nonzero"] == 8
-    # Sign flip: only the all-plus and all-minus vectors reach |T| = 8 · 0.25, so p = 2/256 ± MC error.
-    assert out["sign_flip"]["p_value"] == pytest.approx(2 / 256, abs=mc_tolerance(2 / 256, 50_000))
-    assert out["sign_flip"]["p_floor"] == 1 / 50_001
+    # Sign flip: 8 units, all 256 sign patterns enumerated; only all-plus and all-minus reach |T| = 8 · 0.25.
+    assert out["sign_flip"]["p_value"] == 2 / 256 and out["sign_flip"]["method"] == "exact"
+    assert out["sign_flip"]["p_floor"] == 2 / 256
 
 
 def test_sign_flip_three_values_by_hand():
-    # T = ±1 ±2 ±3: the 8 sign vectors give 6, 4, 2, 0, 0, -2, -4, -6; P(|T| ≥ 6) = 2/8.
+    # T = ±1 ±2 ±3: the 8 sign vectors give 6, 4, 2, 0, 0, -2, -4, -6; P(|T| ≥ 6) = 2/8, exactly.
     res = sign_flip_test([1.0, 2.0, 3.0], resamples=40_000, seed=1)
-    assert res.p_value == pytest.approx(0.25, abs=mc_tolerance(0.25, 40_000))
-    assert res.n_units == 3 and res.p_floor == 1 / 40_001
+    assert res.p_value == 0.25 and res.method == "exact" and res.patterns == 8
+    assert res.n_units == res.n_nonzero == 3
 
 
-def test_sign_flip_p_floor_and_seed():
-    d = np.full(40, 0.1)  # exact p = 2^-39, far below the floor
+def test_sign_flip_monte_carlo_above_the_exact_limit_has_a_floor_and_a_seed():
+    d = np.full(40, 0.1)  # exact p = 2^-39, far below the Monte Carlo floor
     a, b = sign_flip_test(d, resamples=999, seed=7), sign_flip_test(d, resamples=999, seed=7)
-    assert a.p_value == b.p_value == a.p_floor == 1 / 1000
+    assert a.p_value == b.p_value == a.p_floor == 1 / 1000 and a.method == "monte-carlo"
+    assert "Monte Carlo sign-flip test, 999 random sign patterns, n = 40" in a.text()
     with pytest.raises(ValueError, match="resamples"):
         sign_flip_test(d, resamples=0)
 
@@ -82,14 +83,18 @@ def scipy_paired_permutation(x, y, resamples, seed):
                                   rng=np.random.default_rng(seed)).pvalue
 
 
-@pytest.mark.parametrize("n, shift", [(10, 0.4), (10, 0.0), (30, 0.35), (30, 0.8)])
+@pytest.mark.parametrize("n, shift", [(10, 0.4), (10, 0.0), (14, 0.3), (30, 0.35), (30, 0.8)])
 def test_sign_flip_matches_scipy_permutation_test(n, shift):
     rng = np.random.default_rng(n)
     y = rng.uniform(0, 1, n)
     x = y + shift + rng.normal(0, 1, n)
-    expected = scipy_paired_permutation(x, y, 20_000, 0)  # n = 10: scipy enumerates all 2^10 exactly
-    ours = sign_flip_test(x - y, resamples=20_000, seed=0).p_value
-    assert ours == pytest.approx(expected, abs=mc_tolerance(expected, 20_000) * (1.5 if n > 10 else 1))
+    ours = sign_flip_test(x - y, resamples=20_000, seed=0)
+    if n <= 20:  # both enumerate all 2^n sign patterns: the same exact p
+        expected = scipy_paired_permutation(x, y, np.inf, 0)
+        assert ours.method == "exact" and ours.p_value == pytest.approx(expected, rel=1e-9)
+    else:
+        expected = scipy_paired_permutation(x, y, 20_000, 0)
+        assert ours.p_value == pytest.approx(expected, abs=mc_tolerance(expected, 20_000) * 1.5)
 
 
 def test_cluster_sign_flip_equals_pair_flip_on_cluster_sums():
@@ -98,8 +103,8 @@ def test_cluster_sign_flip_equals_pair_flip_on_cluster_sums():
     d = np.repeat(sums / 3, 3)  # 12 clusters of 3 equal pairs
     clusters = np.repeat(np.arange(12), 3)
     ours = sign_flip_test(d, clusters, resamples=20_000, seed=0).p_value
-    expected = scipy_paired_permutation(sums, np.zeros(12), 20_000, 0)  # exact (2^12 ≤ B)
-    assert ours == pytest.approx(expected, abs=mc_tolerance(expected, 20_000))
+    expected = scipy_paired_permutation(sums, np.zeros(12), np.inf, 0)  # exact: all 2^12 patterns
+    assert ours == pytest.approx(expected, rel=1e-9)
     assert sign_flip_test(d, clusters, resamples=10).n_units == 12
 
 

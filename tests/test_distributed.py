@@ -99,3 +99,114 @@ def test_fsdp_units_never_mix_lora_and_frozen_weights(tiny_llama_dir, tmp_path):
         assert sum(n for _, n in units) == total
     finally:
         dist.destroy_process_group()
+
+
+# --- evaluation on every rank (issue 17) --------------------------------------------------------
+
+def _eval_worker(rank, path, task_dir, init_file, out_dir):
+    """Each of 2 ranks encodes its share of the texts of a real task slice; the run must be the one
+    process's."""
+    import json
+
+    from obliq.eval.retrieval import RetrievalSettings, make_retriever
+    from obliq.eval.tasks import load_task
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
+    try:
+        enc = _encoder(path)
+        retrieval = make_retriever(enc, RetrievalSettings(top_k=20, batch_size=4))(load_task(task_dir))
+        (out_dir / f"run{rank}.json").write_text(json.dumps(retrieval.run))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_two_ranks_encoding_shares_give_the_one_process_run(tiny_llama_dir, tasks_dir, tmp_path):
+    """The corpus (45 texts: an odd share per rank) and the 15 queries are split over 2 gloo processes
+    with batches of 4 (ranks pad to the same number of forward passes); the gathered embeddings give
+    the one-process run: the same documents in the same order, scores within float rounding."""
+    import json
+
+    from obliq.eval.retrieval import RetrievalSettings, make_retriever
+    from obliq.eval.tasks import load_task
+    from test_eval_callback import small_real_task
+
+    task_dir = small_real_task(tasks_dir, tmp_path / "slice", n_distractors=40)
+    mp.spawn(_eval_worker, args=(tiny_llama_dir, task_dir, tmp_path / "init", tmp_path), nprocs=2, join=True)
+    one = make_retriever(_encoder(tiny_llama_dir), RetrievalSettings(top_k=20, batch_size=4))(load_task(task_dir)).run
+    for rank in (0, 1):
+        got = json.loads((tmp_path / f"run{rank}.json").read_text())
+        assert got.keys() == one.keys()
+        for q in one:
+            assert list(got[q]) == list(one[q])  # same ranking
+            assert list(got[q].values()) == pytest.approx(list(one[q].values()), abs=1e-5)
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_the_training_callback_evaluates_on_every_rank_under_ddp_and_fsdp2(strategy, tiny_llama_dir, tasks_dir,
+                                                                           tmp_path):
+    """2 CPU processes train 2 steps with the evaluation callback at the end: under FSDP2 too (its
+    parameters are sharded, so every rank must encode); the logged NDCG@10 equals one process's
+    evaluation of the saved weights, and every rank got the value (the monitored checkpoint)."""
+    import csv
+
+    import yaml
+
+    from obliq.eval.results import evaluate_tasks
+    from obliq.eval.retrieval import RetrievalSettings, make_retriever
+    from obliq.eval.tasks import load_task
+    from obliq.export import load_checkpoint
+    from test_data_support import task_rows, write_rows
+    from test_eval_callback import small_real_task
+    from test_train import _train, _write_config
+
+    task_dir = small_real_task(tasks_dir, tmp_path / "slice", n_distractors=25)
+    rows = write_rows(tmp_path / "rows.jsonl", task_rows(tasks_dir, "math-theoremqa", limit=16))
+    fsdp = {"class_path": "obliq.model.sharding.LoraModelParallelStrategy"}
+    config = _write_config(tmp_path / "run", rows, tiny_llama_dir, max_steps=2, trainer__devices=2,
+                           trainer__strategy=fsdp if strategy == "fsdp" else "ddp")
+    cfg = yaml.safe_load(config.read_text())
+    settings = {"top_k": 50, "batch_size": 4, "query_max_length": 32, "passage_max_length": 48}
+    cfg["trainer"]["callbacks"] += [
+        {"class_path": "callbacks.RetrievalEvaluation",
+         "init_args": {"tasks": [str(task_dir)], "every_n_steps": 0, "measures": ["NDCG@10", "Recall@10"],
+                       "retrieval": settings}},
+        {"class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
+         "init_args": {"dirpath": str(tmp_path / "run" / "best"), "monitor": "eval/mean/NDCG@10", "mode": "max",
+                       "save_top_k": 1}}]
+    config.write_text(yaml.safe_dump(cfg))
+    run = _train(config)
+    assert run.wait(timeout=900) == 0, run.stderr.read()
+    with open(next((tmp_path / "run").rglob("metrics.csv"))) as f:
+        logged = [float(r["eval/math-slice/NDCG@10"]) for r in csv.DictReader(f) if r.get("eval/math-slice/NDCG@10")]
+    encoder = load_checkpoint(tmp_path / "run" / "ckpt" / "last.ckpt")
+    [one] = evaluate_tasks(make_retriever(encoder, RetrievalSettings(**settings)), [load_task(task_dir)],
+                           tmp_path / "one", "one process", ["NDCG@10", "Recall@10"])
+    assert logged == [pytest.approx(one["metrics"]["NDCG@10"], abs=1e-9)]
+    assert list((tmp_path / "run" / "best").glob("*.ckpt"))  # the monitor saw the value on every rank
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_evaluate_py_under_torchrun_equals_one_process(tasks_dir, tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    from test_eval_callback import small_real_task
+
+    REPO = __import__("pathlib").Path(__file__).resolve().parents[1]
+    task_dir = small_real_task(tasks_dir, tmp_path / "slice", n_distractors=30)
+    common = ["--model", "minilm", "--tasks", str(task_dir), "--measures", "[NDCG@10,Recall@10]",
+              "--latency_queries", "0", "--retrieval.cache", "false", "--retrieval.top_k", "50"]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29533",
+                    str(REPO / "evaluate.py"), *common, "--output", str(tmp_path / "two")], check=True, cwd=REPO,
+                   env=env, capture_output=True, timeout=900)
+    subprocess.run([sys.executable, str(REPO / "evaluate.py"), *common, "--output", str(tmp_path / "one")], check=True,
+                   cwd=REPO, env=env, capture_output=True, timeout=900)
+    two, one = (json.loads((tmp_path / n / "math-slice" / "summary.json").read_text()) for n in ("two", "one"))
+    assert two["metrics"] == one["metrics"]

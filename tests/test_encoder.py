@@ -129,12 +129,12 @@ def test_c02_missing_pad_token_is_set_at_load_and_eos_is_pooled(tiny_llama_dir):
 
 # ---------------------------------------------------------------- prefixes, truncation (C17)
 def test_prefixes_and_truncation_at_the_configured_length(minilm_path):
-    enc = BiEncoder(minilm_path, passage_max_length=512, query_max_length=16)
+    enc = BiEncoder(minilm_path, passage_max_length=200, query_max_length=16)
     enc.tokenizer.model_max_length = int(1e30)  # as some tokenizers report (C17)
     long_doc = "word " * 10_000
     batch = enc.tokenize([long_doc, "short"], "passage")
-    assert batch["input_ids"].shape[1] == 512
-    assert batch["attention_mask"].sum(1).tolist()[0] == 512
+    assert batch["input_ids"].shape[1] == 200
+    assert batch["attention_mask"].sum(1).tolist()[0] == 200
     assert batch["input_ids"][0, -1] == enc.tokenizer.sep_token_id  # special tokens kept
     assert enc.truncated == {"query": 0, "passage": 1}
     # The tokenization travels to data-loader workers without the model.
@@ -147,12 +147,21 @@ def test_prefixes_and_truncation_at_the_configured_length(minilm_path):
     assert enc.truncated["query"] == 0
 
 
-def test_max_lengths_are_capped_at_the_position_embeddings(minilm_path):
-    enc = BiEncoder(minilm_path, passage_max_length=1024)  # BERT has 512 positions
-    assert enc.text.max_length["passage"] == 512
+def test_max_lengths_are_capped_at_what_the_model_reads(minilm_path, tmp_path):
+    """all-MiniLM-L6-v2 has 512 positions but was trained at, and declares, 256 tokens
+    (sentence_bert_config.json): obliq reads what sentence-transformers reads. A plain transformers
+    copy without that file is capped at its 512 positions."""
+    import shutil
+
+    enc = BiEncoder(minilm_path, passage_max_length=1024)
+    assert enc.text.max_length["passage"] == 256
     batch = enc.tokenize(["word " * 2000], "passage")
-    assert batch["input_ids"].shape[1] == 512
+    assert batch["input_ids"].shape[1] == 256
+    assert enc.tokenize(["word " * 2000], "passage", max_length=1024)["input_ids"].shape[1] == 256
     assert enc.encode(["word " * 2000], "passage").shape == (1, 384)
+    plain = tmp_path / "plain"
+    shutil.copytree(minilm_path, plain, ignore=shutil.ignore_patterns("sentence_bert_config.json"))
+    assert BiEncoder(str(plain), passage_max_length=1024).text.max_length["passage"] == 512
 
 
 def test_instructions_only_when_enabled(minilm_path):

@@ -76,7 +76,8 @@ def test_callback_evaluates_every_n_steps_and_at_end(tmp_path, tasks_dir):
     task_dir = small_real_task(tasks_dir, tmp_path / "math-slice")
     module = TinyRetriever(BiEncoder("minilm", query_max_length=64, passage_max_length=64)).train()
     settings = RetrievalSettings(top_k=100, query_max_length=32, passage_max_length=64)
-    callback = RetrievalEvaluation(tasks=[str(task_dir)], every_n_steps=2, retrieval=settings)
+    callback = RetrievalEvaluation(tasks=[str(task_dir)], every_n_steps=2, retrieval=settings,
+                                   measures=["NDCG@10", "Recall@10", "Recall@100"])
     logger = CSVLogger(tmp_path / "logs", name="run")
     best = ModelCheckpoint(tmp_path / "best", filename="step{step}", auto_insert_metric_name=False,
                            monitor="eval/mean/NDCG@10", mode="max", save_top_k=1, every_n_train_steps=2)
@@ -116,3 +117,45 @@ def test_callback_evaluates_every_n_steps_and_at_end(tmp_path, tasks_dir):
                                  tmp_path / "again", "final", ["NDCG@10", "Recall@10"])
     assert again["metrics"]["NDCG@10"] == pytest.approx(callback.last_summaries[0]["metrics"]["NDCG@10"], abs=1e-6)
 
+
+
+class _Frozen(TinyRetriever):
+    """A training step that changes nothing (lr 0): the callback evaluates the untrained encoder."""
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.0)
+
+
+@pytest.mark.slow
+def test_one_model_gives_one_number_through_every_command(tmp_path, tasks_dir, capsys):
+    """Untrained all-MiniLM-L6-v2 under the quickstart recipe's reading policy (no prefixes, at most
+    256 tokens): evaluate.py, the quickstart's base system, the dose sweep's dose 0 and the training
+    callback give the same NDCG@10 on the same queries (issue 14: one system, one number)."""
+    from obliq.cli import main as obliq_main
+    from obliq.dose import dose_sweep
+    from obliq.eval.retrieval import make_retriever
+    from obliq.model import BiEncoder
+
+    REPO = __import__("pathlib").Path(__file__).resolve().parents[1]
+    task_dir = small_real_task(tasks_dir, tmp_path / "math-slice")
+    numbers = {}
+    [s] = obliq_main(["evaluate", "--model", "minilm", "--tasks", str(task_dir), "--output", str(tmp_path / "ev"),
+                      "--latency_queries", "0", "--retrieval.cache", "false"])
+    numbers["evaluate.py"] = (s["metrics"]["NDCG@10"], s["reads"])
+    [s] = evaluate_tasks(make_retriever("minilm", RetrievalSettings(cache=False)), [load_task(task_dir)],
+                         tmp_path / "qs", "MiniLM (base)", ["NDCG@10"])  # the quickstart's base system
+    numbers["quickstart"] = (s["metrics"]["NDCG@10"], s["reads"])
+    sweep = dose_sweep(REPO / "configs" / "quickstart.yaml", [0], [str(task_dir)], out=tmp_path / "sweep")
+    dose0 = json.loads((tmp_path / "sweep" / "dose-0" / "eval" / "math-slice" / "summary.json").read_text())
+    assert sweep["ndcg@10"]["math-slice"] == [dose0["metrics"]["NDCG@10"]]
+    assert "every dose trains 40 steps of 32 rows" in capsys.readouterr().out  # what the sweep holds fixed
+    numbers["dose sweep, dose 0"] = (dose0["metrics"]["NDCG@10"], dose0["reads"])
+    module = _Frozen(BiEncoder("minilm", query_prefix="", passage_prefix="")).train()
+    callback = RetrievalEvaluation(tasks=[str(task_dir)], every_n_steps=0, measures=["NDCG@10"])
+    Trainer(max_steps=1, accelerator="cpu", devices=1, logger=CSVLogger(tmp_path / "logs"), callbacks=[callback],
+            enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False).fit(module)
+    numbers["training callback"] = (callback.last_summaries[0]["metrics"]["NDCG@10"], callback.last_summaries[0]["reads"])
+    reference, reads = numbers["evaluate.py"]
+    assert reads == {"query_prefix": "", "passage_prefix": "", "query_max_length": 256, "passage_max_length": 256}
+    for path, (value, read) in numbers.items():
+        assert value == pytest.approx(reference, abs=1e-6) and read == reads, path

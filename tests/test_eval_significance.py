@@ -1,4 +1,5 @@
-"""Paired bootstrap and helped/hurt/tied counts (the OBLIQ-IR paper §5, Table 7)."""
+"""Paired comparisons: the sign-flip p (exact for a handful of queries, C20), the paired bootstrap
+interval and helped/hurt/tied counts (the OBLIQ-IR paper §5, Table 7), against scipy."""
 
 from __future__ import annotations
 
@@ -9,33 +10,89 @@ import pytest
 from scipy import stats
 
 from obliq.cli import main as obliq_main
-from obliq.eval.significance import compare, paired_bootstrap
+from obliq.eval.significance import compare, compare_files, sign_flip_test
 
 
 def test_identical_runs_give_zero_difference_and_p_one():
     a = np.random.default_rng(0).uniform(size=200)
-    diff, low, high, p = paired_bootstrap(a, a.copy())
-    assert (diff, low, high, p) == (0.0, 0.0, 0.0, 1.0)
+    c = compare(dict(enumerate(a)), dict(enumerate(a.copy())))
+    assert (c.diff, c.ci_low, c.ci_high, c.p_value, c.p_method) == (0.0, 0.0, 0.0, 1.0, "untestable")
+    assert c.p_text() == "p = 1 (cannot be tested: no non-zero difference, n = 0)"
 
 
-def test_constant_shift_gives_the_shift():
+def test_constant_shift_gives_the_shift_and_an_honest_p():
+    """300 queries all 0.1 better: the interval has no spread (degenerate, said so) and the sign-flip
+    p is the Monte Carlo floor — the smallest value the test can show, stated as such."""
     a = np.random.default_rng(1).uniform(0, 0.5, size=300)
-    diff, low, high, p = paired_bootstrap(a, a + 0.1, resamples=2000)
-    assert diff == pytest.approx(0.1) and low == pytest.approx(0.1) and high == pytest.approx(0.1)
-    assert p == pytest.approx(1 / 2001)  # no resample as extreme under the null: the floor
+    c = compare(dict(enumerate(a)), dict(enumerate(a + 0.1)), resamples=2000, permutations=1999)
+    assert c.diff == pytest.approx(0.1) and c.ci_low == pytest.approx(0.1) and c.ci_high == pytest.approx(0.1)
+    assert c.ci_degenerate and "degenerate" in c.text()
+    assert c.p_value == 1 / 2000 and c.p_method == "monte-carlo" and c.n_nonzero == 300
 
 
 def test_interval_and_p_value_agree_with_independent_references():
     rng = np.random.default_rng(2)
     a = rng.uniform(size=400)
     b = np.clip(a + rng.normal(0.03, 0.2, size=400), 0, 1)
-    diff, low, high, p = paired_bootstrap(a, b, resamples=10_000, seed=3)
-    assert diff == pytest.approx(float(np.mean(b - a)))
+    c = compare(dict(enumerate(a)), dict(enumerate(b)), resamples=10_000, permutations=20_000, seed=3)
+    assert c.diff == pytest.approx(float(np.mean(b - a)))
     ref = stats.bootstrap((b - a,), np.mean, n_resamples=10_000, method="percentile", random_state=4)
-    assert low == pytest.approx(ref.confidence_interval.low, abs=0.004)
-    assert high == pytest.approx(ref.confidence_interval.high, abs=0.004)
-    assert p == pytest.approx(stats.ttest_rel(b, a).pvalue, abs=0.02)  # large n: bootstrap ≈ t-test
-    assert paired_bootstrap(a, b, resamples=10_000, seed=3) == (diff, low, high, p)  # seeded
+    assert c.ci_low == pytest.approx(ref.confidence_interval.low, abs=0.004)
+    assert c.ci_high == pytest.approx(ref.confidence_interval.high, abs=0.004)
+    assert c.p_value == pytest.approx(stats.ttest_rel(b, a).pvalue, abs=0.02)  # large n: sign-flip ≈ t-test
+    again = compare(dict(enumerate(a)), dict(enumerate(b)), resamples=10_000, permutations=20_000, seed=3)
+    assert again == c  # seeded
+
+
+# --- C20: significance from a handful of queries ----------------------------------------------
+
+def _c20_files(tmp_path, n):
+    """qrels q1..qn each judge d1 relevant; run A ranks d2 then d1, run B ranks d1 then d2."""
+    (tmp_path / "q.tsv").write_text("".join(f"q{i}\t0\td1\t1\n" for i in range(1, n + 1)))
+    for name, order in (("a", ("d2", "d1")), ("b", ("d1", "d2"))):
+        (tmp_path / f"{name}.trec").write_text(
+            "".join(f"q{i} Q0 {d} {r} {3 - r} {name}\n" for i in range(1, n + 1) for r, d in enumerate(order, 1)))
+    return [str(tmp_path / f) for f in ("a.trec", "b.trec")], str(tmp_path / "q.tsv")
+
+
+@pytest.mark.parametrize("n, expected", [(1, 1.0), (3, 0.25), (5, 0.0625)])
+def test_c20_a_handful_of_queries_gives_the_exact_sign_flip_p(tmp_path, capsys, n, expected):
+    runs, qrels = _c20_files(tmp_path, n)
+    obliq_main(["compare", *runs, "--qrels", qrels])
+    out = json.loads(capsys.readouterr().out)
+    assert out["mean_a"] == pytest.approx(0.630930, abs=1e-6) and out["mean_b"] == 1.0
+    assert out["diff"] == pytest.approx(0.369070, abs=1e-6)
+    assert out["p_value"] == expected and out["p_method"] == "exact" and out["n_nonzero"] == n
+    assert f"exact sign-flip test, {2 ** n} sign patterns, n = {n}" in out["p_text"]
+    assert out["ci_degenerate"] is True  # every difference equal: the interval shows no spread
+    # the independent references: scipy's exact permutation test (n ≥ 2; at n = 1 the two sign
+    # patterns are both as extreme, p = 1 by hand), and Wilcoxon at n = 3
+    d = np.full(n, 0.369070)
+    if n > 1:
+        ref = stats.permutation_test((d,), np.mean, permutation_type="samples", n_resamples=np.inf,
+                                     alternative="two-sided").pvalue
+        assert out["p_value"] == pytest.approx(ref)
+    if n == 3:
+        assert stats.wilcoxon(d, alternative="two-sided", method="exact").pvalue == pytest.approx(expected)
+
+
+def test_c20_a_zero_difference_carries_no_sign():
+    res = sign_flip_test([0.2, 0.1, 0.3, 0.05, 0.0])
+    assert (res.p_value, res.method, res.n_nonzero, res.patterns) == (0.125, "exact", 4, 16)
+    ref = stats.permutation_test((np.array([0.2, 0.1, 0.3, 0.05, 0.0]),), np.mean, permutation_type="samples",
+                                 n_resamples=np.inf, alternative="two-sided").pvalue
+    assert res.p_value == pytest.approx(ref)  # zeros double every count alike: the same p
+
+
+def test_the_exact_limit_is_where_enumeration_stops_and_both_sides_agree():
+    """20 non-zero differences are enumerated (2^20 patterns); 21 go to Monte Carlo, whose p then
+    agrees with the exact value within its error."""
+    rng = np.random.default_rng(5)
+    d20 = rng.normal(0.1, 1.0, 20)
+    exact = sign_flip_test(d20)
+    assert exact.method == "exact" and exact.patterns == 2**20
+    mc = sign_flip_test(d20, exact_max=19, resamples=50_000)
+    assert mc.method == "monte-carlo" and abs(mc.p_value - exact.p_value) < 5 * np.sqrt(0.25 / 50_000) + 1e-4
 
 
 def test_helped_hurt_tied_zero_counts_by_hand():
@@ -47,7 +104,7 @@ def test_helped_hurt_tied_zero_counts_by_hand():
     with pytest.raises(ValueError, match="different queries"):
         compare(a, {"q1": 0.1})
     with pytest.raises(ValueError, match="no query"):
-        paired_bootstrap([], [])
+        compare({}, {})
 
 
 def test_obliq_compare_command(tmp_path, capsys):
@@ -63,3 +120,16 @@ def test_obliq_compare_command(tmp_path, capsys):
     assert out["diff"] == pytest.approx((0 + (1 - a_q2) + 1) / 3)
     assert (out["helped"], out["hurt"], out["tied"], out["zero_both"]) == (2, 0, 1, 0)
     assert out["measure"] == "NDCG@10" and out["resamples"] == 1000
+
+
+def test_compare_refuses_an_empty_run_or_one_of_another_task(tmp_path):
+    """An empty baseline scores 0 everywhere and would make any run look a significant win."""
+    runs, qrels = _c20_files(tmp_path, 3)
+    (tmp_path / "empty.trec").write_text("")
+    (tmp_path / "other.trec").write_text("x1 Q0 d1 1 1.0 t\n")
+    for bad, message in (("empty.trec", "the run is empty"), ("other.trec", "none of its 1 queries is in")):
+        with pytest.raises(SystemExit) as stop:  # one line on stderr, exit 2
+            obliq_main(["compare", str(tmp_path / bad), runs[1], "--qrels", qrels])
+        assert stop.value.code == 2
+        with pytest.raises(ValueError, match=message):
+            compare_files(runs[0], tmp_path / bad, qrels)

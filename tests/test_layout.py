@@ -14,8 +14,8 @@ REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "obliq"
 
 LAYERS = {
-    "__init__": 0, "errors": 0, "files": 0, "text": 0,  # the bottom: files, text, errors
-    "aliases": 1,
+    "__init__": 0, "errors": 0, "files": 0,  # the bottom: errors, how files are read and written
+    "text": 1, "aliases": 1, "shards": 1,
     "data": 2, "loss": 2, "llm": 2,
     "model": 3,
     "eval": 4,

@@ -377,9 +377,11 @@ def test_evaluate_reranks_only_the_tasks_the_policy_names(tmp_path, tasks_dir, r
     policy.write_text(yaml.safe_dump({"tasks": {"stance-tweets": "listwise", "writing-news": "tourrank"},
                                       "depth": 100, **UNCUT}))
     tasks = [str(tasks_dir / "math-theoremqa"), str(tasks_dir / "stance-tweets")]
-    plain = evaluate("bm25", tasks, tmp_path / "plain", RetrievalSettings(top_k=100), latency_queries=0)
+    panel = ["NDCG@10", "NDCG@50", "Recall@10", "Recall@50", "Recall@100"]  # at most the depth of a top-100
+    plain = evaluate("bm25", tasks, tmp_path / "plain", RetrievalSettings(top_k=100), panel, latency_queries=0)
     summaries = obliq_main(["evaluate", "--model", "bm25", "--tasks", *tasks, "--output", str(tmp_path / "out"),
-                            "--retrieval.top_k", "100", "--latency_queries", "0", "--rerank", str(policy)])
+                            "--retrieval.top_k", "100", "--measures", json.dumps(panel), "--latency_queries", "0",
+                            "--rerank", str(policy)])
     math, stance = summaries
     # math-theoremqa is not named: the dense run, untouched and not charged
     assert math["rerank"] == {"method": "identity"} and math["metrics"] == plain[0]["metrics"]
@@ -402,10 +404,10 @@ def test_evaluate_reranks_only_the_tasks_the_policy_names(tmp_path, tasks_dir, r
     assert stance["metrics"]["Recall@100"] == pytest.approx(r["dense_metrics"]["Recall@100"])  # same top-100
     report = (tmp_path / "out" / "results.md").read_text()
     assert "cost per reranked query, and failed and repaired calls out of all calls" in report
-    assert "| queries | calls / query | tokens in / query | tokens out / query | seconds / query | failed / all calls | " \
-           "repaired / all calls |" in report
+    assert "| queries | reasoning | calls / query | tokens in / query | tokens out / query | seconds / query | " \
+           "failed / all calls | repaired / all calls |" in report
     row = next(line for line in report.splitlines() if line.startswith("| stance-tweets | listwise | 100 |"))
-    assert row.endswith(f"| 10 | 9.0 | {backend.prompt_tokens / 10:.0f} | {backend.new_tokens / 10:.0f} | "
+    assert row.endswith(f"| 10 | off | 9.0 | {backend.prompt_tokens / 10:.0f} | {backend.new_tokens / 10:.0f} | "
                         f"{r['cost']['per_query']['seconds']:.2f} | 0 / 90 | 0 / 90 |")
     assert "math-theoremqa | listwise" not in report
     assert load_policy(tmp_path / "out" / "rerank_policy.yaml").tasks == {"stance-tweets": "listwise",
@@ -417,7 +419,7 @@ def test_rerank_commands_run_and_choose_the_policy(tmp_path, tasks_dir, real, mo
     backend = PreferenceBackend(first(Oracle(real["math-theoremqa"]), Oracle(real["stance-tweets"], -1)))
     monkeypatch.setattr(BackendConfig, "build", lambda self: backend)
     evaluate("bm25", [str(tasks_dir / "math-theoremqa"), str(tasks_dir / "stance-tweets")], tmp_path / "bm25",
-             RetrievalSettings(top_k=100), latency_queries=0)
+             RetrievalSettings(top_k=100), ["NDCG@10", "Recall@100"], latency_queries=0)
     base = tmp_path / "base.yaml"
     base.write_text(yaml.safe_dump({"depth": 20, "tourrank": {"tournaments": 1}, **UNCUT}))
 
@@ -606,6 +608,7 @@ def test_relative_paths_in_a_policy_are_resolved_against_its_folder(tmp_path, ta
     backend = PreferenceBackend(first(Oracle(real["stance-tweets"])))
     monkeypatch.setattr(BackendConfig, "build", lambda self: backend)
     summary, = evaluate("bm25", [str(tasks_dir / "stance-tweets")], tmp_path / "out", RetrievalSettings(top_k=100),
+                        ["NDCG@10", "Recall@100"],
                         latency_queries=0,
                         rerank=Path("../..") / "configs" / "policy.yaml")
     assert summary["rerank"]["prompt"] == str(tmp_path / "prompts" / "x" / "listwise_default.yaml")

@@ -177,12 +177,14 @@ def test_export_round_trip(minilm_path, rows_file, tmp_path):
     # applies the prefixes through its prompts.
     st = SentenceTransformer(report["merged"], device="cpu")
     assert st.prompts["query"] == "query: " and st.prompts["document"] == "passage: "
-    assert st.max_seq_length == 512  # the backbone's capacity (as obliq's loader caps it), not the training 48
+    assert st.max_seq_length == 256  # the backbone's capacity (as obliq's encoder caps it), not the training 48
     st.max_seq_length = 32
     got = st.encode_query(PROBE, convert_to_tensor=True)
     assert torch.allclose(got, expect_q, atol=1e-5)
     assert report["probe_min_cosine"] >= 0.999
-    export(ckpt, tmp_path / "export")  # again, adapter only: the earlier merged folder must not linger
+    with pytest.raises(FileExistsError, match="already holds an export"):
+        export(ckpt, tmp_path / "export")  # an earlier export is never replaced unless asked
+    export(ckpt, tmp_path / "export", overwrite=True)  # again, adapter only: the earlier merged folder must not linger
     assert not (tmp_path / "export" / "merged").exists() and (tmp_path / "export" / "adapter").is_dir()
 
 
@@ -300,7 +302,7 @@ def test_dose_sweep_trains_each_dose_and_writes_table_and_plot(tiny_llama_dir, t
     assert yaml.safe_load(written.read_text())["data"]["sources"][-1] == {"path": str(knn), "count": 8, "weight": None}
     [written] = (tmp_path / "sweep" / "dose-0").rglob("config.yaml")
     assert len(yaml.safe_load(written.read_text())["data"]["sources"]) == 1
-    assert (tmp_path / "sweep" / "dose-8" / "ckpt").is_dir()  # outputs follow --run_dir per dose
+    assert (tmp_path / "sweep" / "dose-8" / "version_0" / "ckpt").is_dir()  # outputs follow --run_dir per dose
     assert not (tmp_path / "recipe" / "ckpt").exists()
     assert (tmp_path / "sweep" / "dose_sweep.png").stat().st_size > 0
     assert "| 8 |" in (tmp_path / "sweep" / "dose_sweep.md").read_text()

@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
-from dataclasses import asdict, is_dataclass
 from pathlib import Path
 from time import perf_counter
 
@@ -32,8 +30,9 @@ from obliq.audit.inputs import (
 from obliq.audit.report import figure, headline_p, markdown
 from obliq.audit.runs import model_run, query_values
 from obliq.audit.stats import BOOTSTRAP_RESAMPLES, CONFIDENCE, PERMUTATIONS
-from obliq.eval.metrics import parse_measures, write_run
+from obliq.eval.metrics import check_depth, parse_measures, write_run
 from obliq.eval.retrieval import RetrievalSettings, is_run_file
+from obliq.files import claim_output, json_text, safe_name, write_json
 
 log = logging.getLogger(__name__)
 
@@ -44,8 +43,9 @@ AUDIT_MEASURES = ("RR@10", "RR", "Recall@1", "Recall@5", "Recall@10", "Recall@20
 _GENERIC = {"model", "merged", "adapter", "export", "final", "checkpoint"}
 
 
-def _slug(model: str, taken: set[str]) -> str:
-    """A short unique folder name for a model (``bm25``, ``minilm``, ``<parent>-adapter``, a run file's stem)."""
+def _folder(model: str, taken: set[str]) -> str:
+    """A short unique folder name for a model (``bm25``, ``minilm``, ``<parent>-adapter``, a run file's
+    stem), made safe by :func:`obliq.files.safe_name`."""
     path = Path(model.rstrip("/"))
     if model.lower() == "bm25":
         name = "bm25"
@@ -53,23 +53,15 @@ def _slug(model: str, taken: set[str]) -> str:
         name = path.stem
     else:
         name = f"{path.parent.name}-{path.name}" if path.name in _GENERIC and path.parent.name else path.name or model
-    name = "".join(c if c.isalnum() or c in "-_." else "_" for c in name) or "model"
+    try:
+        name = safe_name(name, "model name")
+    except ValueError:
+        name = "model"
     slug, i = name, 2
     while slug in taken:
         slug, i = f"{name}-{i}", i + 1
     taken.add(slug)
     return slug
-
-
-def _json_safe(obj):
-    """NaN and infinities become null, so the files are strict JSON."""
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, dict):
-        return {k: _json_safe(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_json_safe(v) for v in obj]
-    return obj
 
 
 def audit(
@@ -89,6 +81,7 @@ def audit(
     seed: int = 0,
     confidence: float = CONFIDENCE,
     retrieval: RetrievalSettings = RetrievalSettings(),
+    overwrite: bool = False,
 ) -> dict:
     """Audit retrievers for identity-signal sensitivity: paired variants, unpaired groups, lean@k.
 
@@ -129,6 +122,7 @@ def audit(
         retrieval: how each model retrieves, as ``evaluate``'s ``--retrieval``
             (:class:`obliq.eval.retrieval.RetrievalSettings`; RR and Recall@k are computed within
             its ``top_k``; the corpus-embedding cache is shared with ``evaluate``).
+        overwrite: write into an ``output`` that already holds an audit (refused otherwise).
 
     Returns:
         ``{"output", "files", "headline"}``: the headline lists, per contrast, model and headline
@@ -138,10 +132,13 @@ def audit(
         ValueError: no contrast, an unknown group or measure, lean options without document
             attributes, or bad input files (file, line and field named).
         FileNotFoundError: a missing task folder or file.
+        FileExistsError: ``output`` holds an earlier audit and ``overwrite`` is false.
     """
-    config = json.loads(json.dumps({k: asdict(v) if is_dataclass(v) else v for k, v in locals().items()}, default=str))
+    config = json.loads(json_text(locals()))
     started = perf_counter()
     task, output = Path(task), Path(output)
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence must lie strictly between 0 and 1, got {confidence}")
     if not paired and not groups:
         raise ValueError("nothing to audit: give --paired and/or --groups contrasts, e.g. --groups '[[aal, wme]]'")
     if document_attributes is None and (lean_relevant_only or list(lean_k) != [10]):
@@ -160,9 +157,12 @@ def audit(
     loaded = restrict_queries(load_query_sets(task, query_sets), attributes, ", ".join(f for f, _ in sets))
     lean = read_document_lean(document_attributes, loaded.doc_ids) if document_attributes is not None else None
     metrics = measures + ([f"lean@{k}" for k in lean_k] if lean is not None else [])
+    if not all(is_run_file(m) for m in models):
+        check_depth(measures, retrieval.top_k, len(loaded.doc_ids))
 
+    claim_output(output, overwrite, "an audit")
     output.mkdir(parents=True, exist_ok=True)
-    (output / "config.json").write_text(json.dumps(config, indent=2, default=str) + "\n")
+    write_json(output / "config.json", config)
     stats_kw = dict(resamples=resamples, seed=seed, confidence=confidence)
     report = {
         "task": loaded.name, "task_path": str(task), "query_attributes": str(attributes.path),
@@ -177,7 +177,7 @@ def audit(
     taken: set[str] = set()
     for model in models:
         t0 = perf_counter()
-        slug = _slug(model, taken)
+        slug = _folder(model, taken)
         run = model_run(model, loaded, retrieval)
         retrieval_s = perf_counter() - t0
         values = query_values(run, loaded, measures, lean, lean_k, lean_relevant_only)
@@ -186,7 +186,7 @@ def audit(
         with (folder / "per_query.jsonl").open("w", encoding="utf-8") as f:
             for q, r in attributes.rows.items():
                 row = {"query_id": q, attributes.attribute: r.group, "pair_id": r.pair_id, "cluster_id": r.cluster_id}
-                f.write(json.dumps(_json_safe({**row, **{m: values[m][q] for m in metrics}})) + "\n")
+                f.write(json_text({**row, **{m: values[m][q] for m in metrics}}, indent=None) + "\n")
         t1 = perf_counter()
         for entry in report["paired"]:
             for m in metrics:
@@ -202,8 +202,8 @@ def audit(
         log.info("audited %s: retrieval %.1fs, statistics %.1fs", model, retrieval_s, perf_counter() - t1)
 
     report["seconds"] = round(perf_counter() - started, 2)
-    report = _json_safe(report)
-    (output / "audit.json").write_text(json.dumps(report, indent=2, allow_nan=False) + "\n")
+    report = json.loads(json_text(report))
+    write_json(output / "audit.json", report)
     (output / "audit.md").write_text(markdown(report))
     headline = [measures[0]] + ([f"lean@{lean_k[0]}"] if lean is not None else [])
     figure(report, output / "audit.png", headline)

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Sequence
 
 from obliq.eval.tasks import Task, load_task
-from obliq.files import read_id_table
+from obliq.files import open_text, read_id_table
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +86,7 @@ def read_query_attributes(path: str | Path) -> QueryAttributes:
     rows: dict[str, QueryAttribute] = {}
     attribute, names = "group", ("query-id", "group", "pair-id", "cluster-id")
     first = True
-    with path.open(encoding="utf-8") as f:
+    with open_text(path) as f:
         for lineno, line in enumerate(f, 1):
             line = line.rstrip("\r\n")
             if not line.strip():
@@ -160,7 +160,7 @@ def read_document_lean(path: str | Path, doc_ids: Sequence[str] | None = None) -
 
 
 def _line_of(path: Path, doc: str) -> int:
-    with path.open(encoding="utf-8") as f:
+    with open_text(path) as f:
         for lineno, line in enumerate(f, 1):
             if line.split("\t", 1)[0].strip() == doc:
                 return lineno

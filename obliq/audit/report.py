@@ -14,6 +14,14 @@ def fmt_p(p: float | None, floor: float | None = None) -> str:
     return f"{text} (floor)" if floor is not None and abs(p - floor) <= 1e-15 else text
 
 
+def flip_p(flip: dict) -> str:
+    """A sign-flip p-value with its method and n, for a table cell: ``0.250 (exact, n 3)``."""
+    if flip["method"] == "untestable":
+        return f"1 (untestable, n {flip['n_nonzero']})"
+    method = "exact" if flip["method"] == "exact" else "MC"
+    return f"{fmt_p(flip['p_value'], flip['p_floor'])} ({method}, n {flip['n_nonzero']})"
+
+
 def _finite(x) -> bool:
     return isinstance(x, (int, float)) and math.isfinite(x)
 
@@ -55,9 +63,10 @@ def markdown(report: dict) -> str:
         "",
         f"{round(cfg['confidence'] * 100)}% percentile bootstrap CIs (B = {cfg['resamples']:,}, seed {cfg['seed']}; "
         "cluster bootstrap where clusters hold several units). Paired: two-sided Wilcoxon signed-rank "
-        "(zero_method = wilcox) and two-sided sign-flip permutation test "
-        f"(B = {cfg['permutations']:,}, p floor {1 / (cfg['permutations'] + 1):.1e}). Groups: two-sided Mann–Whitney U. "
-        "Δ and gap are comparison − reference.",
+        "(zero_method = wilcox) and two-sided sign-flip test over the non-zero differences (exact over all 2^n "
+        f"sign patterns for n ≤ 20; otherwise Monte Carlo, B = {cfg['permutations']:,}, p floor "
+        f"{1 / (cfg['permutations'] + 1):.1e}); each p is given with its method and n. Groups: two-sided "
+        "Mann–Whitney U. Δ and gap are comparison − reference.",
     ]
     for kind, title in (("paired", "Paired"), ("groups", "Groups")):
         for contrast in report[kind]:
@@ -78,7 +87,7 @@ def markdown(report: dict) -> str:
                     flip = row["sign_flip"]
                     lines.append(f"{head} {row['n_pairs']} | {_num(row['mean_reference'])} | {_num(row['mean_comparison'])} | "
                                  f"{_num(row['delta'], True)} | {_ci(row['ci'])} | {fmt_p(row['wilcoxon']['p_value'])} | "
-                                 f"{fmt_p(flip['p_value'], flip['p_floor'])} |")
+                                 f"{flip_p(flip)} |")
                 else:
                     if "gap" not in row:
                         lines.append(f"{head} {row['n_reference']} / {row['n_comparison']} | – | – | – | – | – |")

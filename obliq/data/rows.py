@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from obliq.files import strip_bom
 from obliq.text import normalise_text, repair_text, text_hash
 
 ROW_SOURCES = ("synthetic", "knn", "random-control", "public")
@@ -152,6 +153,8 @@ def parse_row(raw: bytes | str, path: str, line: int) -> TrainingRow:
             :data:`ERROR_KINDS` except ``duplicate-id`` (a property of the whole mixture).
     """
     check = _Checker(path, line)
+    if line == 1:  # a byte-order mark before the first row (C28)
+        raw = strip_bom(raw) if isinstance(raw, bytes) else raw.removeprefix("\ufeff")
     if isinstance(raw, bytes):
         try:
             raw = raw.decode("utf-8")
@@ -211,6 +214,7 @@ def read_rows(path: str | Path) -> list[dict]:
     rows = []
     with path.open("rb") as f:
         for lineno, raw in enumerate(f, 1):
+            raw = strip_bom(raw) if lineno == 1 else raw
             if not raw.strip():
                 continue
             parse_row(raw, str(path), lineno)

@@ -25,7 +25,7 @@ from obliq.distill.pairs import knn_pairs, random_control
 from obliq.distill.purity import format_purity, graph_purity, labels_for
 from obliq.distill.teachers import StylometricConfig, load_teacher
 from obliq.eval.tasks import Task, load_task
-from obliq.files import read_id_table
+from obliq.files import atomic_write, claim_output, read_id_table, refuse_input_as_output, write_json
 
 log = logging.getLogger(__name__)
 
@@ -42,9 +42,13 @@ def _groups(task: Task, by_source: bool) -> list[str] | None:
     return labels_for(task.doc_ids, read_id_table(path, "source"), path, "source")
 
 
+def _task_files(task: Path) -> list[Path]:
+    """The files of a task folder (an output must never be one of them)."""
+    return [p for p in Path(task).rglob("*") if p.is_file()] if Path(task).is_dir() else []
+
+
 def _write_jsonl(path: Path, rows: list[dict]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", encoding="utf-8") as f:
+    with atomic_write(path) as f:
         for row in rows:
             f.write(json.dumps(row, ensure_ascii=False) + "\n")
 
@@ -59,6 +63,7 @@ def graph(
     batch_size: int = 32,
     max_length: int = 512,
     trust_remote_code: bool = False,
+    overwrite: bool = False,
 ) -> dict:
     """Encode a task's corpus with a frozen teacher and write its kNN graph (topology only).
 
@@ -78,11 +83,14 @@ def graph(
         batch_size: texts per forward pass of an encoder teacher.
         max_length: token limit of an encoder teacher.
         trust_remote_code: let an encoder teacher run its own code from the hub (off by default).
+        overwrite: replace an existing graph file (refused otherwise).
 
     Returns:
         A summary: graph file, corpus size, k, edges, identical twins, teacher, seconds.
     """
     t0 = perf_counter()
+    claim_output(out, overwrite, "a graph")
+    refuse_input_as_output(out, _task_files(task))
     t = load_task(task)
     model = load_teacher(teacher, stylometric, batch_size, max_length, trust_remote_code)
     g = teacher_graph(model, t.doc_ids, t.doc_texts, k, _groups(t, by_source))
@@ -105,6 +113,7 @@ def pairs(
     negative_source: Literal["random", "bm25"] = "random",
     instruction: str | None = None,
     report: Path | None = None,
+    overwrite: bool = False,
 ) -> dict:
     """Turn a kNN graph into training rows (source ``knn``) and, optionally, the random-neighbour control.
 
@@ -125,6 +134,7 @@ def pairs(
         negative_source: ``random`` or ``bm25``.
         instruction: an ``instruction`` field for every row (off by default, as in the model card).
         report: the JSON report to write (default: ``out`` with suffix ``.report.json``).
+        overwrite: replace existing row files (refused otherwise).
 
     Returns:
         The report: corpus size, k, edges, duplicates removed, rows, teacher, seed, files, seconds.
@@ -133,6 +143,11 @@ def pairs(
         ValueError: the graph was built on another corpus, or see :func:`obliq.distill.pairs.knn_pairs`.
     """
     t0 = perf_counter()
+    outputs = [out, control_out, report]
+    for path in outputs:
+        if path is not None:
+            claim_output(path, overwrite, "rows")
+            refuse_input_as_output(path, [*_task_files(task), graph])
     t = load_task(task)
     g: KnnGraph = load_graph(graph)
     digest = g.meta.get("corpus_sha256")
@@ -162,7 +177,7 @@ def pairs(
         result["control_file"], result["control_rows"] = str(control_out), len(control)
     result["seconds"] = round(perf_counter() - t0, 3)
     report = Path(report) if report is not None else out.with_suffix(".report.json")
-    report.write_text(json.dumps(result, ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
+    write_json(report, result)
     result["report"] = str(report)
     return result
 
@@ -219,5 +234,5 @@ def purity(
     print(format_purity(results))
     if out is not None:
         Path(out).parent.mkdir(parents=True, exist_ok=True)
-        Path(out).write_text(json.dumps(results, ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
+        write_json(out, results)
     return results

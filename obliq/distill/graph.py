@@ -26,6 +26,7 @@ from typing import Sequence
 import numpy as np
 
 from obliq.eval.index import DenseIndex, unit_float32
+from obliq.files import read_text, write_json
 
 
 @dataclass
@@ -65,7 +66,7 @@ class KnnGraph:
         """Write the graph as one JSON object: provenance, ``k``, counts and ``neighbours`` (id → ids)."""
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(self.to_json(), ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
+        write_json(path, self.to_json())
 
 
 def load_graph(path: str | Path) -> KnnGraph:
@@ -78,7 +79,7 @@ def load_graph(path: str | Path) -> KnnGraph:
     """
     path = Path(path)
     try:
-        obj = json.loads(path.read_text(encoding="utf-8"))
+        obj = json.loads(read_text(path))
     except json.JSONDecodeError as e:
         raise ValueError(f"{path}:{e.lineno}: invalid JSON ({e.msg})") from None
     for key in ("k", "neighbours"):

@@ -1,4 +1,4 @@
-"""Evaluation: tasks, exact search, BM25, trec_eval metrics, significance, and the evaluate driver.
+"""Evaluation: tasks, retrieval, exact search, BM25, trec_eval metrics, significance, result files.
 
 One implementation of each: :func:`obliq.eval.index.search` is the project's only vector search,
 :class:`obliq.eval.bm25.BM25` its only BM25, :func:`obliq.eval.metrics.evaluate_run` its only metric code.
@@ -7,7 +7,7 @@ One implementation of each: :func:`obliq.eval.index.search` is the project's onl
 from obliq.eval.bm25 import BM25
 from obliq.eval.index import DenseIndex, search, unit_float32
 from obliq.eval.metrics import DEFAULT_MEASURES, Evaluation, evaluate_run, read_run, write_run
-from obliq.eval.significance import Comparison, compare, paired_bootstrap
+from obliq.eval.significance import Comparison, compare, sign_flip_test
 from obliq.eval.tasks import Task, load_task, read_jsonl, read_qrels
 
 __all__ = [
@@ -20,11 +20,11 @@ __all__ = [
     "compare",
     "evaluate_run",
     "load_task",
-    "paired_bootstrap",
     "read_jsonl",
     "read_qrels",
     "read_run",
     "search",
+    "sign_flip_test",
     "unit_float32",
     "write_run",
 ]

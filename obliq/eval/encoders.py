@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal, Protocol, Sequence
 
 from obliq.aliases import resolve_model
+from obliq.files import read_text
 
 Kind = Literal["query", "passage"]
 EncoderKind = Literal["auto", "sentence-transformers", "obliq"]
@@ -31,6 +32,12 @@ class Encoder(Protocol):
 
     def encode(self, texts: list[str], kind: Kind = "query", batch_size: int = 32, max_length: int | None = None):
         """(n, d) vectors (torch or numpy, any float dtype) for n texts; rows need not be unit norm."""
+        ...
+
+    def text_policy(self, query_max_length: int | None = None, passage_max_length: int | None = None) -> dict:
+        """``{"query_prefix", "passage_prefix", "query_max_length", "passage_max_length"}``: what the
+        encoder actually reads when asked for these lengths (the report states it). Optional: an
+        encoder without it (a teacher that reads whole texts) is reported as such."""
         ...
 
 
@@ -53,6 +60,18 @@ class SentenceTransformerEncoder:
         self.name_or_path = str(name_or_path)
         self.model = SentenceTransformer(resolve_model(name_or_path), device=device, trust_remote_code=trust_remote_code)
         self.capacity = self.model.max_seq_length
+
+    def text_policy(self, query_max_length: int | None = None, passage_max_length: int | None = None) -> dict:
+        """How this model reads texts when asked for these lengths: its own saved prompts (none for
+        all-MiniLM-L6-v2) and the token lengths it keeps."""
+        def keep(n):
+            limits = [x for x in (self.capacity, n) if x]
+            return min(limits) if limits else None
+
+        prompts = self.model.prompts or {}
+        passage = next((prompts[k] for k in ("document", "passage", "corpus") if k in prompts), "")
+        return {"query_prefix": prompts.get("query", ""), "passage_prefix": passage,
+                "query_max_length": keep(query_max_length), "passage_max_length": keep(passage_max_length)}
 
     def encode(
         self, texts: Sequence[str], kind: Kind = "query", batch_size: int = 32, max_length: int | None = None,
@@ -138,7 +157,7 @@ def load_encoder(model: str, encoder: EncoderKind = "auto", trust_remote_code: b
         if (path / OBLIQ_CONFIG).is_file():
             enc = BiEncoder.from_pretrained(path, **kwargs)
         elif (path / "adapter_config.json").is_file():
-            base = json.loads((path / "adapter_config.json").read_text())["base_model_name_or_path"]
+            base = json.loads(read_text(path / "adapter_config.json"))["base_model_name_or_path"]
             enc = BiEncoder(base, adapter=str(path), **kwargs)
         else:
             enc = BiEncoder(model, **kwargs)

@@ -32,7 +32,8 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from obliq.eval.tasks import Qrels, read_qrels
+from obliq.eval.tasks import Qrels, check_id, read_qrels
+from obliq.files import open_text
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +74,29 @@ def parse_measures(names: str | Iterable[str]) -> dict[str, object]:
     if not out:
         raise ValueError("no measure given")
     return out
+
+
+def cutoff(measure) -> int | None:
+    """The rank cut-off of a parsed measure (``NDCG@10`` → 10), or None for a whole-ranking measure."""
+    value = measure.params.get("cutoff") if hasattr(measure, "params") else None
+    return int(value) if value is not None else None
+
+
+def check_depth(measures: str | Iterable[str], top_k: int, n_docs: int, what: str = "retrieval.top_k") -> None:
+    """Refuse a measure that cuts deeper than the ranking it is computed on.
+
+    A ranking of ``top_k`` documents measures a cut-off ``k`` only when ``top_k ≥ min(k, n_docs)``:
+    Recall@1000 of a top-100 run is not Recall@1000 (relevant documents at ranks 101…1000 would
+    count as missing), unless the corpus has at most 100 documents and the ranking is complete.
+
+    Raises:
+        ValueError: the first such measure, naming it, the depth and how to fix it.
+    """
+    for name, measure in parse_measures(measures).items():
+        k = cutoff(measure)
+        if k is not None and top_k < min(k, n_docs):
+            raise ValueError(f"measure {name} cuts at {k} but the ranking holds {what}={top_k} of {n_docs} documents: "
+                             f"raise {what} to {min(k, n_docs)} or leave {name} out")
 
 
 def _rr_cutoff(measure) -> int | None:
@@ -174,7 +198,7 @@ def read_run(path: str | Path) -> Run:
     path = Path(path)
     run: Run = {}
     duplicates = 0
-    with path.open(encoding="utf-8") as f:
+    with open_text(path) as f:
         for lineno, line in enumerate(f, 1):
             if not line.strip():
                 continue
@@ -209,9 +233,15 @@ def write_run(path: str | Path, run: Run, tag: str = "obliq") -> None:
     """Write a run in TREC format, ranked as trec_eval ranks it (score desc, then doc id desc).
 
     Scores are written with ``repr`` so that reading the file back gives the same floats, hence
-    the same ranking and metrics.
+    the same ranking and metrics (:func:`read_run`).
+
+    Raises:
+        ValueError: a query or document id that a TREC run cannot hold (empty, or with whitespace, C25).
     """
     tag = "_".join(str(tag).split()) or "obliq"
+    for qid, docs in run.items():
+        for value in (qid, *docs):
+            check_id(value, f"{path}: query {qid!r}")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w", encoding="utf-8") as f:
@@ -219,6 +249,21 @@ def write_run(path: str | Path, run: Run, tag: str = "obliq") -> None:
             for rank, did in enumerate(top_k(docs, len(docs)), 1):
                 score = docs[did]
                 f.write(f"{qid} Q0 {did} {rank} {float(score)!r} {tag}\n")
+
+
+def check_run(run: Run, qrels: Qrels, run_path: object, qrels_path: object) -> Run:
+    """``run`` when it can be scored against ``qrels``.
+
+    Raises:
+        ValueError: the run is empty, or none of its queries is in the qrels (the run of another task);
+            the message names both files.
+    """
+    if not run:
+        raise ValueError(f"{run_path}: the run is empty (no 'qid Q0 docid rank score tag' line)")
+    if not qrels.keys() & run.keys():
+        raise ValueError(f"{run_path}: none of its {len(run)} queries is in {qrels_path} (e.g. {next(iter(run))!r} "
+                         f"vs {next(iter(qrels))!r}): is this the run of another task?")
+    return run
 
 
 def score_files(
@@ -237,23 +282,29 @@ def score_files(
         per_query: also return each query's values.
 
     Returns:
-        ``{"metrics": {name: mean}, "n_queries": …, "n_excluded": …, "run_queries_not_in_qrels": …,
-        "qrels_queries_not_in_run": …}`` (+ ``"per_query"``). Queries of the qrels that the run
-        lacks score 0 (trec_eval ``-c``); run queries without judgements are ignored and counted.
+        ``{"metrics": {name: mean}, "n_queries": …, "n_excluded": …, "run_depth": …,
+        "deeper_than_run": […], "run_queries_not_in_qrels": …, "qrels_queries_not_in_run": …}`` (+
+        ``"per_query"``). Queries of the qrels that the run lacks score 0 (trec_eval ``-c``); run
+        queries without judgements are ignored and counted. ``deeper_than_run`` flags the measures
+        whose cut-off exceeds the run's deepest ranking (``run_depth``): they are not measured at the
+        depth they name unless the corpus is that small.
 
     Raises:
-        ValueError: the run has no line, or none of its queries is in the qrels (a wrong pair of files).
+        ValueError: the qrels hold no judgement; the run has no line, or none of its queries is in
+            the qrels (a wrong pair of files).
     """
-    judged, ranked = read_qrels(qrels), read_run(run)
-    if not ranked:
-        raise ValueError(f"{run}: the run is empty (no 'qid Q0 docid rank score tag' line)")
-    if not judged.keys() & ranked.keys():
-        raise ValueError(f"{run}: none of its {len(ranked)} queries is in {qrels} (e.g. {next(iter(ranked))!r} "
-                         f"vs {next(iter(judged))!r}): is this the run of another task?")
+    judged = read_qrels(qrels)
+    ranked = check_run(read_run(run), judged, run, qrels)
     ev = evaluate_run(judged, ranked, measures)
+    depth = max(len(docs) for docs in ranked.values())
+    deeper = {name: cutoff(m) for name, m in parse_measures(measures).items() if (cutoff(m) or 0) > depth}
     out: dict = {"metrics": ev.aggregate, "n_queries": ev.n_queries, "n_excluded": ev.n_excluded,
+                 "run_depth": depth, "deeper_than_run": sorted(deeper),
                  "run_queries_not_in_qrels": len(ranked.keys() - judged.keys()),
                  "qrels_queries_not_in_run": len(judged.keys() - ranked.keys())}
+    if deeper:
+        log.warning("%s holds at most %d documents per query: %s cut deeper and are not measured at their depth "
+                    "(unless the corpus has at most %d documents)", run, depth, ", ".join(sorted(deeper)), depth)
     for key in ("run_queries_not_in_qrels", "qrels_queries_not_in_run"):
         if out[key]:
             log.warning("%s: %d %s", run, out[key], key.replace("_", " "))

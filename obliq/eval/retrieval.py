@@ -15,6 +15,12 @@ the dose sweep) describes how with a :class:`RetrievalSettings` and gets its ret
 
 Latency (the paper §6.4) is measured per query, one query at a time after one warm-up query, on the
 first ``latency_queries`` queries: query encoding (BM25: tokenizing) and search, in ms.
+
+**On several processes** (a ``torch.distributed`` group: DDP or FSDP training, or ``torchrun
+evaluate.py``), every rank encodes its share of the texts (:func:`encode_texts`: ranks take every
+world-th text, padded to the same number so that every rank makes the same forward passes, which a
+sharded model needs), the embeddings are gathered, and each rank holds the whole matrix; search and
+metrics are then the one-process ones. Latency is measured only on one process.
 """
 
 from __future__ import annotations
@@ -33,7 +39,7 @@ from obliq.eval.encoders import Encoder, EncoderKind, fingerprint, load_encoder
 from obliq.eval.index import DenseIndex, unit_float32
 from obliq.eval.metrics import Run, read_run, run_from_search
 from obliq.eval.tasks import Task
-from obliq.files import atomic_write, cache_dir
+from obliq.files import atomic_write, cache_dir, safe_name
 from obliq.model.encoder import PASSAGE_MAX_LENGTH, QUERY_MAX_LENGTH
 
 log = logging.getLogger(__name__)
@@ -83,8 +89,14 @@ class Retrieval:
     """What retrieving one task produced."""
 
     run: Run
+    depth: int
+    """How many documents per query the ranking was asked to hold (``top_k``; a run file: its longest
+    ranking); a query may hold fewer (BM25 returns only documents sharing a term)."""
     timing_s: dict[str, float]
     """Wall time of ``encode_corpus``, ``encode_queries`` and ``search`` (whole task), seconds."""
+    reads: dict = field(default_factory=dict)
+    """How the system read the texts: a dense encoder's prefixes and token lengths
+    (``text_policy``), BM25's k1, b and stemmer; what a report states beside its numbers."""
     latency_ms: dict[str, list[float]] = field(default_factory=dict)
     """Per-query samples of ``query_encoding`` and ``search``, milliseconds."""
     corpus_cache: str = "off"
@@ -121,7 +133,44 @@ def corpus_cache_file(folder: Path, model_key: str, task: Task) -> Path:
     length); the key also covers the corpus file's SHA-256.
     """
     key = hashlib.sha256(f"{model_key}|{task.corpus_sha256}".encode()).hexdigest()[:20]
-    return Path(folder) / f"{task.name}-{key}.npy"
+    return Path(folder) / f"{safe_name(task.name, 'task name')}-{key}.npy"
+
+
+def world() -> tuple[int, int]:
+    """``(rank, world size)`` of the default ``torch.distributed`` group, or ``(0, 1)`` outside one."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def encode_texts(encoder: Encoder, texts: Sequence[str], kind: str, batch_size: int, max_length: int | None):
+    """``encoder.encode`` of every text, shared among the ranks of a process group (see the module
+    notes); one process encodes them all itself.
+
+    Returns:
+        (n, d) embeddings in the order of ``texts``: numpy or torch, as the encoder returns them (one
+        process), or a float32 CPU tensor (several).
+    """
+    import torch
+    import torch.distributed as dist
+
+    rank, size = world()
+    if size == 1:
+        return encoder.encode(list(texts), kind=kind, batch_size=batch_size, max_length=max_length)
+    per = -(-len(texts) // size)
+    mine = list(texts[rank::size])
+    mine += [texts[0]] * (per - len(mine))  # the same number of texts, hence of forward passes, on every rank
+    local = torch.as_tensor(encoder.encode(mine, kind=kind, batch_size=batch_size, max_length=max_length)).float()
+    if dist.get_backend() == "nccl":
+        local = local.cuda()
+    parts = [torch.empty_like(local) for _ in range(size)]
+    dist.all_gather(parts, local.contiguous())
+    out = torch.empty(len(texts), local.shape[1])
+    for r, part in enumerate(parts):
+        out[r::size] = part[: len(range(r, len(texts), size))].cpu()
+    return out
 
 
 def retrieve_dense(
@@ -139,14 +188,15 @@ def retrieve_dense(
         settings: ``top_k`` (capped at the corpus size), ``batch_size`` and the two max lengths.
         cache: an ``.npy`` file for the corpus embeddings (see :func:`corpus_cache_file`);
             None encodes every time.
-        latency_queries: queries timed one at a time (0 skips the latency measurement).
+        latency_queries: queries timed one at a time (0 skips the latency measurement; skipped on
+            several processes).
 
     Returns:
-        The run (cosine scores) with its timings.
+        The run (cosine scores) with its timings; every rank of a process group gets the same run.
     """
     def encode(texts: Sequence[str], kind: str, batch_size: int):
         length = settings.query_max_length if kind == "query" else settings.passage_max_length
-        return encoder.encode(list(texts), kind=kind, batch_size=batch_size, max_length=length)
+        return encode_texts(encoder, texts, kind, batch_size, length)
 
     timing: dict[str, float] = {}
     t = perf_counter()
@@ -154,12 +204,14 @@ def retrieve_dense(
     if cache is not None:
         status = "miss"
         if cache.is_file():
-            docs = np.load(cache)
-            if docs.ndim != 2 or docs.shape[0] != len(task.doc_ids):
-                log.warning("%s: cached embeddings have shape %s for %d docs; re-encoding", cache, docs.shape, len(task.doc_ids))
-                docs = None
-            else:
+            try:
+                docs = np.load(cache, allow_pickle=False)
+                if docs.ndim != 2 or docs.shape[0] != len(task.doc_ids) or not np.isfinite(docs).all():
+                    raise ValueError(f"shape {docs.shape} for {len(task.doc_ids)} documents, or non-finite values")
                 status = "hit"
+            except (ValueError, OSError, EOFError) as err:  # a corrupt or foreign cache file: rebuilt
+                log.warning("%s: unusable cached embeddings (%s); discarded and re-encoded", cache, err)
+                docs = None
     if docs is None:
         docs = unit_float32(encode(task.doc_texts, "passage", settings.batch_size), "corpus embeddings")
         if cache is not None:
@@ -177,11 +229,14 @@ def retrieve_dense(
     timing["search"] = perf_counter() - t
 
     latency = _latency(
-        task.query_texts[:latency_queries],
+        task.query_texts[:latency_queries] if world()[1] == 1 else [],  # one query at a time: one process
         lambda text: encode([text], "query", 1),
         lambda q: index.search(q, settings.top_k),
     )
-    return Retrieval(run_from_search(task.query_ids, task.doc_ids, scores, indices), timing, latency, status)
+    policy = getattr(encoder, "text_policy", None)
+    reads = policy(settings.query_max_length, settings.passage_max_length) if policy else {"texts": "whole"}
+    return Retrieval(run_from_search(task.query_ids, task.doc_ids, scores, indices), settings.top_k, timing, reads,
+                     latency, status)
 
 
 def retrieve_bm25(task: Task, settings: RetrievalSettings, latency_queries: int = 0) -> Retrieval:
@@ -205,7 +260,8 @@ def retrieve_bm25(task: Task, settings: RetrievalSettings, latency_queries: int 
         lambda q: index.search_tokens(q, settings.top_k),
     )
     run = run_from_search(task.query_ids, task.doc_ids, [h[0] for h in hits], [h[1] for h in hits])
-    return Retrieval(run, timing, latency, "off")
+    reads = {"bm25_k1": settings.bm25_k1, "bm25_b": settings.bm25_b, "bm25_stemmer": settings.bm25_stemmer}
+    return Retrieval(run, settings.top_k, timing, reads, latency, "off")
 
 
 def is_run_file(model: object) -> bool:
@@ -217,11 +273,16 @@ def retrieve_run_file(path: str | Path, task: Task) -> Retrieval:
     """A task's run read from a TREC run file (its queries of other tasks are left out; a task query
     missing from the file scores 0 on every measure, with a warning)."""
     run = read_run(path)
+    if not set(run) & set(task.query_ids):
+        seen = f"its ids look like {next(iter(run))!r}" if run else "it is empty"
+        raise ValueError(f"{path}: holds no query of task {task.name} ({seen}; the task's like {task.query_ids[0]!r}): "
+                         "a run of another task?")
     missing = [q for q in task.query_ids if q not in run]
     if missing:
         log.warning("%s: %d queries of %s have no results (they score 0; e.g. %s)", path, len(missing), task.name,
                     missing[0])
-    return Retrieval({q: run[q] for q in task.query_ids if q in run}, {}, {}, "off")
+    run = {q: run[q] for q in task.query_ids if q in run}
+    return Retrieval(run, max((len(docs) for docs in run.values()), default=0), {}, {"run_file": str(path)})
 
 
 def make_retriever(model: str | Encoder, settings: RetrievalSettings | None = None,

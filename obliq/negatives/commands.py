@@ -18,7 +18,9 @@ from typing import Literal
 from obliq.data.rows import parse_row, read_rows
 from obliq.eval.bm25 import BM25_STEMMER, K1, B
 from obliq.eval.tasks import load_task
+from obliq.files import atomic_write, claim_output, json_text, read_text, refuse_input_as_output, write_json
 from obliq.negatives.mine import Bm25sBackend, MiningReport, mine_negatives
+from obliq.shards import Shard, check_cover
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +36,8 @@ def mine(
     b: float = B,
     stemmer: str | None = BM25_STEMMER,
     threads: int = 1,
+    overwrite: bool = False,
+    shard: Shard = Shard(),
 ) -> dict:
     """Add BM25 hard negatives to training rows and write them (docs/formats.md row format).
 
@@ -46,7 +50,7 @@ def mine(
     Args:
         rows: input JSONL of training rows (e.g. from ``obliq synth generate``).
         task: the task folder (BEIR layout) whose corpus is searched.
-        out: output JSONL (overwritten).
+        out: output JSONL.
         k: negatives per row (the paper: 4).
         skip: candidates to leave out at the top of each ranking, after the exclusions (false-negative guard).
         backend: ``bm25s`` (obliq's BM25) or ``pyserini`` (a Lucene index; needs the ``pyserini`` extra).
@@ -54,10 +58,28 @@ def mine(
         b: BM25 length normalisation.
         stemmer: PyStemmer language of the analyzer, or null for none.
         threads: search threads (pyserini only).
+        overwrite: replace an existing output file (refused otherwise).
+        shard: mine one shard of the rows (``--shard.index i --shard.count n``, or a SLURM array's),
+            written to ``<out stem>.shard-<i>-of-<n>.jsonl``; ``obliq negatives merge`` joins them.
+            A row's negatives do not depend on the sharding.
+
+    Raises:
+        FileExistsError: ``out`` exists and ``overwrite`` is false.
+        ValueError: ``out`` is one of the inputs; a row's positive is not a document of the task (rows
+            of another task: the message names the file, line and id).
     """
-    args = {k_: (str(v) if isinstance(v, Path) else v) for k_, v in locals().items()}
+    shard = shard.resolved()
+    out = shard.path(out)
+    args = json.loads(json_text(locals()))
+    claim_output(out, overwrite, "rows")
+    refuse_input_as_output(out, [rows, *(p for p in Path(task).rglob("*") if p.is_file())])
     data = load_task(task)
     items = read_rows(rows)
+    corpus = set(data.doc_ids)
+    stray = [(n, r["positive"]["id"]) for n, r in enumerate(items, 1) if r["positive"]["id"] not in corpus]
+    if stray:
+        raise ValueError(f"{rows}: {len(stray)} of {len(items)} rows have a positive that is not a document of "
+                         f"{data.name} (e.g. row {stray[0][0]}: {stray[0][1]!r}): rows of another task?")
     report = MiningReport()
     start = time.perf_counter()
     if backend == "bm25s":
@@ -70,21 +92,52 @@ def mine(
         raise ValueError(f"unknown backend {backend!r} (bm25s or pyserini)")
     report.index_seconds = time.perf_counter() - start
     try:
-        mined, report = mine_negatives(items, data.doc_ids, data.doc_texts, engine, k=k, skip=skip, report=report)
+        mined, report = mine_negatives(shard.select(items), data.doc_ids, data.doc_texts, engine, k=k, skip=skip,
+                                       report=report, all_rows=items)
     finally:
         if hasattr(engine, "close"):
             engine.close()
     out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp")
-    with tmp.open("w", encoding="utf-8") as f:
+    with atomic_write(out) as f:
         for lineno, row in enumerate(mined, 1):
             line = json.dumps(row, ensure_ascii=False)
             parse_row(line, str(out), lineno)
             f.write(line + "\n")
-    tmp.replace(out)
     summary = asdict(report)
-    out.with_name(out.name + ".report.json").write_text(json.dumps({"args": args, "report": summary}, indent=2) + "\n")
+    write_json(out.with_name(out.name + ".report.json"), {"args": args, "report": summary})
     log.info("%d rows, %d negatives, %d short rows; dropped %s; %.1f rows/s (%s)", report.rows, report.negatives,
              report.short_rows, summary["dropped"], report.rows_per_s, report.backend)
     return summary
+
+
+def merge(rows: Path, shards: list[Path], out: Path, overwrite: bool = False) -> dict:
+    """Join the shards of one ``negatives mine`` run into the file a single run would have written: every
+    row of ``rows`` (the mined input) in exactly one shard, written in the input's order.
+
+    Returns:
+        ``{"out", "rows", "shards"}``.
+
+    Raises:
+        ValueError: a shard missing or given twice, a row in two shards or in none, or a shard row
+            that is not in ``rows``; ``out`` one of the inputs.
+        FileNotFoundError: a shard's report is missing.
+    """
+    claim_output(out, overwrite, "rows")
+    refuse_input_as_output(out, [rows, *shards])
+    order = [r["id"] for r in read_rows(rows)]
+    taken, mined = {}, {}
+    for file in map(Path, shards):
+        report_file = file.with_name(file.name + ".report.json")
+        if not report_file.is_file():
+            raise FileNotFoundError(f"{report_file}: the shard's report is missing (written by negatives mine)")
+        shard = json.loads(read_text(report_file))["args"]["shard"]
+        if shard["count"] != len(shards):
+            raise ValueError(f"{file}: a shard of a run of {shard['count']} shards, but {len(shards)} given")
+        lines = {json.loads(raw)["id"]: raw for raw in file.read_bytes().splitlines() if raw.strip()}
+        taken[shard["index"]] = list(lines)
+        mined.update(lines)
+    check_cover(order, taken, len(shards), "row")
+    with atomic_write(out, "wb") as f:
+        for row_id in order:
+            f.write(mined[row_id] + b"\n")
+    return {"out": str(out), "rows": len(order), "shards": len(shards)}

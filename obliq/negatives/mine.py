@@ -108,7 +108,8 @@ class MiningReport:
 
 
 def mine_negatives(rows: Sequence[dict], doc_ids: Sequence[str], doc_texts: Sequence[str], backend: SearchBackend,
-         k: int = 4, skip: int = 0, report: MiningReport | None = None) -> tuple[list[dict], MiningReport]:
+                   k: int = 4, skip: int = 0, report: MiningReport | None = None,
+                   all_rows: Sequence[dict] | None = None) -> tuple[list[dict], MiningReport]:
     """Fill each row's ``negatives`` with its top BM25 documents that are real negatives.
 
     Args:
@@ -118,6 +119,9 @@ def mine_negatives(rows: Sequence[dict], doc_ids: Sequence[str], doc_texts: Sequ
         k: negatives per row (the paper: 4).
         skip: surviving candidates to leave out at the top of each ranking (0 = none).
         report: a report to fill (its ``index_seconds`` is kept); a new one by default.
+        all_rows: every row of the file when ``rows`` is one shard of it: the positives of rows with
+            the same query are excluded across shards too, so a row's negatives never depend on the
+            sharding (default: ``rows``).
 
     Returns:
         New row dicts (input rows are not modified) with ``negatives`` = up to ``k`` ``{"id", "text"}``
@@ -139,7 +143,7 @@ def mine_negatives(rows: Sequence[dict], doc_ids: Sequence[str], doc_texts: Sequ
 
     # Positives of every row with the same normalised query are excluded for all of them.
     by_query: dict[int, tuple[set[str], set[int]]] = {}
-    for row in rows:
+    for row in rows if all_rows is None else all_rows:
         ids, texts = by_query.setdefault(text_hash(row["query"]), (set(), set()))
         ids.add(row["positive"]["id"])
         texts.add(text_hash(row["positive"]["text"]))

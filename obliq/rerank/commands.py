@@ -14,7 +14,6 @@ the test numbers with it)::
 
 from __future__ import annotations
 
-import json
 import logging
 import random
 from pathlib import Path
@@ -22,8 +21,8 @@ from typing import Literal
 
 from obliq.errors import check_int
 from obliq.eval.metrics import evaluate_run, parse_measures, read_run, write_run
-from obliq.eval.results import find_tasks
-from obliq.eval.tasks import load_task
+from obliq.eval.tasks import find_tasks, load_task
+from obliq.files import claim_output, refuse_input_as_output, safe_name, write_json
 from obliq.rerank.config import RerankConfig, dump_policy, load_policy
 from obliq.rerank.reranker import Reranker, check_run
 
@@ -33,7 +32,7 @@ Method = Literal["identity", "tourrank", "listwise"]
 
 
 def run(task: Path, run: Path, out: Path, policy: Path | None = None, method: Method | None = None,
-        queries: int | None = None, measures: list[str] = ["NDCG@10", "Recall@10"]) -> dict:
+        queries: int | None = None, measures: list[str] = ["NDCG@10", "Recall@10"], overwrite: bool = False) -> dict:
     """Rerank a task's TREC run (its top ``depth`` per query) and score it before and after.
 
     Writes the reranked run to ``out`` (TREC format; only the reranked queries) and a report with the
@@ -51,10 +50,13 @@ def run(task: Path, run: Path, out: Path, policy: Path | None = None, method: Me
             refuses rather than write the dense order as a "reranked" run.
         queries: rerank only the first this many queries of the task found in the run.
         measures: metrics reported, e.g. ``[NDCG@10,Recall@10]``.
+        overwrite: replace an existing ``out`` (refused otherwise; ``out`` may never be ``run``).
 
     Returns:
         The report.
     """
+    claim_output(out, overwrite, "a run")
+    refuse_input_as_output(out, [run, policy])
     cfg = load_policy(policy) if policy is not None else RerankConfig()
     parse_measures(measures)
     if queries is not None:
@@ -80,7 +82,7 @@ def run(task: Path, run: Path, out: Path, policy: Path | None = None, method: Me
         "cost": stats.as_dict(),
         "args": {"task": str(task), "run": str(run), "policy": str(policy) if policy else None, "queries": queries},
     }
-    out.with_name(out.name + ".report.json").write_text(json.dumps(report, indent=2) + "\n")
+    write_json(out.with_name(out.name + ".report.json"), report)
     return report
 
 
@@ -108,7 +110,7 @@ def _development(path: Path, runs: Path, split: str, dev_queries: int, seed: int
         ids = record["query_ids"] = [q for q in judged if q in drawn]
         log.warning("%s: no qrels/%s.tsv; choosing on %d test queries drawn with seed %d (listed in the "
                     "policy's dev section: leave them out of test numbers)", data.name, split, len(ids), seed)
-    folder = Path(runs) / data.name
+    folder = Path(runs) / safe_name(data.name, "task name")
     file = next((f for f in (folder / "run.dense.trec", folder / "run.trec") if f.is_file()), None)
     if file is None:
         raise FileNotFoundError(f"{folder}/run.trec: dense run of {data.name} not found (run evaluate.py first)")
@@ -128,7 +130,8 @@ def _development(path: Path, runs: Path, split: str, dev_queries: int, seed: int
 
 def policy(tasks: list[Path], runs: Path, out: Path, base: Path | None = None,
            methods: list[Literal["tourrank", "listwise"]] = ["tourrank", "listwise"], split: str = "dev",
-           dev_queries: int = 20, seed: int = 13, metric: str = "NDCG@10", min_gain: float = 0.0) -> dict:
+           dev_queries: int = 20, seed: int = 13, metric: str = "NDCG@10", min_gain: float = 0.0,
+           overwrite: bool = False) -> dict:
     """Choose each task's reranker on development queries and write the policy (the paper's π*).
 
     For every task, the dense run's development queries are reranked by each method and scored
@@ -158,10 +161,13 @@ def policy(tasks: list[Path], runs: Path, out: Path, base: Path | None = None,
         seed: seed of that draw.
         metric: what the choice maximises (gold qrels), e.g. ``NDCG@10``.
         min_gain: how much a reranker must beat the identity by to be chosen.
+        overwrite: replace an existing policy file ``out`` (refused otherwise; ``out`` may never be ``base``).
 
     Returns:
         The ``dev`` record: per task, the choice and the numbers.
     """
+    claim_output(out, overwrite, "a policy")
+    refuse_input_as_output(out, [base])
     cfg = load_policy(base) if base is not None else RerankConfig()
     parse_measures([metric])
     check_int("dev_queries", dev_queries, 1)

@@ -38,6 +38,7 @@ from pathlib import Path
 import yaml
 
 from obliq.errors import check_int
+from obliq.files import read_text
 from obliq.llm.backends import BackendConfig
 from obliq.llm.prompts import PromptTemplate
 from obliq.rerank.prompts import load_rerank_prompt
@@ -170,7 +171,7 @@ def load_policy(path: str | Path) -> RerankConfig:
             (:func:`obliq.rerank.prompts.load_rerank_prompt`).
     """
     path = Path(path)
-    text = path.read_text(encoding="utf-8")
+    text = read_text(path)
     try:
         data, lines = yaml.safe_load(text), _key_lines(yaml.compose(text))
     except yaml.YAMLError as err:

@@ -2,9 +2,11 @@
 replies, fall back on failure, and count everything (the cost of the OBLIQ-IR paper's Table 8).
 
 A **call** is one chat sent to the backend (a TourRank group or a listwise window), however the
-backend batches them. A call **fails** when the backend raises (every chat of that batch fails) or
-when its reply names no usable candidate; a failed call yields the input order of its group, so a
-reranker never crashes and never loses a candidate (:mod:`obliq.rerank.parse`).
+backend batches them; replies are read through the LLM layer's one path (:func:`obliq.llm.backends.ask`:
+reasoning blocks removed, so ids in a reasoning model's thoughts are never read, C18). A call
+**fails** when the backend raises (every chat of that batch fails), when its reasoning never closes
+(no answer), or when its reply names no usable candidate; a failed call yields the input order of
+its group, so a reranker never crashes and never loses a candidate (:mod:`obliq.rerank.parse`).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 from time import perf_counter
 from typing import Callable, Sequence
 
-from obliq.llm.backends import Backend
+from obliq.llm.backends import Backend, ask
 from obliq.llm.prompts import Messages
 from obliq.rerank.parse import REPAIRS, ParsedOrder, parse_permutation, parse_selection
 
@@ -35,6 +37,9 @@ class RerankStats:
         prompt_tokens: tokens in (the backend's count, chat template included, padding excluded).
         new_tokens: tokens out.
         seconds: wall time spent in the backend's ``generate``, seconds.
+        reasoning: whether the model was let reason (each call's budget then grew by its
+            ``reasoning_tokens``); None before the first call.
+        reasoning_unclosed: calls whose reasoning never closed (no answer: failed calls).
     """
 
     queries: int = 0
@@ -45,6 +50,8 @@ class RerankStats:
     prompt_tokens: int = 0
     new_tokens: int = 0
     seconds: float = 0.0
+    reasoning: bool | None = None
+    reasoning_unclosed: int = 0
 
     def per_query(self) -> dict[str, float]:
         """Means per reranked query: ``calls``, ``prompt_tokens``, ``new_tokens``, ``seconds``."""
@@ -70,7 +77,8 @@ class Judge:
         stats: where the counts go.
         temperature: sampling temperature (0 = greedy, the default for reranking).
         tokens_per_id: reply budget per identifier asked for; a call may generate
-            ``tokens_per_id * ids + 16`` tokens (``[12], `` is about 5 tokens).
+            ``tokens_per_id * ids + 16`` tokens (``[12], `` is about 5 tokens), plus the backend's
+            ``reasoning_tokens`` when it lets the model reason.
     """
 
     def __init__(self, backend: Callable[[], Backend], stats: RerankStats, temperature: float = 0.0,
@@ -81,11 +89,11 @@ class Judge:
     def _ask(self, prompts: Sequence[Messages], ids: int, seed: int) -> list[str | None]:
         b = self.backend()
         tokens_in, tokens_out, start = b.prompt_tokens, b.new_tokens, perf_counter()
+        self.stats.reasoning = bool(getattr(b, "reasoning", False))
         try:
-            replies: list[str | None] = list(b.generate(list(prompts), self.tokens_per_id * ids + 16,
-                                                        self.temperature, seed))
-            if len(replies) != len(prompts):
-                raise RuntimeError(f"{len(replies)} replies for {len(prompts)} prompts")
+            read = ask(b, prompts, self.tokens_per_id * ids + 16, self.temperature, seed)
+            self.stats.reasoning_unclosed += sum(r.text is None for r in read)
+            replies: list[str | None] = [r.text for r in read]
         except Exception as err:  # a failed call keeps its group's input order: never a crash
             log.warning("%s failed on %d prompts (%s: %s); their groups keep the input order",
                         getattr(b, "name", "backend"), len(prompts), type(err).__name__, err)

@@ -15,12 +15,14 @@ import logging
 from dataclasses import asdict
 from pathlib import Path
 
-from obliq.data.rows import read_rows
+from obliq.data.rows import parse_row, read_rows
 from obliq.eval.bm25 import BM25
 from obliq.eval.tasks import load_task
+from obliq.files import atomic_write, claim_output, json_text, read_text, refuse_input_as_output, write_json
 from obliq.llm.backends import BackendConfig
+from obliq.shards import Shard, check_cover
 from obliq.synth.audit import audit_pairs, format_audit
-from obliq.synth.generate import GenerationConfig, synthesize
+from obliq.synth.generate import GenerationConfig, sample_documents, synthesize
 from obliq.synth.prompts import TaskSpec
 
 log = logging.getLogger(__name__)
@@ -35,6 +37,7 @@ def generate(
     backend: BackendConfig = BackendConfig(),
     generation: GenerationConfig = GenerationConfig(),
     prompt_dir: Path | None = None,
+    shard: Shard = Shard(),
 ) -> dict:
     """Write synthetic training queries for a task (Stage A, then Stage B through the task's lens).
 
@@ -55,18 +58,79 @@ def generate(
             settings (:class:`obliq.llm.backends.BackendConfig`).
         generation: generation settings.
         prompt_dir: a folder of prompt files replacing the packaged ones (obliq/synth/prompts).
+        shard: one shard of the sample (``--shard.index i --shard.count n``, or a SLURM array's), written
+            to ``<out stem>.shard-<i>-of-<n>.jsonl`` and resumable on its own; ``obliq synth merge``
+            joins the shards (:mod:`obliq.shards`).
     """
-    args = {k: (str(v) if isinstance(v, Path) else asdict(v) if hasattr(v, "__dataclass_fields__") else v)
-            for k, v in locals().items()}
+    shard = shard.resolved()
+    out = shard.path(out)
+    args = json.loads(json_text(locals()))
+    task_files = [p for p in Path(task).rglob("*") if p.is_file()]
+    for written in (Path(out), Path(out).with_name(Path(out).name + ".rejects.jsonl"),
+                    Path(out).with_name(Path(out).name + ".report.json")):
+        refuse_input_as_output(written, task_files)
     data = load_task(task)
     engine = backend.build()
     report = asdict(synthesize(data, spec, engine, out, n_docs=n_docs, seed=seed, generation=generation,
-                               prompt_dir=prompt_dir))
-    out = Path(out)
-    out.with_name(out.name + ".report.json").write_text(json.dumps({"args": args, "report": report}, indent=2) + "\n")
+                               prompt_dir=prompt_dir, shard=shard))
+    write_json(out.with_name(out.name + ".report.json"), {"args": args, "report": report})
     log.info("%s: %d rows written (%d already done), skipped %s, %d retries, %.1f tokens/s", report["task"],
              report["generated"], report["already_done"], report["skipped"], report["retries"], report["tokens_per_s"])
     return report
+
+
+def merge(shards: list[Path], out: Path, overwrite: bool = False) -> dict:
+    """Join the shards of one ``synth generate`` run into the file a single run would have written.
+
+    Each shard's report (``<shard>.report.json``) names its task, sample (``n_docs``, ``seed``) and shard;
+    the merge checks that the shards are those of one run, each index once, and that together they
+    took every document of the sample exactly once (:func:`obliq.shards.check_cover`); then writes the
+    rows in sample order.
+
+    Args:
+        shards: the shards' row files.
+        out: the merged rows.
+        overwrite: replace an existing ``out``.
+
+    Returns:
+        ``{"out", "rows", "documents", "shards"}``.
+
+    Raises:
+        ValueError: shards of different runs, a shard missing or given twice, a document in two shards
+            or in none, a row of a document its shard did not take; ``out`` one of the shards.
+        FileNotFoundError: a shard's report is missing.
+    """
+    claim_output(out, overwrite, "rows")
+    refuse_input_as_output(out, shards)
+    reports = []
+    for file in map(Path, shards):
+        report_file = file.with_name(file.name + ".report.json")
+        if not report_file.is_file():
+            raise FileNotFoundError(f"{report_file}: the shard's report is missing (written by synth generate)")
+        reports.append(json.loads(read_text(report_file)))
+    runs = {(r["args"]["task"], r["args"]["n_docs"], r["args"]["seed"], r["args"]["spec"]["name"],
+             r["report"]["shard"]["count"]) for r in reports}
+    if len(runs) != 1:
+        raise ValueError(f"the shards come from different runs (task, n_docs, seed, spec, count): {sorted(runs)}")
+    task, n_docs, seed, _, count = runs.pop()
+    data = load_task(task)
+    order, _ = sample_documents(data, n_docs, seed)
+    sample = [data.doc_ids[i] for i in order]
+    check_cover(sample, {r["report"]["shard"]["index"]: r["report"]["documents"] for r in reports}, count, "document")
+    rows: dict[str, bytes] = {}
+    for file, report in zip(map(Path, shards), reports):
+        taken = set(report["report"]["documents"])
+        for lineno, raw in enumerate(file.read_bytes().splitlines(), 1):
+            if raw.strip():
+                row = parse_row(raw, str(file), lineno)
+                if row.positive.id not in taken:
+                    raise ValueError(f"{file}:{lineno}: a row for document {row.positive.id!r}, not one of this shard's")
+                rows[row.positive.id] = raw
+    with atomic_write(out, "wb") as f:
+        for doc in sample:
+            if doc in rows:
+                f.write(rows[doc] + b"\n")
+    return {"out": str(out), "rows": len(rows), "documents": len(sample), "shards": count}
 
 
 def audit_queries(rows: Path, task: Path, split: str = "test", real: bool = True) -> dict:
@@ -74,7 +138,10 @@ def audit_queries(rows: Path, task: Path, split: str = "test", real: bool = True
 
     Generated queries are compared with their positives, the task's real queries with their
     relevant documents (the OBLIQ-IR paper, Appendix J): entity-leak rate (capitalised-token heuristic, see
-    obliq.synth.audit), token Jaccard, and the source's BM25 rank. Prints a table; returns its rows.
+    obliq.synth.audit), token Jaccard, and the source's BM25 rank. When the generation report
+    (``<rows>.report.json``, written by ``synth generate``) is beside the rows, the share of replies
+    rejected for each reason is reported too (``echo``: replies that repeated the prompt's instructions
+    or talked about the task; ``unclosed-reasoning``). Prints a table; returns its rows.
 
     Args:
         rows: JSONL of training rows whose positives are documents of the task (e.g. from ``synth generate``).
@@ -103,4 +170,18 @@ def audit_queries(rows: Path, task: Path, split: str = "test", real: bool = True
                 sources.append(src)
         table.append(audit_pairs("real", queries, sources, data.doc_texts, bm25))
     print(format_audit(data.name, table))
-    return {"task": data.name, "rows": [asdict(r) for r in table]}
+    out = {"task": data.name, "rows": [asdict(r) for r in table]}
+    report = Path(rows).with_name(Path(rows).name + ".report.json")
+    if report.is_file():
+        generated = json.loads(read_text(report)).get("report", {})
+        replies = sum(generated.get("replies", {}).values())
+        if replies:
+            shares: dict[str, float] = {}
+            for key, n in generated.get("rejected", {}).items():
+                reason = key.split(":", 1)[-1]
+                shares[reason] = shares.get(reason, 0.0) + n / replies
+            out["rejected_share"] = dict(sorted(shares.items()))
+            out["replies"] = replies
+            print(f"replies rejected, share of {replies}: " + (", ".join(f"{k} {100 * v:.1f}%" for k, v in
+                                                                       out["rejected_share"].items()) or "none"))
+    return out

@@ -5,12 +5,15 @@ through the task's lens. Here:
 
 1. **Sampling**: the task's non-empty documents, shuffled with ``random.Random(seed)``; the first
    ``n_docs`` (all when ``None``). The order is a function of the seed and corpus alone, so a rerun
-   with a larger ``n_docs`` extends the same sample.
+   with a larger ``n_docs`` extends the same sample. A shard (:mod:`obliq.shards`) takes every
+   ``count``-th document of it; ``obliq synth merge`` joins the shards back.
 2. **Resume**: the output is an append-only JSONL of training rows keyed by the positive's document
-   id. Documents already in it are not generated again. A half-written last line (a killed run) is
-   cut off; any other bad line is an error naming file, line and field.
+   id. Documents already in it are not generated again. A last line without its newline is kept when
+   it is a complete row and cut off when it is a half-written one (a killed run); any other bad line is
+   an error naming file, line and field.
 3. **Generation**, in batches of ``batch_size`` documents: Stage A for the batch, then Stage B for
-   the documents with a description. A reply that :func:`obliq.synth.parse.parse_reply` rejects is
+   the documents with a description; each document's seeds derive from the run's seed and its own id
+   (not its batch's). A reply that :func:`obliq.synth.parse.parse_reply` rejects is
    generated again (new seed) up to ``max_retries`` times (a Stage B reply cut by the token limit is
    rejected as overlong; a Stage A reply keeps its finished sentences), then the document is skipped and counted.
    Every rejected reply is appended to ``<out>.rejects.jsonl`` (document, stage, attempt, reason, reply).
@@ -31,12 +34,12 @@ import os
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
 
 from obliq.data.rows import RowError, parse_row
 from obliq.eval.tasks import Task
-from obliq.llm.backends import Backend
-from obliq.llm.prompts import cut_words
+from obliq.llm.backends import Backend, ask
+from obliq.llm.prompts import PromptTemplate, cut_words
+from obliq.shards import Shard
 from obliq.synth.parse import REJECT_REASONS, parse_reply
 from obliq.synth.prompts import TaskSpec, load_stage_prompt, render_stage
 from obliq.text import words
@@ -95,11 +98,14 @@ class SynthReport:
         skipped: documents given up after all retries, by stage (``{"A": n, "B": n}``).
         retries: extra attempts made (replies generated beyond the first per document and stage).
         docs_retried: documents that needed at least one retry.
+        replies: replies read, by stage (``{"A": n, "B": n}``), retries included.
         rejected: rejected replies by ``<stage>:<reason>`` (see :data:`obliq.synth.parse.REJECT_REASONS`).
         truncated_docs: documents cut to ``max_doc_words`` in the prompts.
         mean_query_words, mean_description_words: over the rows written by this run.
         new_tokens, generation_seconds, tokens_per_s: the backend's output and time (both stages,
             retries included).
+        reasoning: whether the model was let reason (its budget then grew by its ``reasoning_tokens``).
+        reasoning_replies: replies that held a reasoning block (removed before parsing).
         dropped_partial_line: whether a half-written last line was cut from the output.
     """
 
@@ -113,6 +119,7 @@ class SynthReport:
     skipped: dict[str, int] = field(default_factory=lambda: {"A": 0, "B": 0})
     retries: int = 0
     docs_retried: int = 0
+    replies: dict[str, int] = field(default_factory=lambda: {"A": 0, "B": 0})
     rejected: dict[str, int] = field(default_factory=dict)
     truncated_docs: int = 0
     mean_query_words: float = 0.0
@@ -120,7 +127,12 @@ class SynthReport:
     new_tokens: int = 0
     generation_seconds: float = 0.0
     tokens_per_s: float = 0.0
+    reasoning: bool = False
+    reasoning_replies: int = 0
     dropped_partial_line: bool = False
+    shard: dict = field(default_factory=lambda: {"index": 0, "count": 1})
+    documents: list[str] = field(default_factory=list)
+    """The documents of this run's sample (its shard's), in sample order: what a merge checks."""
 
 
 def sample_documents(task: Task, n_docs: int | None, seed: int) -> tuple[list[int], int]:
@@ -143,9 +155,9 @@ def sample_documents(task: Task, n_docs: int | None, seed: int) -> tuple[list[in
 def read_done(out: Path, task_name: str) -> tuple[set[str], bool]:
     """Positive ids already in an output file, cutting a half-written last line.
 
-    A last line without its newline is a killed run's partial write: it is removed from the file
-    (the file is truncated after the last complete line). Every complete line must be a valid row
-    of the same task.
+    A last line without its newline is either complete (a valid row: the newline is added and the row
+    kept) or a killed run's partial write (cut off; its document is generated again). Every complete
+    line must be a valid row of the same task.
 
     Returns:
         ``(document ids done, whether a partial line was removed)``.
@@ -160,10 +172,17 @@ def read_done(out: Path, task_name: str) -> tuple[set[str], bool]:
     cut = False
     if data and not data.endswith(b"\n"):
         keep = data.rfind(b"\n") + 1
-        with out.open("r+b") as f:
-            f.truncate(keep)
-        log.warning("%s: removed a half-written last line (%d bytes) left by a killed run", out, len(data) - keep)
-        data, cut = data[:keep], True
+        try:
+            parse_row(data[keep:], str(out), data.count(b"\n") + 1)
+        except RowError:  # a partial write: cut it, its document is generated again
+            with out.open("r+b") as f:
+                f.truncate(keep)
+            log.warning("%s: removed a half-written last line (%d bytes) left by a killed run", out, len(data) - keep)
+            data, cut = data[:keep], True
+        else:  # complete but for its newline: keep it
+            with out.open("ab") as f:
+                f.write(b"\n")
+            data += b"\n"
     done = set()
     for lineno, raw in enumerate(data.split(b"\n")[:-1], 1):
         if not raw.strip():
@@ -176,16 +195,19 @@ def read_done(out: Path, task_name: str) -> tuple[set[str], bool]:
     return done, cut
 
 
-def _seed(base: int, stage: str, attempt: int, doc_ids: Sequence[str]) -> int:
-    key = f"{base}:{stage}:{attempt}:{','.join(doc_ids)}".encode()
+def _seed(base: int, stage: str, attempt: int, doc_id: str) -> int:
+    """A document's own generation seed: the same whichever batch or shard the document falls in."""
+    key = f"{base}:{stage}:{attempt}:{doc_id}".encode()
     return int.from_bytes(hashlib.blake2b(key, digest_size=4).digest(), "little")
 
 
 class _Stage:
     """Generate one stage for a batch with retries; collects counts into the report."""
 
-    def __init__(self, name: str, backend: Backend, cfg: GenerationConfig, report: SynthReport, rejects):
+    def __init__(self, name: str, backend: Backend, cfg: GenerationConfig, report: SynthReport, rejects,
+                 prompt: PromptTemplate):
         self.name, self.backend, self.cfg, self.report, self.rejects = name, backend, cfg, report, rejects
+        self.instructions = prompt.instructions()
         self.tag = "description" if name == "A" else "query"
         self.max_tokens = cfg.max_new_tokens_a if name == "A" else cfg.max_new_tokens_b
         self.lo, self.hi = cfg.description_words if name == "A" else cfg.query_words
@@ -200,17 +222,16 @@ class _Stage:
             if attempt:
                 self.report.retries += len(todo)
             ids = [doc_ids[i] for i in todo]
-            replies = self.backend.generate([prompts[i] for i in todo], self.max_tokens, self.cfg.temperature,
-                                            _seed(seed, self.name, attempt, ids))
-            finished = getattr(self.backend, "finished", None) or [True] * len(replies)
-            if len(replies) != len(todo) or len(finished) != len(todo):
-                raise RuntimeError(f"{self.backend.name}: {len(replies)} replies and {len(finished)} finished flags "
-                                   f"for {len(todo)} prompts")
+            replies = ask(self.backend, [prompts[i] for i in todo], self.max_tokens, self.cfg.temperature,
+                          [_seed(seed, self.name, attempt, d) for d in ids])
             failed = []
-            for i, reply, done in zip(todo, replies, finished):
+            for i, reply in zip(todo, replies):
                 attempts[doc_ids[i]] = attempt + 1
-                parsed = parse_reply(reply, self.tag, self.lo, self.hi, docs[i], self.cfg.copy_ngram,
-                                     whole_sentences=self.name == "A", truncated=not done)
+                self.report.replies[self.name] += 1
+                self.report.reasoning_replies += reply.reasoning
+                parsed = parse_reply(reply.text, self.tag, self.lo, self.hi, docs[i], self.cfg.copy_ngram,
+                                     whole_sentences=self.name == "A", truncated=not reply.finished,
+                                     instructions=self.instructions)
                 if parsed.ok:
                     results[doc_ids[i]] = parsed.text
                     continue
@@ -218,7 +239,7 @@ class _Stage:
                 key = f"{self.name}:{parsed.reason}"
                 self.report.rejected[key] = self.report.rejected.get(key, 0) + 1
                 self.rejects.write(json.dumps({"doc_id": doc_ids[i], "stage": self.name, "attempt": attempt + 1,
-                                               "reason": parsed.reason, "reply": reply}, ensure_ascii=False) + "\n")
+                                               "reason": parsed.reason, "reply": reply.raw}, ensure_ascii=False) + "\n")
             todo = failed
         self.report.skipped[self.name] += len(todo)
         return results, attempts
@@ -226,7 +247,7 @@ class _Stage:
 
 def synthesize(task: Task, spec: TaskSpec, backend: Backend, out: str | os.PathLike, n_docs: int | None = 100,
                seed: int = 13, generation: GenerationConfig | None = None,
-               prompt_dir: str | os.PathLike | None = None) -> SynthReport:
+               prompt_dir: str | os.PathLike | None = None, shard: Shard = Shard(0, 1)) -> SynthReport:
     """Generate synthetic training rows for a task, appending to ``out`` (resumable).
 
     Args:
@@ -238,6 +259,9 @@ def synthesize(task: Task, spec: TaskSpec, backend: Backend, out: str | os.PathL
         seed: sampling seed; generation seeds derive from it.
         generation: generation settings (defaults: :class:`GenerationConfig`).
         prompt_dir: a folder of prompt files replacing the packaged ones.
+        shard: generate for this shard of the sample only (:class:`obliq.shards.Shard`, resolved);
+            every document's seeds are its own, so merged shards give a single run's rows (with a
+            backend that seeds each chat: vLLM, or transformers with ``batch_size`` 1 or greedy).
 
     Returns:
         The :class:`SynthReport` of this run (also written to ``<out>.report.json`` by the command).
@@ -249,8 +273,11 @@ def synthesize(task: Task, spec: TaskSpec, backend: Backend, out: str | os.PathL
     prompt_a, prompt_b = load_stage_prompt("A", prompt_dir=prompt_dir), load_stage_prompt("B", spec.lens, prompt_dir=prompt_dir)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    report = SynthReport(task=spec.name, lens=spec.lens, backend=backend.name)
+    report = SynthReport(task=spec.name, lens=spec.lens, backend=backend.name,
+                         reasoning=bool(getattr(backend, "reasoning", False)))
     order, report.empty_docs_excluded = sample_documents(task, n_docs, seed)
+    order = shard.select(order)
+    report.shard, report.documents = {"index": shard.index, "count": shard.count}, [task.doc_ids[i] for i in order]
     report.sampled = len(order)
     done, report.dropped_partial_line = read_done(out, spec.name)
     todo = [i for i in order if task.doc_ids[i] not in done]
@@ -259,8 +286,8 @@ def synthesize(task: Task, spec: TaskSpec, backend: Backend, out: str | os.PathL
     q_words, d_words, retried = [], [], set()
     rejects_path = out.with_name(out.name + ".rejects.jsonl")
     with out.open("a", encoding="utf-8") as sink, rejects_path.open("a", encoding="utf-8") as rejects:
-        stage_a = _Stage("A", backend, cfg, report, rejects)
-        stage_b = _Stage("B", backend, cfg, report, rejects)
+        stage_a = _Stage("A", backend, cfg, report, rejects, prompt_a)
+        stage_b = _Stage("B", backend, cfg, report, rejects, prompt_b)
         for start in range(0, len(todo), cfg.batch_size):
             batch = todo[start:start + cfg.batch_size]
             ids = [task.doc_ids[i] for i in batch]

@@ -12,7 +12,11 @@ forms, in that order, and returns the cleaned text or the reason it was rejected
 - ``too-short`` / ``overlong``: fewer than ``min_words`` or more than ``max_words`` words, or (overlong)
   the reply was cut by the token limit inside the answer (an answer from an earlier paragraph, or the
   finished sentences kept from a cut description, are fine);
-- ``copied``: the text repeats ``copy_ngram`` or more consecutive words of the document.
+- ``copied``: the text repeats ``copy_ngram`` or more consecutive words of the document;
+- ``echo``: the text repeats the prompt's own instructions or only talks about the task
+  (:func:`obliq.llm.reply.echoes_prompt`);
+- ``unclosed-reasoning``: a reasoning model's thoughts never closed, so the reply has no answer
+  (its reasoning blocks are removed before anything here, :func:`obliq.llm.reply.clean_reply`).
 
 A rejected reply is retried by the pipeline (:mod:`obliq.synth.generate`).
 """
@@ -23,9 +27,10 @@ import json
 import re
 from dataclasses import dataclass
 
+from obliq.llm.reply import echoes_prompt
 from obliq.text import words
 
-REJECT_REASONS = ("empty", "malformed", "refusal", "too-short", "overlong", "copied")
+REJECT_REASONS = ("empty", "malformed", "refusal", "too-short", "overlong", "copied", "echo", "unclosed-reasoning")
 """Why a reply was rejected (keys of the run report's reject counts)."""
 
 _REFUSAL = re.compile(
@@ -96,12 +101,14 @@ def _copies(text_words: list[str], document: str, n: int) -> bool:
     return any(tuple(text_words[i:i + n]) in grams for i in range(len(text_words) - n + 1))
 
 
-def parse_reply(reply: str, tag: str, min_words: int = 3, max_words: int = 60, document: str | None = None,
-                copy_ngram: int = 8, whole_sentences: bool = False, truncated: bool = False) -> ParsedReply:
+def parse_reply(reply: str | None, tag: str, min_words: int = 3, max_words: int = 60, document: str | None = None,
+                copy_ngram: int = 8, whole_sentences: bool = False, truncated: bool = False,
+                instructions: str | None = None) -> ParsedReply:
     """Extract the answer from one reply.
 
     Args:
-        reply: the model's text.
+        reply: the model's answer, reasoning removed (:func:`obliq.llm.reply.clean_reply`); None when
+            the reply had none (its reasoning never closed).
         tag: the expected tag / JSON key / label (``query`` or ``description``).
         min_words, max_words: accepted length in ``\\w+`` words, inclusive.
         document: the source document, for the copy check (none when omitted).
@@ -111,11 +118,14 @@ def parse_reply(reply: str, tag: str, min_words: int = 3, max_words: int = 60, d
         truncated: the backend cut the reply at its token limit. The reply is then ``overlong``
             when the answer taken from it runs to its end (not when it came from an earlier paragraph,
             closed tags, or finished sentences kept by ``whole_sentences``).
+        instructions: the prompt's fixed text, for the echo check (none when omitted).
 
     Returns:
         :class:`ParsedReply`: the text (whitespace collapsed, wrapping quotes removed) or a reason.
     """
-    text = (reply or "").strip()
+    if reply is None:
+        return ParsedReply(None, "unclosed-reasoning")
+    text = reply.strip()
     open_tag, close_tag = f"<{tag}>", f"</{tag}>"
     low = text.lower()
     at_end = False  # whether the answer runs to the end of the reply (where a token limit cuts)
@@ -145,4 +155,6 @@ def parse_reply(reply: str, tag: str, min_words: int = 3, max_words: int = 60, d
         return ParsedReply(None, "overlong")
     if document is not None and _copies(words(text), document, copy_ngram):
         return ParsedReply(None, "copied")
+    if instructions is not None and echoes_prompt(text, instructions):
+        return ParsedReply(None, "echo")
     return ParsedReply(text)

@@ -1,0 +1,76 @@
+"""Generation and mining across processes (issue 17): two shards, each resumable on its own, merge into
+the rows of one run; the merge checks every item was covered exactly once."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from obliq.shards import Shard, check_cover
+from test_data_support import task_rows, write_rows
+
+
+def test_a_shard_comes_from_its_arguments_or_from_a_slurm_array(monkeypatch, tmp_path):
+    assert Shard().resolved() == Shard(0, 1) and Shard(1, 3).select(list(range(8))) == [1, 4, 7]
+    monkeypatch.setenv("SLURM_ARRAY_TASK_ID", "12")
+    monkeypatch.setenv("SLURM_ARRAY_TASK_MIN", "10")
+    monkeypatch.setenv("SLURM_ARRAY_TASK_COUNT", "4")
+    assert Shard().resolved() == Shard(2, 4)
+    assert Shard(2, 4).path(tmp_path / "rows.jsonl") == tmp_path / "rows.shard-2-of-4.jsonl"
+    with pytest.raises(ValueError, match="need 0 <= index < count"):
+        Shard(4, 4).resolved()
+    with pytest.raises(ValueError, match="in shards 0 and 1"):
+        check_cover(["a", "b"], {0: ["a"], 1: ["a", "b"]}, 2, "row")
+    with pytest.raises(ValueError, match="1 missing"):
+        check_cover(["a", "b", "c"], {0: ["a"], 1: ["b"]}, 2, "row")
+
+
+def test_two_generation_shards_merge_into_one_runs_rows(tasks_dir, tmp_path, monkeypatch):
+    """The generator is a test double answering by document (the per-document seeds make a real model
+    do the same with vLLM); the 2-shard merge is the single run's file, byte for byte."""
+    from obliq.llm.backends import BackendConfig
+    from obliq.synth.commands import generate, merge
+    from test_synth_generate import SPEC, ScriptedBackend
+
+    from obliq.eval.tasks import load_task
+
+    task = load_task(tasks_dir / "math-theoremqa")
+    monkeypatch.setattr(BackendConfig, "build", lambda self: ScriptedBackend(task))
+    common = dict(task=tasks_dir / "math-theoremqa", spec=SPEC, n_docs=7, seed=13)
+    generate(out=tmp_path / "one.jsonl", **common)
+    for index in (0, 1):
+        generate(out=tmp_path / "sharded.jsonl", shard=Shard(index, 2), **common)
+    shards = [tmp_path / f"sharded.shard-{i}-of-2.jsonl" for i in (0, 1)]
+    assert [len(s.read_text().splitlines()) for s in shards] == [4, 3]
+    report = merge(shards, tmp_path / "merged.jsonl")
+    assert report == {"out": str(tmp_path / "merged.jsonl"), "rows": 7, "documents": 7, "shards": 2}
+    assert (tmp_path / "merged.jsonl").read_bytes() == (tmp_path / "one.jsonl").read_bytes()
+    with pytest.raises(ValueError, match=r"shards \[0\] given, a run of 2 shards"):
+        merge(shards[:1], tmp_path / "half.jsonl")
+    generate(out=tmp_path / "other.jsonl", shard=Shard(1, 2), **dict(common, seed=14))
+    with pytest.raises(ValueError, match="different runs"):
+        merge([shards[0], tmp_path / "other.shard-1-of-2.jsonl"], tmp_path / "mixed.jsonl")
+
+
+def test_two_mining_shards_merge_into_one_runs_rows(tasks_dir, tmp_path):
+    """Rows sharing a query exclude each other's positives across shards too."""
+    from obliq.negatives.commands import merge, mine
+
+    rows = task_rows(tasks_dir, "math-theoremqa", limit=30)
+    rows += [dict(r, id=r["id"] + "-again", positive=rows[(n + 1) % len(rows)]["positive"])
+             for n, r in enumerate(rows[:6])]  # the same queries again, with other positives
+    source = write_rows(tmp_path / "rows.jsonl", rows)
+    task = tasks_dir / "math-theoremqa"
+    mine(source, task, tmp_path / "one.jsonl")
+    for index in range(3):
+        mine(source, task, tmp_path / "mined.jsonl", shard=Shard(index, 3))
+    shards = [tmp_path / f"mined.shard-{i}-of-3.jsonl" for i in range(3)]
+    merge(source, shards, tmp_path / "merged.jsonl")
+    one = [json.loads(line) for line in (tmp_path / "one.jsonl").read_text().splitlines()]
+    merged = [json.loads(line) for line in (tmp_path / "merged.jsonl").read_text().splitlines()]
+    assert merged == one
+    with pytest.raises(ValueError, match="1 missing"):
+        (tmp_path / "short.jsonl").write_text("\n".join(shards[2].read_text().splitlines()[1:]) + "\n")
+        (tmp_path / "short.jsonl.report.json").write_text(shards[2].with_name(shards[2].name + ".report.json").read_text())
+        merge(source, [*shards[:2], tmp_path / "short.jsonl"], tmp_path / "bad.jsonl")

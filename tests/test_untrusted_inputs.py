@@ -1,0 +1,258 @@
+"""Nothing lost, nothing executed (issue 15): checkpoints as untrusted input, resume never ignoring the
+command line, no silent overwrites, inputs checked against each other, names from files kept inside
+the output, and one-line errors that name the file."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from obliq.cli import main as obliq_main
+from test_data_support import task_rows, write_rows
+from test_eval_tasks import make_task
+from test_train import _column, _write_config
+
+EVIL = '''import pathlib
+pathlib.Path(__file__).with_name("RAN").write_text("code from a model folder ran")
+from transformers import LlamaConfig as EvilConfig
+'''
+
+
+def _evil_backbone(folder: Path, tiny_llama_dir: str) -> Path:
+    """A model folder whose config asks for its own Python code (which leaves a marker file when run)."""
+    import shutil
+
+    shutil.copytree(tiny_llama_dir, folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["auto_map"] = {"AutoConfig": "evil.EvilConfig", "AutoModel": "evil.EvilConfig"}
+    (folder / "config.json").write_text(json.dumps(config))
+    (folder / "evil.py").write_text(EVIL)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def rows_file(tasks_dir, tmp_path_factory) -> Path:
+    return write_rows(tmp_path_factory.mktemp("rows") / "rows.jsonl", task_rows(tasks_dir, "math-theoremqa", limit=40))
+
+
+@pytest.fixture(scope="module")
+def trained(tiny_llama_dir, rows_file, tmp_path_factory) -> Path:
+    """A 3-step run of the tiny Llama: its last checkpoint."""
+    from obliq.trainer import cli
+
+    folder = tmp_path_factory.mktemp("trained")
+    cli(["fit", "--config", str(_write_config(folder, rows_file, tiny_llama_dir, max_steps=3))])
+    return folder
+
+
+# --- 1. a checkpoint cannot make obliq run code -------------------------------------------------
+
+@pytest.mark.slow
+def test_a_crafted_checkpoint_runs_no_code_on_export_or_resume(trained, tiny_llama_dir, rows_file, tmp_path):
+    from obliq.export import export, load_checkpoint
+    from obliq.trainer import cli
+
+    evil = _evil_backbone(tmp_path / "evil-model", tiny_llama_dir)
+    ckpt = torch.load(trained / "ckpt" / "last.ckpt", weights_only=False)
+    ckpt["obliq"]["encoder"].update(backbone=str(evil), trust_remote_code=True)
+    ckpt["hyper_parameters"]["encoder"] = {"class_path": "obliq.model.BiEncoder",
+                                           "init_args": {"backbone": str(evil), "trust_remote_code": True}}
+    crafted = tmp_path / "crafted.ckpt"
+    torch.save(ckpt, crafted)
+
+    with pytest.raises(ValueError, match="trained on backbone"):  # the user's backbone is checked
+        export(crafted, tmp_path / "out", backbone=tiny_llama_dir)
+    load_checkpoint(crafted)  # the checkpoint's own backbone: loaded without trust_remote_code, its code unused
+    with pytest.raises(ValueError, match="cannot resume with another model: model.encoder.init_args.backbone"):
+        cli(["fit", "--config", str(_write_config(tmp_path / "resume", rows_file, tiny_llama_dir, max_steps=4)),
+             "--ckpt_path", str(crafted)])
+    assert not (evil / "RAN").exists()  # no code of the model folder ran
+
+
+# --- 2. a resume never silently ignores what the user asked -------------------------------------
+
+@pytest.mark.slow
+def test_a_resume_applies_a_new_lr_and_refuses_a_new_prefix(trained, tiny_llama_dir, rows_file, tmp_path, caplog):
+    import shutil
+
+    from obliq.trainer import cli
+
+    folder = tmp_path / "run"
+    shutil.copytree(trained, folder)
+    config = _write_config(folder, rows_file, tiny_llama_dir, max_steps=5)
+    cli(["fit", "--config", str(config), "--model.lr=5e-4", "--ckpt_path", str(folder / "ckpt" / "last.ckpt")])
+    assert "model.lr: 0.001 in the checkpoint, 0.0005 now: applied" in caplog.text
+    second = sorted(folder.rglob("metrics.csv"))[-1].read_text()
+    lrs = [float(x) for x in _column(second, "train/lr")][-2:]
+    assert lrs == pytest.approx([5e-4 * 2 / 4, 5e-4 * 1 / 4])  # steps 3 and 4 of the 5-step schedule, new peak
+    with pytest.raises(ValueError, match=r"query_prefix: 'query: ' in the checkpoint, '' now"):
+        cli(["fit", "--config", str(config), "--model.encoder.init_args.query_prefix=", "--trainer.max_steps=6",
+             "--ckpt_path", str(folder / "ckpt" / "last.ckpt")])
+
+
+# --- 3. nothing is overwritten without being asked -----------------------------------------------
+
+@pytest.mark.slow
+def test_each_run_of_a_recipe_gets_its_own_folder_and_last_finds_the_newest(tiny_llama_dir, rows_file, tmp_path):
+    from obliq.trainer import cli
+
+    config = _write_config(tmp_path / "recipe", rows_file, tiny_llama_dir, max_steps=2)
+    cfg = yaml.safe_load(config.read_text())
+    cfg["run_dir"] = str(tmp_path / "runs")
+    cfg["trainer"]["default_root_dir"] = cfg["trainer"]["logger"]["init_args"]["save_dir"] = "${run_dir}"
+    cfg["trainer"]["callbacks"][0]["init_args"]["dirpath"] = "${run_dir}/ckpt"
+    config.write_text(yaml.safe_dump(cfg))
+    first = cli(["fit", "--config", str(config)])
+    second = cli(["fit", "--config", str(config)])
+    assert Path(first.trainer.default_root_dir).name == "version_0"
+    assert Path(second.trainer.default_root_dir).name == "version_1"
+    assert (tmp_path / "runs" / "version_0" / "ckpt" / "last.ckpt").is_file()  # the first run's, kept
+    resumed = cli(["fit", "--config", str(config), "--trainer.max_steps=3", "--ckpt_path", "last"])
+    assert Path(resumed.trainer.default_root_dir).name == "version_1" and resumed.trainer.global_step == 3
+
+
+def test_a_sweep_trial_gets_a_folder_named_by_its_wandb_run(tmp_path, monkeypatch):
+    from obliq.trainer import run_folder
+
+    monkeypatch.setenv("WANDB_RUN_ID", "abc123")
+    assert run_folder(tmp_path, None) == (tmp_path / "wandb-abc123", None)
+
+
+def test_evaluate_refuses_to_write_over_earlier_results_unless_asked(tmp_path, capsys):
+    task = make_task(tmp_path / "t", [{"_id": "d1", "text": "apple pie"}], [{"_id": "q1", "text": "apple"}],
+                     [("q1", "d1", 1)])
+    args = ["evaluate", "--model", "bm25", "--tasks", str(task), "--output", str(tmp_path / "out"),
+            "--measures", "[NDCG@10]", "--latency_queries", "0"]
+    obliq_main(args)
+    before = (tmp_path / "out" / "t" / "summary.json").read_text()
+    with pytest.raises(SystemExit) as stop:
+        obliq_main(args)
+    assert stop.value.code == 2 and "already holds evaluation results: pass --overwrite true" in capsys.readouterr().err
+    assert (tmp_path / "out" / "t" / "summary.json").read_text() == before
+    obliq_main(args + ["--overwrite", "true"])
+
+
+def test_an_output_that_is_an_input_is_always_refused(tmp_path, tasks_dir):
+    from obliq.distill.commands import graph, pairs
+    from obliq.negatives.commands import mine
+    from obliq.synth.commands import generate
+    from obliq.synth.prompts import TaskSpec
+
+    task = make_task(tmp_path / "t", [{"_id": f"d{i}", "text": f"text number {i} about apples"} for i in range(8)],
+                     [{"_id": "q1", "text": "apple"}], [("q1", "d1", 1)])
+    graph(task, tmp_path / "graph.json", k=2)
+    for out in (task / "corpus.jsonl", tmp_path / "graph.json"):
+        with pytest.raises(ValueError, match="is the input"):
+            pairs(task, tmp_path / "graph.json", out, overwrite=True)
+    rows = write_rows(tmp_path / "rows.jsonl", [{"id": "r1", "task": "t", "source": "public", "query": "apple",
+                                                 "positive": {"id": "d1", "text": "text number 1 about apples"},
+                                                 "negatives": []}])
+    with pytest.raises(ValueError, match="is the input"):
+        mine(rows, task, rows, overwrite=True)
+    (tmp_path / "link.jsonl").symlink_to(task / "queries.jsonl")
+    spec = TaskSpec("t", "descriptive", "a text", "texts", "its topic", "topic")
+    with pytest.raises(ValueError, match="is the input"):  # the same file through a link
+        generate(task, tmp_path / "link.jsonl", spec)
+
+
+def test_synth_resume_keeps_a_complete_last_line_and_cuts_a_partial_one(tmp_path):
+    from obliq.synth.generate import read_done
+
+    row = {"id": "synth:t:d1", "task": "t", "source": "synthetic", "query": "q", "positive": {"id": "d1", "text": "x"},
+           "negatives": []}
+    out = tmp_path / "rows.jsonl"
+    out.write_text(json.dumps(row) + "\n" + json.dumps(dict(row, id="synth:t:d2", positive={"id": "d2", "text": "y"})))
+    assert read_done(out, "t") == ({"d1", "d2"}, False)  # complete but for its newline: kept
+    assert out.read_text().endswith("}\n")
+    out.write_text(out.read_text() + '{"id": "synth:t:d3", "task": "t", "sou')
+    assert read_done(out, "t") == ({"d1", "d2"}, True)  # a half-written line: cut
+    assert out.read_text().count("\n") == 2
+
+
+# --- 4. inputs checked against each other ----------------------------------------------------------
+
+def test_rows_runs_and_tasks_of_another_task_are_refused(tmp_path, tasks_dir):
+    from obliq.eval.retrieval import retrieve_run_file
+    from obliq.eval.tasks import find_tasks, load_task
+    from obliq.negatives.commands import mine
+
+    math = tasks_dir / "math-theoremqa"
+    foreign = write_rows(tmp_path / "rows.jsonl", task_rows(tasks_dir, "writing-news", limit=3))
+    with pytest.raises(ValueError, match="rows have a positive that is not a document of math-theoremqa"):
+        mine(foreign, math, tmp_path / "out.jsonl")
+    (tmp_path / "other.trec").write_text("q-x Q0 d1 1 1.0 t\n")
+    with pytest.raises(ValueError, match="holds no query of task math-theoremqa"):
+        retrieve_run_file(tmp_path / "other.trec", load_task(math))
+    folder = tmp_path / "tasks"
+    make_task(folder / "good", [{"_id": "d1", "text": "a"}], [{"_id": "q1", "text": "a"}], [("q1", "d1", 1)])
+    (folder / "broken").mkdir()
+    (folder / "broken" / "queries.jsonl").write_text("")
+    with pytest.raises(FileNotFoundError, match="broken: in the folder of tasks .* but not a task"):
+        find_tasks([folder])
+
+
+# --- 5. names from files -------------------------------------------------------------------------
+
+def test_a_task_name_never_leaves_the_output_folder(tmp_path):
+    task = make_task(tmp_path / "t", [{"_id": "d1", "text": "apple pie"}], [{"_id": "q1", "text": "apple"}],
+                     [("q1", "d1", 1)])
+    for name, folder in (("../../escaped", "escaped"), ("a/b", "a_b")):
+        (task / "task.json").write_text(json.dumps({"name": name}))
+        out = tmp_path / f"out-{folder}"
+        obliq_main(["evaluate", "--model", "bm25", "--tasks", str(task), "--output", str(out), "--measures", "[NDCG@10]",
+                    "--latency_queries", "0"])
+        assert (out / folder / "summary.json").is_file()
+        assert all(p.parent.parent.name.startswith("out-") for p in tmp_path.rglob("summary.json"))
+    from obliq.evaluate import evaluate
+
+    (task / "task.json").write_text(json.dumps({"name": ".."}))
+    with pytest.raises(ValueError, match="task name '..' cannot be used as a folder name"):
+        evaluate("bm25", [str(task)], tmp_path / "x", measures=["NDCG@10"], latency_queries=0)
+
+
+# --- 6. errors name the file ----------------------------------------------------------------------
+
+def test_bad_files_are_one_line_errors_naming_them(tmp_path, capsys):
+    import pickle
+
+    cases = []
+    pickled = tmp_path / "pickled.ckpt"
+    pickled.write_bytes(pickle.dumps({"obliq": object()}))
+    cases.append((["export", "--checkpoint", str(pickled), "--out", str(tmp_path / "e")], "pickled.ckpt: not a readable"))
+    task = make_task(tmp_path / "t", [{"_id": "d1", "text": "apple pie"}], [{"_id": "q1", "text": "apple"}],
+                     [("q1", "d1", 1)])
+    (task / "task.json").write_text("{name: t")
+    cases.append((["evaluate", "--model", "bm25", "--tasks", str(task), "--output", str(tmp_path / "o")],
+                  "task.json: not valid JSON"))
+    big = make_task(tmp_path / "big", [{"_id": "d1", "text": "apple pie"}], [{"_id": "q1", "text": "apple"}],
+                    [("q1", "d1", 1)])
+    (big / "qrels" / "test.tsv").write_text("q1\td1\t99999999999\n")
+    cases.append((["evaluate", "--model", "bm25", "--tasks", str(big), "--output", str(tmp_path / "b")],
+                  "outside trec_eval's integer range"))
+    cases.append((["audit", "--task", str(big), "--output", str(tmp_path / "a"), "--groups", "[[x, y]]",
+                   "--confidence", "1.5"], "confidence must lie strictly between 0 and 1"))
+    for argv, message in cases:
+        with pytest.raises(SystemExit) as stop:
+            obliq_main(argv)
+        err = capsys.readouterr().err
+        assert stop.value.code == 2 and message in err and "Traceback" not in err, (argv, err)
+
+
+def test_a_corrupt_embedding_cache_is_named_discarded_and_rebuilt(tmp_path, caplog):
+    from obliq.eval.retrieval import RetrievalSettings, corpus_cache_file, make_retriever
+    from obliq.eval.tasks import load_task
+
+    task = load_task(make_task(tmp_path / "t", [{"_id": "d1", "text": "apple pie"}, {"_id": "d2", "text": "sky"}],
+                               [{"_id": "q1", "text": "apple"}], [("q1", "d1", 1)]))
+    settings = RetrievalSettings(cache_dir=tmp_path / "cache")
+    first = make_retriever("minilm", settings)(task)
+    [cache] = (tmp_path / "cache").glob("*.npy")
+    cache.write_bytes(b"\x93NUMPY garbage")
+    again = make_retriever("minilm", settings)(task)
+    assert again.corpus_cache == "miss" and f"{cache}: unusable cached embeddings" in caplog.text
+    assert all(again.run[q] == pytest.approx(first.run[q]) for q in first.run) and cache.stat().st_size > 100
+    assert corpus_cache_file(tmp_path / "cache", "k", task).parent == tmp_path / "cache"
