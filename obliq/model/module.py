@@ -38,6 +38,8 @@ class RetrieverModule(L.LightningModule):
         encoder: the bi-encoder (in a config: ``class_path: obliq.model.BiEncoder`` + ``init_args``).
         temperature: InfoNCE τ (0.02 = scale 50, the model card).
         chunk_size: GradCache chunk (rows per forward pass); None encodes each side in one pass.
+        sort_by_length: group each side's rows into GradCache chunks by length, so each chunk is
+            padded only to its own longest row (same loss; see :func:`~obliq.model.gradcache.grad_cache_step`).
         gather_across_devices: use every rank's documents as negatives.
         lr: peak learning rate (AdamW).
         weight_decay: AdamW weight decay.
@@ -56,6 +58,7 @@ class RetrieverModule(L.LightningModule):
         encoder: BiEncoder,
         temperature: float = 0.02,
         chunk_size: int | None = 4,
+        sort_by_length: bool = True,
         gather_across_devices: bool = True,
         lr: float = 2e-4,
         weight_decay: float = 0.0,
@@ -75,6 +78,7 @@ class RetrieverModule(L.LightningModule):
         self.encoder = encoder
         self.loss = InfoNCELoss(temperature, gather_across_devices)
         self.chunk_size = chunk_size
+        self.sort_by_length = sort_by_length
         self.bad_steps = 0
         self.consecutive_bad = 0
         self.overflow_steps = 0  # fp16 steps the GradScaler skipped (not bad steps)
@@ -162,6 +166,7 @@ class RetrieverModule(L.LightningModule):
                 backward_scale=self.loss.backward_scale,
                 pad_to=chunk_counts_across_ranks(batch["query"], batch["docs"], self.chunk_size)
                 if self.device_mesh is not None else None,  # FSDP: the same passes on every rank
+                sort_by_length=self.sort_by_length,
             )
             scaler = getattr(self.trainer.precision_plugin, "scaler", None)
             if scaler is None:  # fp32 / bf16: clip here; a non-finite gradient is a bad step

