@@ -170,7 +170,7 @@ def plot(task: str, split: str, out: Path, names: list[str] | None = None) -> No
     base = baselines(task, split)
     runs: dict[str, list[tuple[int, float]]] = {}
     for line in map(json.loads, (ROOT / "log.jsonl").read_text().splitlines()):
-        if line["task"] == task and line["split"] == split and (not names or line["name"] in names):
+        if line["task"] == task and line["split"] == split and "NDCG@10" in line and (not names or line["name"] in names):
             runs.setdefault(line["name"], []).append((line["step"], line["NDCG@10"]))
     fig = Figure(figsize=(6.4, 4))
     ax = fig.subplots()

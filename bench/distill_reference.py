@@ -6,7 +6,9 @@ that "the same pairs" is the whole file). obliq trains the recipe (``train.py fi
 LoRA or full fine-tuning as the recipe says) through :func:`obliq.trainer.fit_and_export`;
 sentence-transformers trains with ``SentenceTransformerTrainer`` and ``MultipleNegativesRankingLoss``
 (full fine-tuning, its default lr 5e-5 and 10% warmup, the recipe's batch size, scale 1/τ of the
-recipe, no-duplicates batches), at the recipe's training length and with the same ``query: `` /
+recipe, no-duplicates batches; when the recipe sets a GradCache ``chunk_size``, the same loss as
+``CachedMultipleNegativesRankingLoss`` with that mini-batch, which gives MNRL's loss and gradients
+at the same memory as obliq's chunks), at the recipe's training length and with the same ``query: `` /
 ``passage: `` prompts (saved in the model, so ``encode_query`` / ``encode_document`` use them).
 
 **Same budget.** obliq trains first; sentence-transformers then gets the same number of epochs over
@@ -93,7 +95,7 @@ def train_st(recipe: str, out: Path, epochs: float, wall_budget: float | None, c
     """
     from datasets import Dataset
     from sentence_transformers import SentenceTransformer, SentenceTransformerTrainer, SentenceTransformerTrainingArguments
-    from sentence_transformers.losses import MultipleNegativesRankingLoss
+    from sentence_transformers.losses import CachedMultipleNegativesRankingLoss, MultipleNegativesRankingLoss
     from sentence_transformers.training_args import BatchSamplers
     from transformers import TrainerCallback
 
@@ -106,7 +108,9 @@ def train_st(recipe: str, out: Path, epochs: float, wall_budget: float | None, c
     data = Dataset.from_dict({"anchor": [r["query"] for r in rows], "positive": [r["positive"]["text"] for r in rows]})
     model = SentenceTransformer(resolve_model(enc.get("backbone", "minilm")), device="cpu")
     model.max_seq_length = int(enc.get("passage_max_length", 256))
-    loss = MultipleNegativesRankingLoss(model, scale=1.0 / float(config["model"].get("temperature", 0.05)))
+    scale, chunk = 1.0 / float(config["model"].get("temperature", 0.05)), config["model"].get("chunk_size")
+    loss = (CachedMultipleNegativesRankingLoss(model, scale=scale, mini_batch_size=int(chunk)) if chunk
+            else MultipleNegativesRankingLoss(model, scale=scale))
 
     class Budget(TrainerCallback):
         stopped = False
@@ -132,7 +136,8 @@ def train_st(recipe: str, out: Path, epochs: float, wall_budget: float | None, c
     cpu = _usage()["cpu_s"] - c0
     model.prompts = {"query": qp, "document": pp}
     model.save(str(out / "model"))
-    return {"model": str(out / "model"), "steps": int(trainer.state.global_step), "stopped_by_budget": Budget.stopped,
+    return {"model": str(out / "model"), "loss": type(loss).__name__, "steps": int(trainer.state.global_step),
+            "stopped_by_budget": Budget.stopped,
             "train_wall_s": round(wall, 1), "train_cpu_s": round(cpu, 1), **_usage()}
 
 
