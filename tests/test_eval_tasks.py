@@ -85,3 +85,37 @@ def test_c17_bad_characters_are_repaired_and_counted(tmp_path, caplog):
     assert repair_text("ok") == ("ok", 0)
     (tmp_path / "b.jsonl").write_bytes(b'{"_id": "d1", "text": "\xff bad byte"}\n')
     assert read_jsonl(tmp_path / "b.jsonl")[0][1]["text"] == "\ufffd bad byte"
+
+
+def test_split_queries_keeps_groups_whole_and_is_seeded(tasks_dir):
+    from obliq.eval.tasks import split_queries
+
+    task = load_task(tasks_dir / "writing-news")
+    dev, test = split_queries(task, 0.5, seed=0)
+    assert (dev.name, test.name) == ("writing-news-dev", "writing-news-test")
+    assert sorted(dev.query_ids + test.query_ids) == sorted(task.query_ids) and len(dev.query_ids) == 60
+    assert set(dev.qrels["test"]) == set(dev.query_ids) and dev.doc_ids is task.doc_ids
+    # a group (same gold relevant set: one author on writing-news) never straddles the split
+    relevant = lambda t: {frozenset(t.qrels["test"][q]) for q in t.query_ids}  # noqa: E731
+    assert not relevant(dev) & relevant(test)
+    assert split_queries(task, 0.5, seed=0)[0].query_ids == dev.query_ids
+    assert split_queries(task, 0.5, seed=1)[0].query_ids != dev.query_ids
+
+
+def test_subset_and_split_errors(tmp_path):
+    from obliq.eval.tasks import split_queries, subset_queries
+
+    task = load_task(make_task(tmp_path / "t", [{"_id": "d1", "text": "a"}, {"_id": "d2", "text": "b"}],
+                               [{"_id": "q1", "text": "x"}, {"_id": "q2", "text": "y"}, {"_id": "q3", "text": "z"}],
+                               [("q1", "d1", 1), ("q2", "d1", 1), ("q3", "d2", 1)]))
+    dev, test = split_queries(task, 0.5, seed=0)
+    assert {tuple(dev.query_ids), tuple(test.query_ids)} == {("q1", "q2"), ("q3",)}  # q1, q2 share d1
+    assert subset_queries(task, ["q3"], "only").qrels["test"] == {"q3": {"d2": 1}}
+    with pytest.raises(ValueError, match="not in task"):
+        subset_queries(task, ["q9"], "x")
+    with pytest.raises(ValueError, match="dev_fraction"):
+        split_queries(task, 1.0)
+    one = load_task(make_task(tmp_path / "one", [{"_id": "d1", "text": "a"}], [{"_id": "q1", "text": "x"}],
+                              [("q1", "d1", 1)]))
+    with pytest.raises(ValueError, match="cannot be split"):
+        split_queries(one)

