@@ -94,7 +94,11 @@ def train_st(recipe: str, out: Path, epochs: float, wall_budget: float | None, c
         The model folder, steps taken, whether the budget stopped it, wall and CPU seconds, peak RSS.
     """
     from datasets import Dataset
-    from sentence_transformers import SentenceTransformer, SentenceTransformerTrainer, SentenceTransformerTrainingArguments
+    from sentence_transformers import (
+        SentenceTransformer,
+        SentenceTransformerTrainer,
+        SentenceTransformerTrainingArguments,
+    )
     from sentence_transformers.losses import CachedMultipleNegativesRankingLoss, MultipleNegativesRankingLoss
     from sentence_transformers.training_args import BatchSamplers
     from transformers import TrainerCallback
@@ -152,7 +156,6 @@ def _child(kind: str, args: argparse.Namespace, out: Path, extra: list[str]) -> 
 def _reused(name: str) -> dict:
     """The model, steps, wall / CPU seconds and peak RSS of an ablation run (``runs/abl/log.jsonl``)."""
     import torch
-
     from distill_ablation import ROOT
 
     line = next(json.loads(x) for x in (ROOT / "log.jsonl").read_text().splitlines()

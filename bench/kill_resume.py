@@ -192,7 +192,7 @@ def main() -> None:
         per_epoch.setdefault(record["epoch"], Counter()).update(record["rows"])
     once = all(set(c) == {f"r{i}" for i in range(ROWS)} and set(c.values()) == {1} for c in per_epoch.values())
 
-    print(f"| kill | target step | steps checkpointed when killed | during a checkpoint write |")
+    print("| kill | target step | steps checkpointed when killed | during a checkpoint write |")
     print("|---:|---:|---:|---|")
     for o in outcomes:
         print(f"| {o['kill']} | {o['target_step']} | {o['checkpointed_steps']} | {o['during_checkpoint_write']} |")

@@ -26,6 +26,7 @@ process (``tests/test_distributed.py`` checks DDP and FSDP2 on two CPU processes
 from __future__ import annotations
 
 import logging
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -34,7 +35,7 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from obliq.eval.metrics import DEFAULT_MEASURES, check_depth
 from obliq.eval.results import evaluate_tasks
 from obliq.eval.retrieval import RetrievalSettings, make_retriever
-from obliq.eval.tasks import find_tasks, load_task
+from obliq.eval.tasks import find_tasks, load_query_split, load_task
 
 log = logging.getLogger(__name__)
 
@@ -45,8 +46,9 @@ class RetrievalEvaluation(Callback):
     Args:
         tasks: task folders (BEIR layout) or folders of task folders.
         split: the query set evaluated: ``test`` (``queries.jsonl`` and ``qrels/test.tsv``) or another
-            name, e.g. ``dev`` (``queries-dev.jsonl`` and ``qrels/dev.tsv``): what a sweep or
-            checkpoint selection should optimise, never the test queries.
+            name, e.g. ``dev`` (``queries-dev.jsonl`` and ``qrels/dev.tsv``; the task is then named
+            ``<task>-dev`` in the logged keys and files): what a sweep or checkpoint selection should
+            optimise, never the test queries.
         every_n_steps: evaluate when the global step is a multiple of this (0: only at the end).
         at_end: also evaluate when training ends (skipped if that step was just evaluated).
         encoder_attr: the module attribute holding an encoder (``encode(texts, kind, batch_size, max_length)``).
@@ -83,9 +85,8 @@ class RetrievalEvaluation(Callback):
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         if self.tasks is None:
-            queries = "queries.jsonl" if self.split == "test" else f"queries-{self.split}.jsonl"
-            self.tasks = [load_task(p, queries=queries, splits=(self.split,))  # fail before training starts
-                          for p in find_tasks(self.task_paths)]
+            load = load_task if self.split == "test" else partial(load_query_split, split=self.split)
+            self.tasks = [load(p) for p in find_tasks(self.task_paths)]  # fail before training starts
             for task in self.tasks:  # on every rank: no rank may stop halfway through an evaluation
                 check_depth(self.measures, self.retrieval.top_k, len(task.doc_ids))
         if not hasattr(pl_module, self.encoder_attr):

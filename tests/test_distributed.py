@@ -128,9 +128,10 @@ def test_two_ranks_encoding_shares_give_the_one_process_run(tiny_llama_dir, task
     the one-process run: the same documents in the same order, scores within float rounding."""
     import json
 
+    from test_eval_callback import small_real_task
+
     from obliq.eval.retrieval import RetrievalSettings, make_retriever
     from obliq.eval.tasks import load_task
-    from test_eval_callback import small_real_task
 
     task_dir = small_real_task(tasks_dir, tmp_path / "slice", n_distractors=40)
     mp.spawn(_eval_worker, args=(tiny_llama_dir, task_dir, tmp_path / "init", tmp_path), nprocs=2, join=True)
@@ -154,14 +155,14 @@ def test_the_training_callback_evaluates_on_every_rank_under_ddp_and_fsdp2(strat
     import csv
 
     import yaml
+    from test_data_support import task_rows, write_rows
+    from test_eval_callback import small_real_task
+    from test_train import _train, _write_config
 
     from obliq.eval.results import evaluate_tasks
     from obliq.eval.retrieval import RetrievalSettings, make_retriever
     from obliq.eval.tasks import load_task
     from obliq.export import load_checkpoint
-    from test_data_support import task_rows, write_rows
-    from test_eval_callback import small_real_task
-    from test_train import _train, _write_config
 
     task_dir = small_real_task(tasks_dir, tmp_path / "slice", n_distractors=25)
     rows = write_rows(tmp_path / "rows.jsonl", task_rows(tasks_dir, "math-theoremqa", limit=16))

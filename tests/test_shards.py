@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 
 import pytest
+from test_data_support import task_rows, write_rows
 
 from obliq.shards import Shard, check_cover
-from test_data_support import task_rows, write_rows
 
 
 def test_a_shard_comes_from_its_arguments_or_from_a_slurm_array(monkeypatch, tmp_path):
@@ -29,11 +29,11 @@ def test_a_shard_comes_from_its_arguments_or_from_a_slurm_array(monkeypatch, tmp
 def test_two_generation_shards_merge_into_one_runs_rows(tasks_dir, tmp_path, monkeypatch):
     """The generator is a test double answering by document (the per-document seeds make a real model
     do the same with vLLM); the 2-shard merge is the single run's file, byte for byte."""
-    from obliq.llm.backends import BackendConfig
-    from obliq.synth.commands import generate, merge
     from test_synth_generate import SPEC, ScriptedBackend
 
     from obliq.eval.tasks import load_task
+    from obliq.llm.backends import BackendConfig
+    from obliq.synth.commands import generate, merge
 
     task = load_task(tasks_dir / "math-theoremqa")
     monkeypatch.setattr(BackendConfig, "build", lambda self: ScriptedBackend(task))

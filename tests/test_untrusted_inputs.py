@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-
-from obliq.cli import main as obliq_main
 from test_data_support import task_rows, write_rows
 from test_eval_tasks import make_task
 from test_train import _column, _write_config
+
+from obliq.cli import main as obliq_main
 
 EVIL = '''import pathlib
 pathlib.Path(__file__).with_name("RAN").write_text("code from a model folder ran")
