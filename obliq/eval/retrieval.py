@@ -40,6 +40,7 @@ from obliq.eval.index import DenseIndex, unit_float32
 from obliq.eval.metrics import Run, read_run, run_from_search
 from obliq.eval.tasks import Task
 from obliq.files import atomic_write, cache_dir, safe_name
+from obliq.loss import world
 from obliq.model.encoder import PASSAGE_MAX_LENGTH, QUERY_MAX_LENGTH
 
 log = logging.getLogger(__name__)
@@ -134,15 +135,6 @@ def corpus_cache_file(folder: Path, model_key: str, task: Task) -> Path:
     """
     key = hashlib.sha256(f"{model_key}|{task.corpus_sha256}".encode()).hexdigest()[:20]
     return Path(folder) / f"{safe_name(task.name, 'task name')}-{key}.npy"
-
-
-def world() -> tuple[int, int]:
-    """``(rank, world size)`` of the default ``torch.distributed`` group, or ``(0, 1)`` outside one."""
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
 
 
 def encode_texts(encoder: Encoder, texts: Sequence[str], kind: str, batch_size: int, max_length: int | None):
