@@ -141,9 +141,11 @@ def _ndcg(path: Path) -> dict[str, float]:
 def _table(summary: dict) -> str:
     from obliq.eval.results import reads_text
 
+    dose, written = summary["dose"], summary["pairs"]
+    rows = (f"{dose} of {written} kNN pairs" if dose <= written else  # a count above the file repeats rows
+            f"a dose of {dose} kNN rows from {written} distinct pairs ({dose - written} drawn twice)")
     lines = [f"Quickstart: same-author retrieval, {summary['task']['docs']} passages, "
-             f"{summary['task']['queries']} queries; {summary['dose']} of {summary['pairs']} kNN pairs "
-             f"(k={summary['k']})", "",
+             f"{summary['task']['queries']} queries; {rows} (k={summary['k']})", "",
              "| system | NDCG@10 | Recall@100 |", "|---|---:|---:|"]
     for name, m in summary["systems"].items():
         lines.append(f"| {name} | {m['NDCG@10']:.4f} | {m['Recall@100']:.4f} |")
