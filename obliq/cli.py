@@ -133,5 +133,11 @@ def main(argv: list[str] | None = None):
     return result
 
 
-if __name__ == "__main__":
+def entry() -> None:
+    """The ``obliq`` console script: :func:`main`, exit status 0 on success (the result is printed,
+    not returned: a console script's return value becomes its exit status)."""
     main()
+
+
+if __name__ == "__main__":
+    entry()

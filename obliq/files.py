@@ -146,6 +146,29 @@ def refuse_input_as_output(output: str | os.PathLike, inputs, what: str = "outpu
             raise ValueError(f"{what} {out} is the input {source}: writing it would destroy the input; choose another path")
 
 
+def files_in(folder: str | os.PathLike) -> list[Path]:
+    """Every file under ``folder`` (none when it is not a folder): a task folder's files, which no
+    output may be (:func:`refuse_input_as_output`)."""
+    return [p for p in Path(folder).rglob("*") if p.is_file()] if Path(folder).is_dir() else []
+
+
+def refuse_shared_outputs(outputs) -> None:
+    """Refuse two outputs of one command that are the same file (after resolving links): one would
+    overwrite the other.
+
+    Raises:
+        ValueError: naming both.
+    """
+    seen: dict[str, Path] = {}
+    for given in outputs:
+        if given is None:
+            continue
+        key = os.path.realpath(given)
+        if key in seen:
+            raise ValueError(f"outputs {seen[key]} and {given} are the same file: one would overwrite the other")
+        seen[key] = Path(given)
+
+
 def read_id_table(path: str | os.PathLike, value: str = "attribute") -> dict[str, str]:
     """Read a two-column TSV with a header line: ``corpus-id<TAB><value>`` (a task's ``attributes.tsv``,
     ``sources.tsv``, a lean table).

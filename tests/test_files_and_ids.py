@@ -155,3 +155,23 @@ def test_obliq_metrics_flags_measures_deeper_than_the_run(tmp_path, capsys, capl
     out = json.loads(capsys.readouterr().out)
     assert out["run_depth"] == 2 and out["deeper_than_run"] == ["Recall@1000"]
     assert "Recall@1000 cut deeper" in caplog.text
+
+
+def test_the_obliq_console_script_exits_0_on_success_and_2_on_bad_input(tmp_path):
+    """The installed ``obliq`` script (its return value is its exit status): a command that returns a
+    result exits 0 with the result as JSON on stdout; a bad file exits 2 with one line naming it."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(sys.executable).with_name("obliq")
+    (tmp_path / "q.tsv").write_text("q1\td1\t1\n")
+    (tmp_path / "run.trec").write_text("q1 Q0 d1 1 2.0 r\n")
+    ok = subprocess.run([str(script), "metrics", "--qrels", str(tmp_path / "q.tsv"), "--run", str(tmp_path / "run.trec"),
+                         "--measures", "NDCG@10"], capture_output=True, text=True)
+    assert ok.returncode == 0, ok.stderr
+    assert json.loads(ok.stdout)["metrics"]["NDCG@10"] == 1.0
+    (tmp_path / "bad.trec").write_text("q1 Q0 d1\n")
+    bad = subprocess.run([str(script), "metrics", "--qrels", str(tmp_path / "q.tsv"), "--run", str(tmp_path / "bad.trec")],
+                         capture_output=True, text=True)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "bad.trec" in bad.stderr

@@ -139,6 +139,7 @@ def test_evaluate_refuses_to_write_over_earlier_results_unless_asked(tmp_path, c
 def test_an_output_that_is_an_input_is_always_refused(tmp_path, tasks_dir):
     from obliq.distill.commands import graph, pairs
     from obliq.negatives.commands import mine
+    from obliq.rerank.commands import run as rerank_run
     from obliq.synth.commands import generate
     from obliq.synth.prompts import TaskSpec
 
@@ -157,6 +158,14 @@ def test_an_output_that_is_an_input_is_always_refused(tmp_path, tasks_dir):
     spec = TaskSpec("t", "descriptive", "a text", "texts", "its topic", "topic")
     with pytest.raises(ValueError, match="is the input"):  # the same file through a link
         generate(task, tmp_path / "link.jsonl", spec)
+    qrels = (task / "qrels" / "test.tsv").read_text()
+    (tmp_path / "run.trec").write_text("q1 Q0 d1 1 2.0 dense\n")
+    with pytest.raises(ValueError, match="is the input"):  # a task file, even with --overwrite
+        rerank_run(task, tmp_path / "run.trec", task / "qrels" / "test.tsv", method="identity", overwrite=True)
+    assert (task / "qrels" / "test.tsv").read_text() == qrels
+    with pytest.raises(ValueError, match="are the same file"):  # two outputs of one command
+        pairs(task, tmp_path / "graph.json", tmp_path / "p.jsonl", control_out=tmp_path / "p.jsonl")
+    assert not (tmp_path / "p.jsonl").exists()
 
 
 def test_synth_resume_keeps_a_complete_last_line_and_cuts_a_partial_one(tmp_path):

@@ -25,7 +25,15 @@ from obliq.distill.pairs import knn_pairs, random_control
 from obliq.distill.purity import format_purity, graph_purity, labels_for
 from obliq.distill.teachers import StylometricConfig, load_teacher
 from obliq.eval.tasks import Task, load_task
-from obliq.files import atomic_write, claim_output, read_id_table, refuse_input_as_output, write_json
+from obliq.files import (
+    atomic_write,
+    claim_output,
+    files_in,
+    read_id_table,
+    refuse_input_as_output,
+    refuse_shared_outputs,
+    write_json,
+)
 
 log = logging.getLogger(__name__)
 
@@ -40,11 +48,6 @@ def _groups(task: Task, by_source: bool) -> list[str] | None:
     if not path.is_file():
         raise FileNotFoundError(f"{path}: by_source needs a sources.tsv (corpus-id<TAB>source) in the task folder")
     return labels_for(task.doc_ids, read_id_table(path, "source"), path, "source")
-
-
-def _task_files(task: Path) -> list[Path]:
-    """The files of a task folder (an output must never be one of them)."""
-    return [p for p in Path(task).rglob("*") if p.is_file()] if Path(task).is_dir() else []
 
 
 def _write_jsonl(path: Path, rows: list[dict]) -> None:
@@ -90,7 +93,7 @@ def graph(
     """
     t0 = perf_counter()
     claim_output(out, overwrite, "a graph")
-    refuse_input_as_output(out, _task_files(task))
+    refuse_input_as_output(out, files_in(task))
     t = load_task(task)
     model = load_teacher(teacher, stylometric, batch_size, max_length, trust_remote_code)
     g = teacher_graph(model, t.doc_ids, t.doc_texts, k, _groups(t, by_source))
@@ -144,10 +147,11 @@ def pairs(
     """
     t0 = perf_counter()
     outputs = [out, control_out, report]
+    refuse_shared_outputs(outputs)
     for path in outputs:
         if path is not None:
             claim_output(path, overwrite, "rows")
-            refuse_input_as_output(path, [*_task_files(task), graph])
+            refuse_input_as_output(path, [*files_in(task), graph])
     t = load_task(task)
     g: KnnGraph = load_graph(graph)
     digest = g.meta.get("corpus_sha256")

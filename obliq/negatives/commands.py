@@ -18,7 +18,7 @@ from typing import Literal
 from obliq.data.rows import parse_row, read_rows
 from obliq.eval.bm25 import BM25_STEMMER, K1, B
 from obliq.eval.tasks import load_task
-from obliq.files import atomic_write, claim_output, json_text, read_text, refuse_input_as_output, write_json
+from obliq.files import atomic_write, claim_output, files_in, json_text, read_text, refuse_input_as_output, write_json
 from obliq.negatives.mine import Bm25sBackend, MiningReport, mine_negatives
 from obliq.shards import Shard, check_cover
 
@@ -72,7 +72,7 @@ def mine(
     out = shard.path(out)
     args = json.loads(json_text(locals()))
     claim_output(out, overwrite, "rows")
-    refuse_input_as_output(out, [rows, *(p for p in Path(task).rglob("*") if p.is_file())])
+    refuse_input_as_output(out, [rows, *files_in(task)])
     data = load_task(task)
     items = read_rows(rows)
     corpus = set(data.doc_ids)

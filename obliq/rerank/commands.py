@@ -22,7 +22,7 @@ from typing import Literal
 from obliq.errors import check_int
 from obliq.eval.metrics import evaluate_run, parse_measures, read_run, write_run
 from obliq.eval.tasks import find_tasks, load_task
-from obliq.files import claim_output, refuse_input_as_output, safe_name, write_json
+from obliq.files import claim_output, files_in, refuse_input_as_output, safe_name, write_json
 from obliq.rerank.config import RerankConfig, dump_policy, load_policy
 from obliq.rerank.reranker import Reranker, check_run
 
@@ -50,13 +50,14 @@ def run(task: Path, run: Path, out: Path, policy: Path | None = None, method: Me
             refuses rather than write the dense order as a "reranked" run.
         queries: rerank only the first this many queries of the task found in the run.
         measures: metrics reported, e.g. ``[NDCG@10,Recall@10]``.
-        overwrite: replace an existing ``out`` (refused otherwise; ``out`` may never be ``run``).
+        overwrite: replace an existing ``out`` (refused otherwise; ``out`` may never be ``run``, the
+            policy or a file of the task).
 
     Returns:
         The report.
     """
+    refuse_input_as_output(out, [run, policy, *files_in(task)])  # never the task's qrels, corpus …
     claim_output(out, overwrite, "a run")
-    refuse_input_as_output(out, [run, policy])
     cfg = load_policy(policy) if policy is not None else RerankConfig()
     parse_measures(measures)
     if queries is not None:

@@ -18,7 +18,7 @@ from pathlib import Path
 from obliq.data.rows import parse_row, read_rows
 from obliq.eval.bm25 import BM25
 from obliq.eval.tasks import load_task
-from obliq.files import atomic_write, claim_output, json_text, read_text, refuse_input_as_output, write_json
+from obliq.files import atomic_write, claim_output, files_in, json_text, read_text, refuse_input_as_output, write_json
 from obliq.llm.backends import BackendConfig
 from obliq.shards import Shard, check_cover
 from obliq.synth.audit import audit_pairs, format_audit
@@ -65,7 +65,7 @@ def generate(
     shard = shard.resolved()
     out = shard.path(out)
     args = json.loads(json_text(locals()))
-    task_files = [p for p in Path(task).rglob("*") if p.is_file()]
+    task_files = files_in(task)
     for written in (Path(out), Path(out).with_name(Path(out).name + ".rejects.jsonl"),
                     Path(out).with_name(Path(out).name + ".report.json")):
         refuse_input_as_output(written, task_files)
