@@ -95,10 +95,17 @@ def test_stages_call_the_existing_commands_in_order(chain, tmp_path):
          "--n_docs", "7", "--shard.index", str(i), "--shard.count", "2"]
         for i in range(2)]  # two shards side by side: both cores, one thread each
     assert synth.commands[0][3:5] == ["synth", "merge"] and synth.commands[0][-1] == rows
-    ablation = next(s for s in stages if s.name == "train-synthetic-only").commands[0]
-    assert json.loads(ablation[-1].split("=", 1)[1]) == [{"path": f"{chain.ROOT}/rows/synthetic/*.jsonl"}]
-    knn_only = next(s for s in stages if s.name == "train-knn-only").commands[0]
-    assert [s["path"] for s in json.loads(knn_only[-1].split("=", 1)[1])] == [f"{chain.ROOT}/rows/knn-writing.jsonl"]
+    def sources(stage):
+        argv = next(s for s in stages if s.name == stage).commands[0]
+        assert chain.PLAIN in argv  # an ablation: no dev evaluation
+        return json.loads(next(a for a in argv if a.startswith("--data.sources=")).split("=", 1)[1])
+
+    assert sources("train-synthetic-only") == [{"path": f"{chain.ROOT}/rows/synthetic/*.jsonl"}]
+    assert [s["path"] for s in sources("train-knn-only")] == [f"{chain.ROOT}/rows/knn-writing.jsonl"]
+    mixture = next(s for s in stages if s.name == "train-mixture").commands[0]
+    assert mixture[-3:] == ["--config", str(REPO / chain.RECIPE), f"--run_dir={chain.ROOT}/train/mixture"]
+    plain = chain.plain_checkpoints(REPO / chain.RECIPE, tmp_path / "version_3")
+    assert [c["init_args"]["dirpath"] for c in plain] == [f"{tmp_path}/version_3/checkpoints"]
     assert not any("--overwrite" in c for s in stages for c in s.commands)
     assert any("--overwrite" in c for s in chain.stages(7, tmp_path, REPO / chain.RECIPE, True) for c in s.commands)
 

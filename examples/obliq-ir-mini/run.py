@@ -224,10 +224,10 @@ def _run_stage(stage: Stage, overwrite: bool) -> None:
         _call(argv, stage.stdout)
 
 
-def _call(argv: list[str], stdout: Path | None = None) -> None:
-    print("+ " + " ".join(argv), flush=True)
+def _call(argv: list[str], stdout: Path | None = None, env: dict | None = None) -> None:
+    print("+ " + "".join(f"{k}={v} " for k, v in (env or {}).items()) + " ".join(argv), flush=True)
     if stdout is None:
-        subprocess.run(argv, check=True)
+        subprocess.run(argv, check=True, env={**os.environ, **env} if env else None)
         return
     stdout.parent.mkdir(parents=True, exist_ok=True)
     result = subprocess.run(argv, check=True, stdout=subprocess.PIPE, text=True)
@@ -235,8 +235,14 @@ def _call(argv: list[str], stdout: Path | None = None) -> None:
     print(result.stdout, flush=True)
 
 
+TRAIN_THREADS = {"OMP_NUM_THREADS": "1"}
+"""Torch CPU threads of a training process: on 2 cores shared with other work, a MiniLM step with 16 anchors
+took 25 s with 1 thread and 207 s with 2 (OpenMP workers wait on each other while descheduled)."""
+
+
 def _train(fit: list[str]) -> None:
-    """``train.py fit`` (resumed from ``last.ckpt`` when the run has one and is not finished), then export."""
+    """``train.py fit`` (resumed from ``last.ckpt`` when the run has one and is not finished; one CPU thread,
+    :data:`TRAIN_THREADS`), then export."""
     import torch
 
     from obliq.trainer import recipe_config
@@ -251,7 +257,7 @@ def _train(fit: list[str]) -> None:
         resume = ["--ckpt_path", "last"] if last is not None else []
         folder = run_folder(run_dir, "last" if resume else None)[0]  # where train.py will put this run
         plain = "--trainer.callbacks=" + json.dumps(plain_checkpoints(fit[fit.index("--config") + 1], folder))
-        _call([plain if a == PLAIN else a for a in fit] + resume)
+        _call([plain if a == PLAIN else a for a in fit] + resume, env=TRAIN_THREADS)
         last = final_checkpoint(run_dir)
     _call(obliq("export", "--checkpoint", str(last), "--out", str(run_dir / "model"), "--overwrite", "true"))
 
@@ -280,16 +286,23 @@ def report(root: Path = ROOT, recipe: Path = RECIPE) -> dict:
     scores), ``<root>/report.json`` and ``<root>/curves.png`` from the chain's evaluation and training
     folders; returns the JSON.
 
+    A system not evaluated yet (a chain stopped early) is listed as such, and the comparisons that
+    need it are left out.
+
     Raises:
-        ValueError: two MiniLM systems that read texts differently (the comparison would not measure the training).
+        ValueError: two MiniLM systems that read texts differently (the comparison would not measure the
+            training); BM25 or the base model not evaluated.
     """
     from obliq.eval.results import reads_text
     from obliq.eval.significance import compare
     from obliq.files import write_json, write_text
 
+    ready = [s for s in SYSTEMS if all((root / "eval" / slug(s) / t / "summary.json").is_file() for t in TASKS)]
+    if not {"BM25", "MiniLM (base)"} <= set(ready):
+        raise ValueError(f"{root}/eval: BM25 and the base model must be evaluated first (found {ready})")
     summaries = {s: {t: json.loads((root / "eval" / slug(s) / t / "summary.json").read_text()) for t in TASKS}
-                 for s in SYSTEMS}
-    for s in SYSTEMS[2:]:
+                 for s in ready}
+    for s in ready[2:]:
         for t in TASKS:
             if summaries[s][t]["reads"] != summaries["MiniLM (base)"][t]["reads"]:
                 raise ValueError(f"{s} reads {t} as {reads_text(summaries[s][t]['reads'])}, base MiniLM as "
@@ -300,12 +313,16 @@ def report(root: Path = ROOT, recipe: Path = RECIPE) -> dict:
              "OBLIQ-IR paper's Table 1.", "",
              "| system | " + " | ".join(f"{t} (n={n[t]})" for t in TASKS) + " |", "|---|" + "---:|" * len(TASKS)]
     for s in SYSTEMS:
+        if s not in ready:
+            lines.append(f"| {s} | " + " | ".join("not evaluated" for _ in TASKS) + " |")
+            continue
         lines.append(f"| {s} | " + " | ".join(f"{summaries[s][t]['metrics']['NDCG@10']:.4f} / "
                                               f"{summaries[s][t]['metrics']['Recall@100']:.4f}" for t in TASKS) + " |")
-    per_query = {s: {t: _per_query(root / "eval" / slug(s), t) for t in TASKS} for s in SYSTEMS}
-    pairs = [("mixture", "MiniLM (base)"), ("kNN only", "MiniLM (base)"), ("synthetic only", "MiniLM (base)"),
-             ("mixture", "synthetic only"), ("mixture", "kNN only")]
-    result: dict = {"systems": {s: {t: summaries[s][t]["metrics"] for t in TASKS} for s in SYSTEMS},
+    per_query = {s: {t: _per_query(root / "eval" / slug(s), t) for t in TASKS} for s in ready}
+    pairs = [(b, a) for b, a in [("mixture", "MiniLM (base)"), ("kNN only", "MiniLM (base)"),
+                                 ("synthetic only", "MiniLM (base)"), ("mixture", "synthetic only"),
+                                 ("mixture", "kNN only")] if a in ready and b in ready]
+    result: dict = {"systems": {s: {t: summaries[s][t]["metrics"] for t in TASKS} for s in ready},
                     "reads": reads_text(summaries["MiniLM (base)"][TASKS[0]]["reads"]),
                     "comparisons": {}, "carried": {}}
     lines += ["", f"Every MiniLM system reads texts as: {result['reads']}.", "",
@@ -319,12 +336,17 @@ def report(root: Path = ROOT, recipe: Path = RECIPE) -> dict:
             found[(b, a)] = c
             result["comparisons"].setdefault(t, {})[f"{b} − {a}"] = c.as_dict()
             lines.append(f"- {c.text(f'{b} − {a}')}")
-        worse = found[("mixture", "MiniLM (base)")]
-        verdict = ("significantly WORSE than base" if worse.diff < 0 and worse.ci_high < 0 and worse.p_value < 0.05
-                   else "not significantly worse than base")
-        result["carried"][t] = carried(found[("kNN only", "MiniLM (base)")], found[("synthetic only", "MiniLM (base)")])
-        result.setdefault("mixture_vs_base", {})[t] = verdict
-        lines += [f"- the mixture is {verdict}; the gain over base was carried by: {result['carried'][t]}", ""]
+        worse = found.get(("mixture", "MiniLM (base)"))
+        if worse is not None:
+            verdict = ("significantly WORSE than base" if worse.diff < 0 and worse.ci_high < 0 and worse.p_value < 0.05
+                       else "not significantly worse than base")
+            result.setdefault("mixture_vs_base", {})[t] = verdict
+            lines.append(f"- the mixture is {verdict}")
+        if ("kNN only", "MiniLM (base)") in found and ("synthetic only", "MiniLM (base)") in found:
+            result["carried"][t] = carried(found[("kNN only", "MiniLM (base)")],
+                                           found[("synthetic only", "MiniLM (base)")])
+            lines.append(f"- the gain over base was carried by: {result['carried'][t]}")
+        lines.append("")
     curves = _curves(root)
     result["curves"] = curves
     lines += ["## Dev NDCG@10 during training (the RetrievalEvaluation callback) and the dose checkpoints", "",
@@ -405,6 +427,33 @@ def _plot(curves: dict[str, list[dict]], path: Path) -> None:
     plt.close(fig)
 
 
+def _lock(stage: Stage) -> Path | None:
+    """Take the stage's lock file (``<ROOT>/locks/<stage>``, holding this process id); while another live
+    process holds it (a second shell running ``--only`` stages), wait. Returns the lock, or None when
+    the other process finished the stage meanwhile."""
+    name, lock = stage.name, ROOT / "locks" / stage.name
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    waited = False
+    while True:
+        try:
+            with open(lock, "x") as f:
+                f.write(str(os.getpid()))
+            if waited and stage.state() == "done":
+                lock.unlink()
+                return None
+            return lock
+        except FileExistsError:
+            try:
+                os.kill(int(lock.read_text() or 0), 0)
+            except (ProcessLookupError, ValueError):  # its holder died: take it over
+                lock.unlink(missing_ok=True)
+                continue
+            if not waited:
+                print(f"== {name}: running in process {lock.read_text()}, waiting", flush=True)
+            waited = True
+            time.sleep(10)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Run the chain (see the module docstring); ``--help`` lists the settings."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -438,8 +487,14 @@ def main(argv: list[str] | None = None) -> None:
             continue
         if state == "stale" and not args.overwrite:
             sys.exit(f"{stage.name}: its outputs are older than its inputs; rerun with --overwrite to redo it")
+        lock = _lock(stage)
+        if lock is None:  # another shell ran it meanwhile
+            continue
         load, t0 = os.getloadavg()[0], time.perf_counter()
-        _run_stage(stage, args.overwrite)
+        try:
+            _run_stage(stage, args.overwrite)
+        finally:
+            lock.unlink()
         timings = json.loads(timings_file.read_text()) if timings_file.is_file() else {}  # another shell's too
         timings[stage.name] = {"seconds": round(time.perf_counter() - t0, 1), "load_before": round(load, 2),
                                "load_after": round(os.getloadavg()[0], 2), "docs": args.docs,
