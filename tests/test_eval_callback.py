@@ -45,10 +45,12 @@ class TinyRetriever(LightningModule):
         self.seen = []  # (grad enabled, inference mode, module training) at each encode call
         self.query_lengths = set()  # max_length asked for while queries are encoded
         self.training_flags = []
+        self.threads = set()  # torch CPU threads at each encode call
         original = encoder.encode
 
         def spy(*args, **kwargs):
             self.seen.append((torch.is_grad_enabled(), torch.is_inference_mode_enabled(), self.training))
+            self.threads.add(torch.get_num_threads())
             if kwargs.get("kind") == "query":
                 self.query_lengths.add(kwargs.get("max_length"))
             return original(*args, **kwargs)
@@ -76,8 +78,9 @@ def test_callback_evaluates_every_n_steps_and_at_end(tmp_path, tasks_dir):
     task_dir = small_real_task(tasks_dir, tmp_path / "math-slice")
     module = TinyRetriever(BiEncoder("minilm", query_max_length=64, passage_max_length=64)).train()
     settings = RetrievalSettings(top_k=100, query_max_length=32, passage_max_length=64)
+    threads = torch.get_num_threads()
     callback = RetrievalEvaluation(tasks=[str(task_dir)], every_n_steps=2, retrieval=settings,
-                                   measures=["NDCG@10", "Recall@10", "Recall@100"])
+                                   measures=["NDCG@10", "Recall@10", "Recall@100"], threads=threads + 1)
     logger = CSVLogger(tmp_path / "logs", name="run")
     best = ModelCheckpoint(tmp_path / "best", filename="step{step}", auto_insert_metric_name=False,
                            monitor="eval/mean/NDCG@10", mode="max", save_top_k=1, every_n_train_steps=2)
@@ -90,6 +93,7 @@ def test_callback_evaluates_every_n_steps_and_at_end(tmp_path, tasks_dir):
     assert sorted(p.name for p in eval_dir.iterdir()) == ["step-00000002", "step-00000003"]
     assert module.seen and all(s == (False, False, False) for s in module.seen)
     assert module.training_flags == [True, True, True]  # train mode restored after the step-2 evaluation
+    assert module.threads == {threads + 1} and torch.get_num_threads() == threads  # its own threads, then restored
     assert module.query_lengths == {32}  # evaluation length, not the training length (64)
     assert module.encoder.tokenize(["word " * 200], "query")["input_ids"].shape[1] == 64  # the encoder is untouched
 

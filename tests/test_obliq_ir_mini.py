@@ -1,0 +1,164 @@
+"""examples/obliq-ir-mini: `obliq task split` on real tasks, the chain's stages and its report."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from obliq.cli import main as obliq_main
+from obliq.eval.tasks import load_query_split, load_task, split_queries, split_task
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def chain():
+    spec = importlib.util.spec_from_file_location("obliq_ir_mini", REPO / "examples" / "obliq-ir-mini" / "run.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def split_tasks(tasks_dir, tmp_path_factory, chain):
+    """The four paper tasks split as the chain splits them (dev 0.5, seed 0)."""
+    root = tmp_path_factory.mktemp("split")
+    for t in chain.TASKS:
+        split_task(tasks_dir / t, root / t, 0.5, 0)
+    return root
+
+
+def test_task_split_writes_a_test_side_and_a_dev_side(tasks_dir, split_tasks):
+    source, out = load_task(tasks_dir / "writing-news"), split_tasks / "writing-news"
+    dev_ref, test_ref = split_queries(source, 0.5, 0)
+    test, dev = load_task(out), load_query_split(out, "dev")
+    assert (test.name, test.mechanism) == ("writing-news", "analogue")  # results keep the task's folder name
+    assert test.query_ids == test_ref.query_ids and dev.query_ids == dev_ref.query_ids
+    assert len(test.query_ids) == len(dev.query_ids) == 60
+    assert not set(test.query_ids) & set(dev.query_ids)
+    assert test.qrels["test"] == {q: source.qrels["test"][q] for q in test.query_ids}
+    assert dev.qrels["test"] == {q: source.qrels["test"][q] for q in dev.query_ids}
+    assert test.corpus_sha256 == source.corpus_sha256  # the corpus is unchanged (same embedding cache)
+    assert (out / "attributes.tsv").read_bytes() == (tasks_dir / "writing-news" / "attributes.tsv").read_bytes()
+    meta = json.loads((out / "task.json").read_text())
+    assert meta["split"]["dev"] == dev.query_ids and meta["split"]["seed"] == 0
+    assert meta["stats"]["docs"] == 702  # the source's task.json is kept
+    small = load_task(split_tasks / "stance-tweets")
+    assert len(small.query_ids) == 5 and len(load_query_split(split_tasks / "stance-tweets").query_ids) == 5
+
+
+def test_task_split_refuses_to_overwrite_or_to_write_into_its_input(tasks_dir, split_tasks, tmp_path, capsys):
+    with pytest.raises(FileExistsError, match="--overwrite"):
+        split_task(tasks_dir / "math-theoremqa", split_tasks / "math-theoremqa")
+    with pytest.raises(ValueError, match="is the input"):
+        split_task(split_tasks / "math-theoremqa", split_tasks / "math-theoremqa", overwrite=True)
+    copy = tmp_path / "t"
+    shutil.copytree(split_tasks / "math-theoremqa", copy)
+    with pytest.raises(ValueError, match="inside the input"):
+        split_task(copy, copy / "sub")
+    report = obliq_main(["task", "split", "--task", str(copy), "--out", str(tmp_path / "again"), "--seed", "3"])
+    assert report["dev_queries"] + report["test_queries"] == 89 and report["docs"] == 620
+
+
+def test_the_recipe_reads_what_the_chain_writes(chain):
+    from obliq.trainer import recipe_config
+
+    cfg = recipe_config(REPO / chain.RECIPE)
+    paths = [s["path"] for s in cfg["data"]["sources"]]
+    assert paths == [f"{chain.ROOT}/rows/synthetic/*.jsonl", f"{chain.ROOT}/rows/knn-writing.jsonl"]
+    assert cfg["data"]["sources"][1]["count"] > 0 and cfg["data"]["max_negatives"] == 4
+    callbacks = {c["class_path"].rsplit(".", 1)[1]: c["init_args"] for c in cfg["trainer"]["callbacks"]}
+    assert callbacks["RetrievalEvaluation"]["tasks"] == [str(chain.ROOT / "tasks")]
+    assert callbacks["RetrievalEvaluation"]["split"] == "dev"  # never the test queries during training
+    every = callbacks["RetrievalEvaluation"]["every_n_steps"]
+    assert all(s % every == 0 for s in callbacks["DoseCheckpoints"]["steps"])
+    assert cfg["trainer"]["max_steps"] % every == 0  # the last step is evaluated and checkpointed
+
+
+def test_stages_call_the_existing_commands_in_order(chain, tmp_path):
+    stages = chain.stages(7, tmp_path / "data", REPO / chain.RECIPE)
+    names = [s.name for s in stages]
+    assert names[:4] == [f"split-{t}" for t in chain.TASKS] and names[-1] == "report"
+    assert names.index("knn") < names.index("train-mixture") < names.index("eval-mixture")
+    synth = next(s for s in stages if s.name == "synth-math-theoremqa")
+    task, rows = f"{chain.ROOT}/tasks/math-theoremqa", f"{chain.ROOT}/synth/math-theoremqa.jsonl"
+    assert [argv[3:] for argv in synth.parallel] == [
+        ["synth", "generate", "--config", "configs/synth/math-theoremqa.yaml", "--task", task, "--out", rows,
+         "--n_docs", "7", "--shard.index", str(i), "--shard.count", "2"]
+        for i in range(2)]  # two shards side by side: both cores, one thread each
+    assert synth.commands[0][3:5] == ["synth", "merge"] and synth.commands[0][-1] == rows
+    def sources(stage):
+        argv = next(s for s in stages if s.name == stage).commands[0]
+        assert chain.PLAIN in argv  # an ablation: no dev evaluation
+        return json.loads(next(a for a in argv if a.startswith("--data.sources=")).split("=", 1)[1])
+
+    assert sources("train-synthetic-only") == [{"path": f"{chain.ROOT}/rows/synthetic/*.jsonl"}]
+    assert [s["path"] for s in sources("train-knn-only")] == [f"{chain.ROOT}/rows/knn-writing.jsonl"]
+    mixture = next(s for s in stages if s.name == "train-mixture").commands[0]
+    assert mixture[-3:] == ["--config", str(REPO / chain.RECIPE), f"--run_dir={chain.ROOT}/train/mixture"]
+    plain = chain.plain_checkpoints(REPO / chain.RECIPE, tmp_path / "version_3")
+    assert [c["init_args"]["dirpath"] for c in plain] == [f"{tmp_path}/version_3/checkpoints"]
+    assert not any("--overwrite" in c for s in stages for c in s.commands)
+    assert any("--overwrite" in c for s in chain.stages(7, tmp_path, REPO / chain.RECIPE, True) for c in s.commands)
+
+
+def test_a_stage_is_done_only_when_its_outputs_are_newer_than_its_inputs(chain, tmp_path):
+    source, output = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    source.write_text("x\n")
+    stage = chain.Stage("s", inputs=[source], outputs=[output])
+    assert stage.state() == "todo"
+    output.write_text("y\n")
+    assert stage.state() == "done"
+    later = time.time() + 10
+    os.utime(source, (later, later))
+    assert stage.state() == "stale"
+    rows = tmp_path / "rows.jsonl"
+    report = {"args": {"n_docs": 5},
+              "report": {"sampled": 5, "already_done": 2, "generated": 2, "skipped": {"A": 1, "B": 0}}}
+    (tmp_path / "rows.jsonl.report.json").write_text(json.dumps(report))
+    assert chain.synth_complete(rows, 5) and not chain.synth_complete(rows, 6)
+    report["report"]["generated"] = 1  # killed before the end of the sample
+    (tmp_path / "rows.jsonl.report.json").write_text(json.dumps(report))
+    assert not chain.synth_complete(rows, 5)
+
+
+def test_report_tables_every_system_and_compares_them_per_task(chain, split_tasks, tmp_path):
+    from obliq.eval.retrieval import RetrievalSettings
+    from obliq.evaluate import evaluate
+
+    root = tmp_path / "mini"
+    tasks = [str(split_tasks / t) for t in chain.TASKS]
+    # real BM25 runs stand in for the five systems: two settings, so that the differences are not all 0
+    evaluate("bm25", tasks, root / "eval" / "bm25", latency_queries=0)
+    evaluate("bm25", tasks, root / "eval" / "flat", retrieval=RetrievalSettings(bm25_k1=0.2, bm25_b=0.0),
+             latency_queries=0)
+    for name in chain.SYSTEMS[1:]:
+        shutil.copytree(root / "eval" / ("flat" if name == "mixture" else "bm25"), root / "eval" / chain.slug(name))
+    with pytest.raises(ValueError, match="mixture reads stance-tweets as bm25_k1 0.2"):
+        chain.report(root, REPO / chain.RECIPE)  # models that read texts differently are not compared
+    for t in chain.TASKS:  # past that check: the table and the comparisons of two real, different runs
+        file = root / "eval" / "mixture" / t / "summary.json"
+        file.write_text(json.dumps({**json.loads(file.read_text()), "reads": json.loads(
+            (root / "eval" / "bm25" / t / "summary.json").read_text())["reads"]}))
+    result = chain.report(root, REPO / chain.RECIPE)
+    table = (root / "report.md").read_text()
+    assert all(f"| {s} |" in table for s in chain.SYSTEMS) and (root / "curves.png").stat().st_size > 0
+    for t in chain.TASKS:
+        base = [json.loads(x) for x in (root / "eval" / "bm25" / t / "per_query.jsonl").read_text().splitlines()]
+        flat = {r["query_id"]: r["NDCG@10"] for r in
+                map(json.loads, (root / "eval" / "flat" / t / "per_query.jsonl").read_text().splitlines())}
+        diff = sum(flat[r["query_id"]] - r["NDCG@10"] for r in base) / len(base)
+        c = result["comparisons"][t]["mixture − MiniLM (base)"]
+        assert c["diff"] == pytest.approx(diff) and c["n_queries"] == len(base)
+        assert f"n = {c['n_nonzero']}" in c["p_text"]
+        assert result["comparisons"][t]["kNN only − MiniLM (base)"]["diff"] == 0  # identical runs
+        assert result["carried"][t].startswith("neither")
+    assert result["curves"] == {}  # no training run in this folder
