@@ -392,7 +392,7 @@ def _curves(root: Path) -> dict[str, list[dict]]:
                 for key, value in row.items():
                     if key.startswith("eval/") and key.endswith("/NDCG@10") and value not in ("", None):
                         step = int(row["step"])
-                        task = key.split("/")[1]
+                        task = key.split("/")[1].removesuffix("-dev")  # the callback's name of a dev side
                         point = points.setdefault(step, {"step": step, "knn_rows": step * batch * share,
                                                          "dose_checkpoint": step in dose_steps, "ndcg": {}})
                         point["ndcg"][task] = float(value)
