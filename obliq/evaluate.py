@@ -92,13 +92,14 @@ def evaluate(
             retrieve(task)
         return []
     output.mkdir(parents=True, exist_ok=True)
-    write_json(output / "config.json", config)
     if policy is not None:
         from obliq.rerank.reranker import Reranker
 
         dump_policy(policy, output / "rerank_policy.yaml", f"The reranking policy {rerank}, as loaded by evaluate.py.")
         retrieve = Reranker(policy).wrap(retrieve)
-    return evaluate_tasks(retrieve, loaded, output, "bm25" if model.lower() == "bm25" else model, measures)
+    summaries = evaluate_tasks(retrieve, loaded, output, "bm25" if model.lower() == "bm25" else model, measures)
+    write_json(output / "config.json", config)  # with the results: a refused run leaves no file behind
+    return summaries
 
 
 def _join_process_group() -> int:

@@ -10,7 +10,6 @@ merged folder is removed and the export refuses.
 from __future__ import annotations
 
 import json
-import pickle
 import shutil
 from pathlib import Path
 
@@ -44,8 +43,9 @@ def read_checkpoint(path: str | Path) -> dict:
         raise FileNotFoundError(f"{path}: no such checkpoint")
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    except (RuntimeError, EOFError, pickle.UnpicklingError) as err:
-        raise ValueError(f"{path}: not a readable checkpoint ({type(err).__name__}: {str(err).splitlines()[0]})") from None
+    except Exception as err:  # truncated, not a zip, a foreign pickle …: whatever torch.load raises
+        first = (str(err).splitlines() or [""])[0]
+        raise ValueError(f"{path}: not a readable checkpoint ({type(err).__name__}: {first})") from None
     if not isinstance(ckpt, dict) or "obliq" not in ckpt:
         raise KeyError(f"{path}: not an obliq training checkpoint (no 'obliq' section)")
     return ckpt

@@ -20,7 +20,7 @@ with the user's (:func:`resume_differences`), never merged over them (Lightning'
 values), ``max_grad_norm``, ``max_bad_steps``, ``chunk_size``, ``temperature``, ``seed``,
 ``gather_across_devices``, and the encoder's lengths, dtype, attention kernel and gradient
 checkpointing. What the trained weights depend on is refused with the list of differences: the
-backbone, LoRA, bidirectionality, prefixes and instructions. A changed data mixture, batch size,
+backbone, LoRA, bidirectionality, prefixes and instructions. A changed data mixture (other rows, even as many), batch size,
 world size or seed is refused when the data position is restored (:mod:`obliq.data.datamodule`).
 """
 

@@ -230,17 +230,21 @@ def test_resume_continues_with_the_next_row_at_any_step(files, tokenize, tmp_pat
 
 
 def test_resume_refuses_a_different_setup(files, tokenize, tmp_path):
-    def loader(world_size, batch_size=8):
-        dm = TrainingDataModule([Source(str(files["stance60"]))], batch_size=batch_size, num_workers=0,
+    def loader(world_size, batch_size=8, path=files["stance60"]):
+        dm = TrainingDataModule([Source(str(path))], batch_size=batch_size, num_workers=0,
                                 index_dir=str(tmp_path), tokenize=tokenize)
         return dm.make_dataloader(0, world_size)
 
+    rows = [json.loads(line) for line in files["stance60"].read_text().splitlines()]
+    other_rows = tmp_path / "other.jsonl"  # as many rows, other ones: the same count is not the same data
+    other_rows.write_text("".join(json.dumps(dict(r, id=r["id"] + "-b")) + "\n" for r in rows))
     first = loader(2)
     next(iter(first))
     state = first.state_dict()
-    for other in (loader(1), loader(2, batch_size=4)):
+    for other, what in ((loader(1), "world_size"), (loader(2, batch_size=4), "batch_size"),
+                        (loader(2, path=other_rows), "sources")):
         other.load_state_dict(state)
-        with pytest.raises(ValueError, match="different data setup"):
+        with pytest.raises(ValueError, match=f"different data setup \\({what}"):
             next(iter(other))
 
 

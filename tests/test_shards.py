@@ -74,3 +74,8 @@ def test_two_mining_shards_merge_into_one_runs_rows(tasks_dir, tmp_path):
         (tmp_path / "short.jsonl").write_text("\n".join(shards[2].read_text().splitlines()[1:]) + "\n")
         (tmp_path / "short.jsonl.report.json").write_text(shards[2].with_name(shards[2].name + ".report.json").read_text())
         merge(source, [*shards[:2], tmp_path / "short.jsonl"], tmp_path / "bad.jsonl")
+    cut = shards[2].read_text()
+    (tmp_path / "cut.jsonl").write_text(cut[: len(cut) // 2])  # a shard killed mid-line
+    (tmp_path / "cut.jsonl.report.json").write_text(shards[2].with_name(shards[2].name + ".report.json").read_text())
+    with pytest.raises(ValueError, match=r"cut\.jsonl:\d+"):  # the file and line named
+        merge(source, [*shards[:2], tmp_path / "cut.jsonl"], tmp_path / "bad.jsonl")

@@ -187,6 +187,7 @@ def test_synth_resume_keeps_a_complete_last_line_and_cuts_a_partial_one(tmp_path
 def test_rows_runs_and_tasks_of_another_task_are_refused(tmp_path, tasks_dir):
     from obliq.eval.retrieval import retrieve_run_file
     from obliq.eval.tasks import find_tasks, load_task
+    from obliq.evaluate import evaluate
     from obliq.negatives.commands import mine
 
     math = tasks_dir / "math-theoremqa"
@@ -196,6 +197,10 @@ def test_rows_runs_and_tasks_of_another_task_are_refused(tmp_path, tasks_dir):
     (tmp_path / "other.trec").write_text("q-x Q0 d1 1 1.0 t\n")
     with pytest.raises(ValueError, match="holds no query of task math-theoremqa"):
         retrieve_run_file(tmp_path / "other.trec", load_task(math))
+    for _ in range(2):  # a refused evaluation leaves nothing behind: the retry is refused for the same reason
+        with pytest.raises(ValueError, match="holds no query of task math-theoremqa"):
+            evaluate(str(tmp_path / "other.trec"), [str(math)], tmp_path / "refused")
+    assert not [p for p in (tmp_path / "refused").rglob("*") if p.is_file()]
     folder = tmp_path / "tasks"
     make_task(folder / "good", [{"_id": "d1", "text": "a"}], [{"_id": "q1", "text": "a"}], [("q1", "d1", 1)])
     (folder / "broken").mkdir()
@@ -232,6 +237,13 @@ def test_bad_files_are_one_line_errors_naming_them(tmp_path, capsys):
     pickled = tmp_path / "pickled.ckpt"
     pickled.write_bytes(pickle.dumps({"obliq": object()}))
     cases.append((["export", "--checkpoint", str(pickled), "--out", str(tmp_path / "e")], "pickled.ckpt: not a readable"))
+    whole = tmp_path / "whole.ckpt"
+    torch.save({"obliq": {}, "state_dict": {"w": torch.zeros(4096)}}, whole)
+    (tmp_path / "cut.ckpt").write_bytes(whole.read_bytes()[:5000])  # a copy that stopped halfway
+    (tmp_path / "text.ckpt").write_text("not a checkpoint\n")
+    for name in ("cut.ckpt", "text.ckpt"):
+        cases.append((["export", "--checkpoint", str(tmp_path / name), "--out", str(tmp_path / "e")],
+                      f"{name}: not a readable checkpoint"))
     task = make_task(tmp_path / "t", [{"_id": "d1", "text": "apple pie"}], [{"_id": "q1", "text": "apple"}],
                      [("q1", "d1", 1)])
     (task / "task.json").write_text("{name: t")

@@ -162,7 +162,6 @@ def audit(
 
     claim_output(output, overwrite, "an audit")
     output.mkdir(parents=True, exist_ok=True)
-    write_json(output / "config.json", config)
     stats_kw = dict(resamples=resamples, seed=seed, confidence=confidence)
     report = {
         "task": loaded.name, "task_path": str(task), "query_attributes": str(attributes.path),
@@ -204,6 +203,7 @@ def audit(
     report["seconds"] = round(perf_counter() - started, 2)
     report = json.loads(json_text(report))
     write_json(output / "audit.json", report)
+    write_json(output / "config.json", config)  # with the results: a refused audit leaves no file behind
     (output / "audit.md").write_text(markdown(report))
     headline = [measures[0]] + ([f"lean@{lean_k[0]}"] if lean is not None else [])
     figure(report, output / "audit.png", headline)

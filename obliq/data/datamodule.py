@@ -27,6 +27,7 @@ resumes under another ``num_workers`` (:class:`PlanLoader`).
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
@@ -97,6 +98,18 @@ class RowReader(Dataset):
 
     def __len__(self) -> int:
         return sum(self.sizes)
+
+    def content(self) -> list[str]:
+        """Per source, the sha256 of its usable rows' id hashes in order (what a resumed position
+        must find again: the same count of other rows is another mixture)."""
+        out = []
+        for s, files in enumerate(self.indexes):
+            digest = hashlib.sha256()
+            for f, fi in enumerate(files):
+                ids = np.asarray(fi.array("ids"))
+                digest.update(np.delete(ids, self.excluded.get((s, f), [])).tobytes())
+            out.append(digest.hexdigest()[:16])
+        return out
 
     def _array(self, s: int, f: int, name: str) -> np.ndarray:
         key = (s, f, name)
@@ -433,7 +446,8 @@ class TrainingDataModule(L.LightningDataModule):
             )
         self.setup()
         assert self.reader is not None
-        self.plan = MixturePlan(self.sources, self.reader.sizes, self.batch_size, world_size, self.seed, self.shuffle)
+        self.plan = MixturePlan(self.sources, self.reader.sizes, self.batch_size, world_size, self.seed, self.shuffle,
+                                self.reader.content())
         return PlanLoader(
             self.reader,
             sampler=PlanSampler(self.plan, rank),

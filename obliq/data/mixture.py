@@ -147,6 +147,8 @@ class MixturePlan:
         world_size: number of ranks.
         seed: seed of all orders (>= 0).
         shuffle: ``False`` keeps file order: sources one after another, rows in file order.
+        content: per source, a digest of its rows (ids in file order); part of the fingerprint, so a
+            saved position is not resumed over other rows of the same count.
 
     Attributes:
         per_epoch: rows each source contributes to every epoch.
@@ -167,6 +169,7 @@ class MixturePlan:
         world_size: int = 1,
         seed: int = 0,
         shuffle: bool = True,
+        content: Sequence[str] | None = None,
     ):
         if batch_size < 1 or world_size < 1 or seed < 0:
             raise ValueError(f"need batch_size >= 1, world_size >= 1, seed >= 0; got {batch_size}, {world_size}, {seed}")
@@ -174,6 +177,7 @@ class MixturePlan:
             raise ValueError("one size per source")
         self.sources, self.sizes = list(sources), [int(n) for n in sizes]
         self.batch_size, self.world_size, self.seed, self.shuffle = batch_size, world_size, seed, shuffle
+        self.content = list(content) if content is not None else [None] * len(self.sources)
 
         weighted = [i for i, s in enumerate(sources) if s.weight is not None]
         shares = _apportion(sum(self.sizes[i] for i in weighted), [sources[i].weight for i in weighted]) if weighted else []
@@ -243,8 +247,8 @@ class MixturePlan:
         """What a saved position depends on; resuming under a different fingerprint cannot be exact."""
         return {
             "sources": [
-                {"rows": n, "per_epoch": c, "weight": s.weight, "count": s.count}
-                for s, n, c in zip(self.sources, self.sizes, self.per_epoch)
+                {"rows": n, "per_epoch": c, "weight": s.weight, "count": s.count, "content": d}
+                for s, n, c, d in zip(self.sources, self.sizes, self.per_epoch, self.content)
             ],
             "batch_size": self.batch_size,
             "world_size": self.world_size,

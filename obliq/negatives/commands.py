@@ -133,7 +133,8 @@ def merge(rows: Path, shards: list[Path], out: Path, overwrite: bool = False) ->
         shard = json.loads(read_text(report_file))["args"]["shard"]
         if shard["count"] != len(shards):
             raise ValueError(f"{file}: a shard of a run of {shard['count']} shards, but {len(shards)} given")
-        lines = {json.loads(raw)["id"]: raw for raw in file.read_bytes().splitlines() if raw.strip()}
+        lines = {parse_row(raw, str(file), n).id: raw  # a cut line: file:line named
+                 for n, raw in enumerate(file.read_bytes().splitlines(), 1) if raw.strip()}
         taken[shard["index"]] = list(lines)
         mined.update(lines)
     check_cover(order, taken, len(shards), "row")
