@@ -75,14 +75,13 @@ def task_split(task: str, split: str):
 
 def evaluate(model, task, folder: Path, name: str) -> dict:
     """Evaluate one system; returns its NDCG@10 / Recall@100, per-query NDCG@10 and seconds."""
-    from obliq.eval.results import evaluate_tasks
+    from obliq.eval.results import evaluate_tasks, read_per_query
     from obliq.eval.retrieval import make_retriever
-    from obliq.quickstart import _ndcg
 
     t0 = time.perf_counter()
     summary = evaluate_tasks(make_retriever(model, settings()), [task], folder, name, ["NDCG@10", "Recall@100"])[0]
     return {"metrics": summary["metrics"], "n_queries": summary["n_queries"],
-            "per_query": _ndcg(folder / task.name / "per_query.jsonl"), "seconds": round(time.perf_counter() - t0, 1)}
+            "per_query": read_per_query(folder / task.name / "per_query.jsonl"), "seconds": round(time.perf_counter() - t0, 1)}
 
 
 def baselines(task: str, split: str) -> dict:

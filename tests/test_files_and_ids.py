@@ -175,3 +175,23 @@ def test_the_obliq_console_script_exits_0_on_success_and_2_on_bad_input(tmp_path
     bad = subprocess.run([str(script), "metrics", "--qrels", str(tmp_path / "q.tsv"), "--run", str(tmp_path / "bad.trec")],
                          capture_output=True, text=True)
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "bad.trec" in bad.stderr
+
+
+def test_per_query_values_read_back_equal_trec_evals_and_bad_lines_are_named(tmp_path):
+    """read_per_query (the input of every paired comparison) against pytrec_eval on the written run."""
+    from obliq.eval.results import read_per_query
+    from obliq.evaluate import evaluate
+
+    docs = [{"_id": f"d{i}", "text": f"apple pie recipe number {i}" if i % 2 else f"pear tart {i}"} for i in range(12)]
+    task = make_task(tmp_path / "t", docs, [{"_id": "q1", "text": "apple pie"}, {"_id": "q2", "text": "pear tart"}],
+                     [("q1", "d1", 1), ("q1", "d4", 2), ("q2", "d2", 1), ("q2", "d9", 1)])
+    evaluate("bm25", [str(task)], tmp_path / "o", measures=["NDCG@10"])
+    got = read_per_query(tmp_path / "o" / "t" / "per_query.jsonl")
+    run = read_run(tmp_path / "o" / "t" / "run.trec")  # {query: {doc: score}}
+    qrels = {"q1": {"d1": 1, "d4": 2}, "q2": {"d2": 1, "d9": 1}}
+    ref = pytrec_eval.RelevanceEvaluator(qrels, {"ndcg_cut.10"}).evaluate(run)
+    assert got.keys() == {"q1", "q2"}
+    assert all(math.isclose(got[q], ref[q]["ndcg_cut_10"], abs_tol=1e-12) for q in got)
+    (tmp_path / "bad.jsonl").write_text('{"query_id": "q1", "qrels": "gold", "NDCG@10": 0.5}\n{"query_id": "q2"\n')
+    with pytest.raises(ValueError, match=r"bad.jsonl:2: not a per-query line"):
+        read_per_query(tmp_path / "bad.jsonl")

@@ -262,16 +262,6 @@ def _train(fit: list[str]) -> None:
     _call(obliq("export", "--checkpoint", str(last), "--out", str(run_dir / "model"), "--overwrite", "true"))
 
 
-def _per_query(folder: Path, task: str) -> dict[str, float]:
-    """query id → gold NDCG@10 from an ``evaluate`` folder."""
-    out = {}
-    for line in (folder / task / "per_query.jsonl").read_text().splitlines():
-        row = json.loads(line)
-        if row["qrels"] == "gold":
-            out[row["query_id"]] = row["NDCG@10"]
-    return out
-
-
 def carried(knn_only, synthetic_only, alpha: float = 0.05) -> str:
     """Which source carried a task's gain over the base model, from the two single-source comparisons
     (:class:`obliq.eval.significance.Comparison`, trained − base): a source carried it when its
@@ -293,7 +283,7 @@ def report(root: Path = ROOT, recipe: Path = RECIPE) -> dict:
         ValueError: two MiniLM systems that read texts differently (the comparison would not measure the
             training); BM25 or the base model not evaluated.
     """
-    from obliq.eval.results import reads_text
+    from obliq.eval.results import read_per_query, reads_text
     from obliq.eval.significance import compare
     from obliq.files import write_json, write_text
 
@@ -318,7 +308,7 @@ def report(root: Path = ROOT, recipe: Path = RECIPE) -> dict:
             continue
         lines.append(f"| {s} | " + " | ".join(f"{summaries[s][t]['metrics']['NDCG@10']:.4f} / "
                                               f"{summaries[s][t]['metrics']['Recall@100']:.4f}" for t in TASKS) + " |")
-    per_query = {s: {t: _per_query(root / "eval" / slug(s), t) for t in TASKS} for s in ready}
+    per_query = {s: {t: read_per_query(root / "eval" / slug(s) / t / "per_query.jsonl") for t in TASKS} for s in ready}
     pairs = [(b, a) for b, a in [("mixture", "MiniLM (base)"), ("kNN only", "MiniLM (base)"),
                                  ("synthetic only", "MiniLM (base)"), ("mixture", "synthetic only"),
                                  ("mixture", "kNN only")] if a in ready and b in ready]

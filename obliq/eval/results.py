@@ -18,6 +18,7 @@ the dense metrics and cost in the summary's ``rerank`` entry, and ``results.md``
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 from time import perf_counter
@@ -28,7 +29,7 @@ import numpy as np
 from obliq.eval.metrics import DEFAULT_MEASURES, RECALL_CURVE_K, check_depth, evaluate_run, parse_measures, write_run
 from obliq.eval.retrieval import Retrieval, Retriever
 from obliq.eval.tasks import Task
-from obliq.files import json_text, safe_name, write_json
+from obliq.files import json_text, read_text, safe_name, write_json
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +114,25 @@ def evaluate_task(
     log.info("%s on %s: %s (%d queries, %d excluded)", model, task.name,
              ", ".join(f"{n}={v:.4f}" for n, v in summary["metrics"].items()), gold.n_queries, gold.n_excluded)
     return summary
+
+
+def read_per_query(path: str | Path, measure: str = "NDCG@10", qrels: str = "gold") -> dict[str, float]:
+    """Query id → ``measure`` under one qrels split (``gold`` or ``pooled``), read from a
+    ``per_query.jsonl`` written by :func:`evaluate_task`: the input of paired comparisons
+    (:func:`obliq.eval.significance.compare`).
+
+    Raises:
+        ValueError: a line that is not JSON, or lacks the measure (file and line named).
+    """
+    out = {}
+    for n, line in enumerate(read_text(path).splitlines(), 1):
+        try:
+            row = json.loads(line)
+            if row["qrels"] == qrels:
+                out[row["query_id"]] = float(row[measure])
+        except (ValueError, KeyError, TypeError) as err:
+            raise ValueError(f"{path}:{n}: not a per-query line with {measure} ({type(err).__name__}: {err})") from None
+    return out
 
 
 def reads_text(reads: dict | None) -> str:
