@@ -73,14 +73,10 @@ def child(mode: str, path: str, index_dir: str, batches: int, num_workers: int) 
 
     from obliq.aliases import resolve_model
     from obliq.data import Source, TrainingDataModule
+    from obliq.model import TextTokenizer
 
-    tok = AutoTokenizer.from_pretrained(resolve_model("minilm"))
-    max_len = {"query": 64, "passage": 256}
-
-    def tokenize(texts, kind):
-        prefix = "query: " if kind == "query" else "passage: "
-        enc = tok([prefix + t for t in texts], padding=True, truncation=True, max_length=max_len[kind], return_tensors="pt")
-        return {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]}
+    tokenize = TextTokenizer(AutoTokenizer.from_pretrained(resolve_model("minilm")), query_max_length=64,
+                             passage_max_length=256)  # what the encoder hands the loader in training
 
     dm = TrainingDataModule([Source(path)], batch_size=32, num_workers=num_workers, index_dir=index_dir, tokenize=tokenize)
     me = resource.getrusage(resource.RUSAGE_SELF)

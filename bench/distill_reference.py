@@ -1,7 +1,7 @@
 """obliq's distillation recipe against sentence-transformers' own trainer on the same kNN pairs.
 
-Both students start from all-MiniLM-L6-v2 and read the same rows: every row of the recipe's first
-data source (the kNN pairs written by ``obliq distill pairs``; the source must have no ``count``, so
+Both students start from all-MiniLM-L6-v2 and read the same rows: every row of the recipe's source
+named ``knn`` (the kNN pairs written by ``obliq distill pairs``; the source must have no ``count``, so
 that "the same pairs" is the whole file). obliq trains the recipe (``train.py fit --config …``,
 LoRA or full fine-tuning as the recipe says) through :func:`obliq.trainer.fit_and_export`;
 sentence-transformers trains with ``SentenceTransformerTrainer`` and ``MultipleNegativesRankingLoss``
@@ -42,9 +42,6 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "bench"))
 
 
 def _usage() -> dict:
@@ -53,15 +50,17 @@ def _usage() -> dict:
 
 
 def knn_source(recipe: str) -> tuple[Path, dict]:
-    """The recipe's first data source (the kNN pairs) and its resolved settings.
+    """The recipe's data source named ``knn`` (the kNN pairs) and its resolved settings.
 
     Raises:
-        ValueError: the source has a ``count`` or ``weight`` (then obliq would not read every row once).
+        ValueError: no source named ``knn``; the source has a ``count`` or ``weight`` (then obliq would not
+            read every row once).
     """
+    from obliq.data import named_source
     from obliq.trainer import recipe_config
 
     config = recipe_config(recipe)
-    source = config["data"]["sources"][0]
+    source = config["data"]["sources"][named_source(config["data"]["sources"], "knn", recipe)]
     if source.get("count") is not None or source.get("weight") is not None:
         raise ValueError(f"{recipe}: its first source has a count or weight; this benchmark compares whole pair files")
     return Path(source["path"]), config
@@ -69,15 +68,14 @@ def knn_source(recipe: str) -> tuple[Path, dict]:
 
 def train_obliq(recipe: str, run_dir: Path) -> dict:
     """Train the recipe in this process; returns the adapter folder, steps, wall and CPU seconds, peak RSS."""
+    from obliq.model.checkpoint import checkpoint_info
     from obliq.trainer import fit_and_export
 
     t0 = time.perf_counter()
-    adapter = fit_and_export(["fit", "--config", recipe, f"--run_dir={run_dir / 'train'}"], run_dir / "export")
+    fitted = fit_and_export(["fit", "--config", recipe, f"--run_dir={run_dir / 'train'}"], run_dir / "export")
     wall = time.perf_counter() - t0
-    import torch
-
-    steps = int(torch.load(run_dir / "train" / "final.ckpt", map_location="cpu", weights_only=False)["global_step"])
-    return {"model": str(adapter), "steps": steps, "train_wall_s": round(wall, 1), **_usage()}
+    return {"model": str(fitted.adapter), "steps": checkpoint_info(fitted.checkpoint).step, "train_wall_s": round(wall, 1),
+            **_usage()}
 
 
 def train_st(recipe: str, out: Path, epochs: float, wall_budget: float | None, cpu_budget: float | None) -> dict:
@@ -111,7 +109,8 @@ def train_st(recipe: str, out: Path, epochs: float, wall_budget: float | None, c
     rows = [json.loads(line) for line in pairs.open(encoding="utf-8") if line.strip()]
     data = Dataset.from_dict({"anchor": [r["query"] for r in rows], "positive": [r["positive"]["text"] for r in rows]})
     model = SentenceTransformer(resolve_model(enc.get("backbone", "minilm")), device="cpu")
-    model.max_seq_length = int(enc.get("passage_max_length", 256))
+    capacity = model.max_seq_length  # what the saved model reads at evaluation, as the base model and obliq's adapter
+    model.max_seq_length = int(enc.get("passage_max_length", 256))  # the training length
     scale, chunk = 1.0 / float(config["model"].get("temperature", 0.05)), config["model"].get("chunk_size")
     loss = (CachedMultipleNegativesRankingLoss(model, scale=scale, mini_batch_size=int(chunk)) if chunk
             else MultipleNegativesRankingLoss(model, scale=scale))
@@ -139,6 +138,7 @@ def train_st(recipe: str, out: Path, epochs: float, wall_budget: float | None, c
     wall = time.perf_counter() - t0
     cpu = _usage()["cpu_s"] - c0
     model.prompts = {"query": qp, "document": pp}
+    model.max_seq_length = capacity
     model.save(str(out / "model"))
     return {"model": str(out / "model"), "loss": type(loss).__name__, "steps": int(trainer.state.global_step),
             "stopped_by_budget": Budget.stopped,
@@ -155,12 +155,17 @@ def _child(kind: str, args: argparse.Namespace, out: Path, extra: list[str]) -> 
 
 def _reused(name: str) -> dict:
     """The model, steps, wall / CPU seconds and peak RSS of an ablation run (``runs/abl/log.jsonl``)."""
-    import torch
     from distill_ablation import ROOT
+
+    from obliq.model.checkpoint import checkpoint_info
+    from obliq.trainer import latest_run
 
     line = next(json.loads(x) for x in (ROOT / "log.jsonl").read_text().splitlines()
                 if json.loads(x)["name"] == name and "train_s" in json.loads(x))
-    steps = int(torch.load(ROOT / name / "train" / "final.ckpt", map_location="cpu", weights_only=False)["global_step"])
+    run = latest_run(ROOT / name / "train")
+    if run is None or run.final is None:
+        raise FileNotFoundError(f"{ROOT / name / 'train'}: no finished run of the ablation {name!r}")
+    steps = checkpoint_info(run.final).step
     return {"model": str(ROOT / name / "export" / "final" / "adapter"), "steps": steps, "train_wall_s": line["train_s"],
             "cpu_s": line.get("cpu_s"), "peak_rss_gb": line["peak_rss_gb"], "reused": name}
 
@@ -189,7 +194,9 @@ def main() -> None:
                                                          args.cpu_budget)) + "\n")
         return
 
-    from distill_ablation import baselines, compare_with, evaluate, task_split
+    from distill_ablation import baselines, evaluate, task_split
+
+    from obliq.eval.report import report_markdown, systems_report, write_systems_report
 
     pairs, config = knn_source(args.recipe)
     rows = sum(1 for line in pairs.open(encoding="utf-8") if line.strip())
@@ -200,27 +207,25 @@ def main() -> None:
 
     task = task_split(args.task, args.split)
     systems = baselines(args.task, args.split)
-    systems["obliq student"] = {**evaluate(obliq["model"], task, out / "eval" / "obliq", "obliq student"), "train": obliq}
-    systems["sentence-transformers trainer"] = {**evaluate(st["model"], task, out / "eval" / "st", "st trainer"), "train": st}
-    teacher, base = systems["stylometric teacher"]["per_query"], systems["MiniLM (base)"]["per_query"]
-    lines = [f"{args.task} {args.split} ({len(task.query_ids)} queries, {len(task.doc_ids)} docs), {rows} kNN pairs, "
-             f"{epochs:.2f} epochs at batch {config['data']['batch_size']}; budget: {args.budget} time of obliq's training", "",
-             "| system | NDCG@10 | Recall@100 | vs teacher (95% CI, p) | vs base (95% CI, p) | train wall s | train CPU s | steps | peak RSS GB |",
-             "|---|---:|---:|---|---|---:|---:|---:|---:|"]
-    for name, r in systems.items():
-        cells = []
-        for ref in (teacher, base):
-            c = compare_with(r["per_query"], ref)
-            cells.append("–" if r["per_query"] is ref else
-                         f"{c['diff']:+.4f} [{c['ci_low']:+.4f}, {c['ci_high']:+.4f}] p={c['p_value']:.4f}")
-        t = r.get("train", {})
+    trained = {"obliq student": obliq, "sentence-transformers trainer": st}
+    for name, train in trained.items():
+        systems[name] = out / "eval" / ("obliq" if name == "obliq student" else "st")
+        evaluate(train["model"], task, systems[name], name)
+    pairs_ = [(name, ref, f"{name} − {label}") for name in (*trained, "MiniLM (base)")
+              for ref, label in (("stylometric teacher", "teacher"), ("MiniLM (base)", "base")) if name != ref]
+    pairs_.append(("obliq student", "sentence-transformers trainer", "obliq − sentence-transformers"))
+    report = systems_report(systems, pairs_, title=(
+        f"{args.task} {args.split} ({len(task.query_ids)} queries, {len(task.doc_ids)} docs), {rows} kNN pairs, "
+        f"{epochs:.2f} epochs at batch {config['data']['batch_size']}; budget: {args.budget} time of obliq's training"),
+        same_reading=["MiniLM (base)", *trained])
+    lines = [report_markdown(report), "| system | train wall s | train CPU s | steps | peak RSS GB |", "|---|---:|---:|---:|---:|"]
+    for name, t in trained.items():
         cpu = t.get("train_cpu_s", t.get("cpu_s"))
-        lines.append(f"| {name} | {r['metrics']['NDCG@10']:.4f} | {r['metrics']['Recall@100']:.4f} | {cells[0]} | {cells[1]} | "
-                     f"{t.get('train_wall_s', '–')} | {cpu if cpu is not None else '–'} | {t.get('steps', '–')} | "
+        lines.append(f"| {name} | {t.get('train_wall_s', '–')} | {cpu if cpu is not None else '–'} | {t.get('steps', '–')} | "
                      f"{t.get('peak_rss_gb', '–')} |")
     print("\n".join(lines))
-    (out / "results.json").write_text(json.dumps({"table": lines, "systems": {
-        n: {k: v for k, v in r.items() if k != "per_query"} for n, r in systems.items()}}, indent=1) + "\n")
+    write_systems_report(report, out / "report")
+    (out / "results.json").write_text(json.dumps({"report": report, "train": trained}, indent=1) + "\n")
 
 
 if __name__ == "__main__":

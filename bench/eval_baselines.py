@@ -14,8 +14,8 @@ import json
 import logging
 from pathlib import Path
 
-from obliq.eval.tasks import find_tasks
 from obliq.evaluate import evaluate
+from obliq.tasks import find_tasks
 
 REPO = Path(__file__).resolve().parents[1]
 

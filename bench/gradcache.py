@@ -66,8 +66,8 @@ def _fixed_rows(n: int) -> list[dict]:
 
 def _real_rows(n: int) -> list[dict]:
     """The first ``n`` of the task's (query, relevant passage, 4 BM25 negatives) rows in a seeded order."""
-    from obliq.eval.tasks import load_task
     from obliq.negatives.mine import Bm25sBackend, mine_negatives
+    from obliq.tasks import load_task
 
     task = load_task(DATA / "tasks" / REAL_TASK)
     pos = {d: i for i, d in enumerate(task.doc_ids)}

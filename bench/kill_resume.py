@@ -58,7 +58,7 @@ def _setup(out: Path) -> tuple[Path, Path]:
     from transformers import AutoTokenizer, LlamaConfig, LlamaModel
 
     from obliq.aliases import resolve_model
-    from obliq.eval.tasks import load_task
+    from obliq.tasks import load_task
 
     backbone, rows = out / "tiny-llama", out / "rows.jsonl"
     if not (backbone / "config.json").is_file():
@@ -125,8 +125,11 @@ def _lora(path: Path) -> dict:
 
 
 def _steps_done(folder: Path) -> int:
-    """The highest step with a complete checkpoint in any version of the run folder."""
-    steps = [int(p.stem.split("step=")[1]) for p in folder.glob("version_*/ckpt/epoch=*-step=*.ckpt")]
+    """The highest step with a complete checkpoint in any run of the run folder (read from the file names:
+    this is polled every millisecond while the run is being killed)."""
+    from obliq.trainer import run_versions
+
+    steps = [int(p.stem.split("step=")[1]) for r in run_versions(folder) for p in (r.path / "ckpt").glob("epoch=*-step=*.ckpt")]
     return max(steps, default=0)
 
 
@@ -177,9 +180,10 @@ def main() -> None:
     ref_code = reference.wait(timeout=1200)
 
     ok = code == 0 and ref_code == 0
-    a = _lora(next((out / f"whole-{args.seed}").glob("version_*/ckpt/last.ckpt")))
-    last = max(broken_dir.glob("version_*/ckpt/last.ckpt"), key=lambda p: p.stat().st_mtime)
-    b = _lora(last)
+    from obliq.trainer import latest_run
+
+    a = _lora(latest_run(out / f"whole-{args.seed}").last)
+    b = _lora(latest_run(broken_dir).last)
     import torch
 
     identical = a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

@@ -13,8 +13,8 @@ import argparse
 import time
 from pathlib import Path
 
-from obliq.eval.tasks import load_task
 from obliq.negatives.mine import Bm25sBackend, MiningReport, mine_negatives
+from obliq.tasks import load_task
 
 REPO = Path(__file__).resolve().parents[1]
 

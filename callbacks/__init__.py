@@ -1,7 +1,7 @@
 """Lightning callbacks and loggers for obliq training runs."""
 
-from callbacks.checkpoints import DoseCheckpoints
-from callbacks.evaluation import RetrievalEvaluation
-from callbacks.logging import LoggedConfig, WandbLogger
+from obliq.callbacks.checkpoints import StepCheckpoints
+from obliq.callbacks.evaluation import RetrievalEvaluation
+from obliq.callbacks.logging import LoggedConfig, WandbLogger
 
-__all__ = ["DoseCheckpoints", "LoggedConfig", "RetrievalEvaluation", "WandbLogger"]
+__all__ = ["StepCheckpoints", "LoggedConfig", "RetrievalEvaluation", "WandbLogger"]

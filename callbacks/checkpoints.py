@@ -1,8 +1,8 @@
-"""Dose checkpoints: save (and evaluate) at chosen points of a run.
+"""Step checkpoints: save (and evaluate) a run at chosen optimizer steps.
 
-The paper's dose-response analysis (§5, Figure 2 right) reads the model at several amounts of
-kNN-pair training. Within one run, a "point" is an optimizer step; across runs, ``obliq dose-sweep``
-trains the same recipe at several kNN doses (:mod:`obliq.dose`).
+A learning curve within one run: the model after 10, 20, … steps (of the same rows). Not the paper's
+dose (§5, Figure 2 right: kNN rows per epoch), which changes the training data: ``obliq dose-sweep``
+trains a recipe once per dose (:mod:`obliq.dose`).
 """
 
 from __future__ import annotations
@@ -10,17 +10,16 @@ from __future__ import annotations
 from pathlib import Path
 
 from lightning.pytorch import Callback, LightningModule, Trainer
+from obliq.callbacks.evaluation import RetrievalEvaluation
 
-from callbacks.evaluation import RetrievalEvaluation
 
-
-class DoseCheckpoints(Callback):
+class StepCheckpoints(Callback):
     """Write ``<dirpath>/step-<n>.ckpt`` when the global step reaches each of ``steps``, and run the
     trainer's :class:`RetrievalEvaluation` callback there (when one is configured and ``evaluate``).
 
     Args:
         steps: global steps to save at (after that step's optimizer update).
-        dirpath: folder for the checkpoints (default ``<default_root_dir>/dose-checkpoints``).
+        dirpath: folder for the checkpoints (default ``<default_root_dir>/step-checkpoints``).
         evaluate: also evaluate at those steps.
 
     Raises:
@@ -37,7 +36,7 @@ class DoseCheckpoints(Callback):
         step = trainer.global_step
         if step not in self.steps or any(p.endswith(f"step-{step}.ckpt") for p in self.saved):
             return
-        folder = Path(self.dirpath or Path(trainer.default_root_dir) / "dose-checkpoints")
+        folder = Path(self.dirpath or Path(trainer.default_root_dir) / "step-checkpoints")
         path = folder / f"step-{step}.ckpt"
         trainer.save_checkpoint(path)
         self.saved.append(str(path))

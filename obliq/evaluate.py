@@ -8,7 +8,7 @@ Examples::
     obliq evaluate --model minilm --tasks ../shared/data/tasks --output runs/minilm+rerank \\
         --rerank configs/rerank/cpu-smollm2.yaml   # LLM-rerank the tasks the policy names (docs/rerank.md)
 
-It wires the layers together: tasks (:mod:`obliq.eval.tasks`), the retriever
+It wires the layers together: tasks (:mod:`obliq.tasks`), the retriever
 (:func:`obliq.eval.retrieval.make_retriever` with a :class:`~obliq.eval.retrieval.RetrievalSettings`),
 the reranker of a policy (:mod:`obliq.rerank`), and the result files (:mod:`obliq.eval.results`).
 """
@@ -18,12 +18,12 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+from obliq.distributed import world
 from obliq.eval.metrics import DEFAULT_MEASURES, check_depth
 from obliq.eval.results import evaluate_tasks
 from obliq.eval.retrieval import RetrievalSettings, is_run_file, make_retriever
-from obliq.eval.tasks import find_tasks, load_task
 from obliq.files import claim_output, write_json
-from obliq.loss import world
+from obliq.tasks import find_tasks, load_task
 
 log = logging.getLogger(__name__)
 

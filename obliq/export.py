@@ -18,7 +18,8 @@ import torch
 from obliq import __version__
 from obliq.aliases import portable_name
 from obliq.files import claim_output, read_text, write_json, write_text
-from obliq.model.encoder import BiEncoder, LoraSettings, stored_settings
+from obliq.model.checkpoint import load_checkpoint, read_checkpoint
+from obliq.model.encoder import BiEncoder
 
 PROBE = [
     "A passage in the same restless, aphoristic voice as this one.",
@@ -28,64 +29,6 @@ PROBE = [
     "The court adjourned; nobody expected the verdict, least of all the defendant's lawyers.",
     "Short.",
 ]
-
-
-def read_checkpoint(path: str | Path) -> dict:
-    """Read a training checkpoint as data (``weights_only=True``: no pickled code runs).
-
-    Raises:
-        FileNotFoundError: no such file.
-        ValueError: not a readable checkpoint.
-        KeyError: not an obliq training checkpoint (no ``obliq`` section).
-    """
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: no such checkpoint")
-    try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:  # truncated, not a zip, a foreign pickle …: whatever torch.load raises
-        first = (str(err).splitlines() or [""])[0]
-        raise ValueError(f"{path}: not a readable checkpoint ({type(err).__name__}: {first})") from None
-    if not isinstance(ckpt, dict) or "obliq" not in ckpt:
-        raise KeyError(f"{path}: not an obliq training checkpoint (no 'obliq' section)")
-    return ckpt
-
-
-def load_checkpoint(path: str | Path, ckpt: dict | None = None, backbone: str | None = None,
-                    trust_remote_code: bool = False, **overrides) -> BiEncoder:
-    """Rebuild the encoder of a training checkpoint (``train.py fit``) with its trained weights.
-
-    The checkpoint is data: its encoder settings are read through
-    :func:`obliq.model.encoder.stored_settings` (never ``trust_remote_code``, which comes from the
-    caller alone), and the backbone it names is checked against the caller's when one is given.
-
-    Args:
-        path: a ``.ckpt`` file written by :class:`~obliq.model.module.RetrieverModule`.
-        ckpt: its content when already read (:func:`read_checkpoint`).
-        backbone: the backbone the caller expects (an alias, folder or hub id); None accepts the
-            checkpoint's.
-        trust_remote_code: let the backbone run its own code (the caller's choice; off by default).
-        overrides: BiEncoder settings to change (e.g. ``dtype="float32"``).
-
-    Raises:
-        FileNotFoundError: no such file.
-        ValueError: not a readable checkpoint; a backbone other than ``backbone``.
-        KeyError: the file is not an obliq checkpoint, or lacks trained weights.
-    """
-    ckpt = ckpt if ckpt is not None else read_checkpoint(path)
-    settings = stored_settings(ckpt["obliq"].get("encoder"), path)
-    if backbone is not None and portable_name(backbone) != portable_name(settings["backbone"]):
-        raise ValueError(f"{path}: trained on backbone {settings['backbone']!r}, not {backbone!r}")
-    lora = ckpt["obliq"].get("lora")
-    encoder = BiEncoder(**dict(settings, **overrides), trust_remote_code=trust_remote_code,
-                        lora=LoraSettings(**lora) if lora else None)
-    state = {k.removeprefix("encoder."): v for k, v in ckpt["state_dict"].items()}
-    trainable = {n for n, p in encoder.named_parameters() if p.requires_grad}
-    missing = sorted(trainable - state.keys())
-    if missing:
-        raise KeyError(f"{path}: {len(missing)} trained weights missing, e.g. {missing[:3]}")
-    encoder.load_state_dict(state, strict=False)
-    return encoder.eval()
 
 
 def _probe_embeddings(encode, texts: list[str]) -> torch.Tensor:
@@ -221,7 +164,6 @@ def model_card(ckpt: dict, encoder: BiEncoder, kind: str, evaluation: list[dict]
     base = portable_name(settings["backbone"])
     hp = ckpt.get("hyper_parameters", {})
     stats = (ckpt.get("TrainingDataModule") or {}).get("stats") or {}
-    temperature = hp.get("temperature")
     library = "peft" if kind == "adapter" else "sentence-transformers"
     lines = ["---", f"base_model: {base}", f"library_name: {library}", "pipeline_tag: sentence-similarity", "tags:",
              "- obliq", "- dense-retrieval", "- sentence-transformers", "- feature-extraction"]
@@ -243,10 +185,14 @@ def model_card(ckpt: dict, encoder: BiEncoder, kind: str, evaluation: list[dict]
                      f"{', '.join(lora['target_modules'] or _targets(encoder))} |")
     lines += ["", "## Training", "", "| setting | value |", "|---|---|",
               f"| optimizer steps | {ckpt.get('global_step', '?')} (epoch {ckpt.get('epoch', '?')}) |"]
-    if temperature:
-        lines.append(f"| loss | InfoNCE over in-batch positives and hard negatives, temperature {temperature} "
-                     f"(scale {1 / temperature:g}), GradCache chunk {hp.get('chunk_size')}, negatives gathered "
-                     f"across devices: {hp.get('gather_across_devices')} |")
+    loss = ckpt["obliq"].get("loss") or {}  # the loss's own citation() and settings, saved with the weights
+    if loss:
+        rest = {k: v for k, v in loss.items() if k not in ("loss", "references", "temperature", "scale")}
+        settings_text = ", ".join([f"temperature {loss['temperature']} (scale {loss['scale']:g})"] * ("temperature" in loss)
+                                  + [f"{k.replace('_', ' ')}: {v}" for k, v in rest.items()])
+        lines.append(f"| loss | {loss.get('loss')}: {settings_text} |")
+        if loss.get("references"):
+            lines.append(f"| references | {'; '.join(loss['references'])} |")
     if "lr" in hp:
         lines.append(f"| optimizer | AdamW, lr {hp['lr']}, weight decay {hp.get('weight_decay')}, warmup ratio "
                      f"{hp.get('warmup_ratio')} then linear decay, gradient clip {hp.get('max_grad_norm')} |")

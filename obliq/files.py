@@ -25,9 +25,10 @@ import math
 import os
 import re
 import tempfile
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO, Iterator
+from typing import IO
 
 BOM = codecs.BOM_UTF8
 """The UTF-8 byte-order mark (EF BB BF)."""

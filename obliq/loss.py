@@ -8,9 +8,10 @@ sentence-transformers' MultipleNegativesRankingLoss with scale 1/τ = 50 (the mo
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+
+from obliq.distributed import gather, world
 
 
 def info_nce(
@@ -50,42 +51,6 @@ def info_nce(
     return F.cross_entropy(scores, positive_index).float()
 
 
-def world() -> tuple[int, int]:
-    """(rank, world size) of the default process group, or (0, 1) outside one."""
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
-
-
-def gather(x: torch.Tensor) -> torch.Tensor:
-    """Concatenate ``x`` from every rank along dim 0, keeping the gradient of the local shard.
-
-    Ranks may hold different numbers of rows. Remote shards are constants: every rank then
-    computes the same global loss and back-propagates only into its own embeddings, so the sum
-    of the ranks' gradients is the full-batch gradient (see :attr:`InfoNCELoss.backward_scale`).
-
-    Args:
-        x: (n_local, ...) tensor.
-
-    Returns:
-        (Σ n_rank, ...) tensor, rank order; the local rows are ``x`` itself.
-    """
-    rank, size = world()
-    if size == 1:
-        return x
-    sizes = [torch.zeros(1, dtype=torch.long, device=x.device) for _ in range(size)]
-    dist.all_gather(sizes, torch.tensor([x.shape[0]], device=x.device))
-    sizes = [int(s) for s in sizes]
-    width = max(sizes)
-    padded = torch.zeros((width, *x.shape[1:]), dtype=x.dtype, device=x.device)
-    padded[: x.shape[0]] = x.detach()
-    parts = [torch.empty_like(padded) for _ in range(size)]
-    dist.all_gather(parts, padded)
-    parts = [p[:n] for p, n in zip(parts, sizes)]
-    parts[rank] = x
-    return torch.cat(parts)
-
-
 class InfoNCELoss(nn.Module):
     """InfoNCE with in-batch and hard negatives, gathered across devices.
 
@@ -120,9 +85,10 @@ class InfoNCELoss(nn.Module):
         return info_nce(queries, docs, positive_index, doc_keys, self.temperature)
 
     def citation(self) -> dict:
-        """What a model card needs to describe the trained objective."""
+        """What a model card needs to describe the trained objective: its name, settings and references
+        (as sentence-transformers' losses describe themselves)."""
         return {
-            "loss": "InfoNCE (in-batch + hard negatives), GradCache",
+            "loss": "InfoNCE over in-batch positives and hard negatives (GradCache)",
             "temperature": self.temperature,
             "scale": 1.0 / self.temperature,
             "gather_across_devices": self.gather_across_devices,

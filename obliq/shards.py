@@ -12,9 +12,10 @@ and writes the items in the order a single run would have. On a SLURM array job,
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence, TypeVar
+from typing import TypeVar
 
 T = TypeVar("T")
 
@@ -35,7 +36,7 @@ class Shard:
     index: int | None = None
     count: int | None = None
 
-    def resolved(self) -> "Shard":
+    def resolved(self) -> Shard:
         """The shard with SLURM's values filled in where unset (see the attributes).
 
         Raises:

@@ -30,6 +30,7 @@ import logging
 import os
 import re
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from lightning.pytorch.cli import LightningCLI
@@ -55,21 +56,80 @@ def run_folder(run_dir: str | os.PathLike, ckpt_path: str | None) -> tuple[Path,
         newest version's ``last.ckpt`` when there is one (else unchanged, for Lightning to resolve).
     """
     base = Path(run_dir)
-    versions = [p for p in base.iterdir() if p.is_dir() and VERSION.match(p.name)] if base.is_dir() else []
     if ckpt_path == "last":
-        resumable = [(p.stat().st_mtime, p) for p in versions if next(p.rglob("last.ckpt"), None) is not None]
-        if resumable:
-            newest = max(resumable)[1]
-            return newest, str(max(newest.rglob("last.ckpt"), key=lambda f: f.stat().st_mtime))
+        newest = latest_run(base)
+        if newest is not None and newest.last is not None:
+            return newest.path, str(newest.last)
     elif ckpt_path and Path(ckpt_path).is_file():
-        inside = next((v for v in versions if Path(ckpt_path).resolve().is_relative_to(v.resolve())), None)
+        inside = next((v.path for v in run_versions(base) if Path(ckpt_path).resolve().is_relative_to(v.path.resolve())),
+                      None)
         if inside is not None:
             return inside, ckpt_path
     wandb_id = os.environ.get("WANDB_RUN_ID")
     if wandb_id:
         return base / ("wandb-" + re.sub(r"\W", "_", wandb_id)), ckpt_path
-    taken = [int(m.group(2)) for p in versions if (m := VERSION.match(p.name)) and m.group(2) is not None]
+    taken = [int(m.group(2)) for v in run_versions(base) if (m := VERSION.match(v.path.name)) and m.group(2) is not None]
     return base / f"version_{max(taken, default=-1) + 1}", ckpt_path
+
+
+@dataclass(frozen=True)
+class RunFolder:
+    """One run of a recipe: a version folder of its ``run_dir`` and the checkpoints in it.
+
+    Attributes:
+        path: ``<run_dir>/version_<n>`` or ``<run_dir>/wandb-<id>``.
+    """
+
+    path: Path
+
+    @property
+    def final(self) -> Path | None:
+        """``final.ckpt``: the weights at the end of training (written by :func:`fit`), or None."""
+        file = self.path / FINAL
+        return file if file.is_file() else None
+
+    @property
+    def last(self) -> Path | None:
+        """The newest ``last.ckpt`` below the folder (ModelCheckpoint's ``save_last``), or None."""
+        found = [f for f in self.path.rglob("last.ckpt") if f.is_file()]
+        return max(found, key=lambda f: f.stat().st_mtime) if found else None
+
+    @property
+    def newest(self) -> Path | None:
+        """The checkpoint to read this run's weights from: ``final.ckpt``, else ``last.ckpt``, else None."""
+        return self.final or self.last
+
+    def checkpoints(self) -> list[tuple[int, Path]]:
+        """``(step, file)`` of every step checkpoint below the folder (not ``last``/``final``), by step;
+        the step is read from each file (:func:`obliq.model.checkpoint.checkpoint_info`)."""
+        from obliq.model.checkpoint import checkpoint_info
+
+        files = [f for f in sorted(self.path.rglob("*.ckpt")) if f.name not in ("last.ckpt", FINAL) and not f.is_symlink()]
+        return sorted(((checkpoint_info(f).step, f) for f in files), key=lambda p: (p[0], str(p[1])))
+
+
+FINAL = "final.ckpt"
+"""The checkpoint :func:`fit` writes at the end of training, in the run's folder."""
+
+
+def run_versions(run_dir: str | os.PathLike) -> list[RunFolder]:
+    """Every run (version folder) of ``run_dir``, oldest first (by the folder's creation order: its
+    version number, W&B runs by modification time after them)."""
+    base = Path(run_dir)
+    if not base.is_dir():
+        return []
+    found = [p for p in base.iterdir() if p.is_dir() and VERSION.match(p.name)]
+    key = lambda p: (0, int(VERSION.match(p.name).group(2)), 0.0) if VERSION.match(p.name).group(2) else (  # noqa: E731
+        1, 0, p.stat().st_mtime)
+    return [RunFolder(p) for p in sorted(found, key=key)]
+
+
+def latest_run(run_dir: str | os.PathLike) -> RunFolder | None:
+    """The run of ``run_dir`` whose checkpoint was written last (``final.ckpt`` or ``last.ckpt``), like
+    litgpt's ``find_resume_path``: what ``--ckpt_path last`` resumes and what a caller reads a recipe's
+    trained weights from. None when no run holds a checkpoint."""
+    runs = [(r.newest.stat().st_mtime, i, r) for i, r in enumerate(run_versions(run_dir)) if r.newest is not None]
+    return max(runs)[2] if runs else None
 
 
 def resume_differences(ckpt: dict, model: dict, source: object) -> list[str]:
@@ -115,15 +175,23 @@ def resume_differences(ckpt: dict, model: dict, source: object) -> list[str]:
     return applied
 
 
+def add_recipe_arguments(parser) -> None:
+    """The top-level settings a recipe has besides Lightning's: its ``work_dir`` and ``run_dir``."""
+    parser.add_argument("--work_dir", type=str | None, default=None,
+                        help="The recipe's one folder, from which it derives its inputs (rows, tasks) and its "
+                             "run_dir (${work_dir}); what the commands that build those inputs read.")
+    parser.add_argument("--run_dir", type=str, default="runs/train",
+                        help="The recipe's runs; each run goes in a version of it, from which the recipe derives "
+                             "its checkpoint, log and W&B folders (${run_dir}).")
+
+
 class TrainCLI(LightningCLI):
     """LightningCLI with a ``run_dir`` setting, that checks the training files before the backbone
     loads (minutes for a 3B model): every source must match files, and every row must pass the schema
     (the row index this builds is cached, so ``prepare_data`` reuses it). Only on a node's first process."""
 
     def add_arguments_to_parser(self, parser) -> None:
-        parser.add_argument("--run_dir", type=str, default="runs/train",
-                            help="The recipe's folder; each run goes in a version of it, from which the recipe derives "
-                                 "its checkpoint, log and W&B folders (${run_dir}).")
+        add_recipe_arguments(parser)
 
     def parse_arguments(self, parser, args) -> None:
         """Parse, then once more with ``--run_dir`` set to this run's version folder (and ``last``
@@ -146,7 +214,7 @@ class TrainCLI(LightningCLI):
         path = self.config[sub].get("ckpt_path") if sub else None
         if not path or not Path(path).is_file():
             return
-        from obliq.export import read_checkpoint
+        from obliq.model.checkpoint import read_checkpoint
 
         model = self.config[sub].get("model")
         ckpt = read_checkpoint(path)
@@ -189,7 +257,7 @@ def cli(args: list[str] | None = None, run: bool = True) -> LightningCLI:
     # `obliq quickstart` / `dose-sweep` pass their own args while sys.argv holds theirs: intended.
     warnings.filterwarnings("ignore", message="LightningCLI's args parameter is intended")
     warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")
-    from callbacks.logging import LoggedConfig
+    from obliq.callbacks.logging import LoggedConfig
     from obliq.data import TrainingDataModule
     from obliq.model.module import RetrieverModule
 
@@ -204,12 +272,15 @@ def cli(args: list[str] | None = None, run: bool = True) -> LightningCLI:
     )
 
 
-def recipe_config(recipe: str | os.PathLike, **overrides) -> dict:
+def recipe_config(recipe: str | os.PathLike, *more: str | os.PathLike, **overrides) -> dict:
     """A recipe's settings as plain data, its interpolations resolved (OmegaConf), without building
-    anything: what ``obliq quickstart`` and ``obliq dose-sweep`` read to find a recipe's data sources.
+    anything: what ``obliq quickstart``, ``obliq dose-sweep`` and the examples read to find a recipe's
+    folders and data sources.
 
     Args:
         recipe: a ``train.py`` config file.
+        more: configs stacked on it, as ``train.py fit --config A --config B`` stacks them (what a later
+            file sets replaces the earlier's; lists are replaced whole).
         overrides: top-level keys to set before resolving (``run_dir="runs/x"``).
 
     Raises:
@@ -222,9 +293,13 @@ def recipe_config(recipe: str | os.PathLike, **overrides) -> dict:
     from obliq.files import read_text
 
     try:
-        config = OmegaConf.create(read_text(recipe))
-        if not isinstance(config, dict) and not OmegaConf.is_dict(config):
-            raise ValueError(f"{recipe}: expected a mapping of settings")
+        parts = []
+        for file in (recipe, *more):
+            config = OmegaConf.create(read_text(file))
+            if not OmegaConf.is_dict(config):
+                raise ValueError(f"{file}: expected a mapping of settings")
+            parts.append(config)
+        config = OmegaConf.merge(*parts)
         for key, value in overrides.items():
             OmegaConf.update(config, key, value)
         return OmegaConf.to_container(config, resolve=True)
@@ -232,9 +307,39 @@ def recipe_config(recipe: str | os.PathLike, **overrides) -> dict:
         raise ValueError(f"{recipe}: {err}") from None
 
 
-def fit_and_export(args: list[str], out: str | os.PathLike, overwrite: bool = False) -> Path:
-    """Run ``train.py`` with ``args`` (``fit --config …``), save the final weights as
-    ``<run folder>/final.ckpt`` and export its adapter to ``<out>/adapter`` (:func:`obliq.export.export`).
+@dataclass(frozen=True)
+class Fitted:
+    """What :func:`fit` (and :func:`fit_and_export`) produced.
+
+    Attributes:
+        run: the run's folder (:class:`RunFolder`).
+        checkpoint: its ``final.ckpt``.
+        adapter: the exported adapter folder (:func:`fit_and_export` only).
+    """
+
+    run: RunFolder
+    checkpoint: Path
+    adapter: Path | None = None
+
+
+def fit(args: list[str]) -> Fitted:
+    """Run ``train.py`` with ``args`` (``fit --config …``) and save the final weights as
+    ``<run folder>/final.ckpt``.
+
+    Raises:
+        ValueError: ``args`` is not a ``fit`` command line.
+    """
+    if not args or args[0] != "fit":
+        raise ValueError(f"expected a fit command line (fit --config …), got {args[:2]}")
+    run = cli(args)
+    folder = RunFolder(Path(run.config.fit.run_dir))
+    final = folder.path / FINAL
+    run.trainer.save_checkpoint(final)
+    return Fitted(folder, final)
+
+
+def fit_and_export(args: list[str], out: str | os.PathLike, overwrite: bool = False) -> Fitted:
+    """:func:`fit`, then export the final weights' adapter to ``<out>/adapter`` (:func:`obliq.export.export`).
 
     Args:
         args: the training command line.
@@ -242,13 +347,12 @@ def fit_and_export(args: list[str], out: str | os.PathLike, overwrite: bool = Fa
         overwrite: replace an earlier export there (refused otherwise, before training).
 
     Returns:
-        The adapter folder (what ``evaluate`` loads).
+        The run, its final checkpoint and the adapter folder (what ``evaluate`` loads).
     """
     from obliq.export import export
     from obliq.files import claim_output
 
     claim_output(out, overwrite, "an export")
-    run = cli(args)
-    final = Path(run.trainer.default_root_dir) / "final.ckpt"
-    run.trainer.save_checkpoint(final)
-    return Path(export(final, out, overwrite=True)["adapter"])
+    fitted = fit(args)
+    adapter = Path(export(fitted.checkpoint, out, overwrite=True)["adapter"])
+    return Fitted(fitted.run, fitted.checkpoint, adapter)

@@ -19,7 +19,7 @@ from scipy import stats
 from obliq.audit.commands import audit
 from obliq.eval.metrics import read_run
 from obliq.eval.retrieval import RetrievalSettings
-from obliq.eval.tasks import read_qrels
+from obliq.tasks import read_qrels
 
 # NDCG@10 per query set, data README / task.json (reference BM25: k1 0.9, b 0.4, unstemmed \w+ tokens).
 README_NDCG10 = {"aal": 0.2254, "wme": 0.3093, "wme-translated": 0.2593}

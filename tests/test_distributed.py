@@ -109,7 +109,7 @@ def _eval_worker(rank, path, task_dir, init_file, out_dir):
     import json
 
     from obliq.eval.retrieval import RetrievalSettings, make_retriever
-    from obliq.eval.tasks import load_task
+    from obliq.tasks import load_task
 
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
     try:
@@ -131,7 +131,7 @@ def test_two_ranks_encoding_shares_give_the_one_process_run(tiny_llama_dir, task
     from test_eval_callback import small_real_task
 
     from obliq.eval.retrieval import RetrievalSettings, make_retriever
-    from obliq.eval.tasks import load_task
+    from obliq.tasks import load_task
 
     task_dir = small_real_task(tasks_dir, tmp_path / "slice", n_distractors=40)
     mp.spawn(_eval_worker, args=(tiny_llama_dir, task_dir, tmp_path / "init", tmp_path), nprocs=2, join=True)
@@ -161,8 +161,8 @@ def test_the_training_callback_evaluates_on_every_rank_under_ddp_and_fsdp2(strat
 
     from obliq.eval.results import evaluate_tasks
     from obliq.eval.retrieval import RetrievalSettings, make_retriever
-    from obliq.eval.tasks import load_task
-    from obliq.export import load_checkpoint
+    from obliq.model.checkpoint import load_checkpoint
+    from obliq.tasks import load_task
 
     task_dir = small_real_task(tasks_dir, tmp_path / "slice", n_distractors=25)
     rows = write_rows(tmp_path / "rows.jsonl", task_rows(tasks_dir, "math-theoremqa", limit=16))
@@ -172,7 +172,7 @@ def test_the_training_callback_evaluates_on_every_rank_under_ddp_and_fsdp2(strat
     cfg = yaml.safe_load(config.read_text())
     settings = {"top_k": 50, "batch_size": 4, "query_max_length": 32, "passage_max_length": 48}
     cfg["trainer"]["callbacks"] += [
-        {"class_path": "callbacks.RetrievalEvaluation",
+        {"class_path": "obliq.callbacks.RetrievalEvaluation",
          "init_args": {"tasks": [str(task_dir)], "every_n_steps": 2, "measures": ["NDCG@10", "Recall@10"],
                        "retrieval": settings}},  # at step 2 (the last): the end adds no second evaluation
         {"class_path": "lightning.pytorch.callbacks.ModelCheckpoint",

@@ -10,7 +10,7 @@ import pytest
 from obliq.eval.bm25 import BM25
 from obliq.eval.metrics import evaluate_run
 from obliq.eval.retrieval import RetrievalSettings, retrieve_bm25
-from obliq.eval.tasks import load_task
+from obliq.tasks import load_task
 
 
 def lucene(tf: int, df: int, n: int, dl: int, avgdl: float, k1: float, b: float) -> float:

@@ -10,12 +10,12 @@ import torch
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
+from obliq.callbacks import RetrievalEvaluation
 from torch.utils.data import DataLoader
 
-from callbacks import RetrievalEvaluation
 from obliq.eval.results import evaluate_tasks
 from obliq.eval.retrieval import RetrievalSettings, retrieve_dense
-from obliq.eval.tasks import load_task, read_jsonl, read_qrels
+from obliq.tasks import load_task, read_jsonl, read_qrels
 
 
 def small_real_task(tasks_dir, root, n_queries=15, n_distractors=40):

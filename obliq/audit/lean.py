@@ -12,10 +12,10 @@ descending.
 from __future__ import annotations
 
 import math
-from typing import Iterable
+from collections.abc import Iterable
 
 from obliq.eval.metrics import Run, top_k
-from obliq.eval.tasks import Qrels
+from obliq.tasks import Qrels
 
 
 def lean_at_k(

@@ -14,13 +14,13 @@ from __future__ import annotations
 import gc
 import logging
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 from obliq.audit.inputs import GOLD
 from obliq.audit.lean import lean_at_k
 from obliq.eval.metrics import Run, evaluate_run, parse_measures
 from obliq.eval.retrieval import RetrievalSettings, make_retriever
-from obliq.eval.tasks import Task
+from obliq.tasks import Task
 
 log = logging.getLogger(__name__)
 

@@ -43,7 +43,7 @@ checkpoint taken after any step resumes with the next batch, none repeated or sk
 """
 
 from obliq.data.index import FileIndex, index_file
-from obliq.data.mixture import MixturePlan, Source, permute
+from obliq.data.mixture import MixturePlan, Source, named_source, permute
 from obliq.data.rows import (
     ERROR_KINDS,
     ROW_SOURCES,
@@ -68,6 +68,7 @@ __all__ = [
     "TrainingDataModule",
     "TrainingRow",
     "index_file",
+    "named_source",
     "parse_row",
     "permute",
 ]

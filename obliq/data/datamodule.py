@@ -46,6 +46,8 @@ from obliq.data.rows import RowError, TrainingRow, parse_row
 from obliq.text import id_hash
 
 Tokenize = Callable[[list[str], str, list[str | None]], dict[str, torch.Tensor]]
+"""What the collator calls: ``tokenize(texts, kind, instructions) -> {"input_ids", "attention_mask"}``
+(:class:`obliq.model.TextTokenizer` is the encoder's)."""
 
 
 class BatchRef(NamedTuple):
@@ -167,7 +169,7 @@ class Collator:
     Args:
         tokenize: ``tokenize(texts, kind, instructions) -> {"input_ids": (B, L), "attention_mask":
             (B, L), ...}`` with ``kind`` ``"query"`` or ``"passage"`` and, for queries, each row's
-            ``instruction`` (or None); it adds prefixes and truncates (``obliq.model.Tokenize``,
+            ``instruction`` (or None); it adds prefixes and truncates (``obliq.model.TextTokenizer``,
             the encoder's ``text``). Runs in the loader's worker processes.
         max_negatives: k, the most hard negatives kept per row (the first k in file order).
 
@@ -291,7 +293,8 @@ class TrainingDataModule(L.LightningDataModule):
             self.encoder.tokenize``). Worker processes are forked, so it need not be picklable.
 
     Raises:
-        ValueError: bad arguments; a file shared by two sources; (fail mode) a duplicate row id.
+        ValueError: bad arguments; a file shared by two sources; two sources of one name; (fail mode) a
+            duplicate row id.
         RowError: (fail mode) a bad row, at setup.
         RuntimeError: a loader is asked for before ``tokenize`` is set.
     """
@@ -317,6 +320,9 @@ class TrainingDataModule(L.LightningDataModule):
         if batch_size < 1 or max_negatives < 0 or num_workers < 0 or prefetch_factor < 1 or seed < 0:
             raise ValueError("need batch_size >= 1, max_negatives >= 0, num_workers >= 0, prefetch_factor >= 1, seed >= 0")
         self.sources = [s if isinstance(s, Source) else Source(**s) for s in sources]
+        names = [s.name for s in self.sources if s.name is not None]
+        if len(set(names)) != len(names):
+            raise ValueError(f"two data sources share a name: {sorted(n for n in names if names.count(n) > 1)[0]!r}")
         self.batch_size, self.max_negatives, self.seed, self.shuffle = batch_size, max_negatives, seed, shuffle
         self.on_bad_row, self.num_workers, self.prefetch_factor = on_bad_row, num_workers, prefetch_factor
         if index_dir is None:
@@ -366,6 +372,7 @@ class TrainingDataModule(L.LightningDataModule):
                 skipped["duplicate-id"] += dups
             sources.append(
                 {
+                    "name": source.name,
                     "path": source.path,
                     "files": len(files),
                     "rows": sizes[s],

@@ -48,18 +48,24 @@ class Source:
             are read in sorted order.
         weight: share of the weighted rows per epoch (> 0); see the module docstring.
         count: exact number of rows per epoch (>= 0), e.g. the kNN dose.
+        name: what the source is called (``knn``, ``synthetic``): how the dose sweep, the quickstart
+            and an ablation pick a source of a recipe; unique within a mixture. None: unnamed.
 
     At most one of ``weight`` and ``count`` may be set; with neither, every row once per epoch.
 
     Raises:
-        ValueError: both set, a weight that is not a finite positive number, or a negative count.
+        ValueError: both set, a weight that is not a finite positive number, a negative count, or an
+            empty name.
     """
 
     path: str
     weight: float | None = None
     count: int | None = None
+    name: str | None = None
 
     def __post_init__(self):
+        if self.name is not None and (not isinstance(self.name, str) or not self.name.strip()):
+            raise ValueError(f"source {self.path}: name must be a non-empty string, got {self.name!r}")
         if self.weight is not None and self.count is not None:
             raise ValueError(f"source {self.path}: give a weight or a count, not both")
         if self.weight is not None and not (math.isfinite(self.weight) and self.weight > 0):
@@ -135,6 +141,20 @@ def _apportion(total: int, weights: Sequence[float]) -> list[int]:
     for i in order[: total - sum(counts)]:
         counts[i] += 1
     return counts
+
+
+def named_source(sources: Sequence[dict | Source], name: str, where: object = "the mixture") -> int:
+    """The index of the source called ``name`` among ``sources`` (dicts as in a recipe, or :class:`Source`).
+
+    Raises:
+        ValueError: no source or several sources have that name (the names found are listed).
+    """
+    names = [s.get("name") if isinstance(s, dict) else s.name for s in sources]
+    hits = [i for i, n in enumerate(names) if n == name]
+    if len(hits) != 1:
+        raise ValueError(f"{where}: {'no' if not hits else 'more than one'} data source named {name!r} "
+                         f"(sources named: {', '.join(str(n) for n in names)})")
+    return hits[0]
 
 
 class MixturePlan:

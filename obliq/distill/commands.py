@@ -23,8 +23,7 @@ from typing import Literal
 from obliq.distill.graph import KnnGraph, load_graph, teacher_graph
 from obliq.distill.pairs import knn_pairs, random_control
 from obliq.distill.purity import format_purity, graph_purity, labels_for
-from obliq.distill.teachers import StylometricConfig, load_teacher
-from obliq.eval.tasks import Task, load_task
+from obliq.distill.teachers import TEACHER_MAX_LENGTH, StylometricConfig, load_teacher
 from obliq.files import (
     atomic_write,
     claim_output,
@@ -34,6 +33,7 @@ from obliq.files import (
     refuse_shared_outputs,
     write_json,
 )
+from obliq.tasks import Task, load_task
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +64,7 @@ def graph(
     by_source: bool = False,
     stylometric: StylometricConfig = StylometricConfig(),
     batch_size: int = 32,
-    max_length: int = 512,
+    max_length: int = TEACHER_MAX_LENGTH,
     trust_remote_code: bool = False,
     overwrite: bool = False,
 ) -> dict:
@@ -194,7 +194,7 @@ def purity(
     by_source: bool = False,
     stylometric: StylometricConfig = StylometricConfig(),
     batch_size: int = 32,
-    max_length: int = 512,
+    max_length: int = TEACHER_MAX_LENGTH,
     trust_remote_code: bool = False,
     out: Path | None = None,
 ) -> list[dict]:

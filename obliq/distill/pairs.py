@@ -19,7 +19,8 @@ collapses the student in the paper, which shows the graph's structure carries th
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Literal, Sequence
+from collections.abc import Sequence
+from typing import Literal
 
 import numpy as np
 

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from obliq.distill.graph import KnnGraph
 

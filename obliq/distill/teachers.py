@@ -19,14 +19,18 @@ from __future__ import annotations
 
 import difflib
 import re
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Literal, Protocol, Sequence
+from typing import Literal, Protocol
 
 import numpy as np
 
 from obliq.eval.index import unit_float32
 from obliq.text import load_function_words
+
+TEACHER_MAX_LENGTH = 512
+"""Tokens an encoder teacher reads of a text (further capped by the model's own maximum)."""
 
 STYLOMETRIC = "stylometric"
 """The name :func:`load_teacher` maps to :class:`StylometricTeacher`."""
@@ -74,7 +78,7 @@ class EncoderTeacher:
         self,
         model: str,
         encoder: Literal["auto", "sentence-transformers", "obliq"] = "auto",
-        max_length: int = 512,
+        max_length: int = TEACHER_MAX_LENGTH,
         batch_size: int = 32,
         trust_remote_code: bool = False,
     ):
@@ -196,7 +200,7 @@ class StylometricTeacher:
                 out[i] /= len(tokens)
         return out
 
-    def fit(self, texts: Sequence[str]) -> "StylometricTeacher":
+    def fit(self, texts: Sequence[str]) -> StylometricTeacher:
         """Fit the n-gram vocabulary, idf weights and function-word means/deviations on ``texts``.
 
         Raises:
@@ -258,11 +262,38 @@ class StylometricTeacher:
         return {"kind": "stylometric", **asdict(self.config), "n_function_words": len(self.function_words)}
 
 
+class TeacherEncoder:
+    """A teacher used directly as a retriever: the ``encode(texts, kind, batch_size, max_length)`` that
+    :func:`obliq.eval.retrieval.make_retriever` takes. Queries and passages are encoded alike, and whole
+    (a teacher has no token limit: ``max_length`` does not apply).
+
+    Args:
+        teacher: a :class:`Teacher`.
+
+    Use :meth:`stylometric` for the stylometric teacher fitted on a task's corpus, as the kNN graph
+    fits it (the quickstart's and the distillation benches' "teacher" row).
+    """
+
+    def __init__(self, teacher: Teacher):
+        self.teacher = teacher
+        self.name_or_path = teacher.name
+
+    @classmethod
+    def stylometric(cls, corpus: Sequence[str], config: StylometricConfig | None = None) -> TeacherEncoder:
+        """The stylometric teacher fitted on ``corpus`` (a task's document texts)."""
+        return cls(StylometricTeacher(config).fit(list(corpus)))
+
+    def encode(self, texts: Sequence[str], kind: str = "query", batch_size: int = 32,
+               max_length: int | None = None) -> np.ndarray:
+        """(n, d) float32 unit vectors of ``texts`` (``kind``, ``batch_size`` and ``max_length`` are unused)."""
+        return self.teacher.encode(list(texts))
+
+
 def load_teacher(
     name: str,
     stylometric: StylometricConfig | None = None,
     batch_size: int = 32,
-    max_length: int = 512,
+    max_length: int = TEACHER_MAX_LENGTH,
     trust_remote_code: bool = False,
 ) -> Teacher:
     """The teacher called ``name``.

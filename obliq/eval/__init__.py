@@ -1,4 +1,4 @@
-"""Evaluation: tasks, retrieval, exact search, BM25, trec_eval metrics, significance, result files.
+"""Evaluation: retrieval, exact search, BM25, trec_eval metrics, significance, result files (tasks: :mod:`obliq.tasks`).
 
 One implementation of each: :func:`obliq.eval.index.search` is the project's only vector search,
 :class:`obliq.eval.bm25.BM25` its only BM25, :func:`obliq.eval.metrics.evaluate_run` its only metric code.
@@ -8,7 +8,6 @@ from obliq.eval.bm25 import BM25
 from obliq.eval.index import DenseIndex, search, unit_float32
 from obliq.eval.metrics import DEFAULT_MEASURES, Evaluation, evaluate_run, read_run, write_run
 from obliq.eval.significance import Comparison, compare, sign_flip_test
-from obliq.eval.tasks import Task, load_task, read_jsonl, read_qrels
 
 __all__ = [
     "BM25",
@@ -16,12 +15,8 @@ __all__ = [
     "Comparison",
     "DenseIndex",
     "Evaluation",
-    "Task",
     "compare",
     "evaluate_run",
-    "load_task",
-    "read_jsonl",
-    "read_qrels",
     "read_run",
     "search",
     "sign_flip_test",

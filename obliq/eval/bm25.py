@@ -18,7 +18,7 @@ empty document is never a hit, never a hard negative (C17); an all-empty corpus 
 from __future__ import annotations
 
 import re
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal, Protocol, Sequence
+from typing import TYPE_CHECKING, Literal, Protocol
 
 from obliq.aliases import resolve_model
 from obliq.files import read_text
@@ -76,7 +77,7 @@ class SentenceTransformerEncoder:
     def encode(
         self, texts: Sequence[str], kind: Kind = "query", batch_size: int = 32, max_length: int | None = None,
         show_progress: bool | None = None,
-    ) -> "torch.Tensor":
+    ) -> torch.Tensor:
         """Encode texts as queries or passages.
 
         Args:

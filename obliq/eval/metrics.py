@@ -26,14 +26,14 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Sequence
 
 import numpy as np
 
-from obliq.eval.tasks import Qrels, check_id, read_qrels
 from obliq.files import open_text
+from obliq.tasks import Qrels, check_id, read_qrels
 
 log = logging.getLogger(__name__)
 

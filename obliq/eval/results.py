@@ -20,16 +20,16 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Sequence
 from pathlib import Path
 from time import perf_counter
-from typing import Sequence
 
 import numpy as np
 
 from obliq.eval.metrics import DEFAULT_MEASURES, RECALL_CURVE_K, check_depth, evaluate_run, parse_measures, write_run
 from obliq.eval.retrieval import Retrieval, Retriever
-from obliq.eval.tasks import Task
 from obliq.files import json_text, read_text, safe_name, write_json
+from obliq.tasks import Task
 
 log = logging.getLogger(__name__)
 

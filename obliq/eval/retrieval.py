@@ -27,28 +27,30 @@ from __future__ import annotations
 
 import hashlib
 import logging
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from time import perf_counter
-from typing import Callable, Sequence
 
 import numpy as np
 
+from obliq.distributed import world
 from obliq.eval.bm25 import BM25, BM25_STEMMER, K1, B
 from obliq.eval.encoders import Encoder, EncoderKind, fingerprint, load_encoder
 from obliq.eval.index import DenseIndex, unit_float32
 from obliq.eval.metrics import Run, read_run, run_from_search
-from obliq.eval.tasks import Task
 from obliq.files import atomic_write, cache_dir, safe_name
-from obliq.loss import world
 from obliq.model.encoder import PASSAGE_MAX_LENGTH, QUERY_MAX_LENGTH
+from obliq.tasks import Task
 
 log = logging.getLogger(__name__)
 
 
-@dataclass
+@dataclass(frozen=True)
 class RetrievalSettings:
-    """How a model retrieves a task: the settings every evaluating command shares.
+    """How a model retrieves a task: the settings every evaluating command shares (frozen: one object
+    can be shared by every caller, and a default argument never changes; derive another with
+    ``dataclasses.replace``).
 
     Attributes:
         encoder: ``auto`` (from the model's files), ``obliq`` (BiEncoder: its prefixes, mean pooling)

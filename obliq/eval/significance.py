@@ -420,7 +420,7 @@ def compare_files(
             :func:`obliq.eval.metrics.check_run`).
     """
     from obliq.eval.metrics import check_run, evaluate_run, read_run
-    from obliq.eval.tasks import read_qrels
+    from obliq.tasks import read_qrels
 
     judged = read_qrels(qrels)
     values = []

@@ -24,8 +24,9 @@ is small, real and weak: it exercises the pipeline, not the paper's query qualit
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol, Sequence, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 from obliq.aliases import check_model_name, resolve_model
 from obliq.errors import check_int
@@ -103,8 +104,8 @@ class TransformersBackend:
         batch_size: chats per ``generate`` call.
         top_p: nucleus sampling mass when sampling.
         threads: torch CPU threads while generating (restored afterwards); default torch's own
-            setting. On a CPU shared with other busy processes, 1 thread can be several times faster
-            than 2 (OpenMP workers wait on each other while descheduled).
+            setting. On a CPU shared with other busy processes use 1 (docs/decisions.md, "Threads on a
+            shared 2-core CPU").
         reasoning: let a reasoning model reason (default off, through the chat template).
         reasoning_tokens: extra reply budget when it reasons.
 

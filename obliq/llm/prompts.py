@@ -14,10 +14,10 @@ package ships (``obliq/synth/prompts``, ``obliq/rerank/prompts``).
 from __future__ import annotations
 
 import string
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Sequence
 
 import yaml
 

@@ -1,6 +1,6 @@
 """The bi-encoder (backbone, bidirectional attention, LoRA, pooling) and its GradCache step."""
 
-from obliq.model.encoder import BiEncoder, LoraSettings, Tokenize, check_bidirectional, make_bidirectional
+from obliq.model.encoder import BiEncoder, LoraSettings, TextTokenizer, check_bidirectional, make_bidirectional
 from obliq.model.pooling import mean_pool
 
-__all__ = ["BiEncoder", "LoraSettings", "Tokenize", "check_bidirectional", "make_bidirectional", "mean_pool"]
+__all__ = ["BiEncoder", "LoraSettings", "TextTokenizer", "check_bidirectional", "make_bidirectional", "mean_pool"]

@@ -60,7 +60,7 @@ class LoraSettings:
             raise ValueError(f"LoRA dropout must be in [0, 1), got {self.dropout}")
 
 
-class Tokenize:
+class TextTokenizer:
     """Prefix, tokenize, truncate and pad texts for the encoder; picklable without the model, so
     data-loader workers can carry it.
 
@@ -208,7 +208,7 @@ class BiEncoder(nn.Module):
         if positions and max(query_max_length, passage_max_length) > positions:
             log.warning("%s reads at most %d tokens: max lengths %d/%d cut to fit", backbone, positions,
                         query_max_length, passage_max_length)
-        self.text = Tokenize(self.tokenizer, query_prefix, passage_prefix, query_max_length, passage_max_length,
+        self.text = TextTokenizer(self.tokenizer, query_prefix, passage_prefix, query_max_length, passage_max_length,
                              use_instructions, capacity=positions)
 
         kwargs: dict = {"dtype": _DTYPES[dtype], "trust_remote_code": trust_remote_code}
@@ -247,7 +247,7 @@ class BiEncoder(nn.Module):
         self, texts: list[str], kind: Kind, instructions: list[str | None] | None = None,
         max_length: int | None = None,
     ) -> dict[str, torch.Tensor]:
-        """See :class:`Tokenize` (``self.text``)."""
+        """See :class:`TextTokenizer` (``self.text``)."""
         return self.text(texts, kind, instructions, max_length)
 
     def text_policy(self, query_max_length: int | None = None, passage_max_length: int | None = None) -> dict:
@@ -371,7 +371,7 @@ class BiEncoder(nn.Module):
         write_json(folder / CONFIG_NAME, settings)
 
     @classmethod
-    def from_pretrained(cls, folder: str | Path, trainable: bool = False, **overrides) -> "BiEncoder":
+    def from_pretrained(cls, folder: str | Path, trainable: bool = False, **overrides) -> BiEncoder:
         """Load an encoder written by :meth:`save_pretrained` (adapter on its backbone, or a full model).
 
         The folder's ``obliq_encoder.json`` is data: only the settings :meth:`save_pretrained` writes

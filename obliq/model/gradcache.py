@@ -29,8 +29,9 @@ Two savings that leave the result unchanged:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import ExitStack, contextmanager, nullcontext
-from typing import Callable, ContextManager
+from typing import ContextManager
 
 import torch
 

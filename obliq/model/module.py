@@ -249,7 +249,8 @@ class RetrieverModule(L.LightningModule):
         checkpoint["state_dict"] = {k: v for k, v in checkpoint["state_dict"].items() if k in trainable}
         checkpoint["obliq"] = {"bad_steps": self.bad_steps, "overflow_steps": self.overflow_steps,
                                "encoder": self.encoder.settings,
-                               "lora": None if self.encoder.lora is None else vars(self.encoder.lora)}
+                               "lora": None if self.encoder.lora is None else vars(self.encoder.lora),
+                               "loss": {**self.loss.citation(), "chunk_size": self.chunk_size}}  # the model card's
 
     def check_checkpoint_state(self, state: dict) -> None:
         """Refuse a checkpoint ``state_dict`` that misses a trainable weight or holds one of another shape.

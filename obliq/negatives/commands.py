@@ -17,10 +17,10 @@ from typing import Literal
 
 from obliq.data.rows import parse_row, read_rows
 from obliq.eval.bm25 import BM25_STEMMER, K1, B
-from obliq.eval.tasks import load_task
 from obliq.files import atomic_write, claim_output, files_in, json_text, read_text, refuse_input_as_output, write_json
 from obliq.negatives.mine import Bm25sBackend, MiningReport, mine_negatives
 from obliq.shards import Shard, check_cover
+from obliq.tasks import load_task
 
 log = logging.getLogger(__name__)
 

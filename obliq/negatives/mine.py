@@ -32,8 +32,9 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, Sequence
+from typing import Protocol
 
 from obliq.eval.bm25 import BM25, BM25_STEMMER, K1, B
 from obliq.text import normalise_text, text_hash

@@ -34,9 +34,9 @@ import os
 import re
 import shutil
 import tempfile
+from collections.abc import Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Sequence
 
 from obliq.eval.bm25 import BM25, BM25_STEMMER, K1, B
 from obliq.negatives.mine import Hits

@@ -21,10 +21,10 @@ from typing import Literal
 
 from obliq.errors import check_int
 from obliq.eval.metrics import evaluate_run, parse_measures, read_run, write_run
-from obliq.eval.tasks import find_tasks, load_task
 from obliq.files import claim_output, files_in, refuse_input_as_output, safe_name, write_json
 from obliq.rerank.config import RerankConfig, dump_policy, load_policy
-from obliq.rerank.reranker import Reranker, check_run
+from obliq.rerank.reranker import Reranker, queries_to_rerank
+from obliq.tasks import find_tasks, load_task
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +70,7 @@ def run(task: Path, run: Path, out: Path, policy: Path | None = None, method: Me
         method = cfg.tasks[data.name]
     prompt = cfg.prompt(method, data.name).path if method != "identity" else None  # a bad prompt fails first
     dense = read_run(run)
-    ids = check_run(data, dense, source=run)[:queries]
+    ids = queries_to_rerank(data, dense, source=run)[:queries]
     reranked, stats = Reranker(cfg).rerank_run(data, dense, method, ids)
     out = Path(out)
     write_run(out, reranked, tag=method)
@@ -96,7 +96,7 @@ def _development(path: Path, runs: Path, split: str, dev_queries: int, seed: int
 
     Raises:
         FileNotFoundError: no dense run.
-        ValueError: the run fails :func:`obliq.rerank.reranker.check_run`, or holds none of the
+        ValueError: the run fails :func:`obliq.rerank.reranker.queries_to_rerank`, or holds none of the
             development queries.
     """
     has_dev = (path / "qrels" / f"{split}.tsv").is_file()
@@ -116,7 +116,7 @@ def _development(path: Path, runs: Path, split: str, dev_queries: int, seed: int
     if file is None:
         raise FileNotFoundError(f"{folder}/run.trec: dense run of {data.name} not found (run evaluate.py first)")
     dense = read_run(file)
-    check_run(data, dense, source=file)
+    queries_to_rerank(data, dense, source=file)
     record["run"] = str(file)
     missing = [q for q in ids if q not in dense]
     if len(missing) == len(ids):

@@ -12,9 +12,9 @@ its group, so a reranker never crashes and never loses a candidate (:mod:`obliq.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from time import perf_counter
-from typing import Callable, Sequence
 
 from obliq.llm.backends import Backend, ask
 from obliq.llm.prompts import Messages

@@ -13,7 +13,7 @@ Calls per query: ``0`` when ``N â‰¤ 1`` (nothing to order), ``1`` when ``1 < N â
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 from obliq.llm.prompts import Messages
 from obliq.rerank.config import ListwiseConfig

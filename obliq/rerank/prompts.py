@@ -21,8 +21,8 @@ checks are the LLM layer's (:mod:`obliq.llm.prompts`).
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from obliq.llm.prompts import Messages, PromptTemplate, cut_words, find_prompt, read_prompt
 

@@ -8,18 +8,18 @@ from __future__ import annotations
 
 import hashlib
 import logging
+from collections.abc import Sequence
 from dataclasses import replace
-from typing import Sequence
 
 from obliq.eval.metrics import Run, top_k
 from obliq.eval.retrieval import Retrieval, Retriever
-from obliq.eval.tasks import Task
 from obliq.llm.backends import Backend
 from obliq.rerank.config import METHODS, RerankConfig
 from obliq.rerank.judge import Judge, RerankStats
 from obliq.rerank.listwise import listwise
 from obliq.rerank.prompts import render_candidates
 from obliq.rerank.tourrank import tourrank
+from obliq.tasks import Task
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +29,7 @@ def query_seed(seed: int, query_id: str) -> int:
     return int.from_bytes(hashlib.blake2b(f"{seed}:{query_id}".encode(), digest_size=4).digest(), "little")
 
 
-def check_run(task: Task, run: Run, query_ids: Sequence[str] | None = None, source: object = "the run") -> list[str]:
+def queries_to_rerank(task: Task, run: Run, query_ids: Sequence[str] | None = None, source: object = "the run") -> list[str]:
     """The queries to rerank, checked against the task: the one check of a run (``obliq rerank run``,
     ``obliq rerank policy`` and :meth:`Reranker.rerank_run` use it).
 
@@ -94,21 +94,21 @@ class Reranker:
             run: query id → document id → score (the dense run).
             method: ``identity``, ``tourrank`` or ``listwise``; default the policy's for this task.
             query_ids: rerank only these queries (the result holds only them); default the task's
-                queries the run holds (:func:`check_run`).
+                queries the run holds (:func:`queries_to_rerank`).
 
         Returns:
             The reranked run (scores ``len(list) − rank``: reranked top-N first, then the rest in
             dense order) and what it cost. ``identity`` returns the run's ranking unchanged at no cost.
 
         Raises:
-            ValueError: an unknown method; a run that fails :func:`check_run` (before any call);
+            ValueError: an unknown method; a run that fails :func:`queries_to_rerank` (before any call);
                 a bad prompt file.
         """
         cfg = self.config
         method = method or cfg.method(task.name)
         if method not in METHODS:
             raise ValueError(f"unknown rerank method {method!r} (one of {', '.join(METHODS)})")
-        ids = check_run(task, run, query_ids)
+        ids = queries_to_rerank(task, run, query_ids)
         stats = RerankStats()
         if method == "identity":
             return {q: dict(run[q]) for q in ids}, stats

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 import random
-from typing import Callable
+from collections.abc import Callable
 
 from obliq.llm.prompts import Messages
 from obliq.rerank.config import TourRankConfig

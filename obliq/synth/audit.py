@@ -30,8 +30,8 @@ from __future__ import annotations
 import functools
 import re
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from obliq.eval.bm25 import BM25
 from obliq.text import load_function_words

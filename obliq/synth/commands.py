@@ -17,13 +17,13 @@ from pathlib import Path
 
 from obliq.data.rows import parse_row, read_rows
 from obliq.eval.bm25 import BM25
-from obliq.eval.tasks import load_task
 from obliq.files import atomic_write, claim_output, files_in, json_text, read_text, refuse_input_as_output, write_json
 from obliq.llm.backends import BackendConfig
 from obliq.shards import Shard, check_cover
 from obliq.synth.audit import audit_pairs, format_audit
 from obliq.synth.generate import GenerationConfig, sample_documents, synthesize
 from obliq.synth.prompts import TaskSpec
+from obliq.tasks import load_task
 
 log = logging.getLogger(__name__)
 

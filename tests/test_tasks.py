@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from obliq.eval.tasks import load_task, read_jsonl
+from obliq.tasks import load_task, read_jsonl
 from obliq.text import repair_text
 
 
@@ -88,7 +88,7 @@ def test_c17_bad_characters_are_repaired_and_counted(tmp_path, caplog):
 
 
 def test_split_queries_keeps_groups_whole_and_is_seeded(tasks_dir):
-    from obliq.eval.tasks import split_queries
+    from obliq.tasks import split_queries
 
     task = load_task(tasks_dir / "writing-news")
     dev, test = split_queries(task, 0.5, seed=0)
@@ -103,7 +103,7 @@ def test_split_queries_keeps_groups_whole_and_is_seeded(tasks_dir):
 
 
 def test_subset_and_split_errors(tmp_path):
-    from obliq.eval.tasks import split_queries, subset_queries
+    from obliq.tasks import split_queries, subset_queries
 
     task = load_task(make_task(tmp_path / "t", [{"_id": "d1", "text": "a"}, {"_id": "d2", "text": "b"}],
                                [{"_id": "q1", "text": "x"}, {"_id": "q2", "text": "y"}, {"_id": "q3", "text": "z"}],

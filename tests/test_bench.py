@@ -1,0 +1,117 @@
+"""Every bench script runs: each is started as a user would start it, on a few steps and small real data
+(the benches print figures; these tests check that they run to the end and write what they say)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from obliq.tasks import read_jsonl, read_qrels
+
+REPO = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow
+
+
+def bench(*args: str, env: dict | None = None, cwd: Path = REPO, timeout: int = 600) -> str:
+    """Run ``python bench/<args>``; its standard output (fails the test with its log on a non-zero exit)."""
+    done = subprocess.run([sys.executable, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+    return done.stdout
+
+
+def task_slice(tasks_dir: Path, name: str, out: Path, n_queries: int, n_distractors: int) -> Path:
+    """A real task cut small: its first queries, their relevant documents and some others."""
+    src = tasks_dir / name
+    qrels = read_qrels(src / "qrels" / "test.tsv")
+    queries = [o for _, o in read_jsonl(src / "queries.jsonl")][:n_queries]
+    wanted = {d for q in queries for d in qrels[q["_id"]]}
+    corpus = [o for _, o in read_jsonl(src / "corpus.jsonl")]
+    docs = [o for o in corpus if o["_id"] in wanted] + [o for o in corpus if o["_id"] not in wanted][:n_distractors]
+    (out / "qrels").mkdir(parents=True)
+    (out / "corpus.jsonl").write_text("".join(json.dumps(o) + "\n" for o in docs))
+    (out / "queries.jsonl").write_text("".join(json.dumps(o) + "\n" for o in queries))
+    rows = [f"{q['_id']}\t{d}\t{g}" for q in queries for d, g in qrels[q["_id"]].items()]
+    (out / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\n" + "\n".join(rows) + "\n")
+    (out / "task.json").write_text((src / "task.json").read_text())
+    return out
+
+
+@pytest.fixture(scope="module")
+def writing(tasks_dir, tmp_path_factory):
+    """A small writing-news (8 queries of 4 authors, their passages and 10 others) as ``<data>/tasks/``,
+    with a recipe (configs/writing-cpu.yaml at small sizes) whose kNN pairs ``obliq distill`` wrote."""
+    from obliq.cli import main as obliq_main
+
+    root = tmp_path_factory.mktemp("writing")
+    task = task_slice(tasks_dir, "writing-news", root / "data" / "tasks" / "writing-news", 8, 10)
+    work = root / "work"
+    obliq_main(["distill", "graph", "--task", str(task), "--teacher", "stylometric", "--k", "2",
+                "--out", str(work / "graph.json")])
+    obliq_main(["distill", "pairs", "--task", str(task), "--graph", str(work / "graph.json"),
+                "--out", str(work / "rows" / "knn.jsonl")])
+    recipe = (REPO / "configs" / "writing-cpu.yaml").read_text().replace("work_dir: runs/writing-cpu",
+                                                                           f"work_dir: {work}")
+    for key, small in (("max_steps: 50", "max_steps: 2"), ("batch_size: 32", "batch_size: 4"),
+                       ("query_max_length: 256", "query_max_length: 32"),
+                       ("passage_max_length: 256", "passage_max_length: 32"), ("chunk_size: 16", "chunk_size: 2")):
+        assert key in recipe
+        recipe = recipe.replace(key, small)
+    (root / "recipe.yaml").write_text(recipe)
+    return root
+
+
+def test_distill_ablation_trains_evaluates_and_compares_a_run(writing):
+    env = {"OBLIQ_DATA": str(writing / "data"), "OBLIQ_ABL_ROOT": str(writing / "abl")}
+    out = bench("bench/distill_ablation.py", "run", "--name", "smoke", "--task", "writing-news", "--split", "dev",
+                "--recipe", str(writing / "recipe.yaml"), "--checkpoints", "last", env=env)
+    [line] = [json.loads(x) for x in (writing / "abl" / "log.jsonl").read_text().splitlines() if '"step"' in x]
+    assert line["step"] == 2 and line["name"] == "smoke" and 0 <= line["NDCG@10"] <= 1
+    assert "n = " in line["vs teacher"]["p_text"] and "smoke step 2" in out
+    report = json.loads((writing / "abl" / "smoke" / "dev" / "step-2" / "comparison.json").read_text())
+    assert set(report["systems"]) == {"smoke@2", "BM25", "MiniLM (base)", "stylometric teacher"}
+    bench("bench/distill_ablation.py", "plot", "--task", "writing-news", "--split", "dev",
+          "--out", str(writing / "curve.png"), env=env)
+    assert (writing / "curve.png").stat().st_size > 0
+
+
+def test_distill_reference_trains_both_students_on_the_same_pairs(writing):
+    env = {"OBLIQ_DATA": str(writing / "data"), "OBLIQ_ABL_ROOT": str(writing / "abl-ref")}
+    out = bench("bench/distill_reference.py", "--task", "writing-news", "--split", "test",
+                "--recipe", str(writing / "recipe.yaml"), "--budget", "cpu", "--out", str(writing / "ref"), env=env)
+    result = json.loads((writing / "ref" / "results.json").read_text())
+    assert result["train"]["obliq student"]["steps"] == 2
+    assert {"obliq student", "sentence-transformers trainer"} <= set(result["report"]["systems"])
+    assert "obliq − sentence-transformers" in out
+
+
+def test_eval_baselines_and_negatives_throughput(tasks_dir, tmp_path):
+    small = task_slice(tasks_dir, "math-theoremqa", tmp_path / "tasks" / "math-theoremqa", 6, 20)
+    out = bench("bench/eval_baselines.py", "--output", str(tmp_path / "baselines"), "--tasks", str(small),
+                "--models", "bm25")
+    assert "math-theoremqa" in out and (tmp_path / "baselines" / "bm25" / "results.md").is_file()
+    out = bench("bench/negatives_throughput.py", "--data", str(tmp_path / "tasks"), "--tasks", "math-theoremqa")
+    assert "rows/s" in out
+
+
+def test_data_throughput(tmp_path):
+    out = json.loads(bench("bench/data_throughput.py", "--rows", "300", "--small", "40", "--batches", "3",
+                           "--num-workers", "0", "--workdir", str(tmp_path)))
+    assert len(out["runs"]) == 4
+
+
+def test_gradcache_bench(tmp_path):
+    out = bench("bench/gradcache.py", "--modes", "fixed", "--batches", "4", "--chunk", "2", "--steps", "1",
+                "--out", str(tmp_path / "g.json"))
+    assert {r["method"] for r in json.loads((tmp_path / "g.json").read_text())} >= {"plain", "obliq", "st"}
+    assert "| 4 |" in out
+
+
+def test_kill_resume_bench(tmp_path):
+    out = bench("bench/kill_resume.py", "--kills", "1", "--out", str(tmp_path / "kr"))
+    assert "bit-identical to the uninterrupted run: True" in out
