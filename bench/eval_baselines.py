@@ -41,20 +41,28 @@ def main() -> None:
     print("|---|---:|---:|" + "---:|" * 2 * len(args.models))
     for t in tasks:
         first = summaries[args.models[0]][t]
-        cells = " | ".join(f"{summaries[m][t]['metrics']['NDCG@10']:.4f} | {summaries[m][t]['metrics']['Recall@100']:.4f}"
-                           for m in args.models)
+        cells = " | ".join(
+            f"{summaries[m][t]['metrics']['NDCG@10']:.4f} | {summaries[m][t]['metrics']['Recall@100']:.4f}"
+            for m in args.models
+        )
         print(f"| {t} | {first['n_docs']} | {first['n_queries']} | {cells} |")
 
     print("\nTime per stage (s) and latency per query (ms, p50 / p95):\n")
-    print("| task | model | encode corpus | encode queries | search | metrics | corpus cache | query enc. p50 / p95 | search p50 / p95 |")
+    print(
+        "| task | model | encode corpus | encode queries | search | metrics | corpus cache "
+        "| query enc. p50 / p95 | search p50 / p95 |"
+    )
     print("|---|---|---:|---:|---:|---:|---|---:|---:|")
     for t in tasks:
         for m in args.models:
             s = summaries[m][t]
             tm, lat = s["timing_s"], s["latency_ms"]
-            print(f"| {t} | {m} | {tm['encode_corpus']:.2f} | {tm['encode_queries']:.2f} | {tm['search']:.3f} | "
-                  f"{tm['metrics']:.3f} | {s['corpus_cache']} | {lat['query_encoding']['p50']} / "
-                  f"{lat['query_encoding']['p95']} | {lat['search']['p50']} / {lat['search']['p95']} |")
+            print(
+                f"| {t} | {m} | {tm['encode_corpus']:.2f} | {tm['encode_queries']:.2f} | {tm['search']:.3f} | "
+                f"{tm['metrics']:.3f} | {s['corpus_cache']} | {lat['query_encoding']['p50']} / "
+                f"{lat['query_encoding']['p95']} | {lat['search']['p50']} / {lat['search']['p95']} |"
+            )
+
 
 if __name__ == "__main__":
     main()

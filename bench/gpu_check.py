@@ -69,18 +69,58 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import numpy as np
 import torch
 
-LLAMA_3B = dict(hidden_size=3072, num_hidden_layers=28, num_attention_heads=24, num_key_value_heads=8,
-                intermediate_size=8192, vocab_size=128256, max_position_embeddings=131072,
-                rope_theta=500000.0, tie_word_embeddings=True,
-                rms_norm_eps=1e-5, head_dim=128)
-TINY = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=128,
-            max_position_embeddings=512, rope_theta=500000.0,
-            tie_word_embeddings=True, rms_norm_eps=1e-5)
-RECIPE = dict(anchors=8, negatives=4, length=1024, chunk=4, temperature=0.02, lora_r=16, lora_alpha=32,
-              lora_dropout=0.05, docs=100_000, dim=3072, queries=100, latency_length=256, latency_n=50, matmul=8192)
+LLAMA_3B = dict(
+    hidden_size=3072,
+    num_hidden_layers=28,
+    num_attention_heads=24,
+    num_key_value_heads=8,
+    intermediate_size=8192,
+    vocab_size=128256,
+    max_position_embeddings=131072,
+    rope_theta=500000.0,
+    tie_word_embeddings=True,
+    rms_norm_eps=1e-5,
+    head_dim=128,
+)
+TINY = dict(
+    hidden_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    intermediate_size=128,
+    max_position_embeddings=512,
+    rope_theta=500000.0,
+    tie_word_embeddings=True,
+    rms_norm_eps=1e-5,
+)
+RECIPE = dict(
+    anchors=8,
+    negatives=4,
+    length=1024,
+    chunk=4,
+    temperature=0.02,
+    lora_r=16,
+    lora_alpha=32,
+    lora_dropout=0.05,
+    docs=100_000,
+    dim=3072,
+    queries=100,
+    latency_length=256,
+    latency_n=50,
+    matmul=8192,
+)
 TINY_RECIPE = dict(RECIPE, length=32, docs=2000, dim=64, queries=10, latency_length=16, latency_n=10, matmul=256)
-DATASHEET_BF16_TFLOPS = {"H200": 989.4, "H100 SXM": 989.4, "H100 80GB HBM3": 989.4, "H100 PCIe": 756.0,
-                         "H100 NVL": 835.0, "A100": 312.0, "L40S": 362.1, "A10G": 70.0, "L4": 121.0}
+DATASHEET_BF16_TFLOPS = {
+    "H200": 989.4,
+    "H100 SXM": 989.4,
+    "H100 80GB HBM3": 989.4,
+    "H100 PCIe": 756.0,
+    "H100 NVL": 835.0,
+    "A100": 312.0,
+    "L40S": 362.1,
+    "A10G": 70.0,
+    "L4": 121.0,
+}
 """Dense (no sparsity) bf16 tensor-core peaks from NVIDIA's datasheets, by a substring of the device name."""
 
 
@@ -125,8 +165,12 @@ def random_backbone(config_kwargs: dict, tokenizer, folder: Path, device: str) -
     kwargs.setdefault("vocab_size", len(tokenizer))
     if len(tokenizer) > kwargs["vocab_size"]:
         raise ValueError(f"the tokenizer has {len(tokenizer)} ids, the model's vocabulary {kwargs['vocab_size']}")
-    config = LlamaConfig(**kwargs, pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
-                         eos_token_id=tokenizer.eos_token_id)
+    config = LlamaConfig(
+        **kwargs,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
     torch.manual_seed(0)
     with torch.device(device):
         model = AutoModel.from_config(config, dtype=torch.bfloat16)
@@ -159,8 +203,9 @@ def flop_terms(encoder) -> dict:
     return {"n_lin": n_lin, "n_lora": n_lora, "no_input_grad": no_input_grad}
 
 
-def step_flops(n_lin: int, n_lora: int, no_input_grad: int, layers: int, hidden: int, length: int, tokens: int,
-               tokens_again: int) -> dict:
+def step_flops(
+    n_lin: int, n_lora: int, no_input_grad: int, layers: int, hidden: int, length: int, tokens: int, tokens_again: int
+) -> dict:
     """FLOPs of one LoRA GradCache step, matrix products only (see the module docstring).
 
     Args:
@@ -175,8 +220,13 @@ def step_flops(n_lin: int, n_lora: int, no_input_grad: int, layers: int, hidden:
     forward = 2 * n_lin + 2 * n_lora + attention
     backward = 2 * n_lin + 4 * n_lora + 2 * attention - 2 * no_input_grad
     model = tokens * (forward + backward)
-    return {"forward_per_token": forward, "backward_per_token": backward, "model": model,
-            "gradcache_extra": tokens_again * forward, "hardware": model + tokens_again * forward}
+    return {
+        "forward_per_token": forward,
+        "backward_per_token": backward,
+        "model": model,
+        "gradcache_extra": tokens_again * forward,
+        "hardware": model + tokens_again * forward,
+    }
 
 
 # ---------------------------------------------------------------------- measurements
@@ -222,16 +272,34 @@ def measure_step(folder: Path, recipe: dict, device: str, steps: int, peak: dict
     if device.startswith("cuda"):
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
-    enc = BiEncoder(str(folder), lora=lora, bidirectional=True, dtype="bfloat16", quantization=quantization,
-                    query_max_length=recipe["length"], passage_max_length=recipe["length"])
+    enc = BiEncoder(
+        str(folder),
+        lora=lora,
+        bidirectional=True,
+        dtype="bfloat16",
+        quantization=quantization,
+        query_max_length=recipe["length"],
+        passage_max_length=recipe["length"],
+    )
     if quantization is None:
         enc.to(device)
     enc.train()
     vocab = len(enc.tokenizer)
-    n_q, n_d, length, chunk = recipe["anchors"], recipe["anchors"] * (1 + recipe["negatives"]), recipe["length"], recipe["chunk"]
+    n_q, n_d, length, chunk = (
+        recipe["anchors"],
+        recipe["anchors"] * (1 + recipe["negatives"]),
+        recipe["length"],
+        recipe["chunk"],
+    )
     g = torch.Generator().manual_seed(0)
-    q = {"input_ids": torch.randint(3, vocab, (n_q, length), generator=g), "attention_mask": torch.ones(n_q, length, dtype=torch.long)}
-    d = {"input_ids": torch.randint(3, vocab, (n_d, length), generator=g), "attention_mask": torch.ones(n_d, length, dtype=torch.long)}
+    q = {
+        "input_ids": torch.randint(3, vocab, (n_q, length), generator=g),
+        "attention_mask": torch.ones(n_q, length, dtype=torch.long),
+    }
+    d = {
+        "input_ids": torch.randint(3, vocab, (n_d, length), generator=g),
+        "attention_mask": torch.ones(n_d, length, dtype=torch.long),
+    }
     q, d = ({k: v.to(device) for k, v in x.items()} for x in (q, d))
     positives = torch.arange(n_q, device=device)
     loss_fn = InfoNCELoss(recipe["temperature"], gather_across_devices=False)
@@ -260,14 +328,28 @@ def measure_step(folder: Path, recipe: dict, device: str, steps: int, peak: dict
     terms = flop_terms(enc)
     tokens = (n_q + n_d) * length
     last_chunk_rows = len(sorted_chunks(d, chunk)[0][-1]["input_ids"])
-    flops = step_flops(**terms, layers=cfg.num_hidden_layers, hidden=cfg.hidden_size, length=length, tokens=tokens,
-                       tokens_again=tokens - last_chunk_rows * length)
+    flops = step_flops(
+        **terms,
+        layers=cfg.num_hidden_layers,
+        hidden=cfg.hidden_size,
+        length=length,
+        tokens=tokens,
+        tokens_again=tokens - last_chunk_rows * length,
+    )
     out = {
-        "step_s": step_s, "step_s_all": times, "rows_per_s": n_q / step_s, "tokens_per_s": tokens / step_s,
-        "peak_memory_gib": memory, "peak_memory_kind": memory_kind, "loss_first_last": [losses[0], losses[-1]],
-        "tokens_per_step": tokens, **terms, "forward_flop_per_token": flops["forward_per_token"],
+        "step_s": step_s,
+        "step_s_all": times,
+        "rows_per_s": n_q / step_s,
+        "tokens_per_s": tokens / step_s,
+        "peak_memory_gib": memory,
+        "peak_memory_kind": memory_kind,
+        "loss_first_last": [losses[0], losses[-1]],
+        "tokens_per_step": tokens,
+        **terms,
+        "forward_flop_per_token": flops["forward_per_token"],
         "backward_flop_per_token": flops["backward_per_token"],
-        "model_tflop_per_step": flops["model"] / 1e12, "hardware_tflop_per_step": flops["hardware"] / 1e12,
+        "model_tflop_per_step": flops["model"] / 1e12,
+        "hardware_tflop_per_step": flops["hardware"] / 1e12,
         "mfu": flops["model"] / step_s / (peak["measured_tflops"] * 1e12),
         "hfu": flops["hardware"] / step_s / (peak["measured_tflops"] * 1e12),
     }
@@ -294,9 +376,11 @@ def measure_faiss(recipe: dict, device: str) -> tuple[dict, object, np.ndarray]:
         if use_gpu and not index.on_gpu:
             import faiss
 
-            out["gpu"] = {"skipped": f"faiss {faiss.__version__} sees no GPU (faiss.get_num_gpus() = "
-                                     f"{faiss.get_num_gpus() if hasattr(faiss, 'get_num_gpus') else 0}): "
-                                     "install faiss with CUDA (pip install -e '.[gpu]')"}
+            out["gpu"] = {
+                "skipped": f"faiss {faiss.__version__} sees no GPU (faiss.get_num_gpus() = "
+                f"{faiss.get_num_gpus() if hasattr(faiss, 'get_num_gpus') else 0}): "
+                "install faiss with CUDA (pip install -e '.[gpu]')"
+            }
             continue
         index.search(queries[:1], 10)  # warm-up
         t = time.perf_counter()
@@ -316,7 +400,9 @@ def measure_latency(enc, index, recipe: dict, device: str) -> dict:
     words = "the witness declined to answer the question about the policy and its stated effect".split()
     rng = np.random.default_rng(1)
     texts = [" ".join(rng.choice(words, size=4 * recipe["latency_length"])) for _ in range(recipe["latency_n"] + 5)]
-    lengths = [int(enc.tokenize([t], "query", max_length=recipe["latency_length"])["attention_mask"].sum()) for t in texts[:3]]
+    lengths = [
+        int(enc.tokenize([t], "query", max_length=recipe["latency_length"])["attention_mask"].sum()) for t in texts[:3]
+    ]
     encode_ms, search_ms, total_ms = [], [], []
     for i, text in enumerate(texts):
         _sync(device)
@@ -331,9 +417,15 @@ def measure_latency(enc, index, recipe: dict, device: str) -> dict:
             search_ms.append(1e3 * (t2 - t1))
             total_ms.append(1e3 * (t2 - t0))
     pct = lambda xs, p: float(np.percentile(xs, p))  # noqa: E731
-    return {"query_tokens": lengths, "n": len(total_ms), "p50_ms": pct(total_ms, 50), "p95_ms": pct(total_ms, 95),
-            "encode_p50_ms": pct(encode_ms, 50), "search_p50_ms": pct(search_ms, 50),
-            "index": "faiss GPU" if getattr(index, "on_gpu", False) else "faiss CPU"}
+    return {
+        "query_tokens": lengths,
+        "n": len(total_ms),
+        "p50_ms": pct(total_ms, 50),
+        "p95_ms": pct(total_ms, 95),
+        "encode_p50_ms": pct(encode_ms, 50),
+        "search_p50_ms": pct(search_ms, 50),
+        "index": "faiss GPU" if getattr(index, "on_gpu", False) else "faiss CPU",
+    }
 
 
 def _section(results: dict, name: str, fn, *args):
@@ -345,8 +437,7 @@ def _section(results: dict, name: str, fn, *args):
         results[name] = {"skipped": str(err)}
         return None
     except Exception as err:  # one broken measurement must not stop the others
-        results[name] = {"skipped": f"failed: {type(err).__name__}: {err}",
-                         "traceback": traceback.format_exc(limit=4)}
+        results[name] = {"skipped": f"failed: {type(err).__name__}: {err}", "traceback": traceback.format_exc(limit=4)}
         return None
     extra = value[1:] if isinstance(value, tuple) else ()
     results[name] = dict(value[0] if isinstance(value, tuple) else value, seconds=time.perf_counter() - t)
@@ -386,18 +477,35 @@ def _latency(enc, index, recipe, device):
 
 
 def _print_table(results: dict) -> None:
-    rows = [("peak", "measured bf16 TFLOP/s", "measured_tflops"), ("peak", "datasheet bf16 TFLOP/s", "datasheet_tflops")]
+    rows = [
+        ("peak", "measured bf16 TFLOP/s", "measured_tflops"),
+        ("peak", "datasheet bf16 TFLOP/s", "datasheet_tflops"),
+    ]
     for section in ("train_bf16", "train_qlora"):
-        rows += [(section, "rows/s", "rows_per_s"), (section, "tokens/s", "tokens_per_s"), (section, "step s", "step_s"),
-                 (section, "peak memory GiB", "peak_memory_gib"), (section, "MFU (measured peak)", "mfu"),
-                 (section, "MFU (datasheet peak)", "mfu_datasheet"), (section, "HFU (measured peak)", "hfu")]
-    rows += [("faiss", "same top-10", "same_top10_queries"), ("faiss", "GPU speed-up", "gpu_speedup"),
-             ("latency", "p50 ms", "p50_ms"), ("latency", "p95 ms", "p95_ms")]
+        rows += [
+            (section, "rows/s", "rows_per_s"),
+            (section, "tokens/s", "tokens_per_s"),
+            (section, "step s", "step_s"),
+            (section, "peak memory GiB", "peak_memory_gib"),
+            (section, "MFU (measured peak)", "mfu"),
+            (section, "MFU (datasheet peak)", "mfu_datasheet"),
+            (section, "HFU (measured peak)", "hfu"),
+        ]
+    rows += [
+        ("faiss", "same top-10", "same_top10_queries"),
+        ("faiss", "GPU speed-up", "gpu_speedup"),
+        ("latency", "p50 ms", "p50_ms"),
+        ("latency", "p95 ms", "p95_ms"),
+    ]
     print("| section | measure | value |\n|---|---|---:|")
     for section, label, key in rows:
         s = results.get(section, {})
         value = s.get("skipped") if "skipped" in s else s.get(key, "—")
-        print(f"| {section} | {label} | {value:.4g} |" if isinstance(value, float) else f"| {section} | {label} | {value} |")
+        print(
+            f"| {section} | {label} | {value:.4g} |"
+            if isinstance(value, float)
+            else f"| {section} | {label} | {value} |"
+        )
     faiss = results.get("faiss", {})
     for side in ("cpu", "gpu"):
         s = faiss.get(side, {})
@@ -408,7 +516,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True, help="the JSON written beside the printed table")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--tiny", action="store_true", help="2 layers, hidden 64, 32 tokens, 2,000 vectors (CPU smoke test)")
+    parser.add_argument(
+        "--tiny", action="store_true", help="2 layers, hidden 64, 32 tokens, 2,000 vectors (CPU smoke test)"
+    )
     parser.add_argument("--tokenizer", default="smollm2", help="an alias, a tokenizer folder, or 'bytes'")
     parser.add_argument("--steps", type=int, default=5, help="timed training steps (after 2 warm-up steps)")
     parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's own)")
@@ -418,14 +528,21 @@ def main(argv: list[str] | None = None) -> dict:
     recipe, config = (TINY_RECIPE, TINY) if args.tiny else (RECIPE, LLAMA_3B)
     start = time.perf_counter()
     tokenizer, described = load_tokenizer(args.tokenizer)
-    results: dict = {"device": args.device, "tiny": args.tiny, "recipe": recipe, "tokenizer": described,
-                     "torch": torch.__version__}
+    results: dict = {
+        "device": args.device,
+        "tiny": args.tiny,
+        "recipe": recipe,
+        "tokenizer": described,
+        "torch": torch.__version__,
+    }
     folder = Path(tempfile.mkdtemp(prefix="obliq-gpu-check-"))
     try:
         results["config"] = random_backbone(config, tokenizer, folder, args.device)
         _section(results, "peak", measure_peak, args.device, recipe["matmul"])
         peak = results["peak"] if "skipped" not in results["peak"] else {"measured_tflops": float("nan")}
-        enc = (_section(results, "train_bf16", measure_step, folder, recipe, args.device, args.steps, peak, None) or [None])[0]
+        enc = (
+            _section(results, "train_bf16", measure_step, folder, recipe, args.device, args.steps, peak, None) or [None]
+        )[0]
         index = (_section(results, "faiss", _faiss, recipe, args.device) or [None])[0]
         _section(results, "latency", _latency, enc, index, recipe, args.device)
         del enc, index

@@ -71,9 +71,12 @@ def _real_rows(n: int) -> list[dict]:
 
     task = load_task(DATA / "tasks" / REAL_TASK)
     pos = {d: i for i, d in enumerate(task.doc_ids)}
-    rows = [{"id": f"{q}:{d}", "query": text, "positive": {"id": d, "text": task.doc_texts[pos[d]]}}
-            for q, text in zip(task.query_ids, task.query_texts)
-            for d, g in sorted(task.qrels["test"].get(q, {}).items()) if g > 0 and d in pos]
+    rows = [
+        {"id": f"{q}:{d}", "query": text, "positive": {"id": d, "text": task.doc_texts[pos[d]]}}
+        for q, text in zip(task.query_ids, task.query_texts)
+        for d, g in sorted(task.qrels["test"].get(q, {}).items())
+        if g > 0 and d in pos
+    ]
     random.Random(0).shuffle(rows)
     mined, _ = mine_negatives(rows[: 2 * n], task.doc_ids, task.doc_texts, Bm25sBackend(task.doc_texts), k=4)
     full = [r for r in mined if len(r["negatives"]) == 4][:n]
@@ -106,8 +109,9 @@ def _one(mode: str, method: str, batch: int, chunk: int, steps: int, threads: in
         model.max_seq_length = length
         loss = CachedMultipleNegativesRankingLoss(model, scale=50.0, mini_batch_size=chunk)
         opt = torch.optim.AdamW(model.parameters(), lr=2e-5)
-        columns = [[r["query"] for r in rows], [text(r["positive"]) for r in rows]] + \
-            [[text(r["negatives"][k]) for r in rows] for k in range(NEGATIVES[mode])]
+        columns = [[r["query"] for r in rows], [text(r["positive"]) for r in rows]] + [
+            [text(r["negatives"][k]) for r in rows] for k in range(NEGATIVES[mode])
+        ]
         feats = [model.tokenize(c) for c in columns]
         tokens = sum(int(f["attention_mask"].sum()) for f in feats)
         from obliq.model.gradcache import split
@@ -126,21 +130,41 @@ def _one(mode: str, method: str, batch: int, chunk: int, steps: int, threads: in
         from obliq.model import BiEncoder
         from obliq.model.gradcache import chunk_counts_across_ranks, grad_cache_step, sorted_chunks, split
 
-        enc = BiEncoder("minilm", query_prefix="", passage_prefix="", query_max_length=length,
-                        passage_max_length=length)
+        enc = BiEncoder(
+            "minilm", query_prefix="", passage_prefix="", query_max_length=length, passage_max_length=length
+        )
         enc.train()
         opt = torch.optim.AdamW([p for p in enc.parameters() if p.requires_grad], lr=2e-5)
         doc = lambda i, d: d if isinstance(d, dict) else {"id": f"d{i}", "text": d}  # noqa: E731
-        training_rows = [parse_row(json.dumps({
-            "id": r.get("id", str(i)), "task": mode, "source": "public", "query": r["query"],
-            "positive": doc(f"{i}p", r["positive"]),
-            "negatives": [doc(f"{i}n{k}", n) for k, n in enumerate(r["negatives"])]}).encode(), "bench", i + 1)
-            for i, r in enumerate(rows)]
+        training_rows = [
+            parse_row(
+                json.dumps(
+                    {
+                        "id": r.get("id", str(i)),
+                        "task": mode,
+                        "source": "public",
+                        "query": r["query"],
+                        "positive": doc(f"{i}p", r["positive"]),
+                        "negatives": [doc(f"{i}n{k}", n) for k, n in enumerate(r["negatives"])],
+                    }
+                ).encode(),
+                "bench",
+                i + 1,
+            )
+            for i, r in enumerate(rows)
+        ]
         b = Collator(enc.text, max_negatives=NEGATIVES[mode])(training_rows)  # tokenized once, here
         q, d, target, keys = b["query"], b["docs"], b["positive_index"], b["doc_keys"]
         tokens = int(q["attention_mask"].sum() + d["attention_mask"].sum())
-        slots = _slots([q, d]) if method == "plain" else _slots(
-            split(q, chunk) + split(d, chunk) if method == "obliq-unsorted" else sorted_chunks(q, chunk)[0] + sorted_chunks(d, chunk)[0])
+        slots = (
+            _slots([q, d])
+            if method == "plain"
+            else _slots(
+                split(q, chunk) + split(d, chunk)
+                if method == "obliq-unsorted"
+                else sorted_chunks(q, chunk)[0] + sorted_chunks(d, chunk)[0]
+            )
+        )
         info_nce = InfoNCELoss(temperature=0.02)
         loss_fn = lambda a, c: info_nce(a, c, target, keys)  # noqa: E731
         pad_to = chunk_counts_across_ranks(q, d, chunk) if method == "obliq-twice" else None
@@ -162,32 +186,54 @@ def _one(mode: str, method: str, batch: int, chunk: int, steps: int, threads: in
         times.append(time.perf_counter() - t)
         cpu_times.append(time.process_time() - c)
     peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    return {"mode": mode, "method": method, "batch": batch, "times": times, "cpu_times": cpu_times,
-            "tokens": tokens, "slots": slots, "peak_rss_mib": peak_mib, "load": [load_before, os.getloadavg()[0]],
-            "threads": torch.get_num_threads()}
+    return {
+        "mode": mode,
+        "method": method,
+        "batch": batch,
+        "times": times,
+        "cpu_times": cpu_times,
+        "tokens": tokens,
+        "slots": slots,
+        "peak_rss_mib": peak_mib,
+        "load": [load_before, os.getloadavg()[0]],
+        "threads": torch.get_num_threads(),
+    }
 
 
 def _table(mode: str, batches: list[int], by: dict, levers: list[int], chunk: int, clock: str) -> str:
     loads = [x for (m, *_), r in by.items() if m == mode for x in r["load"]]
     levers = [b for b in levers if b in batches]
-    lines = [f"{mode}: MiniLM-L6, {'all texts 128 tokens, 1' if mode == 'fixed' else f'real rows ≤ {LENGTH[mode]} tokens, 4'} "
-             f"hard negative(s), chunk {chunk}, median {clock} time of {len(by[(mode, 'obliq', batches[0])]['times'])} steps, "
-             f"{by[(mode, 'obliq', batches[0])]['threads']} "
-             f"threads; 1-min load average {min(loads):.2f}–{max(loads):.2f} during the runs\n",
-             "| batch | real tokens | padded positions obliq / ST | plain s | obliq s | obliq / plain | "
-             "ST cached MNRL s | ST / obliq | RSS plain / obliq / ST MiB |",
-             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        f"{mode}: MiniLM-L6, "
+        f"{'all texts 128 tokens, 1' if mode == 'fixed' else f'real rows ≤ {LENGTH[mode]} tokens, 4'} "
+        f"hard negative(s), chunk {chunk}, "
+        f"median {clock} time of {len(by[(mode, 'obliq', batches[0])]['times'])} steps, "
+        f"{by[(mode, 'obliq', batches[0])]['threads']} "
+        f"threads; 1-min load average {min(loads):.2f}–{max(loads):.2f} during the runs\n",
+        "| batch | real tokens | padded positions obliq / ST | plain s | obliq s | obliq / plain | "
+        "ST cached MNRL s | ST / obliq | RSS plain / obliq / ST MiB |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for b in batches:
         p, g, s = (by[(mode, m, b)] for m in METHODS)
-        lines.append(f"| {b} | {g['tokens']} | {g['slots']} / {s['slots']} | {p['step_s']:.2f} | {g['step_s']:.2f} | {g['step_s'] / p['step_s']:.2f} | "
-                     f"{s['step_s']:.2f} | {s['step_s'] / g['step_s']:.2f} | "
-                     f"{p['peak_rss_mib']:.0f} / {g['peak_rss_mib']:.0f} / {s['peak_rss_mib']:.0f} |")
+        lines.append(
+            f"| {b} | {g['tokens']} | {g['slots']} / {s['slots']} | {p['step_s']:.2f} | {g['step_s']:.2f} | "
+            f"{g['step_s'] / p['step_s']:.2f} | "
+            f"{s['step_s']:.2f} | {s['step_s'] / g['step_s']:.2f} | "
+            f"{p['peak_rss_mib']:.0f} / {g['peak_rss_mib']:.0f} / {s['peak_rss_mib']:.0f} |"
+        )
     if levers:
-        lines += ["", "| batch | obliq s | unsorted s | unsorted / obliq | twice s | twice / obliq |", "|---:|---:|---:|---:|---:|---:|"]
+        lines += [
+            "",
+            "| batch | obliq s | unsorted s | unsorted / obliq | twice s | twice / obliq |",
+            "|---:|---:|---:|---:|---:|---:|",
+        ]
         for b in levers:
             g, u, t = (by[(mode, m, b)] for m in ["obliq", *LEVERS])
-            lines.append(f"| {b} | {g['step_s']:.2f} | {u['step_s']:.2f} | {u['step_s'] / g['step_s']:.2f} | "
-                         f"{t['step_s']:.2f} | {t['step_s'] / g['step_s']:.2f} |")
+            lines.append(
+                f"| {b} | {g['step_s']:.2f} | {u['step_s']:.2f} | {u['step_s'] / g['step_s']:.2f} | "
+                f"{t['step_s']:.2f} | {t['step_s'] / g['step_s']:.2f} |"
+            )
     return "\n".join(lines)
 
 
@@ -198,8 +244,14 @@ def main() -> None:
     parser.add_argument("--chunk", type=int, default=8)
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--real-length", type=int, default=LENGTH["real"], help="token cut of the real rows")
-    parser.add_argument("--levers", type=int, nargs="*", default=[], metavar="BATCH",
-                        help="at these batches also time obliq without each of its savings")
+    parser.add_argument(
+        "--levers",
+        type=int,
+        nargs="*",
+        default=[],
+        metavar="BATCH",
+        help="at these batches also time obliq without each of its savings",
+    )
     parser.add_argument("--repeat", type=int, default=1, help="fresh processes per configuration")
     parser.add_argument("--threads", type=int, help="torch threads (default: torch's own)")
     parser.add_argument("--clock", choices=["wall", "cpu"], default="wall", help="the step time tabulated")
@@ -215,22 +267,41 @@ def main() -> None:
         for batch in args.batches:
             for _ in range(args.repeat):
                 for method in METHODS + (LEVERS if batch in args.levers else []):
-                    cmd = [sys.executable, __file__, "--one", mode, method, str(batch), "--chunk", str(args.chunk),
-                           "--steps", str(args.steps), "--real-length", str(args.real_length)] + \
-                        (["--threads", str(args.threads)] if args.threads else [])
+                    cmd = [
+                        sys.executable,
+                        __file__,
+                        "--one",
+                        mode,
+                        method,
+                        str(batch),
+                        "--chunk",
+                        str(args.chunk),
+                        "--steps",
+                        str(args.steps),
+                        "--real-length",
+                        str(args.real_length),
+                    ] + (["--threads", str(args.threads)] if args.threads else [])
                     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
                     results.append(json.loads(out.strip().splitlines()[-1]))
                     r = results[-1]
-                    print(f"done {mode} {method} batch {batch}: wall {statistics.median(r['times']):.2f} s, cpu "
-                          f"{statistics.median(r['cpu_times']):.2f} s (load {r['load'][0]:.2f})",
-                          file=sys.stderr, flush=True)
+                    print(
+                        f"done {mode} {method} batch {batch}: wall {statistics.median(r['times']):.2f} s, cpu "
+                        f"{statistics.median(r['cpu_times']):.2f} s (load {r['load'][0]:.2f})",
+                        file=sys.stderr,
+                        flush=True,
+                    )
     by: dict = {}
     for r in results:  # the repeats of one configuration: median over all their steps
         key = (r["mode"], r["method"], r["batch"])
         if key in by:
             old = by[key]
-            r = dict(r, times=old["times"] + r["times"], cpu_times=old["cpu_times"] + r["cpu_times"],
-                     load=old["load"] + r["load"], peak_rss_mib=max(old["peak_rss_mib"], r["peak_rss_mib"]))
+            r = dict(
+                r,
+                times=old["times"] + r["times"],
+                cpu_times=old["cpu_times"] + r["cpu_times"],
+                load=old["load"] + r["load"],
+                peak_rss_mib=max(old["peak_rss_mib"], r["peak_rss_mib"]),
+            )
         by[key] = dict(r, step_s=statistics.median(r["cpu_times" if args.clock == "cpu" else "times"]))
     for mode in args.modes:
         print(_table(mode, args.batches, by, args.levers, args.chunk, args.clock) + "\n")

@@ -46,8 +46,10 @@ class SeenRows(Callback):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         with open(self.path, "a", encoding="utf-8") as f:
-            f.write(json.dumps({"epoch": trainer.current_epoch, "step": trainer.global_step,
-                                "rows": batch["row_ids"]}) + "\n")
+            f.write(
+                json.dumps({"epoch": trainer.current_epoch, "step": trainer.global_step, "rows": batch["row_ids"]})
+                + "\n"
+            )
             f.flush()
             os.fsync(f.fileno())
 
@@ -63,8 +65,15 @@ def _setup(out: Path) -> tuple[Path, Path]:
     backbone, rows = out / "tiny-llama", out / "rows.jsonl"
     if not (backbone / "config.json").is_file():
         tokenizer = AutoTokenizer.from_pretrained(resolve_model("smollm2"))
-        config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                             num_attention_heads=4, num_key_value_heads=4, attention_dropout=0.1)
+        config = LlamaConfig(
+            vocab_size=len(tokenizer),
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            attention_dropout=0.1,
+        )
         torch.manual_seed(0)
         LlamaModel(config).save_pretrained(backbone)
         tokenizer.save_pretrained(backbone)
@@ -74,8 +83,16 @@ def _setup(out: Path) -> tuple[Path, Path]:
         out_rows = []
         for qid, query in zip(task.query_ids, task.query_texts):
             for doc in sorted(task.qrels["test"].get(qid, {}))[:1]:
-                out_rows.append({"id": f"r{len(out_rows)}", "task": task.name, "source": "public", "query": query,
-                                 "positive": {"id": doc, "text": text[doc]}, "negatives": []})
+                out_rows.append(
+                    {
+                        "id": f"r{len(out_rows)}",
+                        "task": task.name,
+                        "source": "public",
+                        "query": query,
+                        "positive": {"id": doc, "text": text[doc]},
+                        "negatives": [],
+                    }
+                )
             if len(out_rows) == ROWS:
                 break
         rows.write_text("".join(json.dumps(r) + "\n" for r in out_rows))
@@ -86,20 +103,45 @@ def _config(folder: Path, backbone: Path, rows: Path) -> Path:
     import yaml
 
     cfg = {
-        "seed_everything": 0, "run_dir": str(folder),
-        "trainer": {"accelerator": "cpu", "devices": 1, "max_steps": STEPS, "deterministic": True,
-                    "default_root_dir": "${run_dir}", "enable_progress_bar": False, "enable_model_summary": False,
-                    "logger": False,
-                    "callbacks": [{"class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
-                                   "init_args": {"dirpath": "${run_dir}/ckpt", "save_last": True,
-                                                 "every_n_train_steps": 1, "save_top_k": 1,
-                                                 "enable_version_counter": False}},
-                                  {"class_path": "bench.kill_resume.SeenRows",
-                                   "init_args": {"path": str(folder / "seen.jsonl")}}]},
-        "model": {"encoder": {"class_path": "obliq.model.BiEncoder",
-                              "init_args": {"backbone": str(backbone), "lora": {"r": 4, "alpha": 8, "dropout": 0.1},
-                                            "query_max_length": 32, "passage_max_length": 48}},
-                  "chunk_size": 2, "lr": 1e-3, "temperature": 0.05},
+        "seed_everything": 0,
+        "run_dir": str(folder),
+        "trainer": {
+            "accelerator": "cpu",
+            "devices": 1,
+            "max_steps": STEPS,
+            "deterministic": True,
+            "default_root_dir": "${run_dir}",
+            "enable_progress_bar": False,
+            "enable_model_summary": False,
+            "logger": False,
+            "callbacks": [
+                {
+                    "class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
+                    "init_args": {
+                        "dirpath": "${run_dir}/ckpt",
+                        "save_last": True,
+                        "every_n_train_steps": 1,
+                        "save_top_k": 1,
+                        "enable_version_counter": False,
+                    },
+                },
+                {"class_path": "bench.kill_resume.SeenRows", "init_args": {"path": str(folder / "seen.jsonl")}},
+            ],
+        },
+        "model": {
+            "encoder": {
+                "class_path": "obliq.model.BiEncoder",
+                "init_args": {
+                    "backbone": str(backbone),
+                    "lora": {"r": 4, "alpha": 8, "dropout": 0.1},
+                    "query_max_length": 32,
+                    "passage_max_length": 48,
+                },
+            },
+            "chunk_size": 2,
+            "lr": 1e-3,
+            "temperature": 0.05,
+        },
         "data": {"sources": [{"path": str(rows)}], "batch_size": BATCH, "max_negatives": 0, "num_workers": 0},
     }
     folder.mkdir(parents=True, exist_ok=True)
@@ -114,8 +156,14 @@ def _start(config: Path, *extra: str) -> subprocess.Popen:
     tmp = config.parent / "tmp"
     tmp.mkdir(exist_ok=True)
     env = dict(os.environ, PYTHONHASHSEED="0", OMP_NUM_THREADS="1", PYTHONPATH=str(REPO), TMPDIR=str(tmp))
-    return subprocess.Popen([sys.executable, str(REPO / "train.py"), "fit", "--config", str(config), *extra],
-                            cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, str(REPO / "train.py"), "fit", "--config", str(config), *extra],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def _lora(path: Path) -> dict:
@@ -129,7 +177,11 @@ def _steps_done(folder: Path) -> int:
     this is polled every millisecond while the run is being killed)."""
     from obliq.trainer import run_versions
 
-    steps = [int(p.stem.split("step=")[1]) for r in run_versions(folder) for p in (r.path / "ckpt").glob("epoch=*-step=*.ckpt")]
+    steps = [
+        int(p.stem.split("step=")[1])
+        for r in run_versions(folder)
+        for p in (r.path / "ckpt").glob("epoch=*-step=*.ckpt")
+    ]
     return max(steps, default=0)
 
 
@@ -174,8 +226,14 @@ def main() -> None:
         run.wait()
         killed_at = _steps_done(broken_dir)
         run = _start(broken, "--ckpt_path", "last")
-        outcomes.append({"kill": len(outcomes) + 1, "target_step": target, "checkpointed_steps": killed_at,
-                         "during_checkpoint_write": writing})
+        outcomes.append(
+            {
+                "kill": len(outcomes) + 1,
+                "target_step": target,
+                "checkpointed_steps": killed_at,
+                "during_checkpoint_write": writing,
+            }
+        )
     code = run.wait(timeout=1200)
     ref_code = reference.wait(timeout=1200)
 
@@ -200,10 +258,12 @@ def main() -> None:
     print("|---:|---:|---:|---|")
     for o in outcomes:
         print(f"| {o['kill']} | {o['target_step']} | {o['checkpointed_steps']} | {o['during_checkpoint_write']} |")
-    print(f"\n{len(outcomes)} kills ({sum(o['during_checkpoint_write'] for o in outcomes)} during a checkpoint write); "
-          f"final run exit {code}, reference exit {ref_code}; steps logged {len(seen)} of {STEPS}; "
-          f"final adapter bit-identical to the uninterrupted run: {identical}; every row exactly once in each of "
-          f"{len(per_epoch)} epochs: {once}")
+    print(
+        f"\n{len(outcomes)} kills ({sum(o['during_checkpoint_write'] for o in outcomes)} during a checkpoint write); "
+        f"final run exit {code}, reference exit {ref_code}; steps logged {len(seen)} of {STEPS}; "
+        f"final adapter bit-identical to the uninterrupted run: {identical}; every row exactly once in each of "
+        f"{len(per_epoch)} epochs: {once}"
+    )
     if not (ok and identical and once and len(seen) == STEPS):
         if code != 0:
             print(run.stderr.read()[-2000:])

@@ -31,10 +31,19 @@ def main() -> None:
     for name in args.tasks:
         task = load_task(args.data / name)
         pos = {d: i for i, d in enumerate(task.doc_ids)}
-        rows = [{"id": f"{q}:{d}", "task": name, "source": "public", "query": text,
-                 "positive": {"id": d, "text": task.doc_texts[pos[d]]}, "negatives": []}
-                for q, text in zip(task.query_ids, task.query_texts)
-                for d, g in sorted(task.qrels["test"].get(q, {}).items()) if g > 0 and d in pos]
+        rows = [
+            {
+                "id": f"{q}:{d}",
+                "task": name,
+                "source": "public",
+                "query": text,
+                "positive": {"id": d, "text": task.doc_texts[pos[d]]},
+                "negatives": [],
+            }
+            for q, text in zip(task.query_ids, task.query_texts)
+            for d, g in sorted(task.qrels["test"].get(q, {}).items())
+            if g > 0 and d in pos
+        ]
         reference = None
         for backend in ("bm25s", "pyserini"):
             start = time.perf_counter()
@@ -51,8 +60,11 @@ def main() -> None:
             ids = [[n["id"] for n in r["negatives"]] for r in mined]
             same = "-" if reference is None else f"{sum(a == b for a, b in zip(ids, reference))}/{len(ids)} rows"
             reference = reference or ids
-            print(f"| {name} | {backend} | {len(rows)} | {len(task.doc_ids)} | {report.index_seconds:.2f} | "
-                  f"{report.search_seconds:.2f} | {report.rows_per_s:.0f} | {same} |", flush=True)
+            print(
+                f"| {name} | {backend} | {len(rows)} | {len(task.doc_ids)} | {report.index_seconds:.2f} | "
+                f"{report.search_seconds:.2f} | {report.rows_per_s:.0f} | {same} |",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

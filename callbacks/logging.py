@@ -37,8 +37,15 @@ class WandbLogger(_WandbLogger):
     Args: those of ``lightning.pytorch.loggers.WandbLogger``; ``offline=None`` means "decide".
     """
 
-    def __init__(self, project: str = "obliq", name: str | None = None, save_dir: str = "runs",
-                 offline: bool | None = None, id: str | None = None, **kwargs):
+    def __init__(
+        self,
+        project: str = "obliq",
+        name: str | None = None,
+        save_dir: str = "runs",
+        offline: bool | None = None,
+        id: str | None = None,
+        **kwargs,
+    ):
         Path(save_dir).mkdir(parents=True, exist_ok=True)
         id_file = Path(save_dir) / RUN_ID_FILE
         if id is None:
@@ -48,8 +55,14 @@ class WandbLogger(_WandbLogger):
                 id = uuid.uuid4().hex[:8]  # W&B's id format: 8 lowercase alphanumerics
                 id_file.write_text(id + "\n")
         kwargs.setdefault("resume", "allow")
-        super().__init__(project=project, name=name, save_dir=save_dir, id=id,
-                         offline=(not wandb_configured()) if offline is None else offline, **kwargs)
+        super().__init__(
+            project=project,
+            name=name,
+            save_dir=save_dir,
+            id=id,
+            offline=(not wandb_configured()) if offline is None else offline,
+            **kwargs,
+        )
 
 
 class LoggedConfig(SaveConfigCallback):

@@ -117,8 +117,10 @@ def check_model_name(name_or_path: str | os.PathLike) -> None:
 
         close = difflib.get_close_matches(text.lower(), sorted(_ALIASES), n=1)
         hint = f"; did you mean {close[0]!r}?" if close else ""
-        raise FileNotFoundError(f"model {text!r} is not an alias ({', '.join(sorted(_ALIASES))}), an existing "
-                                f"folder or a hub id (owner/name){hint}")
+        raise FileNotFoundError(
+            f"model {text!r} is not an alias ({', '.join(sorted(_ALIASES))}), an existing "
+            f"folder or a hub id (owner/name){hint}"
+        )
 
 
 def resolve_model(name_or_path: str | os.PathLike) -> str:

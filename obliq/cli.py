@@ -126,9 +126,13 @@ def main(argv: list[str] | None = None):
             from obliq.trainer import cli
 
             return cli(argv[1:])
-        result = auto_cli(COMMANDS, args=_expand(argv), as_positional=False,
-                          description="obliq: train (`obliq train fit --config …`, LightningCLI), evaluate and "
-                                      "audit dense retrievers for oblique queries.")
+        result = auto_cli(
+            COMMANDS,
+            args=_expand(argv),
+            as_positional=False,
+            description="obliq: train (`obliq train fit --config …`, LightningCLI), evaluate and "
+            "audit dense retrievers for oblique queries.",
+        )
     if isinstance(result, dict):
         print(json.dumps(result, indent=2))
     return result

@@ -67,9 +67,12 @@ def dose_sweep(
         raise ValueError("no dose to train")
     base = recipe_config(recipe)
     steps = max_steps or (base.get("trainer") or {}).get("max_steps") or -1
-    held = (f"every dose trains {steps} steps of {base['data'].get('batch_size', 32)} rows: the same rows seen, the "
-            "dose changes only their diversity" if steps > 0 else
-            "each dose trains one epoch of its own rows (the paper's dose: rows per epoch): larger doses train longer")
+    held = (
+        f"every dose trains {steps} steps of {base['data'].get('batch_size', 32)} rows: the same rows seen, the "
+        "dose changes only their diversity"
+        if steps > 0
+        else "each dose trains one epoch of its own rows (the paper's dose: rows per epoch): larger doses train longer"
+    )
     index = named_source(base["data"]["sources"], source, recipe)
     loaded = [load_task(p) for p in find_tasks(tasks)]
     out = claim_output(out, overwrite, "a dose sweep")
@@ -88,13 +91,18 @@ def dose_sweep(
         else:  # nothing left to train on: the recipe's encoder as it starts
             init = {k: v for k, v in base["model"]["encoder"].get("init_args", {}).items() if k != "lora"}
             encoder = BiEncoder(**init).eval()
-        evaluate_tasks(make_retriever(encoder, retrieval), loaded, folder / "eval", f"dose-{dose}",
-                       ["NDCG@10", "Recall@100"])
+        evaluate_tasks(
+            make_retriever(encoder, retrieval), loaded, folder / "eval", f"dose-{dose}", ["NDCG@10", "Recall@100"]
+        )
         systems[f"dose {dose}"] = folder / "eval"
     first = f"dose {doses[0]}"
-    report = systems_report(systems, [(name, first) for name in systems if name != first],
-                            title=f"Dose sweep of {recipe} (source {source!r}): {held}.", tasks=[t.name for t in loaded],
-                            same_reading=list(systems))
+    report = systems_report(
+        systems,
+        [(name, first) for name in systems if name != first],
+        title=f"Dose sweep of {recipe} (source {source!r}): {held}.",
+        tasks=[t.name for t in loaded],
+        same_reading=list(systems),
+    )
     write_systems_report(report, out / "dose_sweep")
     table = {t.name: [report["systems"][f"dose {d}"]["metrics"][t.name]["NDCG@10"] for d in doses] for t in loaded}
     result = {"recipe": str(recipe), "doses": list(doses), "ndcg@10": table, "held_fixed": held, "report": report}

@@ -93,8 +93,9 @@ def export(
     return report
 
 
-def merge_to_sentence_transformers(checkpoint: Path, ckpt: dict, folder: Path, probe: list[str],
-                                   min_cosine: float, trust: dict) -> dict:
+def merge_to_sentence_transformers(
+    checkpoint: Path, ckpt: dict, folder: Path, probe: list[str], min_cosine: float, trust: dict
+) -> dict:
     """Merge LoRA in float32, cast once to the training dtype, save and verify a sentence-transformers folder."""
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.models import Normalize, Pooling, Transformer
@@ -165,70 +166,140 @@ def model_card(ckpt: dict, encoder: BiEncoder, kind: str, evaluation: list[dict]
     hp = ckpt.get("hyper_parameters", {})
     stats = (ckpt.get("TrainingDataModule") or {}).get("stats") or {}
     library = "peft" if kind == "adapter" else "sentence-transformers"
-    lines = ["---", f"base_model: {base}", f"library_name: {library}", "pipeline_tag: sentence-similarity", "tags:",
-             "- obliq", "- dense-retrieval", "- sentence-transformers", "- feature-extraction"]
-    lines += (["- lora"] if lora else []) + ["---", "",
-              f"# {base.split('/')[-1]} fine-tuned for oblique queries ({'LoRA adapter' if kind == 'adapter' else 'merged'})", "",
-              "A bi-encoder for retrieval by a latent attribute of the document (stance, technique, style, a lossy "
-              f"recollection), trained with obliq {__version__} (the OBLIQ-IR recipe: InfoNCE with GradCache on "
-              "synthetic queries and kNN-graph pairs from a frozen specialist).", "", "## Model", "",
-              "| setting | value |", "|---|---|", f"| base model | `{base}` |",
-              f"| architecture | {encoder.backbone_config.model_type}, "
-              f"{'bidirectional' if encoder.bidirectional else 'causal'} attention |",
-              "| pooling | mean over non-padding tokens, then L2 normalisation |",
-              f"| embedding size | {encoder.hidden_size} |",
-              f"| prefixes | query `{settings['query_prefix']!r}`, passage `{settings['passage_prefix']!r}` |",
-              f"| max length (training) | query {settings['query_max_length']}, passage {settings['passage_max_length']} tokens |",
-              f"| weights dtype | {settings['dtype']} |"]
+    lines = [
+        "---",
+        f"base_model: {base}",
+        f"library_name: {library}",
+        "pipeline_tag: sentence-similarity",
+        "tags:",
+        "- obliq",
+        "- dense-retrieval",
+        "- sentence-transformers",
+        "- feature-extraction",
+    ]
+    lines += (["- lora"] if lora else []) + [
+        "---",
+        "",
+        f"# {base.split('/')[-1]} fine-tuned for oblique queries ({'LoRA adapter' if kind == 'adapter' else 'merged'})",
+        "",
+        "A bi-encoder for retrieval by a latent attribute of the document (stance, technique, style, a lossy "
+        f"recollection), trained with obliq {__version__} (the OBLIQ-IR recipe: InfoNCE with GradCache on "
+        "synthetic queries and kNN-graph pairs from a frozen specialist).",
+        "",
+        "## Model",
+        "",
+        "| setting | value |",
+        "|---|---|",
+        f"| base model | `{base}` |",
+        f"| architecture | {encoder.backbone_config.model_type}, "
+        f"{'bidirectional' if encoder.bidirectional else 'causal'} attention |",
+        "| pooling | mean over non-padding tokens, then L2 normalisation |",
+        f"| embedding size | {encoder.hidden_size} |",
+        f"| prefixes | query `{settings['query_prefix']!r}`, passage `{settings['passage_prefix']!r}` |",
+        f"| max length (training) | query {settings['query_max_length']}, "
+        f"passage {settings['passage_max_length']} tokens |",
+        f"| weights dtype | {settings['dtype']} |",
+    ]
     if lora:
-        lines.append(f"| LoRA | r {lora['r']}, alpha {lora['alpha']}, dropout {lora['dropout']}, targets "
-                     f"{', '.join(lora['target_modules'] or _targets(encoder))} |")
-    lines += ["", "## Training", "", "| setting | value |", "|---|---|",
-              f"| optimizer steps | {ckpt.get('global_step', '?')} (epoch {ckpt.get('epoch', '?')}) |"]
+        lines.append(
+            f"| LoRA | r {lora['r']}, alpha {lora['alpha']}, dropout {lora['dropout']}, targets "
+            f"{', '.join(lora['target_modules'] or _targets(encoder))} |"
+        )
+    lines += [
+        "",
+        "## Training",
+        "",
+        "| setting | value |",
+        "|---|---|",
+        f"| optimizer steps | {ckpt.get('global_step', '?')} (epoch {ckpt.get('epoch', '?')}) |",
+    ]
     loss = ckpt["obliq"].get("loss") or {}  # the loss's own citation() and settings, saved with the weights
     if loss:
         rest = {k: v for k, v in loss.items() if k not in ("loss", "references", "temperature", "scale")}
-        settings_text = ", ".join([f"temperature {loss['temperature']} (scale {loss['scale']:g})"] * ("temperature" in loss)
-                                  + [f"{k.replace('_', ' ')}: {v}" for k, v in rest.items()])
+        settings_text = ", ".join(
+            [f"temperature {loss['temperature']} (scale {loss['scale']:g})"] * ("temperature" in loss)
+            + [f"{k.replace('_', ' ')}: {v}" for k, v in rest.items()]
+        )
         lines.append(f"| loss | {loss.get('loss')}: {settings_text} |")
         if loss.get("references"):
             lines.append(f"| references | {'; '.join(loss['references'])} |")
     if "lr" in hp:
-        lines.append(f"| optimizer | AdamW, lr {hp['lr']}, weight decay {hp.get('weight_decay')}, warmup ratio "
-                     f"{hp.get('warmup_ratio')} then linear decay, gradient clip {hp.get('max_grad_norm')} |")
+        lines.append(
+            f"| optimizer | AdamW, lr {hp['lr']}, weight decay {hp.get('weight_decay')}, warmup ratio "
+            f"{hp.get('warmup_ratio')} then linear decay, gradient clip {hp.get('max_grad_norm')} |"
+        )
     if stats.get("sources"):
-        lines += ["", "Training data (rows per epoch = the dose of each source):", "",
-                  "| source | rows | rows per epoch |", "|---|---:|---:|"]
+        lines += [
+            "",
+            "Training data (rows per epoch = the dose of each source):",
+            "",
+            "| source | rows | rows per epoch |",
+            "|---|---:|---:|",
+        ]
         lines += [f"| `{Path(src['path']).name}` | {src['rows']} | {src['per_epoch']} |" for src in stats["sources"]]
     if evaluation:
         panel = list(evaluation[0]["metrics"])
-        lines += ["", "## Evaluation", "", "Gold qrels, trec_eval conventions (`obliq evaluate`).", "",
-                  "| task | queries | " + " | ".join(panel) + " |", "|---|---:|" + "---:|" * len(panel)]
-        lines += [f"| {e['task']} | {e['n_queries']} | " + " | ".join(
-            "–" if e["metrics"].get(m) is None else f"{e['metrics'][m]:.4f}" for m in panel) + " |" for e in evaluation]
+        lines += [
+            "",
+            "## Evaluation",
+            "",
+            "Gold qrels, trec_eval conventions (`obliq evaluate`).",
+            "",
+            "| task | queries | " + " | ".join(panel) + " |",
+            "|---|---:|" + "---:|" * len(panel),
+        ]
+        lines += [
+            f"| {e['task']} | {e['n_queries']} | "
+            + " | ".join("–" if e["metrics"].get(m) is None else f"{e['metrics'][m]:.4f}" for m in panel)
+            + " |"
+            for e in evaluation
+        ]
     lines += ["", "## Usage", ""]
     if kind == "merged":
-        lines += ["With sentence-transformers (the prompts add the prefixes):", "", "```python",
-                  "from sentence_transformers import SentenceTransformer", "",
-                  'model = SentenceTransformer("path/to/this/folder")',
-                  'queries = model.encode_query(["posts that quietly oppose the new policy"])',
-                  'docs = model.encode_document(["..."])', "scores = queries @ docs.T", "```"]
+        lines += [
+            "With sentence-transformers (the prompts add the prefixes):",
+            "",
+            "```python",
+            "from sentence_transformers import SentenceTransformer",
+            "",
+            'model = SentenceTransformer("path/to/this/folder")',
+            'queries = model.encode_query(["posts that quietly oppose the new policy"])',
+            'docs = model.encode_document(["..."])',
+            "scores = queries @ docs.T",
+            "```",
+        ]
     else:
-        lines += ["With obliq: `obliq evaluate --model path/to/this/folder --tasks …`, or", "",
-                  "```python", "from obliq.eval.encoders import load_encoder", "",
-                  'encoder = load_encoder("path/to/this/folder")',
-                  'q = encoder.encode(["posts that quietly oppose the new policy"], kind="query")', "```", "",
-                  "With transformers and peft (prefix the texts, mean-pool over the attention mask, L2-normalise):",
-                  "", "```python", "import torch", "from peft import PeftModel",
-                  "from transformers import AutoModel, AutoTokenizer", "",
-                  f'tokenizer = AutoTokenizer.from_pretrained("{base}")',
-                  f'model = PeftModel.from_pretrained(AutoModel.from_pretrained("{base}"), "path/to/this/folder").eval()',
-                  f'batch = tokenizer([{settings["query_prefix"]!r} + "your query"], return_tensors="pt", padding=True)',
-                  "hidden = model(**batch).last_hidden_state", 'mask = batch["attention_mask"].unsqueeze(-1).float()',
-                  "embedding = torch.nn.functional.normalize((hidden * mask).sum(1) / mask.sum(1), dim=-1)", "```"]
+        lines += [
+            "With obliq: `obliq evaluate --model path/to/this/folder --tasks …`, or",
+            "",
+            "```python",
+            "from obliq.eval.encoders import load_encoder",
+            "",
+            'encoder = load_encoder("path/to/this/folder")',
+            'q = encoder.encode(["posts that quietly oppose the new policy"], kind="query")',
+            "```",
+            "",
+            "With transformers and peft (prefix the texts, mean-pool over the attention mask, L2-normalise):",
+            "",
+            "```python",
+            "import torch",
+            "from peft import PeftModel",
+            "from transformers import AutoModel, AutoTokenizer",
+            "",
+            f'tokenizer = AutoTokenizer.from_pretrained("{base}")',
+            f'model = PeftModel.from_pretrained(AutoModel.from_pretrained("{base}"), "path/to/this/folder").eval()',
+            f'batch = tokenizer([{settings["query_prefix"]!r} + "your query"], return_tensors="pt", padding=True)',
+            "hidden = model(**batch).last_hidden_state",
+            'mask = batch["attention_mask"].unsqueeze(-1).float()',
+            "embedding = torch.nn.functional.normalize((hidden * mask).sum(1) / mask.sum(1), dim=-1)",
+            "```",
+        ]
         if encoder.bidirectional and getattr(encoder.backbone_config, "is_causal", None) is False:
-            lines += ["", "The backbone is a decoder made bidirectional: set `config.is_causal = False` and each "
-                          "attention module's `is_causal = False` before use (obliq's loader does)."]
+            lines += [
+                "",
+                "The backbone is a decoder made bidirectional: set `config.is_causal = False` and each "
+                "attention module's `is_causal = False` before use (obliq's loader does).",
+            ]
     return "\n".join(lines) + "\n"
 
 

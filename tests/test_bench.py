@@ -19,8 +19,14 @@ pytestmark = pytest.mark.slow
 
 def bench(*args: str, env: dict | None = None, cwd: Path = REPO, timeout: int = 600) -> str:
     """Run ``python bench/<args>``; its standard output (fails the test with its log on a non-zero exit)."""
-    done = subprocess.run([sys.executable, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
+    done = subprocess.run(
+        [sys.executable, *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})},
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
     return done.stdout
 
@@ -51,15 +57,42 @@ def writing(tasks_dir, tmp_path_factory):
     root = tmp_path_factory.mktemp("writing")
     task = task_slice(tasks_dir, "writing-news", root / "data" / "tasks" / "writing-news", 8, 10)
     work = root / "work"
-    obliq_main(["distill", "graph", "--task", str(task), "--teacher", "stylometric", "--k", "2",
-                "--out", str(work / "graph.json")])
-    obliq_main(["distill", "pairs", "--task", str(task), "--graph", str(work / "graph.json"),
-                "--out", str(work / "rows" / "knn.jsonl")])
-    recipe = (REPO / "configs" / "writing-cpu.yaml").read_text().replace("work_dir: runs/writing-cpu",
-                                                                           f"work_dir: {work}")
-    for key, small in (("max_steps: 50", "max_steps: 2"), ("batch_size: 32", "batch_size: 4"),
-                       ("query_max_length: 256", "query_max_length: 32"),
-                       ("passage_max_length: 256", "passage_max_length: 32"), ("chunk_size: 16", "chunk_size: 2")):
+    obliq_main(
+        [
+            "distill",
+            "graph",
+            "--task",
+            str(task),
+            "--teacher",
+            "stylometric",
+            "--k",
+            "2",
+            "--out",
+            str(work / "graph.json"),
+        ]
+    )
+    obliq_main(
+        [
+            "distill",
+            "pairs",
+            "--task",
+            str(task),
+            "--graph",
+            str(work / "graph.json"),
+            "--out",
+            str(work / "rows" / "knn.jsonl"),
+        ]
+    )
+    recipe = (
+        (REPO / "configs" / "writing-cpu.yaml").read_text().replace("work_dir: runs/writing-cpu", f"work_dir: {work}")
+    )
+    for key, small in (
+        ("max_steps: 50", "max_steps: 2"),
+        ("batch_size: 32", "batch_size: 4"),
+        ("query_max_length: 256", "query_max_length: 32"),
+        ("passage_max_length: 256", "passage_max_length: 32"),
+        ("chunk_size: 16", "chunk_size: 2"),
+    ):
         assert key in recipe
         recipe = recipe.replace(key, small)
     (root / "recipe.yaml").write_text(recipe)
@@ -68,22 +101,56 @@ def writing(tasks_dir, tmp_path_factory):
 
 def test_distill_ablation_trains_evaluates_and_compares_a_run(writing):
     env = {"OBLIQ_DATA": str(writing / "data"), "OBLIQ_ABL_ROOT": str(writing / "abl")}
-    out = bench("bench/distill_ablation.py", "run", "--name", "smoke", "--task", "writing-news", "--split", "dev",
-                "--recipe", str(writing / "recipe.yaml"), "--checkpoints", "last", env=env)
+    out = bench(
+        "bench/distill_ablation.py",
+        "run",
+        "--name",
+        "smoke",
+        "--task",
+        "writing-news",
+        "--split",
+        "dev",
+        "--recipe",
+        str(writing / "recipe.yaml"),
+        "--checkpoints",
+        "last",
+        env=env,
+    )
     [line] = [json.loads(x) for x in (writing / "abl" / "log.jsonl").read_text().splitlines() if '"step"' in x]
     assert line["step"] == 2 and line["name"] == "smoke" and 0 <= line["NDCG@10"] <= 1
     assert "n = " in line["vs teacher"]["p_text"] and "smoke step 2" in out
     report = json.loads((writing / "abl" / "smoke" / "dev" / "step-2" / "comparison.json").read_text())
     assert set(report["systems"]) == {"smoke@2", "BM25", "MiniLM (base)", "stylometric teacher"}
-    bench("bench/distill_ablation.py", "plot", "--task", "writing-news", "--split", "dev",
-          "--out", str(writing / "curve.png"), env=env)
+    bench(
+        "bench/distill_ablation.py",
+        "plot",
+        "--task",
+        "writing-news",
+        "--split",
+        "dev",
+        "--out",
+        str(writing / "curve.png"),
+        env=env,
+    )
     assert (writing / "curve.png").stat().st_size > 0
 
 
 def test_distill_reference_trains_both_students_on_the_same_pairs(writing):
     env = {"OBLIQ_DATA": str(writing / "data"), "OBLIQ_ABL_ROOT": str(writing / "abl-ref")}
-    out = bench("bench/distill_reference.py", "--task", "writing-news", "--split", "test",
-                "--recipe", str(writing / "recipe.yaml"), "--budget", "cpu", "--out", str(writing / "ref"), env=env)
+    out = bench(
+        "bench/distill_reference.py",
+        "--task",
+        "writing-news",
+        "--split",
+        "test",
+        "--recipe",
+        str(writing / "recipe.yaml"),
+        "--budget",
+        "cpu",
+        "--out",
+        str(writing / "ref"),
+        env=env,
+    )
     result = json.loads((writing / "ref" / "results.json").read_text())
     assert result["train"]["obliq student"]["steps"] == 2
     assert {"obliq student", "sentence-transformers trainer"} <= set(result["report"]["systems"])
@@ -92,22 +159,47 @@ def test_distill_reference_trains_both_students_on_the_same_pairs(writing):
 
 def test_eval_baselines_and_negatives_throughput(tasks_dir, tmp_path):
     small = task_slice(tasks_dir, "math-theoremqa", tmp_path / "tasks" / "math-theoremqa", 6, 20)
-    out = bench("bench/eval_baselines.py", "--output", str(tmp_path / "baselines"), "--tasks", str(small),
-                "--models", "bm25")
+    out = bench(
+        "bench/eval_baselines.py", "--output", str(tmp_path / "baselines"), "--tasks", str(small), "--models", "bm25"
+    )
     assert "math-theoremqa" in out and (tmp_path / "baselines" / "bm25" / "results.md").is_file()
     out = bench("bench/negatives_throughput.py", "--data", str(tmp_path / "tasks"), "--tasks", "math-theoremqa")
     assert "rows/s" in out
 
 
 def test_data_throughput(tmp_path):
-    out = json.loads(bench("bench/data_throughput.py", "--rows", "300", "--small", "40", "--batches", "3",
-                           "--num-workers", "0", "--workdir", str(tmp_path)))
+    out = json.loads(
+        bench(
+            "bench/data_throughput.py",
+            "--rows",
+            "300",
+            "--small",
+            "40",
+            "--batches",
+            "3",
+            "--num-workers",
+            "0",
+            "--workdir",
+            str(tmp_path),
+        )
+    )
     assert len(out["runs"]) == 4
 
 
 def test_gradcache_bench(tmp_path):
-    out = bench("bench/gradcache.py", "--modes", "fixed", "--batches", "4", "--chunk", "2", "--steps", "1",
-                "--out", str(tmp_path / "g.json"))
+    out = bench(
+        "bench/gradcache.py",
+        "--modes",
+        "fixed",
+        "--batches",
+        "4",
+        "--chunk",
+        "2",
+        "--steps",
+        "1",
+        "--out",
+        str(tmp_path / "g.json"),
+    )
     assert {r["method"] for r in json.loads((tmp_path / "g.json").read_text())} >= {"plain", "obliq", "st"}
     assert "| 4 |" in out
 

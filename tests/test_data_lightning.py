@@ -38,11 +38,23 @@ class Tiny(L.LightningModule):
 def _fit(tokenize, sources, index_dir, ckpt_dir=None, max_steps=-1, ckpt_path=None):
     dm = TrainingDataModule(sources, batch_size=8, num_workers=2, seed=2, index_dir=index_dir)
     model = Tiny(tokenize)
-    callbacks = [] if ckpt_dir is None else [ModelCheckpoint(dirpath=ckpt_dir, every_n_train_steps=max_steps,
-                                                             save_top_k=-1, filename="{step}")]
-    trainer = L.Trainer(max_epochs=2, max_steps=max_steps, accelerator="cpu", devices=1, logger=False,
-                        enable_checkpointing=bool(callbacks), callbacks=callbacks, enable_progress_bar=False,
-                        enable_model_summary=False, num_sanity_val_steps=0)
+    callbacks = (
+        []
+        if ckpt_dir is None
+        else [ModelCheckpoint(dirpath=ckpt_dir, every_n_train_steps=max_steps, save_top_k=-1, filename="{step}")]
+    )
+    trainer = L.Trainer(
+        max_epochs=2,
+        max_steps=max_steps,
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=bool(callbacks),
+        callbacks=callbacks,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+    )
     trainer.fit(model, datamodule=dm, ckpt_path=ckpt_path)
     return model.seen, dm
 
@@ -91,9 +103,16 @@ def test_lightning_ddp_leaves_the_plan_sampler_in_place(tasks_dir, tokenize, tmp
     assert trainer._accelerator_connector.is_distributed
     prepare = trainer._data_connector._prepare_dataloader
     plain = torch.utils.data.DataLoader(list(range(10)), batch_size=2)
-    assert isinstance(prepare(plain, shuffle=True, mode=RunningStage.TRAINING).sampler, torch.utils.data.DistributedSampler)
-    dm = TrainingDataModule([Source(str(write_rows(tmp_path / "a.jsonl", task_rows(tasks_dir, "stance-tweets", 40))))],
-                            batch_size=8, num_workers=0, index_dir=str(tmp_path / "index"), tokenize=tokenize)
+    assert isinstance(
+        prepare(plain, shuffle=True, mode=RunningStage.TRAINING).sampler, torch.utils.data.DistributedSampler
+    )
+    dm = TrainingDataModule(
+        [Source(str(write_rows(tmp_path / "a.jsonl", task_rows(tasks_dir, "stance-tweets", 40))))],
+        batch_size=8,
+        num_workers=0,
+        index_dir=str(tmp_path / "index"),
+        tokenize=tokenize,
+    )
     loader = dm.make_dataloader(rank=1, world_size=2)
     prepared = prepare(loader, shuffle=True, mode=RunningStage.TRAINING)
     assert prepared is loader and prepared.sampler.rank == 1 and len(prepared) == 3

@@ -92,8 +92,14 @@ def test_exactly_once_over_two_ranks_two_workers_three_sources(files, minilm_pat
     paths = [files["math"], files["stance"], files["hearings"]]
     rows = _rows_by_id(*paths)
     expected = Counter(file_ids(*paths))
-    dm = TrainingDataModule([Source(str(p)) for p in paths], batch_size=16, num_workers=2, seed=3,
-                            index_dir=str(tmp_path), tokenize=WorkerTaggingTokenizer(minilm_path))
+    dm = TrainingDataModule(
+        [Source(str(p)) for p in paths],
+        batch_size=16,
+        num_workers=2,
+        seed=3,
+        index_dir=str(tmp_path),
+        tokenize=WorkerTaggingTokenizer(minilm_path),
+    )
     seen = {(rank, epoch): [] for rank in (0, 1) for epoch in (0, 1)}
     for rank in (0, 1):
         loader = dm.make_dataloader(rank, world_size=2)
@@ -110,7 +116,9 @@ def test_exactly_once_over_two_ranks_two_workers_three_sources(files, minilm_pat
                 assert batch["doc_ids"] == [rows[rid]["positive"]["id"] for rid in ids] + [d for _, d in negs]
                 assert batch["doc_row"].tolist() == list(range(n)) + [i for i, _ in negs]
                 assert batch["positive_index"].tolist() == list(range(n))
-                assert batch["query"]["input_ids"].shape[0] == n and batch["docs"]["input_ids"].shape[0] == len(negs) + n
+                assert (
+                    batch["query"]["input_ids"].shape[0] == n and batch["docs"]["input_ids"].shape[0] == len(negs) + n
+                )
                 assert batch["doc_keys"].shape == (len(negs) + n, 2) and batch["doc_keys"].dtype == torch.long
         assert workers == {0, 1}
     steps = {len(v) for v in seen.values()}
@@ -129,8 +137,13 @@ def test_counts_are_exact_every_epoch_and_the_dose_is_fixed_and_nested(files, to
     a, b = files["math"], files["stance"]
     n_a, n_b = len(file_ids(a)), len(file_ids(b))
     task = lambda rid: rid.split("/")[0]  # noqa: E731
-    dm = TrainingDataModule([Source(str(a), count=300), Source(str(b), count=20)], batch_size=16, num_workers=0,
-                            index_dir=str(tmp_path), tokenize=tokenize)
+    dm = TrainingDataModule(
+        [Source(str(a), count=300), Source(str(b), count=20)],
+        batch_size=16,
+        num_workers=0,
+        index_dir=str(tmp_path),
+        tokenize=tokenize,
+    )
     loader = dm.make_dataloader()
     dose = []
     for epoch in range(3):
@@ -141,8 +154,9 @@ def test_counts_are_exact_every_epoch_and_the_dose_is_fixed_and_nested(files, to
         dose.append({rid for rid in ids if task(rid) == "stance-tweets"})
     assert dose[0] == dose[1] == dose[2]  # the dose is a fixed set of rows
 
-    bigger = TrainingDataModule([Source(str(a), count=300), Source(str(b), count=40)], batch_size=16,
-                                index_dir=str(tmp_path))
+    bigger = TrainingDataModule(
+        [Source(str(a), count=300), Source(str(b), count=40)], batch_size=16, index_dir=str(tmp_path)
+    )
     bigger.setup()
     assert dose[0] < {rid for rid in _epoch_ids(bigger, 0) if task(rid) == "stance-tweets"}  # doses nest
 
@@ -157,8 +171,9 @@ def test_counts_are_exact_every_epoch_and_the_dose_is_fixed_and_nested(files, to
 def test_weights_hold_within_sampling_error(files, tmp_path):
     a, b = files["stance"], files["hearings"]
     n_a, n_b = len(file_ids(a)), len(file_ids(b))
-    dm = TrainingDataModule([Source(str(a), weight=3.0), Source(str(b), weight=1.0)], batch_size=10,
-                            index_dir=str(tmp_path), seed=11)
+    dm = TrainingDataModule(
+        [Source(str(a), weight=3.0), Source(str(b), weight=1.0)], batch_size=10, index_dir=str(tmp_path), seed=11
+    )
     dm.setup()
     pool = n_a + n_b
     want_a = round(pool * 3 / 4)  # the test's own rounding of the 3:1 share (pool * 3 / 4 is a whole number here)
@@ -210,7 +225,9 @@ def test_resume_continues_with_the_next_row_at_any_step(files, tokenize, tmp_pat
     ]
 
     def loader(rank):
-        dm = TrainingDataModule(sources, batch_size=8, num_workers=2, seed=5, index_dir=str(tmp_path), tokenize=tokenize)
+        dm = TrainingDataModule(
+            sources, batch_size=8, num_workers=2, seed=5, index_dir=str(tmp_path), tokenize=tokenize
+        )
         return dm.make_dataloader(rank, world_size=2)
 
     steps = len(loader(0))
@@ -231,8 +248,9 @@ def test_resume_continues_with_the_next_row_at_any_step(files, tokenize, tmp_pat
 
 def test_resume_refuses_a_different_setup(files, tokenize, tmp_path):
     def loader(world_size, batch_size=8, path=files["stance60"]):
-        dm = TrainingDataModule([Source(str(path))], batch_size=batch_size, num_workers=0,
-                                index_dir=str(tmp_path), tokenize=tokenize)
+        dm = TrainingDataModule(
+            [Source(str(path))], batch_size=batch_size, num_workers=0, index_dir=str(tmp_path), tokenize=tokenize
+        )
         return dm.make_dataloader(0, world_size)
 
     rows = [json.loads(line) for line in files["stance60"].read_text().splitlines()]
@@ -241,8 +259,11 @@ def test_resume_refuses_a_different_setup(files, tokenize, tmp_path):
     first = loader(2)
     next(iter(first))
     state = first.state_dict()
-    for other, what in ((loader(1), "world_size"), (loader(2, batch_size=4), "batch_size"),
-                        (loader(2, path=other_rows), "sources")):
+    for other, what in (
+        (loader(1), "world_size"),
+        (loader(2, batch_size=4), "batch_size"),
+        (loader(2, path=other_rows), "sources"),
+    ):
         other.load_state_dict(state)
         with pytest.raises(ValueError, match=f"different data setup \\({what}"):
             next(iter(other))
@@ -251,8 +272,14 @@ def test_resume_refuses_a_different_setup(files, tokenize, tmp_path):
 @pytest.mark.distributed
 def test_resume_under_another_number_of_workers(files, tokenize, tmp_path):
     def loader(num_workers):
-        dm = TrainingDataModule([Source(str(files["stance60"])), Source(str(files["stance40"]), count=10)], batch_size=4,
-                                num_workers=num_workers, seed=9, index_dir=str(tmp_path), tokenize=tokenize)
+        dm = TrainingDataModule(
+            [Source(str(files["stance60"])), Source(str(files["stance40"]), count=10)],
+            batch_size=4,
+            num_workers=num_workers,
+            seed=9,
+            index_dir=str(tmp_path),
+            tokenize=tokenize,
+        )
         return dm.make_dataloader()
 
     steps = len(loader(0))

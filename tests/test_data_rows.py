@@ -41,11 +41,22 @@ def _bad_lines(rows: list[dict]) -> list[tuple[bytes, str, str]]:
     out.append((variant(6, lambda r: r["positive"].update(text=" \t ")), "positive.text", "empty"))
     out.append((variant(7, lambda r: r.update(source="web")), "source", "value"))
     out.append((variant(8, lambda r: r.update(negative=r["negatives"])), "negative", "unknown-field"))
-    out.append((variant(9, lambda r: r["negatives"][1].update(id=r["positive"]["id"])), "negatives[1].id", "negative-is-positive"))
+    out.append(
+        (
+            variant(9, lambda r: r["negatives"][1].update(id=r["positive"]["id"])),
+            "negatives[1].id",
+            "negative-is-positive",
+        )
+    )
     # The positive's text again under another id: upper case, extra punctuation and spacing (C06).
     out.append(
         (
-            variant(10, lambda r: r["negatives"][0].update(text="  " + r["positive"]["text"].upper().replace(" ", "  ") + " !!")),
+            variant(
+                10,
+                lambda r: r["negatives"][0].update(
+                    text="  " + r["positive"]["text"].upper().replace(" ", "  ") + " !!"
+                ),
+            ),
             "negatives[0].text",
             "negative-is-positive",
         )
@@ -137,7 +148,13 @@ def test_parse_row_keeps_fields_and_cuts_nothing(good_rows):
     src = dict(good_rows[0], lens="style", instruction=None, meta={"k": 1})
     row = parse_row(json.dumps(src), "f.jsonl", 9)
     assert (row.id, row.task, row.source, row.query, row.lens, row.instruction, row.meta) == (
-        src["id"], src["task"], src["source"], src["query"], "style", None, {"k": 1},
+        src["id"],
+        src["task"],
+        src["source"],
+        src["query"],
+        "style",
+        None,
+        {"k": 1},
     )
     assert row.positive.id == src["positive"]["id"] and row.positive.text == src["positive"]["text"]
     assert [(d.id, d.text) for d in row.negatives] == [(n["id"], n["text"]) for n in src["negatives"]]

@@ -45,7 +45,11 @@ def task_rows(tasks_dir: Path, task: str, limit: int | None = None, seed: int = 
         negatives = []
         while len(negatives) < want:
             cand = ids[int(rng.integers(len(ids)))]
-            if cand in relevant[qid] or cand in {n["id"] for n in negatives} or _norm(corpus[cand]) == _norm(corpus[did]):
+            if (
+                cand in relevant[qid]
+                or cand in {n["id"] for n in negatives}
+                or _norm(corpus[cand]) == _norm(corpus[did])
+            ):
                 continue
             negatives.append({"id": cand, "text": corpus[cand]})
         rows.append(
@@ -89,7 +93,9 @@ class PrefixTokenizer:
 
     def __call__(self, texts: list[str], kind: str, instructions=None) -> dict[str, torch.Tensor]:
         prefix = {"query": "query: ", "passage": "passage: "}[kind]
-        enc = self.tok([prefix + t for t in texts], padding=True, truncation=True, max_length=self.max[kind], return_tensors="pt")
+        enc = self.tok(
+            [prefix + t for t in texts], padding=True, truncation=True, max_length=self.max[kind], return_tensors="pt"
+        )
         return {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]}
 
 

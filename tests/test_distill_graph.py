@@ -34,9 +34,9 @@ def cos(x: np.ndarray, i: int, j: int) -> float:
 def vectors_with_duplicates() -> np.ndarray:
     rng = np.random.default_rng(0)
     x = rng.normal(size=(60, 12)).astype(np.float32)
-    x[11] = x[10]              # a pair of identical documents
-    x[21] = x[22] = x[20]      # three identical documents
-    x[30] = 3.0 * x[31]        # the same direction at another length: cosine 1
+    x[11] = x[10]  # a pair of identical documents
+    x[21] = x[22] = x[20]  # three identical documents
+    x[30] = 3.0 * x[31]  # the same direction at another length: cosine 1
     return x
 
 

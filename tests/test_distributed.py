@@ -15,10 +15,12 @@ from obliq.model.gradcache import grad_cache_step
 # Per rank: 2 queries, docs = [2 positives, 2 negatives]. Rank 1's first positive is rank 0's
 # first positive (same id): masked as a negative across ranks too (C05).
 SHARDS = [
-    {"q": ["query about style", "query about proofs"], "d": ["doc A", "doc B", "neg C", "neg D"],
-     "ids": [1, 2, 3, 4]},
-    {"q": ["another style query", "a dodge in a hearing"], "d": ["doc A", "doc F", "neg G", "neg H"],
-     "ids": [1, 6, 7, 8]},
+    {"q": ["query about style", "query about proofs"], "d": ["doc A", "doc B", "neg C", "neg D"], "ids": [1, 2, 3, 4]},
+    {
+        "q": ["another style query", "a dodge in a hearing"],
+        "d": ["doc A", "doc F", "neg G", "neg H"],
+        "ids": [1, 6, 7, 8],
+    },
 ]
 
 
@@ -41,9 +43,13 @@ def _worker(rank, path, init_file, out_dir):
         loss_fn = InfoNCELoss(temperature=0.05)
         keys = torch.tensor(shard["ids"])
         loss = grad_cache_step(
-            ddp, enc.tokenize(shard["q"], "query"), enc.tokenize(shard["d"], "passage"),
-            lambda q, d: loss_fn(q, d, torch.arange(2), keys), chunk_size=1,
-            no_sync=ddp.no_sync, backward_scale=loss_fn.backward_scale,
+            ddp,
+            enc.tokenize(shard["q"], "query"),
+            enc.tokenize(shard["d"], "passage"),
+            lambda q, d: loss_fn(q, d, torch.arange(2), keys),
+            chunk_size=1,
+            no_sync=ddp.no_sync,
+            backward_scale=loss_fn.backward_scale,
         )
         grads = {n: p.grad.clone() for n, p in enc.named_parameters() if p.requires_grad}
         torch.save({"loss": loss, "grads": grads}, os.path.join(out_dir, f"rank{rank}.pt"))
@@ -103,6 +109,7 @@ def test_fsdp_units_never_mix_lora_and_frozen_weights(tiny_llama_dir, tmp_path):
 
 # --- evaluation on every rank (issue 17) --------------------------------------------------------
 
+
 def _eval_worker(rank, path, task_dir, init_file, out_dir):
     """Each of 2 ranks encodes its share of the texts of a real task slice; the run must be the one
     process's."""
@@ -147,8 +154,9 @@ def test_two_ranks_encoding_shares_give_the_one_process_run(tiny_llama_dir, task
 @pytest.mark.distributed
 @pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
-def test_the_training_callback_evaluates_on_every_rank_under_ddp_and_fsdp2(strategy, tiny_llama_dir, tasks_dir,
-                                                                           tmp_path):
+def test_the_training_callback_evaluates_on_every_rank_under_ddp_and_fsdp2(
+    strategy, tiny_llama_dir, tasks_dir, tmp_path
+):
     """2 CPU processes train 2 steps with the evaluation callback at step 2 (the last): under FSDP2 too (its
     parameters are sharded, so every rank must encode); the logged NDCG@10 equals one process's
     evaluation of the saved weights, and every rank got the value (the monitored checkpoint)."""
@@ -167,25 +175,50 @@ def test_the_training_callback_evaluates_on_every_rank_under_ddp_and_fsdp2(strat
     task_dir = small_real_task(tasks_dir, tmp_path / "slice", n_distractors=25)
     rows = write_rows(tmp_path / "rows.jsonl", task_rows(tasks_dir, "math-theoremqa", limit=16))
     fsdp = {"class_path": "obliq.model.sharding.LoraModelParallelStrategy"}
-    config = _write_config(tmp_path / "run", rows, tiny_llama_dir, max_steps=2, trainer__devices=2,
-                           trainer__strategy=fsdp if strategy == "fsdp" else "ddp")
+    config = _write_config(
+        tmp_path / "run",
+        rows,
+        tiny_llama_dir,
+        max_steps=2,
+        trainer__devices=2,
+        trainer__strategy=fsdp if strategy == "fsdp" else "ddp",
+    )
     cfg = yaml.safe_load(config.read_text())
     settings = {"top_k": 50, "batch_size": 4, "query_max_length": 32, "passage_max_length": 48}
     cfg["trainer"]["callbacks"] += [
-        {"class_path": "obliq.callbacks.RetrievalEvaluation",
-         "init_args": {"tasks": [str(task_dir)], "every_n_steps": 2, "measures": ["NDCG@10", "Recall@10"],
-                       "retrieval": settings}},  # at step 2 (the last): the end adds no second evaluation
-        {"class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
-         "init_args": {"dirpath": str(tmp_path / "run" / "best"), "monitor": "eval/mean/NDCG@10", "mode": "max",
-                       "save_top_k": 1, "every_n_train_steps": 2}}]
+        {
+            "class_path": "obliq.callbacks.RetrievalEvaluation",
+            "init_args": {
+                "tasks": [str(task_dir)],
+                "every_n_steps": 2,
+                "measures": ["NDCG@10", "Recall@10"],
+                "retrieval": settings,
+            },
+        },  # at step 2 (the last): the end adds no second evaluation
+        {
+            "class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
+            "init_args": {
+                "dirpath": str(tmp_path / "run" / "best"),
+                "monitor": "eval/mean/NDCG@10",
+                "mode": "max",
+                "save_top_k": 1,
+                "every_n_train_steps": 2,
+            },
+        },
+    ]
     config.write_text(yaml.safe_dump(cfg))
     run = _train(config)
     assert run.wait(timeout=900) == 0, run.stderr.read()
     with open(next((tmp_path / "run").rglob("metrics.csv"))) as f:
         logged = [float(r["eval/math-slice/NDCG@10"]) for r in csv.DictReader(f) if r.get("eval/math-slice/NDCG@10")]
     encoder = load_checkpoint(tmp_path / "run" / "ckpt" / "last.ckpt")
-    [one] = evaluate_tasks(make_retriever(encoder, RetrievalSettings(**settings)), [load_task(task_dir)],
-                           tmp_path / "one", "one process", ["NDCG@10", "Recall@10"])
+    [one] = evaluate_tasks(
+        make_retriever(encoder, RetrievalSettings(**settings)),
+        [load_task(task_dir)],
+        tmp_path / "one",
+        "one process",
+        ["NDCG@10", "Recall@10"],
+    )
     assert logged == [pytest.approx(one["metrics"]["NDCG@10"], abs=1e-9)]
     assert list((tmp_path / "run" / "best").glob("*.ckpt"))  # the monitor saw the value on every rank
 
@@ -201,13 +234,48 @@ def test_evaluate_py_under_torchrun_equals_one_process(tasks_dir, tmp_path):
 
     REPO = __import__("pathlib").Path(__file__).resolve().parents[1]
     task_dir = small_real_task(tasks_dir, tmp_path / "slice", n_distractors=30)
-    common = ["--model", "minilm", "--tasks", str(task_dir), "--measures", "[NDCG@10,Recall@10]",
-              "--latency_queries", "0", "--retrieval.cache", "false", "--retrieval.top_k", "50"]
+    common = [
+        "--model",
+        "minilm",
+        "--tasks",
+        str(task_dir),
+        "--measures",
+        "[NDCG@10,Recall@10]",
+        "--latency_queries",
+        "0",
+        "--retrieval.cache",
+        "false",
+        "--retrieval.top_k",
+        "50",
+    ]
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29533",
-                    str(REPO / "evaluate.py"), *common, "--output", str(tmp_path / "two")], check=True, cwd=REPO,
-                   env=env, capture_output=True, timeout=900)
-    subprocess.run([sys.executable, str(REPO / "evaluate.py"), *common, "--output", str(tmp_path / "one")], check=True,
-                   cwd=REPO, env=env, capture_output=True, timeout=900)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node",
+            "2",
+            "--master_port",
+            "29533",
+            str(REPO / "evaluate.py"),
+            *common,
+            "--output",
+            str(tmp_path / "two"),
+        ],
+        check=True,
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        timeout=900,
+    )
+    subprocess.run(
+        [sys.executable, str(REPO / "evaluate.py"), *common, "--output", str(tmp_path / "one")],
+        check=True,
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        timeout=900,
+    )
     two, one = (json.loads((tmp_path / n / "math-slice" / "summary.json").read_text()) for n in ("two", "one"))
     assert two["metrics"] == one["metrics"]

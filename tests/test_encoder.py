@@ -10,8 +10,14 @@ from obliq.model import BiEncoder, LoraSettings, check_bidirectional, make_bidir
 # ---------------------------------------------------------------- C03 on the exact case model
 def _c03_model(attn: str) -> LlamaModel:
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=4)
+    config = LlamaConfig(
+        vocab_size=100,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+    )
     config._attn_implementation = attn
     return LlamaModel(config).eval()
 

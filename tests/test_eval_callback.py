@@ -79,13 +79,32 @@ def test_callback_evaluates_every_n_steps_and_at_end(tmp_path, tasks_dir):
     module = TinyRetriever(BiEncoder("minilm", query_max_length=64, passage_max_length=64)).train()
     settings = RetrievalSettings(top_k=100, query_max_length=32, passage_max_length=64)
     threads = torch.get_num_threads()
-    callback = RetrievalEvaluation(tasks=[str(task_dir)], every_n_steps=2, retrieval=settings,
-                                   measures=["NDCG@10", "Recall@10", "Recall@100"], threads=threads + 1)
+    callback = RetrievalEvaluation(
+        tasks=[str(task_dir)],
+        every_n_steps=2,
+        retrieval=settings,
+        measures=["NDCG@10", "Recall@10", "Recall@100"],
+        threads=threads + 1,
+    )
     logger = CSVLogger(tmp_path / "logs", name="run")
-    best = ModelCheckpoint(tmp_path / "best", filename="step{step}", auto_insert_metric_name=False,
-                           monitor="eval/mean/NDCG@10", mode="max", save_top_k=1, every_n_train_steps=2)
-    trainer = Trainer(max_steps=3, accelerator="cpu", devices=1, logger=logger, callbacks=[callback, best],
-                      enable_progress_bar=False, enable_model_summary=False)
+    best = ModelCheckpoint(
+        tmp_path / "best",
+        filename="step{step}",
+        auto_insert_metric_name=False,
+        monitor="eval/mean/NDCG@10",
+        mode="max",
+        save_top_k=1,
+        every_n_train_steps=2,
+    )
+    trainer = Trainer(
+        max_steps=3,
+        accelerator="cpu",
+        devices=1,
+        logger=logger,
+        callbacks=[callback, best],
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
     trainer.fit(module)
 
     # evaluated at step 2 (every_n_steps) and at the end (step 3), under no_grad, not inference_mode
@@ -117,10 +136,14 @@ def test_callback_evaluates_every_n_steps_and_at_end(tmp_path, tasks_dir):
     # the end-of-training evaluation saw the final weights: re-evaluating them now gives the same numbers
     module.eval()
     with torch.no_grad():
-        [again] = evaluate_tasks(lambda task: retrieve_dense(module.encoder, task, settings), [load_task(task_dir)],
-                                 tmp_path / "again", "final", ["NDCG@10", "Recall@10"])
+        [again] = evaluate_tasks(
+            lambda task: retrieve_dense(module.encoder, task, settings),
+            [load_task(task_dir)],
+            tmp_path / "again",
+            "final",
+            ["NDCG@10", "Recall@10"],
+        )
     assert again["metrics"]["NDCG@10"] == pytest.approx(callback.last_summaries[0]["metrics"]["NDCG@10"], abs=1e-6)
-
 
 
 class _Frozen(TinyRetriever):
@@ -143,11 +166,29 @@ def test_one_model_gives_one_number_through_every_command(tmp_path, tasks_dir, c
     REPO = __import__("pathlib").Path(__file__).resolve().parents[1]
     task_dir = small_real_task(tasks_dir, tmp_path / "math-slice")
     numbers = {}
-    [s] = obliq_main(["evaluate", "--model", "minilm", "--tasks", str(task_dir), "--output", str(tmp_path / "ev"),
-                      "--latency_queries", "0", "--retrieval.cache", "false"])
+    [s] = obliq_main(
+        [
+            "evaluate",
+            "--model",
+            "minilm",
+            "--tasks",
+            str(task_dir),
+            "--output",
+            str(tmp_path / "ev"),
+            "--latency_queries",
+            "0",
+            "--retrieval.cache",
+            "false",
+        ]
+    )
     numbers["evaluate.py"] = (s["metrics"]["NDCG@10"], s["reads"])
-    [s] = evaluate_tasks(make_retriever("minilm", RetrievalSettings(cache=False)), [load_task(task_dir)],
-                         tmp_path / "qs", "MiniLM (base)", ["NDCG@10"])  # the quickstart's base system
+    [s] = evaluate_tasks(
+        make_retriever("minilm", RetrievalSettings(cache=False)),
+        [load_task(task_dir)],
+        tmp_path / "qs",
+        "MiniLM (base)",
+        ["NDCG@10"],
+    )  # the quickstart's base system
     numbers["quickstart"] = (s["metrics"]["NDCG@10"], s["reads"])
     sweep = dose_sweep(REPO / "configs" / "quickstart.yaml", [0], [str(task_dir)], out=tmp_path / "sweep")
     dose0 = json.loads((tmp_path / "sweep" / "dose-0" / "eval" / "math-slice" / "summary.json").read_text())
@@ -156,9 +197,20 @@ def test_one_model_gives_one_number_through_every_command(tmp_path, tasks_dir, c
     numbers["dose sweep, dose 0"] = (dose0["metrics"]["NDCG@10"], dose0["reads"])
     module = _Frozen(BiEncoder("minilm", query_prefix="", passage_prefix="")).train()
     callback = RetrievalEvaluation(tasks=[str(task_dir)], every_n_steps=0, measures=["NDCG@10"])
-    Trainer(max_steps=1, accelerator="cpu", devices=1, logger=CSVLogger(tmp_path / "logs"), callbacks=[callback],
-            enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False).fit(module)
-    numbers["training callback"] = (callback.last_summaries[0]["metrics"]["NDCG@10"], callback.last_summaries[0]["reads"])
+    Trainer(
+        max_steps=1,
+        accelerator="cpu",
+        devices=1,
+        logger=CSVLogger(tmp_path / "logs"),
+        callbacks=[callback],
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    ).fit(module)
+    numbers["training callback"] = (
+        callback.last_summaries[0]["metrics"]["NDCG@10"],
+        callback.last_summaries[0]["reads"],
+    )
     reference, reads = numbers["evaluate.py"]
     assert reads == {"query_prefix": "", "passage_prefix": "", "query_max_length": 256, "passage_max_length": 256}
     for path, (value, read) in numbers.items():

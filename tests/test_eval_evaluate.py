@@ -25,8 +25,10 @@ def pytrec_means(qrels_file: Path, run_file: Path) -> dict[str, float]:
     qrels = {q: d for q, d in read_qrels(qrels_file).items() if any(g > 0 for g in d.values())}
     out = pytrec_eval.RelevanceEvaluator(qrels, {"ndcg_cut.10", "recall.100"}).evaluate(read_run(run_file))
     assert set(out) == set(qrels)  # every query retrieved something
-    return {"NDCG@10": np.mean([v["ndcg_cut_10"] for v in out.values()]),
-            "Recall@100": np.mean([v["recall_100"] for v in out.values()])}
+    return {
+        "NDCG@10": np.mean([v["ndcg_cut_10"] for v in out.values()]),
+        "Recall@100": np.mean([v["recall_100"] for v in out.values()]),
+    }
 
 
 def check_outputs(out: Path, task_dir: Path, n_queries: int) -> dict:
@@ -52,15 +54,27 @@ def check_outputs(out: Path, task_dir: Path, n_queries: int) -> dict:
 def test_bm25_end_to_end_matches_readme(tmp_path, tasks_dir, capsys):
     tasks = [tasks_dir / name for name in README_BM25_NDCG10]
     out = tmp_path / "bm25"
-    cmd = [sys.executable, str(REPO / "evaluate.py"), "--model", "bm25", "--tasks", *map(str, tasks),
-           "--output", str(out), "--latency_queries", "3"]
+    cmd = [
+        sys.executable,
+        str(REPO / "evaluate.py"),
+        "--model",
+        "bm25",
+        "--tasks",
+        *map(str, tasks),
+        "--output",
+        str(out),
+        "--latency_queries",
+        "3",
+    ]
     subprocess.run(cmd, check=True, cwd=tmp_path, capture_output=True, text=True, timeout=300)
     for task_dir in tasks:
         summary = check_outputs(out, task_dir, len(load_task(task_dir).query_ids))
         # stemmed tokens (Snowball English) versus the README's unstemmed reference: within 0.02
         assert summary["metrics"]["NDCG@10"] == pytest.approx(README_BM25_NDCG10[task_dir.name], abs=0.02)
         # `obliq metrics` scores the written run to the same numbers
-        obliq_main(["metrics", "--qrels", str(task_dir / "qrels" / "test.tsv"), "--run", str(out / task_dir.name / "run.trec")])
+        obliq_main(
+            ["metrics", "--qrels", str(task_dir / "qrels" / "test.tsv"), "--run", str(out / task_dir.name / "run.trec")]
+        )
         assert json.loads(capsys.readouterr().out)["metrics"] == pytest.approx(summary["metrics"])
     table = (out / "results.md").read_text()
     for task_dir in tasks:
@@ -77,9 +91,22 @@ QUERY_LEN, PASSAGE_LEN = 64, 128  # shorter than the defaults (256 / 1024) to ke
 def minilm_eval(tmp_path_factory, tasks_dir):
     out = tmp_path_factory.mktemp("minilm")
     tasks = [tasks_dir / "math-theoremqa", tasks_dir / "writing-news"]
-    argv = ["--model", "minilm", "--tasks", *map(str, tasks), "--output", str(out / "run1"),
-            "--retrieval.cache_dir", str(out / "cache"), "--latency_queries", "3",
-            "--retrieval.query_max_length", str(QUERY_LEN), "--retrieval.passage_max_length", str(PASSAGE_LEN)]
+    argv = [
+        "--model",
+        "minilm",
+        "--tasks",
+        *map(str, tasks),
+        "--output",
+        str(out / "run1"),
+        "--retrieval.cache_dir",
+        str(out / "cache"),
+        "--latency_queries",
+        "3",
+        "--retrieval.query_max_length",
+        str(QUERY_LEN),
+        "--retrieval.passage_max_length",
+        str(PASSAGE_LEN),
+    ]
     obliq_main(["evaluate", *argv])
     return out, tasks, argv
 
@@ -138,14 +165,20 @@ def test_pooled_qrels_and_queries_without_relevant_docs(tmp_path):
     gold = [("q1", "d0", 1), ("q2", "d2", 0), ("q3", "d3", 1)]  # q2: judged, nothing relevant; q3: no hit
     pooled = [("q1", "d1", 1), ("q2", "d2", 2)]
     task = load_task(make_task(tmp_path / "toy", corpus, queries, gold, pooled=pooled))
-    [summary] = evaluate_tasks(lambda t: retrieve_bm25(t, RetrievalSettings()), [task], tmp_path / "out", "bm25",
-                               ["NDCG@10", "Recall@10"])
+    [summary] = evaluate_tasks(
+        lambda t: retrieve_bm25(t, RetrievalSettings()), [task], tmp_path / "out", "bm25", ["NDCG@10", "Recall@10"]
+    )
     # gold: q1 finds d0 at rank 2 (the shorter "green apple" ranks first), q3 retrieves nothing → 0; q2 excluded
     assert (summary["n_queries"], summary["n_excluded"]) == (2, 1)
     assert summary["metrics"]["NDCG@10"] == pytest.approx((1 / np.log2(3) + 0) / 2)
     assert summary["pooled"] == {"metrics": {"NDCG@10": 1.0, "Recall@10": 1.0}, "n_queries": 2, "n_excluded": 1}
     rows = [json.loads(line) for line in (tmp_path / "out" / "toy" / "per_query.jsonl").read_text().splitlines()]
-    assert [(r["query_id"], r["qrels"]) for r in rows] == [("q1", "gold"), ("q3", "gold"), ("q1", "pooled"), ("q2", "pooled")]
+    assert [(r["query_id"], r["qrels"]) for r in rows] == [
+        ("q1", "gold"),
+        ("q3", "gold"),
+        ("q1", "pooled"),
+        ("q2", "pooled"),
+    ]
     assert "| toy |  | pooled | 2 | 1 | 1.0000 | 1.0000 |" in (tmp_path / "out" / "results.md").read_text()
     assert "d3" not in (tmp_path / "out" / "toy" / "run.trec").read_text()  # the empty doc is never retrieved
 
@@ -177,8 +210,9 @@ def test_obliq_adapter_folder_loads_as_biencoder(tmp_path):
     assert isinstance(loaded, BiEncoder) and loaded.is_peft
     lora = {n: p for n, p in loaded.named_parameters() if "lora_B" in n}
     assert lora and all(p.abs().max() > 0 for p in lora.values())  # the saved adapter, not a fresh one
-    torch.testing.assert_close(loaded.encode(texts, kind="passage"), trained.encode(texts, kind="passage"),
-                               atol=1e-5, rtol=0)
+    torch.testing.assert_close(
+        loaded.encode(texts, kind="passage"), trained.encode(texts, kind="passage"), atol=1e-5, rtol=0
+    )
 
 
 def test_config_file_and_task_list_forms(tmp_path):
@@ -189,12 +223,19 @@ def test_config_file_and_task_list_forms(tmp_path):
     corpus = [{"_id": "d1", "text": "apple pie"}, {"_id": "d2", "text": "blue sky"}]
     for name in ("t1", "t2"):
         make_task(tmp_path / "tasks" / name, corpus, [{"_id": "q1", "text": "apple"}], [("q1", "d1", 1)])
-    assert _expand(["evaluate", "--tasks", "a", "b", "--model", "bm25"]) == \
-        ["evaluate", "--tasks", '["a", "b"]', "--model", "bm25"]
+    assert _expand(["evaluate", "--tasks", "a", "b", "--model", "bm25"]) == [
+        "evaluate",
+        "--tasks",
+        '["a", "b"]',
+        "--model",
+        "bm25",
+    ]
     assert _expand(["evaluate", "--tasks=a"]) == ["evaluate", '--tasks=["a"]']
     config = tmp_path / "eval.yaml"
-    config.write_text(f"model: bm25\ntasks: [{tmp_path / 'tasks'}]\noutput: {tmp_path / 'out'}\n"
-                      "measures: [NDCG@10]\nlatency_queries: 0\nretrieval: {bm25_k1: 1.2}\n")
+    config.write_text(
+        f"model: bm25\ntasks: [{tmp_path / 'tasks'}]\noutput: {tmp_path / 'out'}\n"
+        "measures: [NDCG@10]\nlatency_queries: 0\nretrieval: {bm25_k1: 1.2}\n"
+    )
     summaries = obliq_main(["evaluate", "--config", str(config)])
     assert [s["task"] for s in summaries] == ["t1", "t2"]  # a folder of task folders expands
     assert summaries[0]["metrics"] == {"NDCG@10": 1.0}

@@ -159,8 +159,9 @@ def test_unknown_measure_is_a_clear_error():
 def test_obliq_metrics_command_matches_pytrec_eval(tmp_path, capsys):
     qrels_file = _write(tmp_path / "q.tsv", "query-id\tcorpus-id\tscore\nq1\td1\t1\nq1\td3\t2\nq2\td5\t1\n")
     run_file = _write(tmp_path / "r.trec", "q1 Q0 d2 1 3 x\nq1 Q0 d1 2 2 x\nq1 Q0 d3 3 1 x\nq2 Q0 d5 1 1 x\n")
-    obliq_main(["metrics", "--qrels", str(qrels_file), "--run", str(run_file),
-                "--measures", "NDCG@3,Recall@1", "--per-query"])
+    obliq_main(
+        ["metrics", "--qrels", str(qrels_file), "--run", str(run_file), "--measures", "NDCG@3,Recall@1", "--per-query"]
+    )
     out = json.loads(capsys.readouterr().out)
     assert out["n_queries"] == 2 and out["n_excluded"] == 0
     assert out["per_query"]["q1"]["NDCG@3"] == pytest.approx(0.619906, abs=1e-6)

@@ -46,12 +46,14 @@ def test_interval_and_p_value_agree_with_independent_references():
 
 # --- C20: significance from a handful of queries ----------------------------------------------
 
+
 def _c20_files(tmp_path, n):
     """qrels q1..qn each judge d1 relevant; run A ranks d2 then d1, run B ranks d1 then d2."""
     (tmp_path / "q.tsv").write_text("".join(f"q{i}\t0\td1\t1\n" for i in range(1, n + 1)))
     for name, order in (("a", ("d2", "d1")), ("b", ("d1", "d2"))):
         (tmp_path / f"{name}.trec").write_text(
-            "".join(f"q{i} Q0 {d} {r} {3 - r} {name}\n" for i in range(1, n + 1) for r, d in enumerate(order, 1)))
+            "".join(f"q{i} Q0 {d} {r} {3 - r} {name}\n" for i in range(1, n + 1) for r, d in enumerate(order, 1))
+        )
     return [str(tmp_path / f) for f in ("a.trec", "b.trec")], str(tmp_path / "q.tsv")
 
 
@@ -63,14 +65,15 @@ def test_c20_a_handful_of_queries_gives_the_exact_sign_flip_p(tmp_path, capsys, 
     assert out["mean_a"] == pytest.approx(0.630930, abs=1e-6) and out["mean_b"] == 1.0
     assert out["diff"] == pytest.approx(0.369070, abs=1e-6)
     assert out["p_value"] == expected and out["p_method"] == "exact" and out["n_nonzero"] == n
-    assert f"exact sign-flip test, {2 ** n} sign patterns, n = {n}" in out["p_text"]
+    assert f"exact sign-flip test, {2**n} sign patterns, n = {n}" in out["p_text"]
     assert out["ci_degenerate"] is True  # every difference equal: the interval shows no spread
     # the independent references: scipy's exact permutation test (n ≥ 2; at n = 1 the two sign
     # patterns are both as extreme, p = 1 by hand), and Wilcoxon at n = 3
     d = np.full(n, 0.369070)
     if n > 1:
-        ref = stats.permutation_test((d,), np.mean, permutation_type="samples", n_resamples=np.inf,
-                                     alternative="two-sided").pvalue
+        ref = stats.permutation_test(
+            (d,), np.mean, permutation_type="samples", n_resamples=np.inf, alternative="two-sided"
+        ).pvalue
         assert out["p_value"] == pytest.approx(ref)
     if n == 3:
         assert stats.wilcoxon(d, alternative="two-sided", method="exact").pvalue == pytest.approx(expected)
@@ -79,8 +82,13 @@ def test_c20_a_handful_of_queries_gives_the_exact_sign_flip_p(tmp_path, capsys, 
 def test_c20_a_zero_difference_carries_no_sign():
     res = sign_flip_test([0.2, 0.1, 0.3, 0.05, 0.0])
     assert (res.p_value, res.method, res.n_nonzero, res.patterns) == (0.125, "exact", 4, 16)
-    ref = stats.permutation_test((np.array([0.2, 0.1, 0.3, 0.05, 0.0]),), np.mean, permutation_type="samples",
-                                 n_resamples=np.inf, alternative="two-sided").pvalue
+    ref = stats.permutation_test(
+        (np.array([0.2, 0.1, 0.3, 0.05, 0.0]),),
+        np.mean,
+        permutation_type="samples",
+        n_resamples=np.inf,
+        alternative="two-sided",
+    ).pvalue
     assert res.p_value == pytest.approx(ref)  # zeros double every count alike: the same p
 
 
@@ -111,8 +119,17 @@ def test_obliq_compare_command(tmp_path, capsys):
     (tmp_path / "q.tsv").write_text("query-id\tcorpus-id\tscore\nq1\td1\t1\nq2\td2\t1\nq3\td3\t1\nq4\td9\t0\n")
     (tmp_path / "a.trec").write_text("q1 Q0 d1 1 2 a\nq2 Q0 x 1 2 a\nq2 Q0 d2 2 1 a\n")  # q3 missing: 0
     (tmp_path / "b.trec").write_text("q1 Q0 d1 1 2 b\nq2 Q0 d2 1 2 b\nq3 Q0 d3 1 1 b\n")
-    obliq_main(["compare", str(tmp_path / "a.trec"), str(tmp_path / "b.trec"), "--qrels", str(tmp_path / "q.tsv"),
-                "--resamples", "1000"])
+    obliq_main(
+        [
+            "compare",
+            str(tmp_path / "a.trec"),
+            str(tmp_path / "b.trec"),
+            "--qrels",
+            str(tmp_path / "q.tsv"),
+            "--resamples",
+            "1000",
+        ]
+    )
     out = json.loads(capsys.readouterr().out)
     a_q2 = 1 / np.log2(3)
     assert out["n_queries"] == 3  # q4 has no relevant document

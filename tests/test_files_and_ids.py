@@ -18,12 +18,23 @@ from obliq.tasks import load_task, read_qrels
 
 # --- C28: a byte-order mark at the start of a file --------------------------------------------
 
+
 def test_c28_a_bom_before_a_headerless_trec_qrels_changes_nothing(tmp_path, capsys):
     (tmp_path / "q.txt").write_bytes(BOM + b"q1 0 d1 1\nq2 0 d1 1\n")
     (tmp_path / "run.trec").write_text("q1 Q0 d1 1 2.0 r\nq2 Q0 d1 1 2.0 r\n")
     assert set(read_qrels(tmp_path / "q.txt")) == {"q1", "q2"}
-    obliq_main(["metrics", "--qrels", str(tmp_path / "q.txt"), "--run", str(tmp_path / "run.trec"),
-                "--measures", "NDCG@10", "--per_query"])
+    obliq_main(
+        [
+            "metrics",
+            "--qrels",
+            str(tmp_path / "q.txt"),
+            "--run",
+            str(tmp_path / "run.trec"),
+            "--measures",
+            "NDCG@10",
+            "--per_query",
+        ]
+    )
     out = json.loads(capsys.readouterr().out)
     assert out["metrics"]["NDCG@10"] == 1.0 and out["per_query"] == {"q1": {"NDCG@10": 1.0}, "q2": {"NDCG@10": 1.0}}
 
@@ -33,8 +44,12 @@ def test_a_bom_before_every_other_kind_of_text_input_is_ignored(tmp_path):
     from obliq.data.index import index_file
     from obliq.data.rows import read_rows
 
-    task = make_task(tmp_path / "t", [{"_id": "d1", "text": "apple"}, {"_id": "d2", "text": "sky"}],
-                     [{"_id": "q1", "text": "apple"}], [("q1", "d1", 1)])
+    task = make_task(
+        tmp_path / "t",
+        [{"_id": "d1", "text": "apple"}, {"_id": "d2", "text": "sky"}],
+        [{"_id": "q1", "text": "apple"}],
+        [("q1", "d1", 1)],
+    )
     for name in ("corpus.jsonl", "queries.jsonl", "qrels/test.tsv"):
         (task / name).write_bytes(BOM + (task / name).read_bytes())
     loaded = load_task(task)
@@ -43,8 +58,14 @@ def test_a_bom_before_every_other_kind_of_text_input_is_ignored(tmp_path):
     assert read_run(tmp_path / "r.trec") == {"q1": {"d1": 1.0}}
     (tmp_path / "a.tsv").write_bytes(BOM + b"corpus-id\tattribute\nd1\tA\n")
     assert read_id_table(tmp_path / "a.tsv") == {"d1": "A"}
-    row = {"id": "r1", "task": "t", "source": "public", "query": "q", "positive": {"id": "d1", "text": "x"},
-           "negatives": []}
+    row = {
+        "id": "r1",
+        "task": "t",
+        "source": "public",
+        "query": "q",
+        "positive": {"id": "d1", "text": "x"},
+        "negatives": [],
+    }
     (tmp_path / "rows.jsonl").write_bytes(BOM + json.dumps(row).encode() + b"\n")
     assert read_rows(tmp_path / "rows.jsonl") == [row]
     assert index_file(tmp_path / "rows.jsonl", tmp_path / "index").rows == 1
@@ -52,11 +73,18 @@ def test_a_bom_before_every_other_kind_of_text_input_is_ignored(tmp_path):
 
 # --- C25: ids that a TREC run cannot hold -----------------------------------------------------
 
+
 def test_c25_a_corpus_id_with_spaces_is_refused_at_load_with_file_line_and_id(tmp_path):
     docs = [{"_id": i, "text": f"text of {i}"} for i in ("IPCC report, 1992", "Global warming", "Ice age", "Volcano")]
-    task = make_task(tmp_path / "t", docs, [{"_id": "c1", "text": "climate"}, {"_id": "c2", "text": "warming"}],
-                     [("c1", "IPCC report, 1992", 1), ("c2", "Global warming", 1)])
-    with pytest.raises(ValueError, match=r"corpus\.jsonl:1: field '_id': id 'IPCC report, 1992' cannot be written in a TREC run"):
+    task = make_task(
+        tmp_path / "t",
+        docs,
+        [{"_id": "c1", "text": "climate"}, {"_id": "c2", "text": "warming"}],
+        [("c1", "IPCC report, 1992", 1), ("c2", "Global warming", 1)],
+    )
+    with pytest.raises(
+        ValueError, match=r"corpus\.jsonl:1: field '_id': id 'IPCC report, 1992' cannot be written in a TREC run"
+    ):
         load_task(task)
 
 
@@ -74,8 +102,8 @@ def test_every_run_writer_reads_back_to_the_same_numbers(tmp_path, tasks_dir):
     (unicode, quotes, slashes) and close scores read back through read_run to the same metrics."""
     from obliq.evaluate import evaluate
 
-    qrels = {"q/1": {"d\"é": 1, "d·2": 2}, "q-2": {"d,3": 1}}
-    run = {"q/1": {"d\"é": 0.3000000000000001, "d·2": 0.3, "x": 0.1}, "q-2": {"d,3": 1e-12, "y": 2e-12}}
+    qrels = {"q/1": {'d"é': 1, "d·2": 2}, "q-2": {"d,3": 1}}
+    run = {"q/1": {'d"é': 0.3000000000000001, "d·2": 0.3, "x": 0.1}, "q-2": {"d,3": 1e-12, "y": 2e-12}}
     write_run(tmp_path / "r.trec", run)
     back = read_run(tmp_path / "r.trec")
     assert back == run
@@ -83,21 +111,29 @@ def test_every_run_writer_reads_back_to_the_same_numbers(tmp_path, tasks_dir):
     assert evaluate_run(qrels, back, measures).per_query == evaluate_run(qrels, run, measures).per_query
     ref = pytrec_eval.RelevanceEvaluator(qrels, {"ndcg_cut.10"}).evaluate(back)
     assert {q: v["ndcg_cut_10"] for q, v in ref.items()} == pytest.approx(
-        {q: v["NDCG@10"] for q, v in evaluate_run(qrels, run, measures).per_query.items()})
+        {q: v["NDCG@10"] for q, v in evaluate_run(qrels, run, measures).per_query.items()}
+    )
     # evaluate's own files: the written run scores to the written summary
     out = tmp_path / "eval"
-    [summary] = evaluate("bm25", [str(tasks_dir / "math-theoremqa")], out, measures=["NDCG@10", "Recall@100"],
-                         latency_queries=0)
-    again = evaluate_run(load_task(tasks_dir / "math-theoremqa").qrels["test"], read_run(out / "math-theoremqa" / "run.trec"),
-                         ["NDCG@10", "Recall@100"])
+    [summary] = evaluate(
+        "bm25", [str(tasks_dir / "math-theoremqa")], out, measures=["NDCG@10", "Recall@100"], latency_queries=0
+    )
+    again = evaluate_run(
+        load_task(tasks_dir / "math-theoremqa").qrels["test"],
+        read_run(out / "math-theoremqa" / "run.trec"),
+        ["NDCG@10", "Recall@100"],
+    )
     assert again.aggregate == pytest.approx(summary["metrics"], abs=1e-12)
 
 
 # --- empty inputs, strict JSON ---------------------------------------------------------------
 
+
 @pytest.mark.parametrize("content", ["", "query-id\tcorpus-id\tscore\n", "\n\n"])
 def test_empty_or_header_only_qrels_are_a_clear_error_everywhere(tmp_path, content, capsys):
-    task = make_task(tmp_path / "t", [{"_id": "d1", "text": "apple"}], [{"_id": "q1", "text": "apple"}], [("q1", "d1", 1)])
+    task = make_task(
+        tmp_path / "t", [{"_id": "d1", "text": "apple"}], [{"_id": "q1", "text": "apple"}], [("q1", "d1", 1)]
+    )
     (task / "qrels" / "test.tsv").write_text(content)
     with pytest.raises(ValueError, match=r"test\.tsv: no judgement"):
         load_task(task)
@@ -122,14 +158,21 @@ def test_a_summary_with_no_evaluable_query_is_strict_json(tmp_path):
     from obliq.eval.results import evaluate_tasks
     from obliq.eval.retrieval import RetrievalSettings, retrieve_bm25
 
-    task = load_task(make_task(tmp_path / "t", [{"_id": "d1", "text": "apple"}, {"_id": "d2", "text": "sky"}],
-                               [{"_id": "q1", "text": "apple"}], [("q1", "d1", 0)]))
+    task = load_task(
+        make_task(
+            tmp_path / "t",
+            [{"_id": "d1", "text": "apple"}, {"_id": "d2", "text": "sky"}],
+            [{"_id": "q1", "text": "apple"}],
+            [("q1", "d1", 0)],
+        )
+    )
     evaluate_tasks(lambda t: retrieve_bm25(t, RetrievalSettings()), [task], tmp_path / "out", "bm25", ["NDCG@10"])
     summary = json.loads((tmp_path / "out" / "t" / "summary.json").read_text(), parse_constant=pytest.fail)
     assert summary["metrics"] == {"NDCG@10": None} and summary["n_excluded"] == 1
 
 
 # --- a metric deeper than the ranking ---------------------------------------------------------
+
 
 def test_evaluate_refuses_a_cutoff_deeper_than_top_k_and_the_curve_stops_at_the_depth(tmp_path, tasks_dir):
     from obliq.eval.retrieval import RetrievalSettings
@@ -139,8 +182,9 @@ def test_evaluate_refuses_a_cutoff_deeper_than_top_k_and_the_curve_stops_at_the_
     with pytest.raises(ValueError, match=r"Recall@1000 cuts at 1000 but the ranking holds retrieval.top_k=100 of 620"):
         evaluate("bm25", [task], tmp_path / "a", RetrievalSettings(top_k=100), latency_queries=0)
     assert not (tmp_path / "a").exists()  # refused before anything was written
-    [summary] = evaluate("bm25", [task], tmp_path / "b", RetrievalSettings(top_k=100), ["NDCG@10", "Recall@100"],
-                         latency_queries=0)
+    [summary] = evaluate(
+        "bm25", [task], tmp_path / "b", RetrievalSettings(top_k=100), ["NDCG@10", "Recall@100"], latency_queries=0
+    )
     assert list(summary["recall_curve"]) == ["10", "20", "50", "100"]
     # a ranking that holds the whole corpus measures every cut-off: 620 < 1000
     [whole] = evaluate("bm25", [task], tmp_path / "c", RetrievalSettings(top_k=620), ["Recall@1000"], latency_queries=0)
@@ -150,8 +194,17 @@ def test_evaluate_refuses_a_cutoff_deeper_than_top_k_and_the_curve_stops_at_the_
 def test_obliq_metrics_flags_measures_deeper_than_the_run(tmp_path, capsys, caplog):
     (tmp_path / "q.tsv").write_text("q1\td1\t1\n")
     (tmp_path / "r.trec").write_text("q1 Q0 d2 1 2.0 r\nq1 Q0 d1 2 1.0 r\n")
-    obliq_main(["metrics", "--qrels", str(tmp_path / "q.tsv"), "--run", str(tmp_path / "r.trec"),
-                "--measures", "Recall@1,Recall@1000"])
+    obliq_main(
+        [
+            "metrics",
+            "--qrels",
+            str(tmp_path / "q.tsv"),
+            "--run",
+            str(tmp_path / "r.trec"),
+            "--measures",
+            "Recall@1,Recall@1000",
+        ]
+    )
     out = json.loads(capsys.readouterr().out)
     assert out["run_depth"] == 2 and out["deeper_than_run"] == ["Recall@1000"]
     assert "Recall@1000 cut deeper" in caplog.text
@@ -167,13 +220,28 @@ def test_the_obliq_console_script_exits_0_on_success_and_2_on_bad_input(tmp_path
     script = Path(sys.executable).with_name("obliq")
     (tmp_path / "q.tsv").write_text("q1\td1\t1\n")
     (tmp_path / "run.trec").write_text("q1 Q0 d1 1 2.0 r\n")
-    ok = subprocess.run([str(script), "metrics", "--qrels", str(tmp_path / "q.tsv"), "--run", str(tmp_path / "run.trec"),
-                         "--measures", "NDCG@10"], capture_output=True, text=True)
+    ok = subprocess.run(
+        [
+            str(script),
+            "metrics",
+            "--qrels",
+            str(tmp_path / "q.tsv"),
+            "--run",
+            str(tmp_path / "run.trec"),
+            "--measures",
+            "NDCG@10",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert ok.returncode == 0, ok.stderr
     assert json.loads(ok.stdout)["metrics"]["NDCG@10"] == 1.0
     (tmp_path / "bad.trec").write_text("q1 Q0 d1\n")
-    bad = subprocess.run([str(script), "metrics", "--qrels", str(tmp_path / "q.tsv"), "--run", str(tmp_path / "bad.trec")],
-                         capture_output=True, text=True)
+    bad = subprocess.run(
+        [str(script), "metrics", "--qrels", str(tmp_path / "q.tsv"), "--run", str(tmp_path / "bad.trec")],
+        capture_output=True,
+        text=True,
+    )
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "bad.trec" in bad.stderr
 
 
@@ -183,8 +251,12 @@ def test_per_query_values_read_back_equal_trec_evals_and_bad_lines_are_named(tmp
     from obliq.evaluate import evaluate
 
     docs = [{"_id": f"d{i}", "text": f"apple pie recipe number {i}" if i % 2 else f"pear tart {i}"} for i in range(12)]
-    task = make_task(tmp_path / "t", docs, [{"_id": "q1", "text": "apple pie"}, {"_id": "q2", "text": "pear tart"}],
-                     [("q1", "d1", 1), ("q1", "d4", 2), ("q2", "d2", 1), ("q2", "d9", 1)])
+    task = make_task(
+        tmp_path / "t",
+        docs,
+        [{"_id": "q1", "text": "apple pie"}, {"_id": "q2", "text": "pear tart"}],
+        [("q1", "d1", 1), ("q1", "d4", 2), ("q2", "d2", 1), ("q2", "d9", 1)],
+    )
     evaluate("bm25", [str(task)], tmp_path / "o", measures=["NDCG@10"])
     got = read_per_query(tmp_path / "o" / "t" / "per_query.jsonl")
     run = read_run(tmp_path / "o" / "t" / "run.trec")  # {query: {doc: score}}

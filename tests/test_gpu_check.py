@@ -36,9 +36,27 @@ def _number(x) -> bool:
 def test_tiny_cpu_run_reports_every_section(tmp_path):
     out = tmp_path / "check.json"
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    subprocess.run([sys.executable, str(REPO / "bench" / "gpu_check.py"), "--tiny", "--device", "cpu",
-                    "--threads", "1", "--steps", "2", "--out", str(out)], check=True, env=env, cwd=REPO,
-                   capture_output=True, text=True, timeout=600)
+    subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "bench" / "gpu_check.py"),
+            "--tiny",
+            "--device",
+            "cpu",
+            "--threads",
+            "1",
+            "--steps",
+            "2",
+            "--out",
+            str(out),
+        ],
+        check=True,
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     result = json.loads(out.read_text())
     for section, keys in SECTIONS.items():
         got = result[section]
@@ -56,7 +74,9 @@ def test_tiny_cpu_run_reports_every_section(tmp_path):
     # the tiny config by hand: q 64×64, k/v 64×32 (2 KV heads of 16), o 64×64, gate/up 64×128, down 128×64
     assert train["n_lin"] == 2 * (4096 + 2048 + 2048 + 4096 + 8192 * 3)
     assert train["n_lora"] == 2 * 16 * (128 + 96 + 96 + 128 + 192 + 192 + 192)
-    assert train["mfu"] == pytest.approx(train["model_tflop_per_step"] / train["step_s"] / result["peak"]["measured_tflops"])
+    assert train["mfu"] == pytest.approx(
+        train["model_tflop_per_step"] / train["step_s"] / result["peak"]["measured_tflops"]
+    )
 
 
 def test_flop_formula_equals_flop_counter_on_a_forward_backward(tmp_path):
@@ -69,8 +89,13 @@ def test_flop_formula_equals_flop_counter_on_a_forward_backward(tmp_path):
     gc = _gpu_check()
     tokenizer, _ = gc.load_tokenizer("smollm2")
     gc.random_backbone(gc.TINY, tokenizer, tmp_path, "cpu")
-    enc = BiEncoder(str(tmp_path), lora=LoraSettings(r=16, alpha=32), attn_implementation="eager",
-                    query_max_length=32, passage_max_length=32).train()
+    enc = BiEncoder(
+        str(tmp_path),
+        lora=LoraSettings(r=16, alpha=32),
+        attn_implementation="eager",
+        query_max_length=32,
+        passage_max_length=32,
+    ).train()
     ids = torch.randint(3, len(tokenizer), (4, 32))
     with FlopCounterMode(display=False) as counter:
         enc({"input_ids": ids, "attention_mask": torch.ones_like(ids)}).sum().backward()

@@ -15,10 +15,18 @@ from obliq.loss import InfoNCELoss
 from obliq.model import BiEncoder, LoraSettings, gradcache
 from obliq.model.gradcache import grad_cache_step, length_order, sorted_chunks, split
 
-QUERIES = ["which author writes like this", "a proof by induction", "stance against the policy",
-           "the witness dodged the question"]
-POSITIVES = ["a passage in the same voice", "induction on n proves the claim",
-             "this policy is a mistake and here is why", "I do not recall, congressman"]
+QUERIES = [
+    "which author writes like this",
+    "a proof by induction",
+    "stance against the policy",
+    "the witness dodged the question",
+]
+POSITIVES = [
+    "a passage in the same voice",
+    "induction on n proves the claim",
+    "this policy is a mistake and here is why",
+    "I do not recall, congressman",
+]
 NEGATIVES = ["cooking pasta at home", "the weather today is mild", "football results", "a stock report"]
 
 
@@ -127,8 +135,7 @@ def test_nan_loss_is_refused_before_any_backward():
     table = torch.nn.Parameter(torch.ones(2, 2))
     batch = {"input_ids": torch.tensor([[0], [1]]), "attention_mask": torch.ones(2, 1)}
     with pytest.raises(FloatingPointError):
-        grad_cache_step(lambda b: table[b["input_ids"][:, 0]], batch, batch,
-                        lambda q, d: (q * float("nan")).sum(), 1)
+        grad_cache_step(lambda b: table[b["input_ids"][:, 0]], batch, batch, lambda q, d: (q * float("nan")).sum(), 1)
     assert table.grad is None
 
 
@@ -142,8 +149,9 @@ def test_idle_passes_that_match_other_ranks_change_nothing(encoder, chunk):
     calls = []
     encoder.zero_grad(set_to_none=True)
     torch.manual_seed(3)
-    loss = grad_cache_step(lambda b: calls.append(len(b["input_ids"])) or encoder(b), q, d, _loss_fn(), chunk,
-                           pad_to=(3, 6))
+    loss = grad_cache_step(
+        lambda b: calls.append(len(b["input_ids"])) or encoder(b), q, d, _loss_fn(), chunk, pad_to=(3, 6)
+    )
     assert loss.item() == pytest.approx(ref_loss.item(), rel=1e-6)
     _assert_close(_grads(encoder), ref)
     real = len(split(q, chunk)) + len(split(d, chunk))
@@ -193,8 +201,14 @@ def test_the_last_chunk_is_encoded_once_and_each_chunk_padded_to_its_own_rows(en
     q, d = _batch(encoder)
     calls = []
     encoder.zero_grad(set_to_none=True)
-    grad_cache_step(lambda b: calls.append(b["attention_mask"].sum(1).tolist()) or encoder(b), q, d, _loss_fn(), 2,
-                    sort_by_length=sort)
+    grad_cache_step(
+        lambda b: calls.append(b["attention_mask"].sum(1).tolist()) or encoder(b),
+        q,
+        d,
+        _loss_fn(),
+        2,
+        sort_by_length=sort,
+    )
     assert len(calls) == 2 * (2 + 4) - 1
     if sort:
         docs = calls[2:6]

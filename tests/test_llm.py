@@ -36,8 +36,10 @@ class Canned:
 
 # --- C18: a reranker reading a reasoning model's thoughts -------------------------------------
 
-C18 = ("<think>\nPassage [1] is on topic but neutral. [2] restates the claim. Comparing [1] and [4]: [4]\n"
-       "is sarcastic, so it opposes.\n</think>\n\n[4] > [3] > [2] > [1]")
+C18 = (
+    "<think>\nPassage [1] is on topic but neutral. [2] restates the claim. Comparing [1] and [4]: [4]\n"
+    "is sarcastic, so it opposes.\n</think>\n\n[4] > [3] > [2] > [1]"
+)
 
 
 def test_c18_the_ranking_is_read_after_the_reasoning_block():
@@ -45,7 +47,9 @@ def test_c18_the_ranking_is_read_after_the_reasoning_block():
     assert Judge(lambda: Canned([C18]), stats).order([{"role": "user", "content": "rank"}], 4, seed=0) == [3, 2, 1, 0]
     assert stats.failed_calls == 0 and stats.repaired_calls == 0 and sum(stats.repairs.values()) == 0
     stats = RerankStats()  # a selection of the best 2 reads the same answer: its first two ids
-    assert Judge(lambda: Canned([C18]), stats).select([[{"role": "user", "content": "pick 2"}]], [4], [2], 0) == [[3, 2]]
+    assert Judge(lambda: Canned([C18]), stats).select([[{"role": "user", "content": "pick 2"}]], [4], [2], 0) == [
+        [3, 2]
+    ]
     assert stats.failed_calls == 0 and stats.repairs["duplicate"] == stats.repairs["out_of_range"] == 0
 
 
@@ -63,10 +67,15 @@ QUERY = "posts that quietly back the city's transit expansion"
 DOC = "The new bus lanes on Main Street are finally here, and my commute has never been calmer."
 
 
-@pytest.mark.parametrize("raw", [
-    "<think>The author likes it. Maybe <query>bus lanes</query>? Too literal.</think>\n<query>" + QUERY + "</query>",
-    "<think>The document supports the bus lanes without saying so.</think>\n\n" + QUERY,
-])
+@pytest.mark.parametrize(
+    "raw",
+    [
+        "<think>The author likes it. Maybe <query>bus lanes</query>? Too literal.</think>\n<query>"
+        + QUERY
+        + "</query>",
+        "<think>The document supports the bus lanes without saying so.</think>\n\n" + QUERY,
+    ],
+)
 def test_c19_the_query_is_the_answer_not_the_reasoning(raw):
     reply = clean_reply(raw)
     assert reply.reasoning and parse_reply(reply.text, "query", 3, 40, DOC).text == QUERY
@@ -82,8 +91,9 @@ def test_c19_a_reply_whose_reasoning_never_closes_has_no_answer_and_is_retried(t
     order, _ = sample_documents(task, 2, seed=13)
     first = task.doc_ids[order[0]]
     backend = ScriptedBackend(task, {first: {"B": ["<think>The problem counts arrangements, so maybe", GOOD_B]}})
-    report = synthesize(task, SPEC, backend, tmp_path / "rows.jsonl", n_docs=2, seed=13,
-                        generation=GenerationConfig(max_retries=1))
+    report = synthesize(
+        task, SPEC, backend, tmp_path / "rows.jsonl", n_docs=2, seed=13, generation=GenerationConfig(max_retries=1)
+    )
     assert report.rejected == {"B:unclosed-reasoning": 1} and report.retries == 1 and report.generated == 2
     assert report.reasoning_replies == 1 and report.replies == {"A": 2, "B": 3}
     rows = [json.loads(line) for line in (tmp_path / "rows.jsonl").read_text().splitlines()]
@@ -104,12 +114,16 @@ def test_reasoning_blocks_in_every_form_are_removed():
 
 # --- echoes of the prompt ------------------------------------------------------------------
 
-@pytest.mark.parametrize("answer", [
-    "The following query is a single sentence of at most 30 words that conveys the property of the text.",
-    "This is not a question. Here is a question.",
-    "Here is the search query you asked for.",            # invented: talks about the task
-    "Write one search query that would find any text.",  # invented: repeats the instructions
-])
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        "The following query is a single sentence of at most 30 words that conveys the property of the text.",
+        "This is not a question. Here is a question.",
+        "Here is the search query you asked for.",  # invented: talks about the task
+        "Write one search query that would find any text.",  # invented: repeats the instructions
+    ],
+)
 def test_replies_that_echo_the_prompt_or_talk_about_the_task_are_rejected(answer):
     prompt = load_stage_prompt("B", "descriptive")
     assert echoes_prompt(answer, prompt.instructions())
@@ -117,14 +131,21 @@ def test_replies_that_echo_the_prompt_or_talk_about_the_task_are_rejected(answer
     assert parsed.reason == "echo"
 
 
-@pytest.mark.parametrize("answer", [QUERY, "problems solved by counting arrangements of objects",
-                                    "tweets that mock a policy while seeming to praise it",
-                                    "texts that imply quiet support"])
+@pytest.mark.parametrize(
+    "answer",
+    [
+        QUERY,
+        "problems solved by counting arrangements of objects",
+        "tweets that mock a policy while seeming to praise it",
+        "texts that imply quiet support",
+    ],
+)
 def test_real_queries_are_not_echoes(answer):
     assert not echoes_prompt(answer, load_stage_prompt("B", "descriptive").instructions())
 
 
 # --- when is a reply finished --------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def two_end_ids_model(tmp_path_factory, smollm2_path):
@@ -135,13 +156,21 @@ def two_end_ids_model(tmp_path_factory, smollm2_path):
     folder = tmp_path_factory.mktemp("two-end-ids")
     tokenizer = AutoTokenizer.from_pretrained(smollm2_path)
     assert tokenizer.eos_token_id != 0 and tokenizer.pad_token_id != 0
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                         num_attention_heads=4, num_key_value_heads=4, tie_word_embeddings=False)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        tie_word_embeddings=False,
+    )
     model = LlamaForCausalLM(config)
     with torch.no_grad():
         model.lm_head.weight.zero_()  # every logit 0: greedy picks id 0
-    model.generation_config = GenerationConfig(eos_token_id=[tokenizer.eos_token_id, 0],
-                                               pad_token_id=tokenizer.pad_token_id)
+    model.generation_config = GenerationConfig(
+        eos_token_id=[tokenizer.eos_token_id, 0], pad_token_id=tokenizer.pad_token_id
+    )
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return str(folder), tokenizer
@@ -171,6 +200,7 @@ def test_the_chat_templates_end_of_turn_token_counts_even_when_eos_is_another(sm
 
 # --- the reasoning switch and its budget ----------------------------------------------------
 
+
 def test_the_budget_grows_by_the_reasoning_tokens_only_when_the_model_reasons():
     off, on = Canned(["a"]), Canned(["a"], reasoning=True, reasoning_tokens=500)
     ask(off, [[{"role": "user", "content": "x"}]], 40, 0.0, 0)
@@ -184,10 +214,12 @@ def test_reasoning_is_switched_off_through_the_chat_template_by_default(two_end_
     from obliq.llm.backends import BackendConfig, TransformersBackend
 
     folder, _ = two_end_ids_model
-    template = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-                "{% if add_generation_prompt %}<|im_start|>assistant\n"
-                "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n{% endif %}"
-                "{% endif %}")
+    template = (
+        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n"
+        "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n{% endif %}"
+        "{% endif %}"
+    )
     assert BackendConfig().reasoning is False
     rendered = {}
     for reasoning in (False, True):
@@ -197,6 +229,10 @@ def test_reasoning_is_switched_off_through_the_chat_template_by_default(two_end_
         backend.tokenizer.apply_chat_template = lambda *a, **k: seen.append(k) or original(*a, **k)
         ask(backend, [[{"role": "user", "content": "x"}]], 4, 0.0, 0)
         assert seen[0]["enable_thinking"] is reasoning
-        rendered[reasoning] = original([{"role": "user", "content": "x"}], add_generation_prompt=True,
-                                       tokenize=False, enable_thinking=seen[0]["enable_thinking"])
+        rendered[reasoning] = original(
+            [{"role": "user", "content": "x"}],
+            add_generation_prompt=True,
+            tokenize=False,
+            enable_thinking=seen[0]["enable_thinking"],
+        )
     assert rendered[False].endswith("<think>\n\n</think>\n\n") and "<think>" not in rendered[True]

@@ -16,8 +16,14 @@ from obliq.text import text_hash
 
 
 def _row(query, pos_id, pos_text, rid="r1"):
-    return {"id": rid, "task": "t", "source": "synthetic", "query": query,
-            "positive": {"id": pos_id, "text": pos_text}, "negatives": []}
+    return {
+        "id": rid,
+        "task": "t",
+        "source": "synthetic",
+        "query": query,
+        "positive": {"id": pos_id, "text": pos_text},
+        "negatives": [],
+    }
 
 
 def test_c06_positive_under_another_id_is_dropped_and_counted():
@@ -41,8 +47,13 @@ def test_c06_ranking_of_the_example_by_hand():
     df = Counter(t for doc in toks for t in set(doc))
 
     def score(q, d):
-        return sum(math.log(1 + (n - df[w] + 0.5) / (df[w] + 0.5)) * d.count(w)
-                   / (d.count(w) + 0.9 * (1 - 0.4 + 0.4 * len(d) / avg)) for w in q if w in d)
+        return sum(
+            math.log(1 + (n - df[w] + 0.5) / (df[w] + 0.5))
+            * d.count(w)
+            / (d.count(w) + 0.9 * (1 - 0.4 + 0.4 * len(d) / avg))
+            for w in q
+            if w in d
+        )
 
     q = BM25([]).tokenize(["quick brown fox"])[0]
     s = [score(q, d) for d in toks]
@@ -57,7 +68,9 @@ def test_c17_empty_documents_never_negatives_and_empty_corpus_ok():
     assert out[1]["negatives"] == []  # "_ _" matches the token "_" but normalises to nothing
     assert rep.dropped["empty"] == 1 and rep.short_rows == 2
     # a corpus of only empty documents does not raise (C17)
-    out, rep = mine_negatives([_row("anything", "x", "x text")], ["a", "b", "c"], ["", "", ""], Bm25sBackend(["", "", ""]), k=4)
+    out, rep = mine_negatives(
+        [_row("anything", "x", "x text")], ["a", "b", "c"], ["", "", ""], Bm25sBackend(["", "", ""]), k=4
+    )
     assert out[0]["negatives"] == [] and rep.short_rows == 1
 
 
@@ -65,12 +78,20 @@ def test_c17_scores_of_the_case_file():
     texts = ["foo", "dog", "baz", "quick god", "quick fox"]
     hits = Bm25sBackend(texts, k1=1.5, b=0.75, stemmer=None).search(["quick"], 10)[0]
     assert [i for i, _ in hits] == [3, 4]
-    assert [s for _, s in hits] == pytest.approx([0.293570, 0.293570], abs=1e-6)  # ln 2.4 / (1 + 1.5 (0.25 + 0.75 · 2/1.4))
+    assert [s for _, s in hits] == pytest.approx(
+        [0.293570, 0.293570], abs=1e-6
+    )  # ln 2.4 / (1 + 1.5 (0.25 + 0.75 · 2/1.4))
 
 
 def test_skip_drops_the_first_surviving_candidates():
     ids = ["p", "a3", "a2", "a1", "x"]
-    texts = ["apple pie", "apple apple apple pear", "apple apple pear pear", "apple pear pear pear", "pear pear pear pear"]
+    texts = [
+        "apple pie",
+        "apple apple apple pear",
+        "apple apple pear pear",
+        "apple pear pear pear",
+        "pear pear pear pear",
+    ]
     rows = [_row("apple", "p", "apple pie")]
     out, rep = mine_negatives(rows, ids, texts, Bm25sBackend(texts), k=1, skip=1)
     # by hand (one query term, so the ranking follows tf / (tf + 0.9 (0.6 + 0.4 |d| / 3.6))):
@@ -84,8 +105,13 @@ def test_skip_drops_the_first_surviving_candidates():
 def test_search_goes_deeper_when_the_top_is_all_copies_of_the_positive():
     copies = ["red apple pie"] * 20
     ids = [f"c{i}" for i in range(20)] + ["h1", "h2", "h3", "h4", "h5"]
-    texts = copies + ["apple tart and more words here", "red wine and more words here", "pie crust and more words",
-                      "apple juice with more words", "red car with many more words"]
+    texts = copies + [
+        "apple tart and more words here",
+        "red wine and more words here",
+        "pie crust and more words",
+        "apple juice with more words",
+        "red car with many more words",
+    ]
     rows = [_row("red apple pie", "c0", "Red apple pie.")]
     out, rep = mine_negatives(rows, ids, texts, Bm25sBackend(texts), k=4)
     negs = [n["id"] for n in out[0]["negatives"]]
@@ -118,7 +144,9 @@ def _exact_bm25(tokens, k1=0.9, b=0.4):
         out = []
         for doc, tf in zip(tokens, tfs):
             norm = k1 * (1 - b + b * len(doc) / avg)
-            out.append(sum(math.log(1 + (n - df[w] + 0.5) / (df[w] + 0.5)) * tf[w] / (tf[w] + norm) for w in q if tf[w]))
+            out.append(
+                sum(math.log(1 + (n - df[w] + 0.5) / (df[w] + 0.5)) * tf[w] / (tf[w] + norm) for w in q if tf[w])
+            )
         return out
 
     return scores
@@ -152,7 +180,11 @@ def test_real_task_four_negatives_per_row_matching_an_exact_bm25(tasks_dir, tmp_
         banned_ids = set(qrels[qid])
         banned_hashes = {hashes[pos[d]] for d in banned_ids}
         s = scores(analyzer.tokenize([row["query"]])[0])
-        allowed = [j for j in range(len(s)) if s[j] > 0 and task.doc_ids[j] not in banned_ids and hashes[j] not in banned_hashes]
+        allowed = [
+            j
+            for j in range(len(s))
+            if s[j] > 0 and task.doc_ids[j] not in banned_ids and hashes[j] not in banned_hashes
+        ]
         expected = sorted(allowed, key=lambda j: (-s[j], j))[:4]
         got = [pos[n["id"]] for n in row["negatives"]]
         assert [round(s[j], 4) for j in got] == [round(s[j], 4) for j in expected], row["id"]
@@ -167,16 +199,20 @@ def test_bad_row_file_names_file_line_and_field(tasks_dir, tmp_path):
     from obliq.negatives.commands import mine as mine_cmd
 
     src = tmp_path / "rows.jsonl"
-    src.write_text(json.dumps(_row("q", "d", "t")) + "\n" + json.dumps({**_row("q", "d", "t", "r2"), "query": ""}) + "\n")
+    src.write_text(
+        json.dumps(_row("q", "d", "t")) + "\n" + json.dumps({**_row("q", "d", "t", "r2"), "query": ""}) + "\n"
+    )
     with pytest.raises(RowError, match=r"rows.jsonl:2:query"):
         mine_cmd(src, tasks_dir / "math-theoremqa", tmp_path / "out.jsonl")
 
 
 # --- bm25s against a real Lucene index ------------------------------------------------------------
 
+
 def _lucene_length(n: int) -> int:
     """Lucene's stored document length: SmallFloat.intToByte4 then byte4ToInt (Lucene's BM25Similarity),
     re-derived here from the Lucene source: exact below 40, 4 significant bits above."""
+
     def long_to_int4(i):
         bits = i.bit_length()
         if bits < 4:
@@ -230,7 +266,9 @@ def test_bm25s_and_pyserini_agree_on_a_real_task(pyserini_backend, tasks_dir):
     try:
         got = lucene.search(queries, 10)
         # the miner gives the same rows with either backend
-        rows = [_row(q, task.doc_ids[i], task.doc_texts[i], f"r{i}") for i, q in zip(range(0, 4000, 400), task.query_texts)]
+        rows = [
+            _row(q, task.doc_ids[i], task.doc_texts[i], f"r{i}") for i, q in zip(range(0, 4000, 400), task.query_texts)
+        ]
         mined_lucene, _ = mine_negatives(rows, task.doc_ids, task.doc_texts, lucene, k=4)
     finally:
         lucene.close()
@@ -240,7 +278,9 @@ def test_bm25s_and_pyserini_agree_on_a_real_task(pyserini_backend, tasks_dir):
         assert len(a) == 10, q
         _same_top(a, b)
     mined_default, _ = mine_negatives(rows, task.doc_ids, task.doc_texts, default, k=4)
-    assert [[n["id"] for n in r["negatives"]] for r in mined_lucene] == [[n["id"] for n in r["negatives"]] for r in mined_default]
+    assert [[n["id"] for n in r["negatives"]] for r in mined_lucene] == [
+        [n["id"] for n in r["negatives"]] for r in mined_default
+    ]
 
 
 @pytest.mark.slow
@@ -258,7 +298,9 @@ def test_pyserini_is_bm25_with_lucene_quantised_lengths(pyserini_backend, tasks_
 
     def lucene_score(q, j):
         norm = 0.9 * (1 - 0.4 + 0.4 * _lucene_length(len(tokens[j])) / avg)
-        return sum(math.log(1 + (n - df[w] + 0.5) / (df[w] + 0.5)) * tfs[j][w] / (tfs[j][w] + norm) for w in q if tfs[j][w])
+        return sum(
+            math.log(1 + (n - df[w] + 0.5) / (df[w] + 0.5)) * tfs[j][w] / (tfs[j][w] + norm) for w in q if tfs[j][w]
+        )
 
     lucene = pyserini_backend(task.doc_texts)
     try:

@@ -102,9 +102,24 @@ def test_stages_call_the_existing_commands_in_order(chain, tmp_path):
     synth = next(s for s in stages if s.name == "synth-math-theoremqa")
     task, rows = f"{chain.ROOT}/tasks/math-theoremqa", f"{chain.ROOT}/synth/math-theoremqa.jsonl"
     assert [argv[3:] for argv in synth.parallel] == [
-        ["synth", "generate", "--config", "configs/synth/math-theoremqa.yaml", "--task", task, "--out", rows,
-         "--n_docs", "7", "--shard.index", str(i), "--shard.count", "2"]
-        for i in range(2)]  # two shards side by side: both cores, one thread each
+        [
+            "synth",
+            "generate",
+            "--config",
+            "configs/synth/math-theoremqa.yaml",
+            "--task",
+            task,
+            "--out",
+            rows,
+            "--n_docs",
+            "7",
+            "--shard.index",
+            str(i),
+            "--shard.count",
+            "2",
+        ]
+        for i in range(2)
+    ]  # two shards side by side: both cores, one thread each
     assert synth.commands[0][3:5] == ["synth", "merge"] and synth.commands[0][-1] == rows
     mine = next(s for s in stages if s.name == "negatives-math-theoremqa").commands[0]
     assert mine[mine.index("--out") + 1] == f"{chain.ROOT}/rows/synthetic/math-theoremqa.jsonl"  # the recipe's glob
@@ -127,8 +142,10 @@ def test_a_stage_is_done_only_when_its_outputs_are_newer_than_its_inputs(chain, 
     os.utime(source, (later, later))
     assert stage.state() == "stale"
     rows = tmp_path / "rows.jsonl"
-    report = {"args": {"n_docs": 5},
-              "report": {"sampled": 5, "already_done": 2, "generated": 2, "skipped": {"A": 1, "B": 0}}}
+    report = {
+        "args": {"n_docs": 5},
+        "report": {"sampled": 5, "already_done": 2, "generated": 2, "skipped": {"A": 1, "B": 0}},
+    }
     (tmp_path / "rows.jsonl.report.json").write_text(json.dumps(report))
     assert chain.synth_complete(rows, 5) and not chain.synth_complete(rows, 6)
     report["report"]["generated"] = 1  # killed before the end of the sample
@@ -144,23 +161,32 @@ def test_report_tables_every_system_and_compares_them_per_task(chain, split_task
     tasks = [str(split_tasks / t) for t in chain.TASKS]
     # real BM25 runs stand in for the five systems: two settings, so that the differences are not all 0
     evaluate("bm25", tasks, root / "eval" / "bm25", latency_queries=0)
-    evaluate("bm25", tasks, root / "eval" / "flat", retrieval=RetrievalSettings(bm25_k1=0.2, bm25_b=0.0),
-             latency_queries=0)
+    evaluate(
+        "bm25", tasks, root / "eval" / "flat", retrieval=RetrievalSettings(bm25_k1=0.2, bm25_b=0.0), latency_queries=0
+    )
     for name in chain.SYSTEMS[1:]:
         shutil.copytree(root / "eval" / ("flat" if name == "mixture" else "bm25"), root / "eval" / chain.slug(name))
     with pytest.raises(ValueError, match="stance-tweets: .*mixture reads texts as bm25_k1 0.2"):
         chain.report(root, REPO / chain.RECIPE)  # models that read texts differently are not compared
     for t in chain.TASKS:  # past that check: the table and the comparisons of two real, different runs
         file = root / "eval" / "mixture" / t / "summary.json"
-        file.write_text(json.dumps({**json.loads(file.read_text()), "reads": json.loads(
-            (root / "eval" / "bm25" / t / "summary.json").read_text())["reads"]}))
+        file.write_text(
+            json.dumps(
+                {
+                    **json.loads(file.read_text()),
+                    "reads": json.loads((root / "eval" / "bm25" / t / "summary.json").read_text())["reads"],
+                }
+            )
+        )
     result = chain.report(root, REPO / chain.RECIPE)
     table = (root / "report.md").read_text()
     assert all(f"| {s} |" in table for s in chain.SYSTEMS) and (root / "curves.png").stat().st_size > 0
     for t in chain.TASKS:
         base = [json.loads(x) for x in (root / "eval" / "bm25" / t / "per_query.jsonl").read_text().splitlines()]
-        flat = {r["query_id"]: r["NDCG@10"] for r in
-                map(json.loads, (root / "eval" / "flat" / t / "per_query.jsonl").read_text().splitlines())}
+        flat = {
+            r["query_id"]: r["NDCG@10"]
+            for r in map(json.loads, (root / "eval" / "flat" / t / "per_query.jsonl").read_text().splitlines())
+        }
         diff = sum(flat[r["query_id"]] - r["NDCG@10"] for r in base) / len(base)
         c = next(c for c in result["comparisons"] if c["task"] == t and c["label"] == "mixture − MiniLM (base)")
         assert c["diff"] == pytest.approx(diff) and c["n_queries"] == len(base)

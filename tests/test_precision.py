@@ -18,16 +18,30 @@ from obliq.loss import InfoNCELoss
 from obliq.model import BiEncoder, LoraSettings
 from obliq.model.module import RetrieverModule
 
-QUERIES = ["how many primes below twenty", "a ball thrown upward", "count the ways to seat five people",
-           "the area under a curve"]
-DOCS = ["Find the number of prime numbers less than 20.", "A projectile is launched vertically at 10 m/s.",
-        "In how many ways can 5 guests sit at a round table?", "Integrate x squared from 0 to 3."]
+QUERIES = [
+    "how many primes below twenty",
+    "a ball thrown upward",
+    "count the ways to seat five people",
+    "the area under a curve",
+]
+DOCS = [
+    "Find the number of prime numbers less than 20.",
+    "A projectile is launched vertically at 10 m/s.",
+    "In how many ways can 5 guests sit at a round table?",
+    "Integrate x squared from 0 to 3.",
+]
 
 
 def _batch(encoder: BiEncoder) -> dict:
-    rows = [parse_row(f'{{"id": "r{i}", "task": "t", "source": "public", "query": "{q}", '
-                      f'"positive": {{"id": "d{i}", "text": "{d}"}}, "negatives": []}}', "rows", i + 1)
-            for i, (q, d) in enumerate(zip(QUERIES, DOCS))]
+    rows = [
+        parse_row(
+            f'{{"id": "r{i}", "task": "t", "source": "public", "query": "{q}", '
+            f'"positive": {{"id": "d{i}", "text": "{d}"}}, "negatives": []}}',
+            "rows",
+            i + 1,
+        )
+        for i, (q, d) in enumerate(zip(QUERIES, DOCS))
+    ]
     return Collator(encoder.text, max_negatives=0)(rows)
 
 
@@ -36,12 +50,27 @@ def _lora(module) -> dict[str, torch.Tensor]:
 
 
 def _fit(encoder, tmp_path, steps, init_scale, max_grad_norm=1.0):
-    module = RetrieverModule(copy.deepcopy(encoder), temperature=0.05, chunk_size=None, lr=1e-3, warmup_ratio=0.0,
-                             max_grad_norm=max_grad_norm, seed=3)
+    module = RetrieverModule(
+        copy.deepcopy(encoder),
+        temperature=0.05,
+        chunk_size=None,
+        lr=1e-3,
+        warmup_ratio=0.0,
+        max_grad_norm=max_grad_norm,
+        seed=3,
+    )
     scaler = torch.amp.GradScaler("cpu", init_scale=init_scale)
-    trainer = Trainer(max_steps=steps, accelerator="cpu", devices=1, plugins=[MixedPrecision("16-mixed", "cpu", scaler)],
-                      logger=CSVLogger(tmp_path, name="log"), log_every_n_steps=1, enable_checkpointing=False,
-                      enable_progress_bar=False, enable_model_summary=False)
+    trainer = Trainer(
+        max_steps=steps,
+        accelerator="cpu",
+        devices=1,
+        plugins=[MixedPrecision("16-mixed", "cpu", scaler)],
+        logger=CSVLogger(tmp_path, name="log"),
+        log_every_n_steps=1,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
     batch = _batch(module.encoder)
     trainer.fit(module, train_dataloaders=torch.utils.data.DataLoader([batch] * steps, batch_size=None))
     return module, scaler
@@ -73,8 +102,7 @@ def _recipe(encoder, steps, init_scale, max_grad_norm=1.0):
 
 def _encoder(backbone: str) -> BiEncoder:
     torch.manual_seed(0)
-    enc = BiEncoder(backbone, lora=LoraSettings(r=4, alpha=8, dropout=0.0), query_max_length=24,
-                    passage_max_length=24)
+    enc = BiEncoder(backbone, lora=LoraSettings(r=4, alpha=8, dropout=0.0), query_max_length=24, passage_max_length=24)
     with torch.no_grad():  # a "trained" adapter, so the first step's update is not lr-only
         for name, p in enc.named_parameters():
             if "lora_B" in name:
@@ -104,8 +132,11 @@ def test_c21_the_first_fp16_step_is_the_amp_recipes_and_its_norm_is_unscaled(enc
     expected = sum(float((theirs[k] - start[k]).norm()) for k in start)
     assert update > 0 and update == pytest.approx(expected, abs=1e-4)
     assert max(float((ours[k] - theirs[k]).abs().max()) for k in start) < 1e-4
-    logged = [float(r["train/grad_norm"]) for r in csv.DictReader(open(next(tmp_path.rglob("metrics.csv"))))
-              if r.get("train/grad_norm")]
+    logged = [
+        float(r["train/grad_norm"])
+        for r in csv.DictReader(open(next(tmp_path.rglob("metrics.csv"))))
+        if r.get("train/grad_norm")
+    ]
     assert logged == pytest.approx(norms, rel=1e-3)  # the unscaled norm, not 2^10 times it
     assert logged[0] < 1e3  # and far below what a scaled norm would read
 

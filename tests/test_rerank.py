@@ -60,7 +60,7 @@ class PreferenceBackend:
             else:
                 ranked = sorted(shown, key=lambda x: -self.strength(text, x[1]))
                 k = re.search(r"Select the (\d+)", text)
-                ranked = ranked[:int(k.group(1))] if k else ranked
+                ranked = ranked[: int(k.group(1))] if k else ranked
                 reply = (", " if k else " > ").join(f"[{n}]" for n, _ in ranked)
             self.calls += 1
             self.prompt_tokens += len(text.split())
@@ -73,9 +73,18 @@ class PreferenceBackend:
 def toy_task(n: int) -> Task:
     """``n`` documents ``d00, d01, …`` (``d000…`` past 100) whose text starts with their id; two queries."""
     ids = [f"d{i:0{2 if n <= 100 else 3}d}" for i in range(n)]
-    return Task(name="toy", mechanism=None, path=Path("toy"), doc_ids=ids, doc_texts=[f"{d} some text" for d in ids],
-                query_ids=["q1", "q2"], query_texts=["find the strong ones", "again"],
-                qrels={"test": {"q1": {"d03": 1}, "q2": {"d01": 1}}}, corpus_sha256="", report={})
+    return Task(
+        name="toy",
+        mechanism=None,
+        path=Path("toy"),
+        doc_ids=ids,
+        doc_texts=[f"{d} some text" for d in ids],
+        query_ids=["q1", "q2"],
+        query_texts=["find the strong ones", "again"],
+        qrels={"test": {"q1": {"d03": 1}, "q2": {"d01": 1}}},
+        corpus_sha256="",
+        report={},
+    )
 
 
 def dense(task: Task, queries=("q1",)) -> dict:
@@ -120,8 +129,10 @@ def test_tourrank_with_known_preferences_gives_the_expected_ranking():
     cfg = RerankConfig(depth=8, tourrank=TourRankConfig(stages=[4, 2, 1], group_size=4, tournaments=1))
     run, stats = Reranker(cfg, backend).rerank_run(task, dense(task), "tourrank")
     assert ranking(run) == ["d07", "d06", "d04", "d05", "d00", "d01", "d02", "d03", "d08", "d09", "d10", "d11"]
-    assert [sorted(s) for s in backend.shown[:2]] == [["d00 some text", "d03 some text", "d04 some text", "d07 some text"],
-                                                      ["d01 some text", "d02 some text", "d05 some text", "d06 some text"]]
+    assert [sorted(s) for s in backend.shown[:2]] == [
+        ["d00 some text", "d03 some text", "d04 some text", "d07 some text"],
+        ["d01 some text", "d02 some text", "d05 some text", "d06 some text"],
+    ]
     assert stats.calls == backend.calls == 4 == tourrank_calls(8, cfg.tourrank)
     assert stats.queries == 1 and stats.failed_calls == 0 and sum(stats.repairs.values()) == 0
     assert stats.prompt_tokens == backend.prompt_tokens and stats.new_tokens == backend.new_tokens
@@ -146,12 +157,15 @@ def test_tourrank_points_over_tournaments_follow_the_preference():
     assert all(sorted(s) == sorted(first_stage[0]) for s in first_stage) and first_stage[1] != first_stage[0]
 
 
-@pytest.mark.parametrize("n, stages, g, y, expected", [
-    (100, [50, 20, 10, 5, 2], 20, 5, 5 * (5 + 3 + 1 + 1 + 1)),   # the paper's 100 -> 50 -> 20 -> 10 -> 5 -> 2, Y = 5
-    (100, [50, 20, 10, 5, 2], 10, 5, 5 * (10 + 5 + 2 + 1 + 1)),
-    (20, [50, 20, 10, 5, 2], 20, 5, 5 * (1 + 1 + 1)),             # a top-20 skips the stages it cannot fill
-    (37, [20, 9, 3], 8, 2, 2 * (5 + 3 + 2)),
-])
+@pytest.mark.parametrize(
+    "n, stages, g, y, expected",
+    [
+        (100, [50, 20, 10, 5, 2], 20, 5, 5 * (5 + 3 + 1 + 1 + 1)),  # the paper's 100 -> 50 -> 20 -> 10 -> 5 -> 2, Y = 5
+        (100, [50, 20, 10, 5, 2], 10, 5, 5 * (10 + 5 + 2 + 1 + 1)),
+        (20, [50, 20, 10, 5, 2], 20, 5, 5 * (1 + 1 + 1)),  # a top-20 skips the stages it cannot fill
+        (37, [20, 9, 3], 8, 2, 2 * (5 + 3 + 2)),
+    ],
+)
 def test_tourrank_call_count_matches_the_formula(n, stages, g, y, expected):
     task = toy_task(n + 3)
     strength = {d: random.Random(d).random() for d in task.doc_ids}
@@ -164,15 +178,17 @@ def test_tourrank_call_count_matches_the_formula(n, stages, g, y, expected):
         order = ranking(run, q)
         assert sorted(order) == task.doc_ids and order[n:] == task.doc_ids[n:]  # each document exactly once
         # the strongest wins every group it is in, so it is among the last stage's winners (equal points)
-        assert max(task.doc_ids[:n], key=strength.get) in order[:stages[-1]]
+        assert max(task.doc_ids[:n], key=strength.get) in order[: stages[-1]]
 
 
 def test_every_document_once_whatever_the_model_writes():
     task = toy_task(130)
     rng = random.Random(3)
     words = ["[", "]", ",", ">", "passage", "1.5", "-2", "[0]", "[101]", "I", "think"]
-    junk = [" ".join(rng.choice(words + [f"[{rng.randint(0, 25)}]", str(rng.randint(0, 25))]) for _ in range(12))
-            for _ in range(400)]
+    junk = [
+        " ".join(rng.choice(words + [f"[{rng.randint(0, 25)}]", str(rng.randint(0, 25))]) for _ in range(12))
+        for _ in range(400)
+    ]
     backend = PreferenceBackend(by_id({d: 0 for d in task.doc_ids}), replies=junk)
     reranker = Reranker(RerankConfig(), backend)
     for method in ("tourrank", "listwise"):
@@ -192,23 +208,36 @@ def test_malformed_selections_are_repaired_and_counted_and_failures_fall_back():
     for _ in replies:
         run, stats = Reranker(cfg, backend).rerank_run(task, dense(task), "tourrank")
         out.append((ranking(run), stats))
-    assert [o for o, _ in out] == [["d00", "d03", "d01", "d02"],   # duplicate and extra dropped; a point each
-                                   ["d00", "d01", "d02", "d03"],   # nothing usable: input order
-                                   ["d00", "d02", "d01", "d03"],   # one missing: filled in input order
-                                   ["d00", "d01", "d02", "d03"]]   # the backend raised: input order
+    assert [o for o, _ in out] == [
+        ["d00", "d03", "d01", "d02"],  # duplicate and extra dropped; a point each
+        ["d00", "d01", "d02", "d03"],  # nothing usable: input order
+        ["d00", "d02", "d01", "d03"],  # one missing: filled in input order
+        ["d00", "d01", "d02", "d03"],
+    ]  # the backend raised: input order
     assert [(s.calls, s.failed_calls, s.repaired_calls) for _, s in out] == [(1, 0, 1), (1, 1, 1), (1, 0, 1), (1, 1, 0)]
     assert [dict(s.repairs) for _, s in out] == [
         {"out_of_range": 0, "duplicate": 1, "extra": 1, "missing": 0},
         {"out_of_range": 1, "duplicate": 0, "extra": 0, "missing": 0},
         {"out_of_range": 0, "duplicate": 0, "extra": 0, "missing": 1},
-        {"out_of_range": 0, "duplicate": 0, "extra": 0, "missing": 0}]
+        {"out_of_range": 0, "duplicate": 0, "extra": 0, "missing": 0},
+    ]
 
 
 # --- listwise -----------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("n, window, step, calls", [(100, 20, 10, 9), (25, 20, 10, 2), (20, 20, 10, 1), (7, 20, 5, 1),
-                                                    (100, 100, 50, 1), (50, 10, 10, 5), (2, 20, 10, 1)])
+@pytest.mark.parametrize(
+    "n, window, step, calls",
+    [
+        (100, 20, 10, 9),
+        (25, 20, 10, 2),
+        (20, 20, 10, 1),
+        (7, 20, 5, 1),
+        (100, 100, 50, 1),
+        (50, 10, 10, 5),
+        (2, 20, 10, 1),
+    ],
+)
 def test_listwise_windows(n, window, step, calls):
     spans = windows(n, window, step)
     assert len(spans) == calls and spans[-1][0] == 0 and spans[0][1] == n
@@ -252,10 +281,21 @@ def test_listwise_brings_the_strongest_ten_to_the_top_and_repairs_permutations()
             total[key] += getattr(stats, key)
         for kind, n in stats.repairs.items():
             total[kind] += n
-    assert orders == [["d02", "d00", "d01", "d03", "d04"], ["d01", "d04", "d03", "d00", "d02"],
-                      task.doc_ids, task.doc_ids]
-    assert dict(total) == {"calls": 4, "failed_calls": 2, "repaired_calls": 1,
-                           "out_of_range": 1, "duplicate": 1, "extra": 0, "missing": 3}
+    assert orders == [
+        ["d02", "d00", "d01", "d03", "d04"],
+        ["d01", "d04", "d03", "d00", "d02"],
+        task.doc_ids,
+        task.doc_ids,
+    ]
+    assert dict(total) == {
+        "calls": 4,
+        "failed_calls": 2,
+        "repaired_calls": 1,
+        "out_of_range": 1,
+        "duplicate": 1,
+        "extra": 0,
+        "missing": 3,
+    }
 
 
 # --- prompts and the policy file ----------------------------------------------------------------------
@@ -272,14 +312,19 @@ def test_prompt_dir_wins_over_every_packaged_prompt(tmp_path, caplog):
     assert f"math-theoremqa: listwise prompt {tmp_path / 'listwise_default.yaml'}" in caplog.text
     assert "math-theoremqa: tourrank prompt obliq/rerank/prompts/tourrank.yaml" in caplog.text
     (tmp_path / "listwise_math-theoremqa.yaml").write_text(default)
-    assert load_rerank_prompt("listwise", "math-theoremqa", tmp_path).path == str(tmp_path / "listwise_math-theoremqa.yaml")
+    assert load_rerank_prompt("listwise", "math-theoremqa", tmp_path).path == str(
+        tmp_path / "listwise_math-theoremqa.yaml"
+    )
     assert load_rerank_prompt("listwise", "math-theoremqa").path == "obliq/rerank/prompts/listwise_math-theoremqa.yaml"
 
 
 def test_prompts_load_and_name_the_latent_attribute(tmp_path, caplog):
     tour = load_rerank_prompt("tourrank")
     messages = render_candidates(tour, "which tweets oppose it", ["a b c", "one two three four"], k=1, max_doc_words=3)
-    assert "[1] a b c\n[2] one two three …" in messages[-1]["content"] and "Select the 1 passages" in messages[-1]["content"]
+    assert (
+        "[1] a b c\n[2] one two three …" in messages[-1]["content"]
+        and "Select the 1 passages" in messages[-1]["content"]
+    )
     writing = render_candidates(load_rerank_prompt("listwise", "writing-news"), "q", ["x", "y"])[-1]["content"]
     assert "authorial style" in writing and "Ignore topic" in writing and "[2] y" in writing
     for task in ("math-theoremqa", "stance-tweets", "hearings-exchanges"):
@@ -303,24 +348,45 @@ def test_every_rerank_config_loads():
     assert paper.depth == 100 and tourrank_calls(100, paper.tourrank) == 55 and len(windows(100, 100, 50)) == 1
 
 
-@pytest.mark.parametrize("text, message", [
-    ("depth: 20\ntourrank:\n  stages: [10, 10, 2]\n", r"bad.yaml:3:tourrank.stages: must be strictly decreasing"),
-    ("tourrank:\n  rounds: 3\n", r"bad.yaml:2:tourrank.rounds: unknown key"),
-    ("tasks:\n  writing-news: rerank\n", r"bad.yaml:2:tasks.writing-news: must be one of identity, tourrank, listwise"),
-    ("depth: 0\n", r"bad.yaml:1:depth: must be an integer >= 1"),
-    ("backend:\n  name: ollama\n", r"bad.yaml:2:backend.name: must be one of transformers, vllm"),
-    ("listwise: 5\n", r"bad.yaml:1:listwise: expected a mapping"),
-    ("depth: 5\nbackend:\n  dtype: float33\n", r"bad.yaml:3:backend.dtype: must be one of float32, bfloat16, float16, "
-                                                 r"got 'float33'"),
-    ("backend:\n  device: gpu\n", r"bad.yaml:2:backend.device: must be a torch device \(cpu, cuda, cuda:1, …\), got 'gpu'"),
-    ("backend:\n  device: 0\n", r"bad.yaml:2:backend.device: must be a torch device"),
-    ("backend:\n  model: smolm2\n", r"bad.yaml:2:backend.model: model .smolm2. is not an alias .*did you mean .smollm2."),
-    ("backend:\n  model: ./no-such-model\n", r"bad.yaml:2:backend.model: model .*/no-such-model': no such file or folder"),
-    ("backend:\n  gpu_memory_utilization: true\n", r"bad.yaml:2:backend.gpu_memory_utilization: must be a number in"),
-    ("backend:\n  threads: 0\n", r"bad.yaml:2:backend.threads: must be an integer >= 1"),
-    ("backend:\n  max_model_len: 1.5\n", r"bad.yaml:2:backend.max_model_len: must be an integer >= 1"),
-    ("prompt_dir: ../no-such-prompts\n", r"bad.yaml:1:prompt_dir: not a folder: /.*/no-such-prompts$"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("depth: 20\ntourrank:\n  stages: [10, 10, 2]\n", r"bad.yaml:3:tourrank.stages: must be strictly decreasing"),
+        ("tourrank:\n  rounds: 3\n", r"bad.yaml:2:tourrank.rounds: unknown key"),
+        (
+            "tasks:\n  writing-news: rerank\n",
+            r"bad.yaml:2:tasks.writing-news: must be one of identity, tourrank, listwise",
+        ),
+        ("depth: 0\n", r"bad.yaml:1:depth: must be an integer >= 1"),
+        ("backend:\n  name: ollama\n", r"bad.yaml:2:backend.name: must be one of transformers, vllm"),
+        ("listwise: 5\n", r"bad.yaml:1:listwise: expected a mapping"),
+        (
+            "depth: 5\nbackend:\n  dtype: float33\n",
+            r"bad.yaml:3:backend.dtype: must be one of float32, bfloat16, float16, "
+            r"got 'float33'",
+        ),
+        (
+            "backend:\n  device: gpu\n",
+            r"bad.yaml:2:backend.device: must be a torch device \(cpu, cuda, cuda:1, …\), got 'gpu'",
+        ),
+        ("backend:\n  device: 0\n", r"bad.yaml:2:backend.device: must be a torch device"),
+        (
+            "backend:\n  model: smolm2\n",
+            r"bad.yaml:2:backend.model: model .smolm2. is not an alias .*did you mean .smollm2.",
+        ),
+        (
+            "backend:\n  model: ./no-such-model\n",
+            r"bad.yaml:2:backend.model: model .*/no-such-model': no such file or folder",
+        ),
+        (
+            "backend:\n  gpu_memory_utilization: true\n",
+            r"bad.yaml:2:backend.gpu_memory_utilization: must be a number in",
+        ),
+        ("backend:\n  threads: 0\n", r"bad.yaml:2:backend.threads: must be an integer >= 1"),
+        ("backend:\n  max_model_len: 1.5\n", r"bad.yaml:2:backend.max_model_len: must be an integer >= 1"),
+        ("prompt_dir: ../no-such-prompts\n", r"bad.yaml:1:prompt_dir: not a folder: /.*/no-such-prompts$"),
+    ],
+)
 def test_policy_errors_name_file_line_and_key(tmp_path, text, message):
     (tmp_path / "bad.yaml").write_text(text)
     with pytest.raises(ValueError, match=message):
@@ -330,8 +396,17 @@ def test_policy_errors_name_file_line_and_key(tmp_path, text, message):
 def test_cli_reports_a_bad_policy_in_one_line(tmp_path, tasks_dir, capsys):
     (tmp_path / "bad.yaml").write_text("depth: 20\ntourrank:\n  group_size: 1\n")
     with pytest.raises(SystemExit) as exit_:
-        obliq_main(["rerank", "run", str(tasks_dir / "math-theoremqa"), str(tmp_path / "run.trec"),
-                    str(tmp_path / "out.trec"), "--policy", str(tmp_path / "bad.yaml")])
+        obliq_main(
+            [
+                "rerank",
+                "run",
+                str(tasks_dir / "math-theoremqa"),
+                str(tmp_path / "run.trec"),
+                str(tmp_path / "out.trec"),
+                "--policy",
+                str(tmp_path / "bad.yaml"),
+            ]
+        )
     err = capsys.readouterr().err.strip().splitlines()
     assert exit_.value.code == 2 and len(err) == 1
     assert err[0] == f"error: {tmp_path / 'bad.yaml'}:3:tourrank.group_size: must be an integer >= 2, got 1"
@@ -374,18 +449,37 @@ def test_evaluate_reranks_only_the_tasks_the_policy_names(tmp_path, tasks_dir, r
     backend = PreferenceBackend(first(Oracle(real["stance-tweets"]), Oracle(real["math-theoremqa"])))
     monkeypatch.setattr(BackendConfig, "build", lambda self: backend)
     policy = tmp_path / "policy.yaml"
-    policy.write_text(yaml.safe_dump({"tasks": {"stance-tweets": "listwise", "writing-news": "tourrank"},
-                                      "depth": 100, **UNCUT}))
+    policy.write_text(
+        yaml.safe_dump({"tasks": {"stance-tweets": "listwise", "writing-news": "tourrank"}, "depth": 100, **UNCUT})
+    )
     tasks = [str(tasks_dir / "math-theoremqa"), str(tasks_dir / "stance-tweets")]
     panel = ["NDCG@10", "NDCG@50", "Recall@10", "Recall@50", "Recall@100"]  # at most the depth of a top-100
     plain = evaluate("bm25", tasks, tmp_path / "plain", RetrievalSettings(top_k=100), panel, latency_queries=0)
-    summaries = obliq_main(["evaluate", "--model", "bm25", "--tasks", *tasks, "--output", str(tmp_path / "out"),
-                            "--retrieval.top_k", "100", "--measures", json.dumps(panel), "--latency_queries", "0",
-                            "--rerank", str(policy)])
+    summaries = obliq_main(
+        [
+            "evaluate",
+            "--model",
+            "bm25",
+            "--tasks",
+            *tasks,
+            "--output",
+            str(tmp_path / "out"),
+            "--retrieval.top_k",
+            "100",
+            "--measures",
+            json.dumps(panel),
+            "--latency_queries",
+            "0",
+            "--rerank",
+            str(policy),
+        ]
+    )
     math, stance = summaries
     # math-theoremqa is not named: the dense run, untouched and not charged
     assert math["rerank"] == {"method": "identity"} and math["metrics"] == plain[0]["metrics"]
-    assert read_run(tmp_path / "out" / "math-theoremqa" / "run.trec") == read_run(tmp_path / "plain" / "math-theoremqa" / "run.trec")
+    assert read_run(tmp_path / "out" / "math-theoremqa" / "run.trec") == read_run(
+        tmp_path / "plain" / "math-theoremqa" / "run.trec"
+    )
     assert not (tmp_path / "out" / "math-theoremqa" / "run.dense.trec").exists()
     # stance-tweets: its top-100 reranked by the (oracle) listwise reranker, 9 windows per query
     r = stance["rerank"]
@@ -396,35 +490,62 @@ def test_evaluate_reranks_only_the_tasks_the_policy_names(tmp_path, tasks_dir, r
     assert r["cost"]["failed_calls"] == 0 and r["cost"]["prompt_tokens"] == backend.prompt_tokens > 0
     dense_run = read_run(tmp_path / "out" / "stance-tweets" / "run.dense.trec")
     qrels = real["stance-tweets"].qrels["test"]
-    ideal = {q: {d: 1000.0 - i + 1000 * qrels[q].get(d, 0) for i, d in enumerate(top_k(docs, 100))}
-             for q, docs in dense_run.items()}  # the best order of the same top-100
+    ideal = {
+        q: {d: 1000.0 - i + 1000 * qrels[q].get(d, 0) for i, d in enumerate(top_k(docs, 100))}
+        for q, docs in dense_run.items()
+    }  # the best order of the same top-100
     best = evaluate_run(qrels, ideal, ["NDCG@10", "Recall@100"])
     assert stance["metrics"]["NDCG@10"] == pytest.approx(best.aggregate["NDCG@10"])
     assert best.aggregate["NDCG@10"] > r["dense_metrics"]["NDCG@10"] + 0.3
     assert stance["metrics"]["Recall@100"] == pytest.approx(r["dense_metrics"]["Recall@100"])  # same top-100
     report = (tmp_path / "out" / "results.md").read_text()
     assert "cost per reranked query, and failed and repaired calls out of all calls" in report
-    assert "| queries | reasoning | calls / query | tokens in / query | tokens out / query | seconds / query | " \
-           "failed / all calls | repaired / all calls |" in report
+    assert (
+        "| queries | reasoning | calls / query | tokens in / query | tokens out / query | seconds / query | "
+        "failed / all calls | repaired / all calls |" in report
+    )
     row = next(line for line in report.splitlines() if line.startswith("| stance-tweets | listwise | 100 |"))
-    assert row.endswith(f"| 10 | off | 9.0 | {backend.prompt_tokens / 10:.0f} | {backend.new_tokens / 10:.0f} | "
-                        f"{r['cost']['per_query']['seconds']:.2f} | 0 / 90 | 0 / 90 |")
+    assert row.endswith(
+        f"| 10 | off | 9.0 | {backend.prompt_tokens / 10:.0f} | {backend.new_tokens / 10:.0f} | "
+        f"{r['cost']['per_query']['seconds']:.2f} | 0 / 90 | 0 / 90 |"
+    )
     assert "math-theoremqa | listwise" not in report
-    assert load_policy(tmp_path / "out" / "rerank_policy.yaml").tasks == {"stance-tweets": "listwise",
-                                                                           "writing-news": "tourrank"}
+    assert load_policy(tmp_path / "out" / "rerank_policy.yaml").tasks == {
+        "stance-tweets": "listwise",
+        "writing-news": "tourrank",
+    }
 
 
 def test_rerank_commands_run_and_choose_the_policy(tmp_path, tasks_dir, real, monkeypatch, capsys):
     # the model helps on math (it knows the qrels) and hurts on stance (it prefers the non-relevant)
     backend = PreferenceBackend(first(Oracle(real["math-theoremqa"]), Oracle(real["stance-tweets"], -1)))
     monkeypatch.setattr(BackendConfig, "build", lambda self: backend)
-    evaluate("bm25", [str(tasks_dir / "math-theoremqa"), str(tasks_dir / "stance-tweets")], tmp_path / "bm25",
-             RetrievalSettings(top_k=100), ["NDCG@10", "Recall@100"], latency_queries=0)
+    evaluate(
+        "bm25",
+        [str(tasks_dir / "math-theoremqa"), str(tasks_dir / "stance-tweets")],
+        tmp_path / "bm25",
+        RetrievalSettings(top_k=100),
+        ["NDCG@10", "Recall@100"],
+        latency_queries=0,
+    )
     base = tmp_path / "base.yaml"
     base.write_text(yaml.safe_dump({"depth": 20, "tourrank": {"tournaments": 1}, **UNCUT}))
 
-    obliq_main(["rerank", "run", str(tasks_dir / "math-theoremqa"), str(tmp_path / "bm25" / "math-theoremqa" / "run.trec"),
-                str(tmp_path / "math.trec"), "--policy", str(base), "--method", "tourrank", "--queries", "4"])
+    obliq_main(
+        [
+            "rerank",
+            "run",
+            str(tasks_dir / "math-theoremqa"),
+            str(tmp_path / "bm25" / "math-theoremqa" / "run.trec"),
+            str(tmp_path / "math.trec"),
+            "--policy",
+            str(base),
+            "--method",
+            "tourrank",
+            "--queries",
+            "4",
+        ]
+    )
     report = json.loads(capsys.readouterr().out)
     assert report["n_queries"] == 4 and report["cost"]["calls"] == 4 * 3 and report["cost"]["per_query"]["calls"] == 3
     assert report["prompt"] == "obliq/rerank/prompts/tourrank.yaml"
@@ -433,8 +554,22 @@ def test_rerank_commands_run_and_choose_the_policy(tmp_path, tasks_dir, real, mo
     assert json.loads((tmp_path / "math.trec.report.json").read_text())["cost"] == report["cost"]
 
     out = tmp_path / "policy.yaml"
-    obliq_main(["rerank", "policy", "--tasks", json.dumps([str(tasks_dir / "math-theoremqa"), str(tasks_dir / "stance-tweets")]),
-                "--runs", str(tmp_path / "bm25"), "--out", str(out), "--base", str(base), "--dev_queries", "5"])
+    obliq_main(
+        [
+            "rerank",
+            "policy",
+            "--tasks",
+            json.dumps([str(tasks_dir / "math-theoremqa"), str(tasks_dir / "stance-tweets")]),
+            "--runs",
+            str(tmp_path / "bm25"),
+            "--out",
+            str(out),
+            "--base",
+            str(base),
+            "--dev_queries",
+            "5",
+        ]
+    )
     dev = json.loads(capsys.readouterr().out)
     chosen = load_policy(out)
     math, stance = dev["math-theoremqa"], dev["stance-tweets"]
@@ -445,8 +580,10 @@ def test_rerank_commands_run_and_choose_the_policy(tmp_path, tasks_dir, real, mo
     assert math["n_queries"] == stance["n_queries"] == 5 and len(math["query_ids"]) == 5
     assert math["cost_per_query"]["tourrank"]["calls"] == 3 and math["cost_per_query"]["listwise"]["calls"] == 1
     assert math["cost_per_query"]["identity"]["calls"] == 0
-    assert math["prompts"] == {"tourrank": "obliq/rerank/prompts/tourrank.yaml",
-                               "listwise": "obliq/rerank/prompts/listwise_math-theoremqa.yaml"}
+    assert math["prompts"] == {
+        "tourrank": "obliq/rerank/prompts/tourrank.yaml",
+        "listwise": "obliq/rerank/prompts/listwise_math-theoremqa.yaml",
+    }
     assert chosen.depth == 20 and chosen.tourrank.tournaments == 1  # the base settings are kept
     assert out.read_text().startswith("# Reranking policy chosen by `obliq rerank policy`")
 
@@ -471,22 +608,43 @@ def one_line_error(capsys, argv) -> str:
     return err[0]
 
 
-def test_policy_refuses_a_run_of_another_task_or_an_empty_one(tmp_path, tasks_dir, real, bm25_runs, monkeypatch, capsys):
+def test_policy_refuses_a_run_of_another_task_or_an_empty_one(
+    tmp_path, tasks_dir, real, bm25_runs, monkeypatch, capsys
+):
     no_model(monkeypatch)
     out, file = tmp_path / "policy.yaml", tmp_path / "runs" / "stance-tweets" / "run.trec"
-    argv = ["rerank", "policy", "--tasks", json.dumps([str(tasks_dir / "stance-tweets")]), "--runs",
-            str(tmp_path / "runs"), "--out", str(out)]
+    argv = [
+        "rerank",
+        "policy",
+        "--tasks",
+        json.dumps([str(tasks_dir / "stance-tweets")]),
+        "--runs",
+        str(tmp_path / "runs"),
+        "--out",
+        str(out),
+    ]
     stance = real["stance-tweets"].query_ids[0]
     math = bm25_runs["math-theoremqa"]
     for run, seen in ((math, f"its ids look like {next(iter(math))!r}"), ({}, "it is empty")):
         write_run(file, run)
-        assert one_line_error(capsys, argv) == (f"error: {file}: no query of task stance-tweets ({seen}; the task's "
-                                                f"like {stance!r})")
+        assert one_line_error(capsys, argv) == (
+            f"error: {file}: no query of task stance-tweets ({seen}; the task's like {stance!r})"
+        )
         assert not out.exists()
     # `obliq rerank run` makes the same check (one function: queries_to_rerank)
     write_run(file, {})
-    assert one_line_error(capsys, ["rerank", "run", str(tasks_dir / "stance-tweets"), str(file), str(tmp_path / "o.trec"),
-                                   "--method", "listwise"]).startswith(f"error: {file}: no query of task stance-tweets")
+    assert one_line_error(
+        capsys,
+        [
+            "rerank",
+            "run",
+            str(tasks_dir / "stance-tweets"),
+            str(file),
+            str(tmp_path / "o.trec"),
+            "--method",
+            "listwise",
+        ],
+    ).startswith(f"error: {file}: no query of task stance-tweets")
     # a run of the task's queries whose documents are another task's
     write_run(file, {q: bm25_runs["math-theoremqa"][m] for q, m in zip(real["stance-tweets"].query_ids, math)})
     assert one_line_error(capsys, argv).startswith(f"error: {file}: document ")
@@ -496,40 +654,58 @@ def test_policy_refuses_a_run_of_another_task_or_an_empty_one(tmp_path, tasks_di
     for name in ("corpus.jsonl", "queries.jsonl", "task.json", "qrels/test.tsv"):
         (task / name).symlink_to(tasks_dir / "stance-tweets" / name)
     dev = real["stance-tweets"].query_ids[:2]
-    rows = [line for line in (tasks_dir / "stance-tweets" / "qrels" / "test.tsv").read_text().splitlines()[1:]
-            if line.split("\t")[0] in dev]
+    rows = [
+        line
+        for line in (tasks_dir / "stance-tweets" / "qrels" / "test.tsv").read_text().splitlines()[1:]
+        if line.split("\t")[0] in dev
+    ]
     (task / "qrels" / "dev.tsv").write_text("query-id\tcorpus-id\tscore\n" + "\n".join(rows) + "\n")
     write_run(file, {q: r for q, r in bm25_runs["stance-tweets"].items() if q not in dev})
     argv[argv.index("--tasks") + 1] = json.dumps([str(task)])
-    assert one_line_error(capsys, argv) == (f"error: {file}: holds none of the 2 development queries of task "
-                                            f"stance-tweets (qrels: dev)")
+    assert one_line_error(capsys, argv) == (
+        f"error: {file}: holds none of the 2 development queries of task stance-tweets (qrels: dev)"
+    )
     assert not out.exists()
 
 
-def test_policy_leaves_out_dev_queries_the_run_lacks_and_drops_base_tasks(tmp_path, tasks_dir, real, bm25_runs,
-                                                                          monkeypatch, caplog):
+def test_policy_leaves_out_dev_queries_the_run_lacks_and_drops_base_tasks(
+    tmp_path, tasks_dir, real, bm25_runs, monkeypatch, caplog
+):
     backend = PreferenceBackend(first(Oracle(real["stance-tweets"])))
     monkeypatch.setattr(BackendConfig, "build", lambda self: backend)
     base = tmp_path / "base.yaml"
-    base.write_text(yaml.safe_dump({"tasks": {"math-theoremqa": "tourrank", "stance-tweets": "identity"}, "depth": 20,
-                                    "tourrank": {"tournaments": 1}, **UNCUT}))
+    base.write_text(
+        yaml.safe_dump(
+            {
+                "tasks": {"math-theoremqa": "tourrank", "stance-tweets": "identity"},
+                "depth": 20,
+                "tourrank": {"tournaments": 1},
+                **UNCUT,
+            }
+        )
+    )
     task = real["stance-tweets"]
     judged = [q for q in task.query_ids if any(g > 0 for g in task.qrels["test"].get(q, {}).values())]
     lacking = judged[0]
-    write_run(tmp_path / "runs" / "stance-tweets" / "run.trec",
-              {q: d for q, d in bm25_runs["stance-tweets"].items() if q != lacking})
+    write_run(
+        tmp_path / "runs" / "stance-tweets" / "run.trec",
+        {q: d for q, d in bm25_runs["stance-tweets"].items() if q != lacking},
+    )
     out = tmp_path / "policy.yaml"
     with caplog.at_level("WARNING"):
         dev = policy_command([tasks_dir / "stance-tweets"], tmp_path / "runs", out, base=base, dev_queries=len(judged))
     used = judged[1:]
     record = dev["stance-tweets"]
-    assert record["query_ids"] == judged and record["missing_query_ids"] == [lacking] and record["n_queries"] == len(used)
+    assert (
+        record["query_ids"] == judged and record["missing_query_ids"] == [lacking] and record["n_queries"] == len(used)
+    )
     # scored and charged on the queries the run holds: no zero for the missing one, no diluted cost
     assert record["cost_per_query"]["tourrank"]["calls"] == 3 and record["cost_per_query"]["listwise"]["calls"] == 1
     assert backend.calls == len(used) * (3 + 1)
     dense_run = {q: bm25_runs["stance-tweets"][q] for q in used}
     assert record["NDCG@10"]["identity"] == pytest.approx(
-        evaluate_run(task.qrels["test"], dense_run, ["NDCG@10"], used).aggregate["NDCG@10"])
+        evaluate_run(task.qrels["test"], dense_run, ["NDCG@10"], used).aggregate["NDCG@10"]
+    )
     assert f"1 of the {len(judged)} development queries of stance-tweets are not in the run" in caplog.text
     # only the evaluated task is written; the base's math-theoremqa entry is dropped, and said so
     written = load_policy(out)
@@ -538,14 +714,18 @@ def test_policy_leaves_out_dev_queries_the_run_lacks_and_drops_base_tasks(tmp_pa
     assert "It names only the tasks evaluated there" in out.read_text()
 
 
-def test_a_bad_prompt_fails_when_the_policy_is_loaded_and_names_the_prompt_file(tmp_path, tasks_dir, monkeypatch, capsys):
+def test_a_bad_prompt_fails_when_the_policy_is_loaded_and_names_the_prompt_file(
+    tmp_path, tasks_dir, monkeypatch, capsys
+):
     no_model(monkeypatch)
     prompts = tmp_path / "prompts"
     prompts.mkdir()
     (prompts / "tourrank.yaml").write_text("method: tourrank\nuser: 'pick {k} of {documents}'\n")
     (prompts / "listwise_default.yaml").write_text("method: listwise\nuser: '{documents}'\n")
-    bad = {"tourrank": f"{prompts / 'tourrank.yaml'}: user: must contain {{query}}",
-           "listwise": f"{prompts / 'listwise_default.yaml'}: user: must contain {{query}}"}
+    bad = {
+        "tourrank": f"{prompts / 'tourrank.yaml'}: user: must contain {{query}}",
+        "listwise": f"{prompts / 'listwise_default.yaml'}: user: must contain {{query}}",
+    }
     policy = tmp_path / "policy.yaml"
     policy.write_text("tasks:\n  math-theoremqa: tourrank\nprompt_dir: prompts\n")
     with pytest.raises(ValueError) as err:
@@ -561,15 +741,27 @@ def test_a_bad_prompt_fails_when_the_policy_is_loaded_and_names_the_prompt_file(
     assert one_line_error(capsys, run + ["--policy", str(policy)]) == f"error: {bad['tourrank']}"
     # a method given on the command line: its prompt for the task is checked first too
     policy.write_text("prompt_dir: prompts\n")
-    assert one_line_error(capsys, run + ["--policy", str(policy), "--method", "listwise"]) == f"error: {bad['listwise']}"
+    assert (
+        one_line_error(capsys, run + ["--policy", str(policy), "--method", "listwise"]) == f"error: {bad['listwise']}"
+    )
     # obliq rerank policy: every method's prompt of every task, before any run is reranked
     runs = tmp_path / "runs"
     for name in ("math-theoremqa", "stance-tweets"):
         task = load_task(tasks_dir / name)
         write_run(runs / name / "run.trec", {q: {task.doc_ids[0]: 1.0} for q in task.query_ids})
     (prompts / "tourrank.yaml").write_text("method: tourrank\nuser: '{query}: pick {k} of {documents}'\n")
-    argv = ["rerank", "policy", "--tasks", json.dumps([str(tasks_dir / "math-theoremqa"), str(tasks_dir / "stance-tweets")]),
-            "--runs", str(runs), "--out", str(tmp_path / "chosen.yaml"), "--base", str(policy)]
+    argv = [
+        "rerank",
+        "policy",
+        "--tasks",
+        json.dumps([str(tasks_dir / "math-theoremqa"), str(tasks_dir / "stance-tweets")]),
+        "--runs",
+        str(runs),
+        "--out",
+        str(tmp_path / "chosen.yaml"),
+        "--base",
+        str(policy),
+    ]
     assert one_line_error(capsys, argv) == f"error: {bad['listwise']}"
 
 
@@ -580,37 +772,55 @@ def test_rerank_run_refuses_a_task_the_policy_does_not_name(tmp_path, tasks_dir,
     policy.write_text("tasks:\n  math-theoremqa: tourrank\n")
     run = ["rerank", "run", str(tasks_dir / "stance-tweets"), str(tmp_path / "run.trec"), str(tmp_path / "o.trec")]
     fix = "pass --method tourrank, listwise or identity"
-    assert one_line_error(capsys, run + ["--policy", str(policy)]) == \
-        f"error: {policy}: tasks: no entry for task stance-tweets; {fix}"
-    assert one_line_error(capsys, run) == f"error: the built-in policy (no --policy): tasks: no entry for task stance-tweets; {fix}"
+    assert (
+        one_line_error(capsys, run + ["--policy", str(policy)])
+        == f"error: {policy}: tasks: no entry for task stance-tweets; {fix}"
+    )
+    assert (
+        one_line_error(capsys, run)
+        == f"error: the built-in policy (no --policy): tasks: no entry for task stance-tweets; {fix}"
+    )
     assert not (tmp_path / "o.trec").exists()
     obliq_main(run + ["--policy", str(policy), "--method", "identity", "--queries", "3"])
     report = json.loads(capsys.readouterr().out)
     assert report["method"] == "identity" and report["prompt"] is None and report["cost"]["calls"] == 0
-    assert read_run(tmp_path / "o.trec") == {q: bm25_runs["stance-tweets"][q] for q in real["stance-tweets"].query_ids[:3]}
+    assert read_run(tmp_path / "o.trec") == {
+        q: bm25_runs["stance-tweets"][q] for q in real["stance-tweets"].query_ids[:3]
+    }
 
 
 def test_relative_paths_in_a_policy_are_resolved_against_its_folder(tmp_path, tasks_dir, monkeypatch, real):
     (tmp_path / "configs").mkdir()
     (tmp_path / "prompts" / "x").mkdir(parents=True)
-    (tmp_path / "prompts" / "x" / "listwise_default.yaml").write_text("method: listwise\nuser: 'Q {query} D {documents}'\n")
+    (tmp_path / "prompts" / "x" / "listwise_default.yaml").write_text(
+        "method: listwise\nuser: 'Q {query} D {documents}'\n"
+    )
     (tmp_path / "configs" / "my-model").mkdir()
     policy = tmp_path / "configs" / "policy.yaml"
-    policy.write_text("tasks:\n  stance-tweets: listwise\nprompt_dir: ../prompts/x\nbackend:\n  model: my-model\n"
-                      "depth: 100\nmax_query_words: 1000\nmax_doc_words: 1000\n")
+    policy.write_text(
+        "tasks:\n  stance-tweets: listwise\nprompt_dir: ../prompts/x\nbackend:\n  model: my-model\n"
+        "depth: 100\nmax_query_words: 1000\nmax_doc_words: 1000\n"
+    )
     elsewhere = tmp_path / "elsewhere" / "deeper"  # where ../prompts/x is no folder
     elsewhere.mkdir(parents=True)
     monkeypatch.chdir(elsewhere)
     cfg = load_policy(Path("../..") / "configs" / "policy.yaml")
-    assert cfg.prompt_dir == str(tmp_path / "prompts" / "x") and cfg.backend.model == str(tmp_path / "configs" / "my-model")
+    assert cfg.prompt_dir == str(tmp_path / "prompts" / "x") and cfg.backend.model == str(
+        tmp_path / "configs" / "my-model"
+    )
     assert cfg.prompt("listwise", "stance-tweets").path == str(tmp_path / "prompts" / "x" / "listwise_default.yaml")
     # evaluate.py writes the policy as loaded: its copy still finds the prompts from its own folder
     backend = PreferenceBackend(first(Oracle(real["stance-tweets"])))
     monkeypatch.setattr(BackendConfig, "build", lambda self: backend)
-    summary, = evaluate("bm25", [str(tasks_dir / "stance-tweets")], tmp_path / "out", RetrievalSettings(top_k=100),
-                        ["NDCG@10", "Recall@100"],
-                        latency_queries=0,
-                        rerank=Path("../..") / "configs" / "policy.yaml")
+    (summary,) = evaluate(
+        "bm25",
+        [str(tasks_dir / "stance-tweets")],
+        tmp_path / "out",
+        RetrievalSettings(top_k=100),
+        ["NDCG@10", "Recall@100"],
+        latency_queries=0,
+        rerank=Path("../..") / "configs" / "policy.yaml",
+    )
     assert summary["rerank"]["prompt"] == str(tmp_path / "prompts" / "x" / "listwise_default.yaml")
     assert backend.calls == 10 * 9 and all(text.startswith("Q ") for text in backend.texts)
     copy = load_policy(tmp_path / "out" / "rerank_policy.yaml")

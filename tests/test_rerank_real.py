@@ -22,9 +22,18 @@ def test_smollm2_reranks_a_real_top20(tmp_path, tasks_dir, smollm2_path):
     dense = retrieve_bm25(task, RetrievalSettings(top_k=100)).run
     write_run(tmp_path / "bm25.trec", dense, tag="bm25")
     policy = tmp_path / "cpu.yaml"
-    policy.write_text(yaml.safe_dump({
-        "depth": 20, "backend": {"model": smollm2_path, "device": "cpu", "threads": 1, "batch_size": 4},
-        "tourrank": {"tournaments": 1}, "max_query_words": 30, "max_doc_words": 10, "tokens_per_id": 4}))
+    policy.write_text(
+        yaml.safe_dump(
+            {
+                "depth": 20,
+                "backend": {"model": smollm2_path, "device": "cpu", "threads": 1, "batch_size": 4},
+                "tourrank": {"tournaments": 1},
+                "max_query_words": 30,
+                "max_doc_words": 10,
+                "tokens_per_id": 4,
+            }
+        )
+    )
     calls = {"tourrank": tourrank_calls(20, load_policy(policy).tourrank), "listwise": 1}
     assert calls["tourrank"] == 3  # 20 -> 10 -> 5 -> 2, one group each
     for method in ("tourrank", "listwise"):
@@ -40,5 +49,5 @@ def test_smollm2_reranks_a_real_top20(tmp_path, tasks_dir, smollm2_path):
         assert list(reranked) == task.query_ids[:2]
         for q, docs in reranked.items():
             order, before = top_k(docs, len(docs)), top_k(dense[q], len(dense[q]))
-            assert len(set(order)) == len(order) == len(before)          # a permutation, nothing lost
+            assert len(set(order)) == len(order) == len(before)  # a permutation, nothing lost
             assert set(order[:20]) == set(before[:20]) and order[20:] == before[20:]

@@ -58,8 +58,9 @@ def test_two_mining_shards_merge_into_one_runs_rows(tasks_dir, tmp_path):
     from obliq.negatives.commands import merge, mine
 
     rows = task_rows(tasks_dir, "math-theoremqa", limit=30)
-    rows += [dict(r, id=r["id"] + "-again", positive=rows[(n + 1) % len(rows)]["positive"])
-             for n, r in enumerate(rows[:6])]  # the same queries again, with other positives
+    rows += [
+        dict(r, id=r["id"] + "-again", positive=rows[(n + 1) % len(rows)]["positive"]) for n, r in enumerate(rows[:6])
+    ]  # the same queries again, with other positives
     source = write_rows(tmp_path / "rows.jsonl", rows)
     task = tasks_dir / "math-theoremqa"
     mine(source, task, tmp_path / "one.jsonl")
@@ -72,7 +73,9 @@ def test_two_mining_shards_merge_into_one_runs_rows(tasks_dir, tmp_path):
     assert merged == one
     with pytest.raises(ValueError, match="1 missing"):
         (tmp_path / "short.jsonl").write_text("\n".join(shards[2].read_text().splitlines()[1:]) + "\n")
-        (tmp_path / "short.jsonl.report.json").write_text(shards[2].with_name(shards[2].name + ".report.json").read_text())
+        (tmp_path / "short.jsonl.report.json").write_text(
+            shards[2].with_name(shards[2].name + ".report.json").read_text()
+        )
         merge(source, [*shards[:2], tmp_path / "short.jsonl"], tmp_path / "bad.jsonl")
     cut = shards[2].read_text()
     (tmp_path / "cut.jsonl").write_text(cut[: len(cut) // 2])  # a shard killed mid-line

@@ -12,8 +12,10 @@ from obliq.synth.audit import audit_pairs, entity_tokens, jaccard, leaks, source
 
 
 def test_entity_tokens_by_hand():
-    text = ("Chairman Issa: I will now recognize myself. Ms. Ingram, if I heard you correctly, the IRS rollout "
-            "of the Affordable Care Act is going well. Is that correct?\nMs. Ingram: The portion is fine.")
+    text = (
+        "Chairman Issa: I will now recognize myself. Ms. Ingram, if I heard you correctly, the IRS rollout "
+        "of the Affordable Care Act is going well. Is that correct?\nMs. Ingram: The portion is fine."
+    )
     # sentence-initial words (Chairman, I, Is, The, Ms after a newline) are not entities unless all-caps;
     # "Ms" after "myself." starts a sentence too; function words (I) never count
     assert entity_tokens(text) == {"Issa", "Ingram", "IRS", "Affordable", "Care", "Act"}
@@ -65,16 +67,25 @@ def test_audit_command_on_a_real_task(tasks_dir, tmp_path, capsys):
     task = load_task(tasks_dir / "hearings-exchanges")
     rows = []
     for i in (0, 1):  # two hand-written queries for the first two exchanges
-        rows.append({"id": f"r{i}", "task": task.name, "source": "synthetic",
-                     "query": ["the witness said the part her agency handled was going fine",
-                               "the chairman asked Ingram about an email and she said she would look at it"][i],
-                     "positive": {"id": task.doc_ids[i], "text": task.doc_texts[i]}, "negatives": []})
+        rows.append(
+            {
+                "id": f"r{i}",
+                "task": task.name,
+                "source": "synthetic",
+                "query": [
+                    "the witness said the part her agency handled was going fine",
+                    "the chairman asked Ingram about an email and she said she would look at it",
+                ][i],
+                "positive": {"id": task.doc_ids[i], "text": task.doc_texts[i]},
+                "negatives": [],
+            }
+        )
     path = tmp_path / "rows.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     main(["synth", "audit", "--rows", str(path), "--task", str(tasks_dir / "hearings-exchanges")])
     printed = capsys.readouterr().out
     assert "generated" in printed and "real" in printed
-    result = json.loads(printed[printed.index("{"):])
+    result = json.loads(printed[printed.index("{") :])
     gen, real = result["rows"]
     assert gen["queries"] == 2 and real["queries"] == 708 and real["pairs"] == 708
     assert gen["entity_leak"] == 0.5  # "Ingram" is an entity of exchange 1, query 1 names nobody

@@ -15,9 +15,15 @@ from obliq.synth.prompts import TaskSpec
 from obliq.tasks import load_task
 
 REPO = Path(__file__).resolve().parents[1]
-SPEC = TaskSpec(name="math-theoremqa", lens="analogue", unit="a math problem", units="math problems",
-                attribute="the reasoning technique needed to solve it", attribute_short="reasoning technique",
-                instruction="Retrieve problems solved with the same technique.")
+SPEC = TaskSpec(
+    name="math-theoremqa",
+    lens="analogue",
+    unit="a math problem",
+    units="math problems",
+    attribute="the reasoning technique needed to solve it",
+    attribute_short="reasoning technique",
+    instruction="Retrieve problems solved with the same technique.",
+)
 GOOD_A = "<description>Counting arrangements of objects with a classic combinatorial identity.</description>"
 GOOD_B = "<query>problems where you count ways to arrange or split objects into groups</query>"
 
@@ -73,7 +79,7 @@ def test_retries_and_skips_are_counted(math_task, tmp_path):
     long_query = "<query>" + " ".join(["word"] * 60) + "</query>"
     cut_a = ("Counting arrangements of objects with a classic combinatorial identity. It also uses the", False)
     script = {
-        d1: {"A": [cut_a], "B": ["", GOOD_B]},                    # A cut by the limit: its finished sentence kept; B: 1 retry
+        d1: {"A": [cut_a], "B": ["", GOOD_B]},  # A cut by the limit: its finished sentence kept; B: 1 retry
         d2: {"A": ["<description>cut off by the token limit", "I'm sorry, I cannot help.", GOOD_A]},  # A: 2 retries
         d3: {"B": [long_query, ("problems where you count the ways to", False), long_query]},  # B: 2 retries, skipped
     }
@@ -87,8 +93,21 @@ def test_retries_and_skips_are_counted(math_task, tmp_path):
     assert rep.retries == 1 + 2 + 2 and rep.docs_retried == 3
     assert rep.rejected == {"A:malformed": 1, "A:refusal": 1, "B:empty": 1, "B:overlong": 3}  # one B cut by the limit
     # what the backend was asked: 3 + 2 stage-A prompts, 3 + 1 + 2 stage-B prompts
-    assert sorted(backend.calls) == sorted([(d1, "A"), (d2, "A"), (d2, "A"), (d2, "A"), (d3, "A"),
-                                            (d1, "B"), (d1, "B"), (d2, "B"), (d3, "B"), (d3, "B"), (d3, "B")])
+    assert sorted(backend.calls) == sorted(
+        [
+            (d1, "A"),
+            (d2, "A"),
+            (d2, "A"),
+            (d2, "A"),
+            (d3, "A"),
+            (d1, "B"),
+            (d1, "B"),
+            (d2, "B"),
+            (d3, "B"),
+            (d3, "B"),
+            (d3, "B"),
+        ]
+    )
     rows = _rows(out)
     assert [r.positive.id for r in rows] == [d1, d2]
     for r in rows:
@@ -211,11 +230,30 @@ def test_real_generation_with_smollm2_on_two_documents(tasks_dir, tmp_path, smol
 
     threads = torch.get_num_threads()
     out = tmp_path / "synth.jsonl"
-    main(["synth", "generate", "--config", str(REPO / "configs" / "synth" / "math-theoremqa.yaml"),
-          "--task", str(tasks_dir / "math-theoremqa"), "--out", str(out), "--n_docs", "2",
-          "--generation.max_new_tokens_a", "48", "--generation.max_new_tokens_b", "40",
-          "--generation.max_retries", "1", "--backend.device", "cpu",
-          "--backend.threads", "1"])  # robust on a CPU shared with other busy processes (see TransformersBackend)
+    main(
+        [
+            "synth",
+            "generate",
+            "--config",
+            str(REPO / "configs" / "synth" / "math-theoremqa.yaml"),
+            "--task",
+            str(tasks_dir / "math-theoremqa"),
+            "--out",
+            str(out),
+            "--n_docs",
+            "2",
+            "--generation.max_new_tokens_a",
+            "48",
+            "--generation.max_new_tokens_b",
+            "40",
+            "--generation.max_retries",
+            "1",
+            "--backend.device",
+            "cpu",
+            "--backend.threads",
+            "1",
+        ]
+    )  # robust on a CPU shared with other busy processes (see TransformersBackend)
     assert torch.get_num_threads() == threads  # the backend's thread setting is scoped to generation
     report = json.loads((tmp_path / "synth.jsonl.report.json").read_text())["report"]
     assert report["sampled"] == 2 and report["generated"] + sum(report["skipped"].values()) == 2
@@ -225,6 +263,8 @@ def test_real_generation_with_smollm2_on_two_documents(tasks_dir, tmp_path, smol
     assert len(rows) == report["generated"]
     if rows:
         train = tmp_path / "train.jsonl"
-        main(["negatives", "mine", "--rows", str(out), "--task", str(tasks_dir / "math-theoremqa"), "--out", str(train)])
+        main(
+            ["negatives", "mine", "--rows", str(out), "--task", str(tasks_dir / "math-theoremqa"), "--out", str(train)]
+        )
         for r in _rows(train):
             assert len(r.negatives) == 4 and r.meta["generator"] == "transformers:smollm2"

@@ -54,15 +54,18 @@ def test_the_three_lenses_ask_for_different_queries():
     assert prompt_file("B", "tip-of-the-tongue") == "stage_b_tip_of_the_tongue.yaml"
 
 
-@pytest.mark.parametrize("text, message", [
-    ("stage: A\nuser: Here is {document} by {author}\n", r"unknown field\(s\) \['author'\]"),
-    ("stage: A\nuser: no document here\n", r"user: must contain \{document\}"),
-    ("stage: B\nlens: analogue\nuser: '{document}'\n", "stage: is 'B', expected 'A'"),
-    ("stage: A\nuser: '{document!r}'\n", "must be a plain name"),
-    ("stage: A\nuser: '{document'\n", "bad template"),
-    ("stage: A\nprompt: x\nuser: '{document}'\n", "prompt: unknown key"),
-    ("- a list\n", "expected a mapping"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("stage: A\nuser: Here is {document} by {author}\n", r"unknown field\(s\) \['author'\]"),
+        ("stage: A\nuser: no document here\n", r"user: must contain \{document\}"),
+        ("stage: B\nlens: analogue\nuser: '{document}'\n", "stage: is 'B', expected 'A'"),
+        ("stage: A\nuser: '{document!r}'\n", "must be a plain name"),
+        ("stage: A\nuser: '{document'\n", "bad template"),
+        ("stage: A\nprompt: x\nuser: '{document}'\n", "prompt: unknown key"),
+        ("- a list\n", "expected a mapping"),
+    ],
+)
 def test_bad_prompt_files_name_file_and_key(tmp_path, text, message):
     (tmp_path / "stage_a.yaml").write_text(text)
     with pytest.raises(ValueError, match=message) as err:

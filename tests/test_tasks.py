@@ -30,8 +30,11 @@ def test_real_task_loads_with_its_stats(tasks_dir):
     assert len(task.doc_ids) == stats["docs"] and len(task.query_ids) == stats["queries"]
     assert sum(len(v) for v in task.qrels["test"].values()) == stats["qrels"]
     assert "pooled" not in task.qrels
-    assert task.report["test"] == {"queries_not_in_queries_file": 0, "docs_not_in_corpus": 0,
-                                   "queries_without_relevant_docs": 0}
+    assert task.report["test"] == {
+        "queries_not_in_queries_file": 0,
+        "docs_not_in_corpus": 0,
+        "queries_without_relevant_docs": 0,
+    }
     assert task.report["empty_docs"] == 0 and task.report["duplicate_corpus_ids"] == 0
 
 
@@ -48,8 +51,12 @@ def test_malformed_lines_name_file_line_and_field(tmp_path):
     not_object = make_task(tmp_path / "d", ["[1, 2]"], [], [])
     with pytest.raises(ValueError, match=r"d/corpus\.jsonl:1: expected a JSON object"):
         load_task(not_object)
-    blank = make_task(tmp_path / "f", [{"_id": "d1", "text": " "}, {"_id": "d2", "title": "", "text": ""}],
-                      [{"_id": "q1", "text": "y"}], [("q1", "d1", 1)])
+    blank = make_task(
+        tmp_path / "f",
+        [{"_id": "d1", "text": " "}, {"_id": "d2", "title": "", "text": ""}],
+        [{"_id": "q1", "text": "y"}],
+        [("q1", "d1", 1)],
+    )
     with pytest.raises(ValueError, match=r"f/corpus\.jsonl: every one of the 2 docs has an empty 'text'"):
         load_task(blank)
     with pytest.raises(FileNotFoundError, match="gold qrels not found"):
@@ -57,8 +64,13 @@ def test_malformed_lines_name_file_line_and_field(tmp_path):
 
 
 def test_validation_warnings_with_counts(tmp_path, caplog):
-    corpus = [{"_id": "d1", "title": "T", "text": "one"}, {"_id": "d2", "text": "two"},
-              {"_id": "d1", "text": "dup"}, {"_id": "d3", "text": "  "}, {"_id": 7, "text": "int id"}]
+    corpus = [
+        {"_id": "d1", "title": "T", "text": "one"},
+        {"_id": "d2", "text": "two"},
+        {"_id": "d1", "text": "dup"},
+        {"_id": "d3", "text": "  "},
+        {"_id": 7, "text": "int id"},
+    ]
     queries = [{"_id": "q1", "text": "a"}, {"_id": "q2", "text": ""}, {"_id": "q3", "text": "c"}]
     qrels = [("q1", "d1", 1), ("q1", "gone1", 1), ("q2", "gone2", 1), ("q3", "d2", 0), ("q9", "d1", 1)]
     task = load_task(make_task(tmp_path / "t", corpus, queries, qrels, pooled=[("q1", "d2", 2)]))
@@ -66,12 +78,21 @@ def test_validation_warnings_with_counts(tmp_path, caplog):
     assert task.doc_texts[0] == "T one"  # title + text, first occurrence kept
     assert task.report["duplicate_corpus_ids"] == 1
     assert task.report["empty_docs"] == 1 and task.report["empty_queries"] == 1
-    assert task.report["test"] == {"queries_not_in_queries_file": 1, "docs_not_in_corpus": 2,
-                                   "queries_without_relevant_docs": 1}
+    assert task.report["test"] == {
+        "queries_not_in_queries_file": 1,
+        "docs_not_in_corpus": 2,
+        "queries_without_relevant_docs": 1,
+    }
     assert task.report["pooled"]["queries_without_relevant_docs"] == 2
     assert "q9" not in task.qrels["test"] and task.qrels["pooled"] == {"q1": {"d2": 2}}
-    for text in ("1 duplicate corpus ids", "1 empty docs", "1 empty queries", "1 query ids not in queries.jsonl",
-                 "2 judged doc ids not in corpus.jsonl", "1 queries have no relevant document"):
+    for text in (
+        "1 duplicate corpus ids",
+        "1 empty docs",
+        "1 empty queries",
+        "1 query ids not in queries.jsonl",
+        "2 judged doc ids not in corpus.jsonl",
+        "1 queries have no relevant document",
+    ):
         assert text in caplog.text
 
 
@@ -105,9 +126,14 @@ def test_split_queries_keeps_groups_whole_and_is_seeded(tasks_dir):
 def test_subset_and_split_errors(tmp_path):
     from obliq.tasks import split_queries, subset_queries
 
-    task = load_task(make_task(tmp_path / "t", [{"_id": "d1", "text": "a"}, {"_id": "d2", "text": "b"}],
-                               [{"_id": "q1", "text": "x"}, {"_id": "q2", "text": "y"}, {"_id": "q3", "text": "z"}],
-                               [("q1", "d1", 1), ("q2", "d1", 1), ("q3", "d2", 1)]))
+    task = load_task(
+        make_task(
+            tmp_path / "t",
+            [{"_id": "d1", "text": "a"}, {"_id": "d2", "text": "b"}],
+            [{"_id": "q1", "text": "x"}, {"_id": "q2", "text": "y"}, {"_id": "q3", "text": "z"}],
+            [("q1", "d1", 1), ("q2", "d1", 1), ("q3", "d2", 1)],
+        )
+    )
     dev, test = split_queries(task, 0.5, seed=0)
     assert {tuple(dev.query_ids), tuple(test.query_ids)} == {("q1", "q2"), ("q3",)}  # q1, q2 share d1
     assert subset_queries(task, ["q3"], "only").qrels["test"] == {"q3": {"d2": 1}}
@@ -115,7 +141,8 @@ def test_subset_and_split_errors(tmp_path):
         subset_queries(task, ["q9"], "x")
     with pytest.raises(ValueError, match="dev_fraction"):
         split_queries(task, 1.0)
-    one = load_task(make_task(tmp_path / "one", [{"_id": "d1", "text": "a"}], [{"_id": "q1", "text": "x"}],
-                              [("q1", "d1", 1)]))
+    one = load_task(
+        make_task(tmp_path / "one", [{"_id": "d1", "text": "a"}], [{"_id": "q1", "text": "x"}], [("q1", "d1", 1)])
+    )
     with pytest.raises(ValueError, match="cannot be split"):
         split_queries(one)

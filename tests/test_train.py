@@ -16,7 +16,9 @@ import yaml
 from test_data_support import task_rows, write_rows
 
 REPO = Path(__file__).resolve().parents[1]
-CONFIGS = sorted(p for p in (REPO / "configs").glob("*.yaml"))  # training recipes; sweeps, synth and rerank have their own tests
+CONFIGS = sorted(
+    p for p in (REPO / "configs").glob("*.yaml")
+)  # training recipes; sweeps, synth and rerank have their own tests
 ABLATIONS = sorted((REPO / "configs" / "ablations").glob("*.yaml"))  # stacked on the recipe their name starts with
 
 
@@ -52,7 +54,9 @@ def _files(cfg) -> list[str]:
 @pytest.mark.parametrize("config", [*CONFIGS, *ABLATIONS], ids=lambda p: p.name)
 def test_every_config_loads_against_the_code(config):
     text = config.read_text()
-    assert text.startswith("#") and ("train.py fit --config" in text.split("\n\n")[0] or "make " in text.splitlines()[0])
+    assert text.startswith("#") and (
+        "train.py fit --config" in text.split("\n\n")[0] or "make " in text.splitlines()[0]
+    )
     stack = ["--config", str(config)]
     if config in ABLATIONS:  # an ablation is a recipe stacked on the one its name starts with
         [base] = [c for c in CONFIGS if config.name.startswith(c.stem + "-")]
@@ -75,19 +79,40 @@ def _write_config(folder: Path, rows: Path, backbone: str, max_steps: int, **ext
     cfg = {
         "seed_everything": 0,
         "trainer": {
-            "accelerator": "cpu", "devices": 1, "max_steps": max_steps, "deterministic": True,
-            "default_root_dir": str(folder), "enable_progress_bar": False, "enable_model_summary": False,
+            "accelerator": "cpu",
+            "devices": 1,
+            "max_steps": max_steps,
+            "deterministic": True,
+            "default_root_dir": str(folder),
+            "enable_progress_bar": False,
+            "enable_model_summary": False,
             "log_every_n_steps": 1,
             "logger": {"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": str(folder)}},
-            "callbacks": [{"class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
-                           "init_args": {"dirpath": str(folder / "ckpt"), "save_last": True,
-                                         "every_n_train_steps": 1, "save_top_k": -1}}],
+            "callbacks": [
+                {
+                    "class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
+                    "init_args": {
+                        "dirpath": str(folder / "ckpt"),
+                        "save_last": True,
+                        "every_n_train_steps": 1,
+                        "save_top_k": -1,
+                    },
+                }
+            ],
         },
         "model": {
-            "encoder": {"class_path": "obliq.model.BiEncoder",
-                        "init_args": {"backbone": backbone, "lora": {"r": 4, "alpha": 8, "dropout": 0.1},
-                                      "query_max_length": 32, "passage_max_length": 48}},
-            "chunk_size": 2, "lr": 1e-3, "temperature": 0.05,
+            "encoder": {
+                "class_path": "obliq.model.BiEncoder",
+                "init_args": {
+                    "backbone": backbone,
+                    "lora": {"r": 4, "alpha": 8, "dropout": 0.1},
+                    "query_max_length": 32,
+                    "passage_max_length": 48,
+                },
+            },
+            "chunk_size": 2,
+            "lr": 1e-3,
+            "temperature": 0.05,
         },
         "data": {"sources": [{"path": str(rows)}], "batch_size": 4, "max_negatives": 2, "num_workers": 0},
     }
@@ -137,8 +162,14 @@ def _column(csv_text: str, name: str) -> list[str]:
 
 def _train(config: Path, *extra: str) -> subprocess.Popen:
     env = dict(os.environ, PYTHONHASHSEED="0", OMP_NUM_THREADS="1")
-    return subprocess.Popen([sys.executable, str(REPO / "train.py"), "fit", "--config", str(config), *extra],
-                            cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, str(REPO / "train.py"), "fit", "--config", str(config), *extra],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 @pytest.mark.slow
@@ -207,7 +238,8 @@ def test_export_round_trip(minilm_path, rows_file, tmp_path):
 
 @pytest.mark.slow
 def test_exported_adapter_has_a_real_card_and_loads_from_another_folder_and_environment(
-        minilm_path, rows_file, tmp_path, monkeypatch):
+    minilm_path, rows_file, tmp_path, monkeypatch
+):
     """The card holds the facts (not peft's template), no file records this machine's paths, and a
     copy of the adapter loads on a machine whose packages live elsewhere (another venv)."""
     import shutil
@@ -224,8 +256,12 @@ def test_exported_adapter_has_a_real_card_and_loads_from_another_folder_and_envi
     cli(["fit", "--config", str(config)])
     ckpt = tmp_path / "ckpt" / "last.ckpt"
     expect = load_checkpoint(ckpt).encode(PROBE, "query")
-    make_task(tmp_path / "tiny", [{"_id": "d1", "text": "primes below twenty"}, {"_id": "d2", "text": "a blue sky"}],
-              [{"_id": "q1", "text": "how many primes"}], [("q1", "d1", 1)])
+    make_task(
+        tmp_path / "tiny",
+        [{"_id": "d1", "text": "primes below twenty"}, {"_id": "d2", "text": "a blue sky"}],
+        [{"_id": "q1", "text": "how many primes"}],
+        [("q1", "d1", 1)],
+    )
     first = export(ckpt, tmp_path / "first")
     evaluate(first["adapter"], [str(tmp_path / "tiny")], tmp_path / "results", measures=["NDCG@10"], latency_queries=0)
     report = export(ckpt, tmp_path / "export", merge=True, results=tmp_path / "results")
@@ -233,8 +269,15 @@ def test_exported_adapter_has_a_real_card_and_loads_from_another_folder_and_envi
     for kind in ("adapter", "merged"):
         card = (tmp_path / "export" / kind / "README.md").read_text()
         assert card.startswith(f"---\nbase_model: {hub_id}\n") and "More Information Needed" not in card
-        for fact in ("r 4, alpha 8, dropout 0.1", "temperature 0.05 (scale 20)", "lr 0.001", "| `rows.jsonl` | 40 | 40 |",
-                     "query `'query: '`, passage `'passage: '`", "mean over non-padding tokens", "| tiny | 1 | 1.0000 |"):
+        for fact in (
+            "r 4, alpha 8, dropout 0.1",
+            "temperature 0.05 (scale 20)",
+            "lr 0.001",
+            "| `rows.jsonl` | 40 | 40 |",
+            "query `'query: '`, passage `'passage: '`",
+            "mean over non-padding tokens",
+            "| tiny | 1 | 1.0000 |",
+        ):
             assert fact in card, (kind, fact)
     assert "PeftModel.from_pretrained" in (adapter / "README.md").read_text()
     assert "encode_query" in (tmp_path / "export" / "merged" / "README.md").read_text()
@@ -259,7 +302,7 @@ def test_wandb_sweep_command_line_parses():
     assert sweep["program"] == "train.py"
     args = [f"--{name}={spec['values'][0]}" for name, spec in sweep["parameters"].items()]
     command = [a for c in sweep["command"] for a in (args if c == "${args}" else [c])]
-    argv = command[command.index("fit") + 1:]
+    argv = command[command.index("fit") + 1 :]
     cfg = _parser().parse_args([a.replace("configs/", str(REPO / "configs") + "/") for a in argv])
     assert cfg.model.lr == sweep["parameters"]["model.lr"]["values"][0]
     assert cfg.model.temperature == sweep["parameters"]["model.temperature"]["values"][0]
@@ -288,8 +331,13 @@ def test_a_sweep_trial_logs_the_sweeps_metric_on_development_queries(tmp_path):
     sweep = yaml.safe_load((REPO / "configs" / "sweeps" / "quickstart-lr-temperature.yaml").read_text())
     metric = sweep["metric"]["name"]
     args = [f"--{name}={spec['values'][0]}" for name, spec in sweep["parameters"].items()]
-    fill = {"${env}": [], "${interpreter}": [sys.executable], "${program}": [str(REPO / sweep["program"])],
-            "${args}": args + ["--trainer.max_steps=2"], "configs/quickstart.yaml": [str(recipe)]}  # 2 steps: fast
+    fill = {
+        "${env}": [],
+        "${interpreter}": [sys.executable],
+        "${program}": [str(REPO / sweep["program"])],
+        "${args}": args + ["--trainer.max_steps=2"],
+        "configs/quickstart.yaml": [str(recipe)],
+    }  # 2 steps: fast
     command = [a for c in sweep["command"] for a in fill.get(c, [c])]
     env = dict(os.environ, WANDB_MODE="offline", WANDB_SILENT="true")
     env.pop("WANDB_API_KEY", None)
@@ -310,7 +358,10 @@ def test_wandb_offline_run_holds_metrics_and_a_resume_continues_it(tiny_llama_di
 
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
     monkeypatch.setenv("WANDB_MODE", "offline")
-    logger = {"class_path": "obliq.callbacks.WandbLogger", "init_args": {"project": "obliq-test", "save_dir": str(tmp_path)}}
+    logger = {
+        "class_path": "obliq.callbacks.WandbLogger",
+        "init_args": {"project": "obliq-test", "save_dir": str(tmp_path)},
+    }
     config = _write_config(tmp_path, rows_file, tiny_llama_dir, max_steps=3)
     cfg = yaml.safe_load(config.read_text())
     cfg["trainer"]["logger"] = logger
@@ -352,8 +403,12 @@ def test_dose_sweep_trains_each_dose_and_writes_table_and_plot(tiny_llama_dir, t
     result = dose_sweep(config, [0, 8], [str(tasks_dir / "math-theoremqa")], out=tmp_path / "sweep")
     assert result["doses"] == [0, 8] and len(result["ndcg@10"]["math-theoremqa"]) == 2
     [written] = (tmp_path / "sweep" / "dose-8").rglob("config.yaml")  # saved by the run (LoggedConfig)
-    assert yaml.safe_load(written.read_text())["data"]["sources"][-1] == {"name": "knn", "path": str(knn), "count": 8,
-                                                                          "weight": None}
+    assert yaml.safe_load(written.read_text())["data"]["sources"][-1] == {
+        "name": "knn",
+        "path": str(knn),
+        "count": 8,
+        "weight": None,
+    }
     [written] = (tmp_path / "sweep" / "dose-0").rglob("config.yaml")
     assert len(yaml.safe_load(written.read_text())["data"]["sources"]) == 1
     assert (tmp_path / "sweep" / "dose-8" / "version_0" / "ckpt").is_dir()  # outputs follow --run_dir per dose
@@ -366,16 +421,21 @@ def test_dose_sweep_trains_each_dose_and_writes_table_and_plot(tiny_llama_dir, t
 
 @pytest.mark.slow
 @pytest.mark.distributed
-def test_fsdp2_on_two_cpu_processes_matches_ddp_saves_the_whole_adapter_and_resumes(tiny_llama_dir, rows_file, tmp_path):
+def test_fsdp2_on_two_cpu_processes_matches_ddp_saves_the_whole_adapter_and_resumes(
+    tiny_llama_dir, rows_file, tmp_path
+):
     """The sharded path (Lightning's ModelParallelStrategy + FSDP2 ``fully_shard``, 2 gloo processes):
     the same adapter as DDP after 4 steps; each checkpoint holds every LoRA weight at full shape
     (gathered from both ranks, not rank 0's slice); a resume from step 2 ends bit-identical.
     Rows carry 0-6 negatives (at most 2 used), so at some steps the ranks hold different numbers of
     documents, hence of GradCache chunks: FSDP needs the same passes on both (idle passes pad)."""
     fsdp = {"class_path": "obliq.model.sharding.LoraModelParallelStrategy"}
-    runs = {name: _write_config(tmp_path / name, rows_file, tiny_llama_dir, max_steps=4, trainer__devices=2,
-                                trainer__strategy=strategy)
-            for name, strategy in [("ddp", "ddp"), ("fsdp", fsdp), ("resumed", fsdp)]}
+    runs = {
+        name: _write_config(
+            tmp_path / name, rows_file, tiny_llama_dir, max_steps=4, trainer__devices=2, trainer__strategy=strategy
+        )
+        for name, strategy in [("ddp", "ddp"), ("fsdp", fsdp), ("resumed", fsdp)]
+    }
     for name in ("ddp", "fsdp"):
         run = _train(runs[name])
         assert run.wait(timeout=600) == 0, run.stderr.read()
@@ -438,7 +498,14 @@ def test_bad_training_rows_fail_before_the_backbone_loads(tmp_path):
     from obliq.trainer import cli
 
     rows = tmp_path / "rows.jsonl"
-    good = {"id": "a", "task": "t", "source": "public", "query": "q", "positive": {"id": "d", "text": "t"}, "negatives": []}
+    good = {
+        "id": "a",
+        "task": "t",
+        "source": "public",
+        "query": "q",
+        "positive": {"id": "d", "text": "t"},
+        "negatives": [],
+    }
     rows.write_text(json.dumps(good) + "\n" + json.dumps(dict(good, id="b", query="")) + "\n")
     config = _write_config(tmp_path, rows, str(tmp_path / "no-such-backbone"), max_steps=1)
     with pytest.raises(ValueError, match=r"rows\.jsonl:2:"):

@@ -16,10 +16,10 @@ from test_train import _column, _write_config
 
 from obliq.cli import main as obliq_main
 
-EVIL = '''import pathlib
+EVIL = """import pathlib
 pathlib.Path(__file__).with_name("RAN").write_text("code from a model folder ran")
 from transformers import LlamaConfig as EvilConfig
-'''
+"""
 
 
 def _evil_backbone(folder: Path, tiny_llama_dir: str) -> Path:
@@ -51,6 +51,7 @@ def trained(tiny_llama_dir, rows_file, tmp_path_factory) -> Path:
 
 # --- 1. a checkpoint cannot make obliq run code -------------------------------------------------
 
+
 @pytest.mark.slow
 def test_a_crafted_checkpoint_runs_no_code_on_export_or_resume(trained, tiny_llama_dir, rows_file, tmp_path):
     from obliq.export import export
@@ -60,8 +61,10 @@ def test_a_crafted_checkpoint_runs_no_code_on_export_or_resume(trained, tiny_lla
     evil = _evil_backbone(tmp_path / "evil-model", tiny_llama_dir)
     ckpt = torch.load(trained / "ckpt" / "last.ckpt", weights_only=False)
     ckpt["obliq"]["encoder"].update(backbone=str(evil), trust_remote_code=True)
-    ckpt["hyper_parameters"]["encoder"] = {"class_path": "obliq.model.BiEncoder",
-                                           "init_args": {"backbone": str(evil), "trust_remote_code": True}}
+    ckpt["hyper_parameters"]["encoder"] = {
+        "class_path": "obliq.model.BiEncoder",
+        "init_args": {"backbone": str(evil), "trust_remote_code": True},
+    }
     crafted = tmp_path / "crafted.ckpt"
     torch.save(ckpt, crafted)
 
@@ -69,12 +72,20 @@ def test_a_crafted_checkpoint_runs_no_code_on_export_or_resume(trained, tiny_lla
         export(crafted, tmp_path / "out", backbone=tiny_llama_dir)
     load_checkpoint(crafted)  # the checkpoint's own backbone: loaded without trust_remote_code, its code unused
     with pytest.raises(ValueError, match="cannot resume with another model: model.encoder.init_args.backbone"):
-        cli(["fit", "--config", str(_write_config(tmp_path / "resume", rows_file, tiny_llama_dir, max_steps=4)),
-             "--ckpt_path", str(crafted)])
+        cli(
+            [
+                "fit",
+                "--config",
+                str(_write_config(tmp_path / "resume", rows_file, tiny_llama_dir, max_steps=4)),
+                "--ckpt_path",
+                str(crafted),
+            ]
+        )
     assert not (evil / "RAN").exists()  # no code of the model folder ran
 
 
 # --- 2. a resume never silently ignores what the user asked -------------------------------------
+
 
 @pytest.mark.slow
 def test_a_resume_applies_a_new_lr_and_refuses_a_new_prefix(trained, tiny_llama_dir, rows_file, tmp_path, caplog):
@@ -91,11 +102,21 @@ def test_a_resume_applies_a_new_lr_and_refuses_a_new_prefix(trained, tiny_llama_
     lrs = [float(x) for x in _column(second, "train/lr")][-2:]
     assert lrs == pytest.approx([5e-4 * 2 / 4, 5e-4 * 1 / 4])  # steps 3 and 4 of the 5-step schedule, new peak
     with pytest.raises(ValueError, match=r"query_prefix: 'query: ' in the checkpoint, '' now"):
-        cli(["fit", "--config", str(config), "--model.encoder.init_args.query_prefix=", "--trainer.max_steps=6",
-             "--ckpt_path", str(folder / "ckpt" / "last.ckpt")])
+        cli(
+            [
+                "fit",
+                "--config",
+                str(config),
+                "--model.encoder.init_args.query_prefix=",
+                "--trainer.max_steps=6",
+                "--ckpt_path",
+                str(folder / "ckpt" / "last.ckpt"),
+            ]
+        )
 
 
 # --- 3. nothing is overwritten without being asked -----------------------------------------------
+
 
 @pytest.mark.slow
 def test_each_run_of_a_recipe_gets_its_own_folder_and_last_finds_the_newest(tiny_llama_dir, rows_file, tmp_path):
@@ -124,10 +145,22 @@ def test_a_sweep_trial_gets_a_folder_named_by_its_wandb_run(tmp_path, monkeypatc
 
 
 def test_evaluate_refuses_to_write_over_earlier_results_unless_asked(tmp_path, capsys):
-    task = make_task(tmp_path / "t", [{"_id": "d1", "text": "apple pie"}], [{"_id": "q1", "text": "apple"}],
-                     [("q1", "d1", 1)])
-    args = ["evaluate", "--model", "bm25", "--tasks", str(task), "--output", str(tmp_path / "out"),
-            "--measures", "[NDCG@10]", "--latency_queries", "0"]
+    task = make_task(
+        tmp_path / "t", [{"_id": "d1", "text": "apple pie"}], [{"_id": "q1", "text": "apple"}], [("q1", "d1", 1)]
+    )
+    args = [
+        "evaluate",
+        "--model",
+        "bm25",
+        "--tasks",
+        str(task),
+        "--output",
+        str(tmp_path / "out"),
+        "--measures",
+        "[NDCG@10]",
+        "--latency_queries",
+        "0",
+    ]
     obliq_main(args)
     before = (tmp_path / "out" / "t" / "summary.json").read_text()
     with pytest.raises(SystemExit) as stop:
@@ -144,15 +177,29 @@ def test_an_output_that_is_an_input_is_always_refused(tmp_path, tasks_dir):
     from obliq.synth.commands import generate
     from obliq.synth.prompts import TaskSpec
 
-    task = make_task(tmp_path / "t", [{"_id": f"d{i}", "text": f"text number {i} about apples"} for i in range(8)],
-                     [{"_id": "q1", "text": "apple"}], [("q1", "d1", 1)])
+    task = make_task(
+        tmp_path / "t",
+        [{"_id": f"d{i}", "text": f"text number {i} about apples"} for i in range(8)],
+        [{"_id": "q1", "text": "apple"}],
+        [("q1", "d1", 1)],
+    )
     graph(task, tmp_path / "graph.json", k=2)
     for out in (task / "corpus.jsonl", tmp_path / "graph.json"):
         with pytest.raises(ValueError, match="is the input"):
             pairs(task, tmp_path / "graph.json", out, overwrite=True)
-    rows = write_rows(tmp_path / "rows.jsonl", [{"id": "r1", "task": "t", "source": "public", "query": "apple",
-                                                 "positive": {"id": "d1", "text": "text number 1 about apples"},
-                                                 "negatives": []}])
+    rows = write_rows(
+        tmp_path / "rows.jsonl",
+        [
+            {
+                "id": "r1",
+                "task": "t",
+                "source": "public",
+                "query": "apple",
+                "positive": {"id": "d1", "text": "text number 1 about apples"},
+                "negatives": [],
+            }
+        ],
+    )
     with pytest.raises(ValueError, match="is the input"):
         mine(rows, task, rows, overwrite=True)
     (tmp_path / "link.jsonl").symlink_to(task / "queries.jsonl")
@@ -172,8 +219,14 @@ def test_an_output_that_is_an_input_is_always_refused(tmp_path, tasks_dir):
 def test_synth_resume_keeps_a_complete_last_line_and_cuts_a_partial_one(tmp_path):
     from obliq.synth.generate import read_done
 
-    row = {"id": "synth:t:d1", "task": "t", "source": "synthetic", "query": "q", "positive": {"id": "d1", "text": "x"},
-           "negatives": []}
+    row = {
+        "id": "synth:t:d1",
+        "task": "t",
+        "source": "synthetic",
+        "query": "q",
+        "positive": {"id": "d1", "text": "x"},
+        "negatives": [],
+    }
     out = tmp_path / "rows.jsonl"
     out.write_text(json.dumps(row) + "\n" + json.dumps(dict(row, id="synth:t:d2", positive={"id": "d2", "text": "y"})))
     assert read_done(out, "t") == ({"d1", "d2"}, False)  # complete but for its newline: kept
@@ -184,6 +237,7 @@ def test_synth_resume_keeps_a_complete_last_line_and_cuts_a_partial_one(tmp_path
 
 
 # --- 4. inputs checked against each other ----------------------------------------------------------
+
 
 def test_rows_runs_and_tasks_of_another_task_are_refused(tmp_path, tasks_dir):
     from obliq.eval.retrieval import retrieve_run_file
@@ -212,14 +266,29 @@ def test_rows_runs_and_tasks_of_another_task_are_refused(tmp_path, tasks_dir):
 
 # --- 5. names from files -------------------------------------------------------------------------
 
+
 def test_a_task_name_never_leaves_the_output_folder(tmp_path):
-    task = make_task(tmp_path / "t", [{"_id": "d1", "text": "apple pie"}], [{"_id": "q1", "text": "apple"}],
-                     [("q1", "d1", 1)])
+    task = make_task(
+        tmp_path / "t", [{"_id": "d1", "text": "apple pie"}], [{"_id": "q1", "text": "apple"}], [("q1", "d1", 1)]
+    )
     for name, folder in (("../../escaped", "escaped"), ("a/b", "a_b")):
         (task / "task.json").write_text(json.dumps({"name": name}))
         out = tmp_path / f"out-{folder}"
-        obliq_main(["evaluate", "--model", "bm25", "--tasks", str(task), "--output", str(out), "--measures", "[NDCG@10]",
-                    "--latency_queries", "0"])
+        obliq_main(
+            [
+                "evaluate",
+                "--model",
+                "bm25",
+                "--tasks",
+                str(task),
+                "--output",
+                str(out),
+                "--measures",
+                "[NDCG@10]",
+                "--latency_queries",
+                "0",
+            ]
+        )
         assert (out / folder / "summary.json").is_file()
         assert all(p.parent.parent.name.startswith("out-") for p in tmp_path.rglob("summary.json"))
     from obliq.evaluate import evaluate
@@ -231,32 +300,63 @@ def test_a_task_name_never_leaves_the_output_folder(tmp_path):
 
 # --- 6. errors name the file ----------------------------------------------------------------------
 
+
 def test_bad_files_are_one_line_errors_naming_them(tmp_path, capsys):
     import pickle
 
     cases = []
     pickled = tmp_path / "pickled.ckpt"
     pickled.write_bytes(pickle.dumps({"obliq": object()}))
-    cases.append((["export", "--checkpoint", str(pickled), "--out", str(tmp_path / "e")], "pickled.ckpt: not a readable"))
+    cases.append(
+        (["export", "--checkpoint", str(pickled), "--out", str(tmp_path / "e")], "pickled.ckpt: not a readable")
+    )
     whole = tmp_path / "whole.ckpt"
     torch.save({"obliq": {}, "state_dict": {"w": torch.zeros(4096)}}, whole)
     (tmp_path / "cut.ckpt").write_bytes(whole.read_bytes()[:5000])  # a copy that stopped halfway
     (tmp_path / "text.ckpt").write_text("not a checkpoint\n")
     for name in ("cut.ckpt", "text.ckpt"):
-        cases.append((["export", "--checkpoint", str(tmp_path / name), "--out", str(tmp_path / "e")],
-                      f"{name}: not a readable checkpoint"))
-    task = make_task(tmp_path / "t", [{"_id": "d1", "text": "apple pie"}], [{"_id": "q1", "text": "apple"}],
-                     [("q1", "d1", 1)])
+        cases.append(
+            (
+                ["export", "--checkpoint", str(tmp_path / name), "--out", str(tmp_path / "e")],
+                f"{name}: not a readable checkpoint",
+            )
+        )
+    task = make_task(
+        tmp_path / "t", [{"_id": "d1", "text": "apple pie"}], [{"_id": "q1", "text": "apple"}], [("q1", "d1", 1)]
+    )
     (task / "task.json").write_text("{name: t")
-    cases.append((["evaluate", "--model", "bm25", "--tasks", str(task), "--output", str(tmp_path / "o")],
-                  "task.json: not valid JSON"))
-    big = make_task(tmp_path / "big", [{"_id": "d1", "text": "apple pie"}], [{"_id": "q1", "text": "apple"}],
-                    [("q1", "d1", 1)])
+    cases.append(
+        (
+            ["evaluate", "--model", "bm25", "--tasks", str(task), "--output", str(tmp_path / "o")],
+            "task.json: not valid JSON",
+        )
+    )
+    big = make_task(
+        tmp_path / "big", [{"_id": "d1", "text": "apple pie"}], [{"_id": "q1", "text": "apple"}], [("q1", "d1", 1)]
+    )
     (big / "qrels" / "test.tsv").write_text("q1\td1\t99999999999\n")
-    cases.append((["evaluate", "--model", "bm25", "--tasks", str(big), "--output", str(tmp_path / "b")],
-                  "outside trec_eval's integer range"))
-    cases.append((["audit", "--task", str(big), "--output", str(tmp_path / "a"), "--groups", "[[x, y]]",
-                   "--confidence", "1.5"], "confidence must lie strictly between 0 and 1"))
+    cases.append(
+        (
+            ["evaluate", "--model", "bm25", "--tasks", str(big), "--output", str(tmp_path / "b")],
+            "outside trec_eval's integer range",
+        )
+    )
+    cases.append(
+        (
+            [
+                "audit",
+                "--task",
+                str(big),
+                "--output",
+                str(tmp_path / "a"),
+                "--groups",
+                "[[x, y]]",
+                "--confidence",
+                "1.5",
+            ],
+            "confidence must lie strictly between 0 and 1",
+        )
+    )
     for argv, message in cases:
         with pytest.raises(SystemExit) as stop:
             obliq_main(argv)
@@ -268,8 +368,14 @@ def test_a_corrupt_embedding_cache_is_named_discarded_and_rebuilt(tmp_path, capl
     from obliq.eval.retrieval import RetrievalSettings, corpus_cache_file, make_retriever
     from obliq.tasks import load_task
 
-    task = load_task(make_task(tmp_path / "t", [{"_id": "d1", "text": "apple pie"}, {"_id": "d2", "text": "sky"}],
-                               [{"_id": "q1", "text": "apple"}], [("q1", "d1", 1)]))
+    task = load_task(
+        make_task(
+            tmp_path / "t",
+            [{"_id": "d1", "text": "apple pie"}, {"_id": "d2", "text": "sky"}],
+            [{"_id": "q1", "text": "apple"}],
+            [("q1", "d1", 1)],
+        )
+    )
     settings = RetrievalSettings(cache_dir=tmp_path / "cache")
     first = make_retriever("minilm", settings)(task)
     [cache] = (tmp_path / "cache").glob("*.npy")

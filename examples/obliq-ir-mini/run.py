@@ -48,8 +48,11 @@ SHARDS = 2
 """Generation shards run side by side, one CPU thread each (configs/synth/*.yaml ``backend.threads: 1``): both cores."""
 SYSTEMS = ("BM25", "MiniLM (base)", "mixture", "kNN only", "synthetic only")
 """The table's rows, in order (the paper's Table 1 lists baselines first, then its models)."""
-RUNS = {"mixture": None, "kNN only": Path("configs/ablations/obliq-ir-mini-knn-only.yaml"),
-        "synthetic only": Path("configs/ablations/obliq-ir-mini-synthetic-only.yaml")}
+RUNS = {
+    "mixture": None,
+    "kNN only": Path("configs/ablations/obliq-ir-mini-knn-only.yaml"),
+    "synthetic only": Path("configs/ablations/obliq-ir-mini-synthetic-only.yaml"),
+}
 """training run → the ablation recipe stacked on the recipe (None: the recipe's mixture)."""
 
 
@@ -145,48 +148,163 @@ def stages(docs: int, data: Path, recipe: Path = RECIPE, overwrite: bool = False
     synthetic = source_path(recipe, "synthetic").parent  # the recipe reads <this folder>/*.jsonl
     out: list[Stage] = []
     for t in TASKS:
-        out.append(Stage(f"split-{t}", [obliq("task", "split", "--task", str(data / t), "--out", str(tasks / t),
-                                              "--dev_fraction", "0.5", "--seed", "0", *over)],
-                         inputs=[data / t / "queries.jsonl", data / t / "qrels" / "test.tsv"],
-                         outputs=[tasks / t / "task.json"]))
+        out.append(
+            Stage(
+                f"split-{t}",
+                [
+                    obliq(
+                        "task",
+                        "split",
+                        "--task",
+                        str(data / t),
+                        "--out",
+                        str(tasks / t),
+                        "--dev_fraction",
+                        "0.5",
+                        "--seed",
+                        "0",
+                        *over,
+                    )
+                ],
+                inputs=[data / t / "queries.jsonl", data / t / "qrels" / "test.tsv"],
+                outputs=[tasks / t / "task.json"],
+            )
+        )
     for t in TASKS:
         generated = synth / f"{t}.jsonl"
         shards = [generated.with_name(f"{t}.shard-{i}-of-{SHARDS}.jsonl") for i in range(SHARDS)]
-        generate = [obliq("synth", "generate", "--config", f"configs/synth/{t}.yaml", "--task", str(tasks / t),
-                          "--out", str(generated), "--n_docs", str(docs), "--shard.index", str(i),
-                          "--shard.count", str(SHARDS)) for i in range(SHARDS)]
+        generate = [
+            obliq(
+                "synth",
+                "generate",
+                "--config",
+                f"configs/synth/{t}.yaml",
+                "--task",
+                str(tasks / t),
+                "--out",
+                str(generated),
+                "--n_docs",
+                str(docs),
+                "--shard.index",
+                str(i),
+                "--shard.count",
+                str(SHARDS),
+            )
+            for i in range(SHARDS)
+        ]
         merge = obliq("synth", "merge", "--shards", *map(str, shards), "--out", str(generated), *over)
-        out.append(Stage(f"synth-{t}", [merge], parallel=generate, outputs=[generated],
-                         complete=lambda g=generated, s=shards: g.is_file() and all(synth_complete(x, docs) for x in s)
-                         and all(g.stat().st_mtime >= x.stat().st_mtime for x in s)))
-        out.append(Stage(f"audit-{t}", [obliq("synth", "audit", "--rows", str(generated), "--task", str(tasks / t))],
-                         inputs=[generated], outputs=[ROOT / "audit" / f"{t}.txt"], stdout=ROOT / "audit" / f"{t}.txt"))
-        mine = obliq("negatives", "mine", "--rows", str(generated), "--task", str(tasks / t),
-                     "--out", str(synthetic / f"{t}.jsonl"), "--k", "4", *over)
+        out.append(
+            Stage(
+                f"synth-{t}",
+                [merge],
+                parallel=generate,
+                outputs=[generated],
+                complete=lambda g=generated, s=shards: (
+                    g.is_file()
+                    and all(synth_complete(x, docs) for x in s)
+                    and all(g.stat().st_mtime >= x.stat().st_mtime for x in s)
+                ),
+            )
+        )
+        out.append(
+            Stage(
+                f"audit-{t}",
+                [obliq("synth", "audit", "--rows", str(generated), "--task", str(tasks / t))],
+                inputs=[generated],
+                outputs=[ROOT / "audit" / f"{t}.txt"],
+                stdout=ROOT / "audit" / f"{t}.txt",
+            )
+        )
+        mine = obliq(
+            "negatives",
+            "mine",
+            "--rows",
+            str(generated),
+            "--task",
+            str(tasks / t),
+            "--out",
+            str(synthetic / f"{t}.jsonl"),
+            "--k",
+            "4",
+            *over,
+        )
         out.append(Stage(f"negatives-{t}", [mine], inputs=[generated], outputs=[synthetic / f"{t}.jsonl"]))
     graph, knn = ROOT / "knn" / "graph.json", source_path(recipe, "knn")
-    out.append(Stage("knn", [obliq("distill", "graph", "--task", str(tasks / KNN_TASK), "--teacher", "stylometric",
-                                   "--k", "3", "--out", str(graph), *over),
-                             obliq("distill", "pairs", "--task", str(tasks / KNN_TASK), "--graph", str(graph),
-                                   "--out", str(knn), *over)],
-                     inputs=[tasks / KNN_TASK / "task.json"], outputs=[graph, knn]))
+    out.append(
+        Stage(
+            "knn",
+            [
+                obliq(
+                    "distill",
+                    "graph",
+                    "--task",
+                    str(tasks / KNN_TASK),
+                    "--teacher",
+                    "stylometric",
+                    "--k",
+                    "3",
+                    "--out",
+                    str(graph),
+                    *over,
+                ),
+                obliq(
+                    "distill", "pairs", "--task", str(tasks / KNN_TASK), "--graph", str(graph), "--out", str(knn), *over
+                ),
+            ],
+            inputs=[tasks / KNN_TASK / "task.json"],
+            outputs=[graph, knn],
+        )
+    )
     all_rows = [synthetic / f"{t}.jsonl" for t in TASKS] + [knn]
     for name, ablation in RUNS.items():
-        fit = [sys.executable, "train.py", "fit", "--config", str(recipe)] + (["--config", str(ablation)] if ablation else [])
-        out.append(Stage(f"train-{slug(name)}", [fit], inputs=[recipe, *([ablation] if ablation else []), *all_rows],
-                         outputs=[run_dir(recipe, ablation) / "model" / "adapter" / "obliq_encoder.json"]))
-    models = {"BM25": "bm25", "MiniLM (base)": "minilm",
-              **{n: str(run_dir(recipe, a) / "model" / "adapter") for n, a in RUNS.items()}}
+        fit = [sys.executable, "train.py", "fit", "--config", str(recipe)] + (
+            ["--config", str(ablation)] if ablation else []
+        )
+        out.append(
+            Stage(
+                f"train-{slug(name)}",
+                [fit],
+                inputs=[recipe, *([ablation] if ablation else []), *all_rows],
+                outputs=[run_dir(recipe, ablation) / "model" / "adapter" / "obliq_encoder.json"],
+            )
+        )
+    models = {
+        "BM25": "bm25",
+        "MiniLM (base)": "minilm",
+        **{n: str(run_dir(recipe, a) / "model" / "adapter") for n, a in RUNS.items()},
+    }
     for name, model in models.items():
         folder = ROOT / "eval" / slug(name)
-        command = obliq("evaluate", "--model", model, "--tasks", *(str(tasks / t) for t in TASKS),
-                        "--output", str(folder), "--latency_queries", "0", "--retrieval.batch_size", "64")
-        out.append(Stage(f"eval-{slug(name)}", [command],
-                         inputs=[tasks / t / "task.json" for t in TASKS]
-                         + ([] if name in ("BM25", "MiniLM (base)") else [Path(model) / "obliq_encoder.json"]),
-                         outputs=[folder / "results.md"]))
-    out.append(Stage("report", inputs=[ROOT / "eval" / slug(s) / "results.md" for s in SYSTEMS],
-                     outputs=[ROOT / "report.md", ROOT / "curves.png"], run=lambda: report(ROOT, recipe)))
+        command = obliq(
+            "evaluate",
+            "--model",
+            model,
+            "--tasks",
+            *(str(tasks / t) for t in TASKS),
+            "--output",
+            str(folder),
+            "--latency_queries",
+            "0",
+            "--retrieval.batch_size",
+            "64",
+        )
+        out.append(
+            Stage(
+                f"eval-{slug(name)}",
+                [command],
+                inputs=[tasks / t / "task.json" for t in TASKS]
+                + ([] if name in ("BM25", "MiniLM (base)") else [Path(model) / "obliq_encoder.json"]),
+                outputs=[folder / "results.md"],
+            )
+        )
+    out.append(
+        Stage(
+            "report",
+            inputs=[ROOT / "eval" / slug(s) / "results.md" for s in SYSTEMS],
+            outputs=[ROOT / "report.md", ROOT / "curves.png"],
+            run=lambda: report(ROOT, recipe),
+        )
+    )
     return out
 
 
@@ -247,16 +365,28 @@ def _train(fit: list[str]) -> None:
     if run is None or checkpoint_info(run.newest).step < config["trainer"]["max_steps"]:
         _call(fit + (["--ckpt_path", "last"] if run is not None else []), env=TRAIN_THREADS)
         run = latest_run(config["run_dir"])
-    _call(obliq("export", "--checkpoint", str(run.newest), "--out", str(Path(config["run_dir"]) / "model"),
-                "--overwrite", "true"))
+    _call(
+        obliq(
+            "export",
+            "--checkpoint",
+            str(run.newest),
+            "--out",
+            str(Path(config["run_dir"]) / "model"),
+            "--overwrite",
+            "true",
+        )
+    )
 
 
 def carried(knn_only: dict, synthetic_only: dict, alpha: float = 0.05) -> str:
     """Which source carried a task's gain over the base model, from the two single-source comparisons
     (a report's comparisons, trained − base): a source carried it when its model alone is better than
     base with p < ``alpha`` and a 95% interval above 0."""
-    won = [name for name, c in (("kNN pairs", knn_only), ("synthetic queries", synthetic_only))
-           if c["diff"] > 0 and c["ci_low"] > 0 and c["p_value"] < alpha]
+    won = [
+        name
+        for name, c in (("kNN pairs", knn_only), ("synthetic queries", synthetic_only))
+        if c["diff"] > 0 and c["ci_low"] > 0 and c["p_value"] < alpha
+    ]
     return " and ".join(won) if won else "neither (no single-source model is significantly above base)"
 
 
@@ -276,24 +406,38 @@ def report(root: Path = ROOT, recipe: Path = RECIPE) -> dict:
     from obliq.files import write_text
 
     folders = {s: root / "eval" / slug(s) for s in SYSTEMS}
-    missing = [s for s in ("BM25", "MiniLM (base)") if not all((folders[s] / t / "summary.json").is_file() for t in TASKS)]
+    missing = [
+        s for s in ("BM25", "MiniLM (base)") if not all((folders[s] / t / "summary.json").is_file() for t in TASKS)
+    ]
     if missing:
         raise ValueError(f"{root}/eval: BM25 and the base model must be evaluated first ({', '.join(missing)} is not)")
-    pairs = [(b, a) for b, a in [("mixture", "MiniLM (base)"), ("kNN only", "MiniLM (base)"),
-                                 ("synthetic only", "MiniLM (base)"), ("mixture", "synthetic only"),
-                                 ("mixture", "kNN only")]]
-    result = systems_report(folders, pairs, tasks=list(TASKS), same_reading=list(SYSTEMS[1:]),
-                            title="# obliq-ir-mini: test queries of the four tasks",
-                            notes=["", "The test side of each task's query split, laid out like the OBLIQ-IR paper's "
-                                   "Table 1."])
+    pairs = [
+        (b, a)
+        for b, a in [
+            ("mixture", "MiniLM (base)"),
+            ("kNN only", "MiniLM (base)"),
+            ("synthetic only", "MiniLM (base)"),
+            ("mixture", "synthetic only"),
+            ("mixture", "kNN only"),
+        ]
+    ]
+    result = systems_report(
+        folders,
+        pairs,
+        tasks=list(TASKS),
+        same_reading=list(SYSTEMS[1:]),
+        title="# obliq-ir-mini: test queries of the four tasks",
+        notes=["", "The test side of each task's query split, laid out like the OBLIQ-IR paper's Table 1."],
+    )
     result["carried"], result["mixture_vs_base"] = {}, {}
     lines = [report_markdown(result).rstrip(), "", "## Verdicts per task", ""]
     for t in TASKS:
         worse = comparison(result, "mixture − MiniLM (base)", t)
         if worse is not None:
             significant = worse["diff"] < 0 and worse["ci_high"] < 0 and worse["p_value"] < 0.05
-            result["mixture_vs_base"][t] = ("significantly WORSE than base" if significant
-                                            else "not significantly worse than base")
+            result["mixture_vs_base"][t] = (
+                "significantly WORSE than base" if significant else "not significantly worse than base"
+            )
             lines.append(f"- {t}: the mixture is {result['mixture_vs_base'][t]}")
         knn, synthetic = (comparison(result, f"{s} − MiniLM (base)", t) for s in ("kNN only", "synthetic only"))
         if knn is not None and synthetic is not None:
@@ -301,15 +445,21 @@ def report(root: Path = ROOT, recipe: Path = RECIPE) -> dict:
             lines.append(f"- {t}: the gain over base was carried by: {result['carried'][t]}")
     curves = _curves(root, recipe)
     result["curves"] = curves
-    lines += ["", "## Dev NDCG@10 during training (the RetrievalEvaluation callback) and the step checkpoints", "",
-              "| run | step | kNN rows seen (expected) | " + " | ".join(TASKS) + " | mean |", "|---|---:|---:|"
-              + "---:|" * (len(TASKS) + 1)]
+    lines += [
+        "",
+        "## Dev NDCG@10 during training (the RetrievalEvaluation callback) and the step checkpoints",
+        "",
+        "| run | step | kNN rows seen (expected) | " + " | ".join(TASKS) + " | mean |",
+        "|---|---:|---:|" + "---:|" * (len(TASKS) + 1),
+    ]
     for run, points in curves.items():
         for p in points:
             mark = " (step checkpoint)" if p["step_checkpoint"] else ""
-            lines.append(f"| {run} | {p['step']}{mark} | {p['knn_rows']:.0f} | "
-                         + " | ".join(f"{p['ndcg'].get(t, float('nan')):.4f}" for t in TASKS)
-                         + f" | {p['ndcg'].get('mean', float('nan')):.4f} |")
+            lines.append(
+                f"| {run} | {p['step']}{mark} | {p['knn_rows']:.0f} | "
+                + " | ".join(f"{p['ndcg'].get(t, float('nan')):.4f}" for t in TASKS)
+                + f" | {p['ndcg'].get('mean', float('nan')):.4f} |"
+            )
     write_systems_report(result, root / "report")
     write_text(root / "report.md", "\n".join(lines) + "\n")
     _plot(curves, root / "curves.png")
@@ -336,8 +486,12 @@ def _curves(root: Path, recipe: Path = RECIPE) -> dict[str, list[dict]]:
         batch, sources = cfg["data"]["batch_size"], cfg["data"]["sources"]
         sizes = [s.get("count") or sum(1 for f in sorted(Path().glob(s["path"])) for _ in f.open()) for s in sources]
         share = sum(n for s, n in zip(sources, sizes) if s.get("name") == "knn") / max(sum(sizes), 1)
-        checkpoint_steps = {s for c in cfg["trainer"]["callbacks"] if c["class_path"].endswith("StepCheckpoints")
-                            for s in c["init_args"]["steps"]}
+        checkpoint_steps = {
+            s
+            for c in cfg["trainer"]["callbacks"]
+            if c["class_path"].endswith("StepCheckpoints")
+            for s in c["init_args"]["steps"]
+        }
         points: dict[int, dict] = {}
         with metrics[-1].open() as f:
             for row in csv.DictReader(f):
@@ -345,8 +499,15 @@ def _curves(root: Path, recipe: Path = RECIPE) -> dict[str, list[dict]]:
                     if key.startswith("eval/") and key.endswith("/NDCG@10") and value not in ("", None):
                         step = int(row["step"])
                         task = key.split("/")[1].removesuffix("-dev")  # the callback's name of a dev side
-                        point = points.setdefault(step, {"step": step, "knn_rows": step * batch * share,
-                                                         "step_checkpoint": step in checkpoint_steps, "ndcg": {}})
+                        point = points.setdefault(
+                            step,
+                            {
+                                "step": step,
+                                "knn_rows": step * batch * share,
+                                "step_checkpoint": step in checkpoint_steps,
+                                "ndcg": {},
+                            },
+                        )
                         point["ndcg"][task] = float(value)
         out[name] = [points[s] for s in sorted(points)]
     return out
@@ -409,15 +570,26 @@ def _lock(stage: Stage) -> Path | None:
 def main(argv: list[str] | None = None) -> None:
     """Run the chain (see the module docstring); ``--help`` lists the settings."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--docs", type=int, default=24, help="documents sampled per task for synthetic queries "
-                        "(the one setting that scales the chain; the synth configs say 100)")
+    parser.add_argument(
+        "--docs",
+        type=int,
+        default=24,
+        help="documents sampled per task for synthetic queries "
+        "(the one setting that scales the chain; the synth configs say 100)",
+    )
     parser.add_argument("--data", type=Path, default=Path("../shared/data/tasks"), help="the shared task folders")
     parser.add_argument("--recipe", type=Path, default=RECIPE, help="the training recipe")
-    parser.add_argument("--overwrite", action="store_true",
-                        help="redo stages whose outputs are older than their inputs")
+    parser.add_argument(
+        "--overwrite", action="store_true", help="redo stages whose outputs are older than their inputs"
+    )
     parser.add_argument("--dry_run", action="store_true", help="print each stage's state and commands, run nothing")
-    parser.add_argument("--only", nargs="+", default=None, help="run only these stages (e.g. from a second shell: "
-                        "the evaluations of BM25 and the base model need no earlier stage but the splits)")
+    parser.add_argument(
+        "--only",
+        nargs="+",
+        default=None,
+        help="run only these stages (e.g. from a second shell: "
+        "the evaluations of BM25 and the base model need no earlier stage but the splits)",
+    )
     args = parser.parse_args(argv)
     if args.docs < 1:
         parser.error("--docs must be >= 1")
@@ -448,13 +620,20 @@ def main(argv: list[str] | None = None) -> None:
         finally:
             lock.unlink()
         timings = json.loads(timings_file.read_text()) if timings_file.is_file() else {}  # another shell's too
-        timings[stage.name] = {"seconds": round(time.perf_counter() - t0, 1), "load_before": round(load, 2),
-                               "load_after": round(os.getloadavg()[0], 2), "docs": args.docs,
-                               "finished": time.strftime("%Y-%m-%dT%H:%M:%S")}
+        timings[stage.name] = {
+            "seconds": round(time.perf_counter() - t0, 1),
+            "load_before": round(load, 2),
+            "load_after": round(os.getloadavg()[0], 2),
+            "docs": args.docs,
+            "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        }
         ROOT.mkdir(parents=True, exist_ok=True)
         timings_file.write_text(json.dumps(timings, indent=2) + "\n")
-        print(f"== {stage.name}: {timings[stage.name]['seconds']} s (load {load:.2f} → "
-              f"{timings[stage.name]['load_after']:.2f})", flush=True)
+        print(
+            f"== {stage.name}: {timings[stage.name]['seconds']} s (load {load:.2f} → "
+            f"{timings[stage.name]['load_after']:.2f})",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

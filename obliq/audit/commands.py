@@ -164,11 +164,17 @@ def audit(
     output.mkdir(parents=True, exist_ok=True)
     stats_kw = dict(resamples=resamples, seed=seed, confidence=confidence)
     report = {
-        "task": loaded.name, "task_path": str(task), "query_attributes": str(attributes.path),
-        "attribute": attributes.attribute, "query_sets": [f"{f}:{s}" for f, s in sets],
-        "n_queries": len(loaded.query_ids), "n_docs": len(loaded.doc_ids),
+        "task": loaded.name,
+        "task_path": str(task),
+        "query_attributes": str(attributes.path),
+        "attribute": attributes.attribute,
+        "query_sets": [f"{f}:{s}" for f, s in sets],
+        "n_queries": len(loaded.query_ids),
+        "n_docs": len(loaded.doc_ids),
         "group_sizes": {g: len(attributes.members(g)) for g in attributes.groups()},
-        "metrics": metrics, "config": config, "models": [],
+        "metrics": metrics,
+        "config": config,
+        "models": [],
         "paired": [{"reference": c[0], "comparison": c[1], "rows": []} for k, c in contrasts if k == "paired"],
         "groups": [{"reference": c[0], "comparison": c[1], "rows": []} for k, c in contrasts if k == "groups"],
     }
@@ -189,15 +195,27 @@ def audit(
         t1 = perf_counter()
         for entry in report["paired"]:
             for m in metrics:
-                row = paired_contrast(values[m], attributes, entry["reference"], entry["comparison"],
-                                      permutations=permutations, **stats_kw)
+                row = paired_contrast(
+                    values[m],
+                    attributes,
+                    entry["reference"],
+                    entry["comparison"],
+                    permutations=permutations,
+                    **stats_kw,
+                )
                 entry["rows"].append({"model": slug, "metric": m, **row})
         for entry in report["groups"]:
             for m in metrics:
                 row = group_contrast(values[m], attributes, entry["reference"], entry["comparison"], **stats_kw)
                 entry["rows"].append({"model": slug, "metric": m, **row})
-        report["models"].append({"name": slug, "model": model, "retrieval_s": round(retrieval_s, 2),
-                                 "statistics_s": round(perf_counter() - t1, 2)})
+        report["models"].append(
+            {
+                "name": slug,
+                "model": model,
+                "retrieval_s": round(retrieval_s, 2),
+                "statistics_s": round(perf_counter() - t1, 2),
+            }
+        )
         log.info("audited %s: retrieval %.1fs, statistics %.1fs", model, retrieval_s, perf_counter() - t1)
 
     report["seconds"] = round(perf_counter() - started, 2)
@@ -214,9 +232,17 @@ def audit(
             for row in entry["rows"]:
                 if row["metric"] in headline:
                     diff = row.get("delta", row.get("gap"))
-                    summary.append({"kind": kind, "contrast": f"{entry['comparison']} - {entry['reference']}",
-                                    "model": row["model"], "metric": row["metric"], "difference": diff,
-                                    "ci": row.get("ci"), "p": headline_p(row),
-                                    **({"wilcoxon_p": row["wilcoxon"]["p_value"]} if "wilcoxon" in row else {})})
+                    summary.append(
+                        {
+                            "kind": kind,
+                            "contrast": f"{entry['comparison']} - {entry['reference']}",
+                            "model": row["model"],
+                            "metric": row["metric"],
+                            "difference": diff,
+                            "ci": row.get("ci"),
+                            "p": headline_p(row),
+                            **({"wilcoxon_p": row["wilcoxon"]["p_value"]} if "wilcoxon" in row else {}),
+                        }
+                    )
     files = [str(output / n) for n in ("audit.json", "audit.md", "audit.png", "config.json")]
     return {"output": str(output), "files": files, "headline": summary}

@@ -46,7 +46,9 @@ def paired_values(values: dict[str, float], attributes: QueryAttributes, referen
     sides: dict[str, dict[str, list]] = {}
     for r in attributes.rows.values():
         if r.group in (reference, comparison):
-            sides.setdefault(r.pair_id, {reference: [], comparison: [], "cluster": r.cluster_id})[r.group].append(r.query_id)
+            sides.setdefault(r.pair_id, {reference: [], comparison: [], "cluster": r.cluster_id})[r.group].append(
+                r.query_id
+            )
     ref, comp, pairs, clusters = [], [], [], []
     dropped = {"no_reference": 0, "no_comparison": 0, "undefined": 0}
     max_variants = 0
@@ -67,8 +69,14 @@ def paired_values(values: dict[str, float], attributes: QueryAttributes, referen
         comp.append(float(np.mean(b)))
         pairs.append(pair)
         clusters.append(side["cluster"])
-    return {"reference": np.array(ref), "comparison": np.array(comp), "pair_ids": pairs, "clusters": clusters,
-            "dropped": dropped, "max_variants": max_variants}
+    return {
+        "reference": np.array(ref),
+        "comparison": np.array(comp),
+        "pair_ids": pairs,
+        "clusters": clusters,
+        "dropped": dropped,
+        "max_variants": max_variants,
+    }
 
 
 def paired_contrast(
@@ -87,7 +95,12 @@ def paired_contrast(
         left, ``n_pairs`` = 0 and no statistics.
     """
     p = paired_values(values, attributes, reference, comparison)
-    head = {"reference": reference, "comparison": comparison, "dropped": p["dropped"], "max_variants": p["max_variants"]}
+    head = {
+        "reference": reference,
+        "comparison": comparison,
+        "dropped": p["dropped"],
+        "max_variants": p["max_variants"],
+    }
     if len(p["pair_ids"]) == 0:
         return {**head, "n_pairs": 0}
     clusters = p["clusters"] if len(set(p["clusters"])) < len(p["clusters"]) else None
@@ -127,5 +140,7 @@ def group_contrast(
     head = {"reference": reference, "comparison": comparison, "undefined": undefined}
     if not len(arrays[reference]) or not len(arrays[comparison]):
         return {**head, "n_reference": len(arrays[reference]), "n_comparison": len(arrays[comparison])}
-    return {**head, **groups_summary(arrays[reference], arrays[comparison], clusters[reference], clusters[comparison],
-                                     **stats_kw)}
+    return {
+        **head,
+        **groups_summary(arrays[reference], arrays[comparison], clusters[reference], clusters[comparison], **stats_kw),
+    }

@@ -100,8 +100,10 @@ def read_query_attributes(path: str | Path) -> QueryAttributes:
                 continue
             first = False
             if not 2 <= len(cols) <= 4:
-                raise ValueError(f"{path}:{lineno}: expected 2 to 4 tab-separated columns "
-                                 f"(query-id, {attribute}, pair-id, cluster-id), got {len(cols)}")
+                raise ValueError(
+                    f"{path}:{lineno}: expected 2 to 4 tab-separated columns "
+                    f"(query-id, {attribute}, pair-id, cluster-id), got {len(cols)}"
+                )
             for name, value in zip(names, cols):
                 if not value:
                     raise ValueError(f"{path}:{lineno}: field {name!r} is empty")
@@ -117,8 +119,10 @@ def read_query_attributes(path: str | Path) -> QueryAttributes:
     for r in rows.values():
         seen = cluster_of.setdefault(r.pair_id, r)
         if seen.cluster_id != r.cluster_id:
-            raise ValueError(f"{path}:{r.line}: field 'cluster-id': pair {r.pair_id!r} is in cluster "
-                             f"{r.cluster_id!r} here and {seen.cluster_id!r} on line {seen.line}")
+            raise ValueError(
+                f"{path}:{r.line}: field 'cluster-id': pair {r.pair_id!r} is in cluster "
+                f"{r.cluster_id!r} here and {seen.cluster_id!r} on line {seen.line}"
+            )
     return QueryAttributes(path, attribute, rows)
 
 
@@ -184,7 +188,7 @@ def query_set_files(folder: str | Path, query_sets: Sequence[str] | None = None)
     if query_sets is None:
         found = [("queries.jsonl", "test")]
         for file in sorted(folder.glob("queries-*.jsonl")):
-            split = file.name[len("queries-"):-len(".jsonl")]
+            split = file.name[len("queries-") : -len(".jsonl")]
             if (folder / "qrels" / f"{split}.tsv").is_file():
                 found.append((file.name, split))
         return found
@@ -196,7 +200,7 @@ def query_set_files(folder: str | Path, query_sets: Sequence[str] | None = None)
             if name == "queries.jsonl":
                 split = "test"
             elif name.startswith("queries-") and name.endswith(".jsonl"):
-                split = name[len("queries-"):-len(".jsonl")]
+                split = name[len("queries-") : -len(".jsonl")]
             else:
                 raise ValueError(f"query set {entry!r}: give its qrels split as FILE:SPLIT (qrels/SPLIT.tsv)")
         out.append((file, split))
@@ -214,7 +218,9 @@ def load_query_sets(folder: str | Path, query_sets: Sequence[str] | None = None)
         FileNotFoundError: a queries file or its qrels file is missing.
         ValueError: a query id in two sets (both files named), or as :func:`load_task`.
     """
-    parts = [(file, load_task(folder, queries=file, splits=(split,))) for file, split in query_set_files(folder, query_sets)]
+    parts = [
+        (file, load_task(folder, queries=file, splits=(split,))) for file, split in query_set_files(folder, query_sets)
+    ]
     first = parts[0][1]
     source: dict[str, str] = {}
     query_ids, query_texts, gold, report = [], [], {}, {}
@@ -241,8 +247,10 @@ def restrict_queries(task: Task, attributes: QueryAttributes, files: str = "") -
     for r in attributes.rows.values():
         if r.query_id not in texts:
             where = f" ({files})" if files else ""
-            raise ValueError(f"{attributes.path}:{r.line}: field 'query-id': {r.query_id!r} is in none of "
-                             f"the task's queries files{where}")
+            raise ValueError(
+                f"{attributes.path}:{r.line}: field 'query-id': {r.query_id!r} is in none of "
+                f"the task's queries files{where}"
+            )
     ids = list(attributes.rows)
     skipped = len(texts) - len(ids)
     if skipped:

@@ -44,7 +44,7 @@ def lean_at_k(
     if k < 1:
         raise ValueError(f"k must be at least 1, got {k}")
     out = {}
-    for q in (run if query_ids is None else query_ids):
+    for q in run if query_ids is None else query_ids:
         docs = top_k(run.get(q, {}), k)
         if qrels is not None:
             judged = qrels.get(q, {})

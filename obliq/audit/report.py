@@ -73,11 +73,15 @@ def markdown(report: dict) -> str:
             ref, comp = contrast["reference"], contrast["comparison"]
             lines += ["", f"## {title}: {comp} − {ref}", ""]
             if kind == "paired":
-                lines += [f"| model | metric | pairs | {ref} | {comp} | Δ | 95% CI | Wilcoxon p | sign-flip p |",
-                          "|---|---|---:|---:|---:|---:|---|---:|---:|"]
+                lines += [
+                    f"| model | metric | pairs | {ref} | {comp} | Δ | 95% CI | Wilcoxon p | sign-flip p |",
+                    "|---|---|---:|---:|---:|---:|---|---:|---:|",
+                ]
             else:
-                lines += [f"| model | metric | n ({ref} / {comp}) | {ref} | {comp} | gap | 95% CI | Mann–Whitney p |",
-                          "|---|---|---:|---:|---:|---:|---|---:|"]
+                lines += [
+                    f"| model | metric | n ({ref} / {comp}) | {ref} | {comp} | gap | 95% CI | Mann–Whitney p |",
+                    "|---|---|---:|---:|---:|---:|---|---:|",
+                ]
             for row in contrast["rows"]:
                 head = f"| {row['model']} | {row['metric']} |"
                 if kind == "paired":
@@ -85,18 +89,25 @@ def markdown(report: dict) -> str:
                         lines.append(head + " 0 | – | – | – | – | – | – |")
                         continue
                     flip = row["sign_flip"]
-                    lines.append(f"{head} {row['n_pairs']} | {_num(row['mean_reference'])} | {_num(row['mean_comparison'])} | "
-                                 f"{_num(row['delta'], True)} | {_ci(row['ci'])} | {fmt_p(row['wilcoxon']['p_value'])} | "
-                                 f"{flip_p(flip)} |")
+                    lines.append(
+                        f"{head} {row['n_pairs']} | {_num(row['mean_reference'])} | {_num(row['mean_comparison'])} | "
+                        f"{_num(row['delta'], True)} | {_ci(row['ci'])} | {fmt_p(row['wilcoxon']['p_value'])} | "
+                        f"{flip_p(flip)} |"
+                    )
                 else:
                     if "gap" not in row:
                         lines.append(f"{head} {row['n_reference']} / {row['n_comparison']} | – | – | – | – | – |")
                         continue
-                    lines.append(f"{head} {row['n_reference']} / {row['n_comparison']} | {_num(row['mean_reference'])} | "
-                                 f"{_num(row['mean_comparison'])} | {_num(row['gap'], True)} | {_ci(row['ci'])} | "
-                                 f"{fmt_p(row['mann_whitney']['p_value'])} |")
-            notes = {r["model"]: r.get("dropped") or r.get("undefined") for r in contrast["rows"]
-                     if any((r.get("dropped") or r.get("undefined") or {}).values())}
+                    lines.append(
+                        f"{head} {row['n_reference']} / {row['n_comparison']} | {_num(row['mean_reference'])} | "
+                        f"{_num(row['mean_comparison'])} | {_num(row['gap'], True)} | {_ci(row['ci'])} | "
+                        f"{fmt_p(row['mann_whitney']['p_value'])} |"
+                    )
+            notes = {
+                r["model"]: r.get("dropped") or r.get("undefined")
+                for r in contrast["rows"]
+                if any((r.get("dropped") or r.get("undefined") or {}).values())
+            }
             if notes:
                 lines += ["", "Left out: " + "; ".join(f"{m}: {d}" for m, d in notes.items())]
     return "\n".join(lines) + "\n"
@@ -111,8 +122,13 @@ def figure(report: dict, path: Path, metrics: list[str]) -> None:
     """
     from matplotlib.figure import Figure
 
-    panels = [(kind, c, m) for kind in ("paired", "groups") for c in report[kind] for m in metrics
-              if any(r["metric"] == m for r in c["rows"])]
+    panels = [
+        (kind, c, m)
+        for kind in ("paired", "groups")
+        for c in report[kind]
+        for m in metrics
+        if any(r["metric"] == m for r in c["rows"])
+    ]
     if not panels:
         return
     n_models = len(report["models"])
@@ -122,15 +138,27 @@ def figure(report: dict, path: Path, metrics: list[str]) -> None:
         rows = [r for r in contrast["rows"] if r["metric"] == metric]
         labels, ns = [], []
         for y, row in enumerate(rows):
-            for offset, side, colour, marker in ((-0.12, "reference", "tab:orange", "o"), (0.12, "comparison", "tab:blue", "s")):
+            for offset, side, colour, marker in (
+                (-0.12, "reference", "tab:orange", "o"),
+                (0.12, "comparison", "tab:blue", "s"),
+            ):
                 mean, ci = row.get(f"mean_{side}"), row.get(f"ci_{side}")
                 if mean is None:
                     continue
                 lo, hi = ci if ci and all(_finite(v) for v in ci) else (mean, mean)
-                ax.errorbar([mean], [y + offset], xerr=[[mean - lo], [hi - mean]], fmt=marker, color=colour,
-                            capsize=3, label=contrast[side] if y == 0 else None)
+                ax.errorbar(
+                    [mean],
+                    [y + offset],
+                    xerr=[[mean - lo], [hi - mean]],
+                    fmt=marker,
+                    color=colour,
+                    capsize=3,
+                    label=contrast[side] if y == 0 else None,
+                )
             labels.append(f"{row['model']} {stars(headline_p(row))}".strip())
-            ns.append(f"n={row['n_pairs']}" if kind == "paired" else f"n={row.get('n_reference')}/{row.get('n_comparison')}")
+            ns.append(
+                f"n={row['n_pairs']}" if kind == "paired" else f"n={row.get('n_reference')}/{row.get('n_comparison')}"
+            )
         ax.set_yticks(range(len(rows)), labels)
         ax.set_ylim(-0.6, len(rows) - 0.4)
         ax.invert_yaxis()

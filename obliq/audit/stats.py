@@ -59,9 +59,12 @@ def paired_summary(
     return {
         "n_pairs": len(d),
         "n_clusters": flip.n_units,
-        "mean_reference": mr[0], "ci_reference": [mr[1], mr[2]],
-        "mean_comparison": mc[0], "ci_comparison": [mc[1], mc[2]],
-        "delta": md[0], "ci": [md[1], md[2]],
+        "mean_reference": mr[0],
+        "ci_reference": [mr[1], mr[2]],
+        "mean_comparison": mc[0],
+        "ci_comparison": [mc[1], mc[2]],
+        "delta": md[0],
+        "ci": [md[1], md[2]],
         "wilcoxon": wilcoxon_test(d),
         "sign_flip": asdict(flip),
     }
@@ -96,9 +99,13 @@ def groups_summary(
     mb = bootstrap_mean(b, clusters_comparison, resamples, seed, confidence)
     gap = bootstrap_gap(a, b, clusters_reference, clusters_comparison, resamples, seed, confidence)
     return {
-        "n_reference": len(a), "n_comparison": len(b),
-        "mean_reference": ma[0], "ci_reference": [ma[1], ma[2]],
-        "mean_comparison": mb[0], "ci_comparison": [mb[1], mb[2]],
-        "gap": gap[0], "ci": [gap[1], gap[2]],
+        "n_reference": len(a),
+        "n_comparison": len(b),
+        "mean_reference": ma[0],
+        "ci_reference": [ma[1], ma[2]],
+        "mean_comparison": mb[0],
+        "ci_comparison": [mb[1], mb[2]],
+        "gap": gap[0],
+        "ci": [gap[1], gap[2]],
         "mann_whitney": mann_whitney_test(a, b),
     }

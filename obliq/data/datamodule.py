@@ -76,7 +76,9 @@ class RowReader(Dataset):
         sizes: usable rows per source.
     """
 
-    def __init__(self, indexes: Sequence[Sequence[FileIndex]], excluded: dict[tuple[int, int], np.ndarray] | None = None):
+    def __init__(
+        self, indexes: Sequence[Sequence[FileIndex]], excluded: dict[tuple[int, int], np.ndarray] | None = None
+    ):
         self.indexes = [list(files) for files in indexes]
         self.excluded = {k: np.asarray(v, np.int64) for k, v in (excluded or {}).items()}
         usable = [
@@ -149,8 +151,10 @@ class RowReader(Dataset):
         except RowError as err:
             raise RuntimeError(f"{err} (the file changed after it was indexed; restart to index it again)") from None
         if id_hash(row.id) != int(self._array(source, file, "ids")[pos]):
-            raise RuntimeError(f"{fi.path}:{line}: row differs from the indexed one: the file changed while keeping its "
-                               f"size and time; restart, or delete {fi.folder} if it changed before this run")
+            raise RuntimeError(
+                f"{fi.path}:{line}: row differs from the indexed one: the file changed while keeping its "
+                f"size and time; restart, or delete {fi.folder} if it changed before this run"
+            )
         return row
 
     def __getitem__(self, ref: BatchRef) -> list[TrainingRow]:
@@ -191,7 +195,9 @@ class Collator:
             "positive_index": torch.arange(len(rows), dtype=torch.long),
             "doc_row": torch.tensor([*range(len(rows)), *(i for i, _ in negatives)], dtype=torch.long),
             "doc_ids": [doc.id for doc in docs],
-            "doc_keys": torch.tensor([[id_hash(doc.id), doc.text_hash] for doc in docs], dtype=torch.long).reshape(-1, 2),
+            "doc_keys": torch.tensor([[id_hash(doc.id), doc.text_hash] for doc in docs], dtype=torch.long).reshape(
+                -1, 2
+            ),
             "row_ids": [row.id for row in rows],
         }
 
@@ -211,7 +217,9 @@ class PlanSampler(DistributedSampler):
     """
 
     def __init__(self, plan: MixturePlan, rank: int = 0):
-        super().__init__(range(plan.rows_per_epoch), num_replicas=plan.world_size, rank=rank, shuffle=plan.shuffle, seed=plan.seed)
+        super().__init__(
+            range(plan.rows_per_epoch), num_replicas=plan.world_size, rank=rank, shuffle=plan.shuffle, seed=plan.seed
+        )
         self.plan, self.step = plan, 0
 
     def __len__(self) -> int:
@@ -247,7 +255,8 @@ class PlanSampler(DistributedSampler):
             diff = sorted(k for k in now if saved.get(k) != now[k])
             raise ValueError(
                 f"the checkpoint's data position was saved for a different data setup ({', '.join(diff)} differ: "
-                f"saved {[saved.get(k) for k in diff]}, now {[now[k] for k in diff]}); resuming it exactly is impossible"
+                f"saved {[saved.get(k) for k in diff]}, now {[now[k] for k in diff]}); "
+                "resuming it exactly is impossible"
             )
         self.epoch, self.step = int(state["epoch"]), int(state["step"])
 
@@ -318,7 +327,9 @@ class TrainingDataModule(L.LightningDataModule):
         if not sources:
             raise ValueError("no sources")
         if batch_size < 1 or max_negatives < 0 or num_workers < 0 or prefetch_factor < 1 or seed < 0:
-            raise ValueError("need batch_size >= 1, max_negatives >= 0, num_workers >= 0, prefetch_factor >= 1, seed >= 0")
+            raise ValueError(
+                "need batch_size >= 1, max_negatives >= 0, num_workers >= 0, prefetch_factor >= 1, seed >= 0"
+            )
         self.sources = [s if isinstance(s, Source) else Source(**s) for s in sources]
         names = [s.name for s in self.sources if s.name is not None]
         if len(set(names)) != len(names):
@@ -395,7 +406,9 @@ class TrainingDataModule(L.LightningDataModule):
             )
         if self.stats["skipped"]:
             where = sorted({str(fi.folder / "errors.txt") for files in indexes for fi in files if fi.skipped})
-            rank_zero_warn(f"data: skipped {self.stats['skipped']} bad rows; messages in {', '.join(where) or 'the log'}")
+            rank_zero_warn(
+                f"data: skipped {self.stats['skipped']} bad rows; messages in {', '.join(where) or 'the log'}"
+            )
 
     def _duplicates(self, reader: RowReader) -> dict[tuple[int, int], np.ndarray]:
         """Find rows whose id an earlier row of the mixture (source, file, line order) already has.
@@ -430,7 +443,9 @@ class TrainingDataModule(L.LightningDataModule):
                 continue
             fa, fb = reader.indexes[a[0]][a[1]], reader.indexes[b[0]][b[1]]
             line_a, line_b = (int(reader._array(*x[:2], "lines")[x[2]]) for x in (a, b))
-            err = RowError(fb.path, line_b, "id", "duplicate-id", f"row id {row_b.id!r} already used at {fa.path}:{line_a}")
+            err = RowError(
+                fb.path, line_b, "id", "duplicate-id", f"row id {row_b.id!r} already used at {fa.path}:{line_a}"
+            )
             if self.on_bad_row == "fail":
                 raise err
             messages.append(str(err))
@@ -453,8 +468,9 @@ class TrainingDataModule(L.LightningDataModule):
             )
         self.setup()
         assert self.reader is not None
-        self.plan = MixturePlan(self.sources, self.reader.sizes, self.batch_size, world_size, self.seed, self.shuffle,
-                                self.reader.content())
+        self.plan = MixturePlan(
+            self.sources, self.reader.sizes, self.batch_size, world_size, self.seed, self.shuffle, self.reader.content()
+        )
         return PlanLoader(
             self.reader,
             sampler=PlanSampler(self.plan, rank),
@@ -470,8 +486,9 @@ class TrainingDataModule(L.LightningDataModule):
         """Steps of every rank per epoch, from the data plan (the loader is not read)."""
         self.setup()
         assert self.reader is not None
-        return MixturePlan(self.sources, self.reader.sizes, self.batch_size, world_size, self.seed,
-                           self.shuffle).steps_per_epoch
+        return MixturePlan(
+            self.sources, self.reader.sizes, self.batch_size, world_size, self.seed, self.shuffle
+        ).steps_per_epoch
 
     def train_dataloader(self) -> PlanLoader:
         """The loader of this rank (``trainer.global_rank`` of ``trainer.world_size``)."""

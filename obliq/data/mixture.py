@@ -70,7 +70,9 @@ class Source:
             raise ValueError(f"source {self.path}: give a weight or a count, not both")
         if self.weight is not None and not (math.isfinite(self.weight) and self.weight > 0):
             raise ValueError(f"source {self.path}: weight must be a finite number > 0, got {self.weight}")
-        if self.count is not None and (isinstance(self.count, bool) or not isinstance(self.count, int) or self.count < 0):
+        if self.count is not None and (
+            isinstance(self.count, bool) or not isinstance(self.count, int) or self.count < 0
+        ):
             raise ValueError(f"source {self.path}: count must be an integer >= 0, got {self.count!r}")
 
     def files(self) -> list[str]:
@@ -152,8 +154,10 @@ def named_source(sources: Sequence[dict | Source], name: str, where: object = "t
     names = [s.get("name") if isinstance(s, dict) else s.name for s in sources]
     hits = [i for i, n in enumerate(names) if n == name]
     if len(hits) != 1:
-        raise ValueError(f"{where}: {'no' if not hits else 'more than one'} data source named {name!r} "
-                         f"(sources named: {', '.join(str(n) for n in names)})")
+        raise ValueError(
+            f"{where}: {'no' if not hits else 'more than one'} data source named {name!r} "
+            f"(sources named: {', '.join(str(n) for n in names)})"
+        )
     return hits[0]
 
 
@@ -192,7 +196,9 @@ class MixturePlan:
         content: Sequence[str] | None = None,
     ):
         if batch_size < 1 or world_size < 1 or seed < 0:
-            raise ValueError(f"need batch_size >= 1, world_size >= 1, seed >= 0; got {batch_size}, {world_size}, {seed}")
+            raise ValueError(
+                f"need batch_size >= 1, world_size >= 1, seed >= 0; got {batch_size}, {world_size}, {seed}"
+            )
         if len(sources) != len(sizes):
             raise ValueError("one size per source")
         self.sources, self.sizes = list(sources), [int(n) for n in sizes]
@@ -200,9 +206,13 @@ class MixturePlan:
         self.content = list(content) if content is not None else [None] * len(self.sources)
 
         weighted = [i for i, s in enumerate(sources) if s.weight is not None]
-        shares = _apportion(sum(self.sizes[i] for i in weighted), [sources[i].weight for i in weighted]) if weighted else []
+        shares = (
+            _apportion(sum(self.sizes[i] for i in weighted), [sources[i].weight for i in weighted]) if weighted else []
+        )
         share = dict(zip(weighted, shares))
-        self.per_epoch = [s.count if s.count is not None else share.get(i, self.sizes[i]) for i, s in enumerate(sources)]
+        self.per_epoch = [
+            s.count if s.count is not None else share.get(i, self.sizes[i]) for i, s in enumerate(sources)
+        ]
         for s, n, c in zip(sources, self.sizes, self.per_epoch):
             if c > 0 and n == 0:
                 raise ValueError(f"source {s.path}: no valid rows, but {c} are needed per epoch")
@@ -231,7 +241,9 @@ class MixturePlan:
             IndexError: step or rank out of range.
         """
         if not (0 <= step < self.steps_per_epoch and 0 <= rank < self.world_size):
-            raise IndexError(f"step {step} / rank {rank} outside {self.steps_per_epoch} steps x {self.world_size} ranks")
+            raise IndexError(
+                f"step {step} / rank {rank} outside {self.steps_per_epoch} steps x {self.world_size} ranks"
+            )
         if step < self._head_steps:
             lo = (step * self.world_size + rank) * self.batch_size
             return lo, lo + self.batch_size

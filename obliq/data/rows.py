@@ -131,7 +131,9 @@ class _Checker:
             raise self.fail(name, "type", f"expected an object with id and text, got {type(obj).__name__}")
         for key in obj:
             if key not in _DOC_FIELDS:
-                raise self.fail(f"{name}.{key}", "unknown-field", f"unknown field (a document has {', '.join(_DOC_FIELDS)})")
+                raise self.fail(
+                    f"{name}.{key}", "unknown-field", f"unknown field (a document has {', '.join(_DOC_FIELDS)})"
+                )
         doc_id = self.string(obj, "id", f"{name}.id")
         text = self.string(obj, "text", f"{name}.text")
         return Doc(doc_id, text, text_hash(text))
@@ -190,7 +192,9 @@ def parse_row(raw: bytes | str, path: str, line: int) -> TrainingRow:
             raise check.fail(f"negatives[{i}].id", "negative-is-positive", f"negative has the positive's id {doc.id!r}")
         if doc.text_hash == positive.text_hash and normalise_text(doc.text) == normalise_text(positive.text):
             raise check.fail(
-                f"negatives[{i}].text", "negative-is-positive", f"negative {doc.id!r} has the positive's text (normalised)"
+                f"negatives[{i}].text",
+                "negative-is-positive",
+                f"negative {doc.id!r} has the positive's text (normalised)",
             )
         negatives.append(doc)
     lens = check.string(obj, "lens", "lens", required=False)

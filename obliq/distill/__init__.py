@@ -13,6 +13,16 @@ from obliq.distill.purity import base_rate, graph_purity
 from obliq.distill.teachers import EncoderTeacher, StylometricConfig, StylometricTeacher, load_teacher
 
 __all__ = [
-    "EncoderTeacher", "KnnGraph", "StylometricConfig", "StylometricTeacher", "base_rate", "graph_purity",
-    "knn_graph", "knn_pairs", "load_graph", "load_teacher", "random_control", "teacher_graph",
+    "EncoderTeacher",
+    "KnnGraph",
+    "StylometricConfig",
+    "StylometricTeacher",
+    "base_rate",
+    "graph_purity",
+    "knn_graph",
+    "knn_pairs",
+    "load_graph",
+    "load_teacher",
+    "random_control",
+    "teacher_graph",
 ]

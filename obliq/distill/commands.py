@@ -97,8 +97,14 @@ def graph(
     t = load_task(task)
     model = load_teacher(teacher, stylometric, batch_size, max_length, trust_remote_code)
     g = teacher_graph(model, t.doc_ids, t.doc_texts, k, _groups(t, by_source))
-    g.meta = {"task": t.name, "task_path": str(t.path), "corpus_sha256": t.corpus_sha256, "by_source": by_source,
-              **g.meta, "seconds": round(perf_counter() - t0, 3)}
+    g.meta = {
+        "task": t.name,
+        "task_path": str(t.path),
+        "corpus_sha256": t.corpus_sha256,
+        "by_source": by_source,
+        **g.meta,
+        "seconds": round(perf_counter() - t0, 3),
+    }
     g.save(out)
     summary = {key: v for key, v in g.to_json().items() if key != "neighbours"}
     log.info("%s: %d edges over %d documents (k=%d) in %.1f s", out, g.n_edges, len(g.ids), k, summary["seconds"])
@@ -160,20 +166,31 @@ def pairs(
     text_of = dict(zip(t.doc_ids, t.doc_texts))
     missing = [d for d in g.ids if d not in text_of]
     if missing:
-        raise ValueError(f"{graph}: {len(missing)} graph documents are not in {t.path / 'corpus.jsonl'} (e.g. {missing[0]!r})")
+        raise ValueError(
+            f"{graph}: {len(missing)} graph documents are not in {t.path / 'corpus.jsonl'} (e.g. {missing[0]!r})"
+        )
     texts = [text_of[d] for d in g.ids]
     teacher = g.meta.get("teacher", {})
     teacher_name = teacher.get("model", teacher.get("kind")) if isinstance(teacher, dict) else str(teacher)
-    rows, counts = knn_pairs(g, texts, t.name, seed, both_directions, negatives, negative_source,
-                             instruction, teacher_name)
+    rows, counts = knn_pairs(
+        g, texts, t.name, seed, both_directions, negatives, negative_source, instruction, teacher_name
+    )
     out = Path(out)
     _write_jsonl(out, rows)
     result = {
-        "task": t.name, "corpus_size": len(t.doc_ids), "graph_documents": len(g.ids), "k": g.k,
+        "task": t.name,
+        "corpus_size": len(t.doc_ids),
+        "graph_documents": len(g.ids),
+        "k": g.k,
         "by_source": g.meta.get("by_source", False),
-        **counts, "teacher": teacher, "seed": seed, "both_directions": both_directions,
-        "negatives": negatives, "negative_source": negative_source if negatives else None,
-        "graph": str(graph), "rows_file": str(out),
+        **counts,
+        "teacher": teacher,
+        "seed": seed,
+        "both_directions": both_directions,
+        "negatives": negatives,
+        "negative_source": negative_source if negatives else None,
+        "graph": str(graph),
+        "rows_file": str(out),
     }
     if control_out is not None:
         control = random_control(rows, g.ids, texts, seed)
@@ -232,9 +249,15 @@ def purity(
         t0 = perf_counter()
         model = load_teacher(name, stylometric, batch_size, max_length, trust_remote_code)
         g = teacher_graph(model, t.doc_ids, t.doc_texts, k, groups)
-        results.append({"task": t.name + (" (by source)" if by_source else ""), "teacher": name,
-                        **graph_purity(g, labels, groups), "seconds": round(perf_counter() - t0, 3),
-                        "teacher_settings": model.describe()})
+        results.append(
+            {
+                "task": t.name + (" (by source)" if by_source else ""),
+                "teacher": name,
+                **graph_purity(g, labels, groups),
+                "seconds": round(perf_counter() - t0, 3),
+                "teacher_settings": model.describe(),
+            }
+        )
     print(format_purity(results))
     if out is not None:
         Path(out).parent.mkdir(parents=True, exist_ok=True)

@@ -58,9 +58,14 @@ class KnnGraph:
         return [(i, j, r) for i, row in enumerate(self.neighbours) for r, j in enumerate(row, 1)]
 
     def to_json(self) -> dict:
-        return {**self.meta, "k": self.k, "corpus_size": len(self.ids), "edges": self.n_edges,
-                "identical_twins": self.identical_twins,
-                "neighbours": {self.ids[i]: [self.ids[j] for j in row] for i, row in enumerate(self.neighbours)}}
+        return {
+            **self.meta,
+            "k": self.k,
+            "corpus_size": len(self.ids),
+            "edges": self.n_edges,
+            "identical_twins": self.identical_twins,
+            "neighbours": {self.ids[i]: [self.ids[j] for j in row] for i, row in enumerate(self.neighbours)},
+        }
 
     def save(self, path: str | Path) -> None:
         """Write the graph as one JSON object: provenance, ``k``, counts and ``neighbours`` (id → ids)."""
@@ -97,7 +102,9 @@ def load_graph(path: str | Path) -> KnnGraph:
         if missing:
             raise ValueError(f"{path}: neighbours[{d!r}] holds {missing[0]!r}, which is not a document of the graph")
         neighbours.append([pos[n] for n in row])
-    meta = {key: v for key, v in obj.items() if key not in ("k", "neighbours", "corpus_size", "edges", "identical_twins")}
+    meta = {
+        key: v for key, v in obj.items() if key not in ("k", "neighbours", "corpus_size", "edges", "identical_twins")
+    }
     return KnnGraph(ids, neighbours, int(obj["k"]), int(obj.get("identical_twins", 0)), meta)
 
 
@@ -168,8 +175,9 @@ def knn_graph(
     return KnnGraph(ids, neighbours, k, count_identical_twins(x))
 
 
-def teacher_graph(teacher, ids: Sequence[str], texts: Sequence[str], k: int = 3,
-                  groups: Sequence[str] | None = None) -> KnnGraph:
+def teacher_graph(
+    teacher, ids: Sequence[str], texts: Sequence[str], k: int = 3, groups: Sequence[str] | None = None
+) -> KnnGraph:
     """Encode ``texts`` with ``teacher`` (one pass) and build their kNN graph.
 
     Args:
@@ -187,6 +195,12 @@ def teacher_graph(teacher, ids: Sequence[str], texts: Sequence[str], k: int = 3,
     vectors = teacher.encode(texts)
     t1 = perf_counter()
     graph = knn_graph(vectors, ids, k, groups)
-    graph.meta.update({"teacher": teacher.describe(), "dim": int(vectors.shape[1]),
-                       "encode_seconds": round(t1 - t0, 3), "search_seconds": round(perf_counter() - t1, 3)})
+    graph.meta.update(
+        {
+            "teacher": teacher.describe(),
+            "dim": int(vectors.shape[1]),
+            "encode_seconds": round(t1 - t0, 3),
+            "search_seconds": round(perf_counter() - t1, 3),
+        }
+    )
     return graph

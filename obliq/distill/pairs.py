@@ -39,10 +39,25 @@ def _same_text_groups(texts: Sequence[str]) -> list[list[int]]:
     return [groups[key] for key in keys]
 
 
-def _row(row_id: str, task: str, source: str, query: str, pos_id: str, pos_text: str,
-         negatives: list[dict], meta: dict, instruction: str | None) -> dict:
-    row = {"id": row_id, "task": task, "source": source, "query": query,
-           "positive": {"id": pos_id, "text": pos_text}, "negatives": negatives}
+def _row(
+    row_id: str,
+    task: str,
+    source: str,
+    query: str,
+    pos_id: str,
+    pos_text: str,
+    negatives: list[dict],
+    meta: dict,
+    instruction: str | None,
+) -> dict:
+    row = {
+        "id": row_id,
+        "task": task,
+        "source": source,
+        "query": query,
+        "positive": {"id": pos_id, "text": pos_text},
+        "negatives": negatives,
+    }
     if instruction:
         row["instruction"] = instruction
     row["meta"] = meta
@@ -121,8 +136,10 @@ def knn_pairs(
         for e, (i, j, _) in enumerate(edges):
             banned = {i, j, *graph.neighbours[i], *same_text[i], *same_text[j]}
             if n - len(banned) < negatives:
-                raise ValueError(f"only {n - len(banned)} documents left to draw {negatives} negatives from "
-                                 f"for anchor {graph.ids[i]!r}")
+                raise ValueError(
+                    f"only {n - len(banned)} documents left to draw {negatives} negatives from "
+                    f"for anchor {graph.ids[i]!r}"
+                )
             if bm25 is not None:
                 _, hits = bm25.search([texts[i]], negatives + len(banned))[0]
                 negs[e] = [int(h) for h in hits if int(h) not in banned][:negatives]
@@ -135,14 +152,26 @@ def knn_pairs(
     rows = []
     for (i, j, rank), neg in zip(edges, negs):
         a, b = graph.ids[i], graph.ids[j]
-        rows.append(_row(
-            f"knn:{a}:{b}", task, "knn", texts[i], b, texts[j],
-            [{"id": graph.ids[c], "text": texts[c]} for c in neg],
-            {"anchor_id": a, "rank": rank, "k": graph.k, **({"teacher": teacher} if teacher else {})},
-            instruction,
-        ))
-    counts = {"edges": graph.n_edges, "identical_text_edges": identical, "duplicates_removed": duplicates,
-              "distinct_edges": len(seen), "rows": len(rows)}
+        rows.append(
+            _row(
+                f"knn:{a}:{b}",
+                task,
+                "knn",
+                texts[i],
+                b,
+                texts[j],
+                [{"id": graph.ids[c], "text": texts[c]} for c in neg],
+                {"anchor_id": a, "rank": rank, "k": graph.k, **({"teacher": teacher} if teacher else {})},
+                instruction,
+            )
+        )
+    counts = {
+        "edges": graph.n_edges,
+        "identical_text_edges": identical,
+        "duplicates_removed": duplicates,
+        "distinct_edges": len(seen),
+        "rows": len(rows),
+    }
     return rows, counts
 
 
@@ -187,9 +216,17 @@ def random_control(rows: Sequence[dict], ids: Sequence[str], texts: Sequence[str
             if c not in banned:
                 break
         drawn[i].add(c)
-        out.append(_row(
-            f"random-control:{anchor}:{ids[c]}", row["task"], "random-control", row["query"], ids[c], texts[c],
-            [dict(neg) for neg in row["negatives"]], {"anchor_id": anchor, "control_of": row["id"]},
-            row.get("instruction"),
-        ))
+        out.append(
+            _row(
+                f"random-control:{anchor}:{ids[c]}",
+                row["task"],
+                "random-control",
+                row["query"],
+                ids[c],
+                texts[c],
+                [dict(neg) for neg in row["negatives"]],
+                {"anchor_id": anchor, "control_of": row["id"]},
+                row.get("instruction"),
+            )
+        )
     return out

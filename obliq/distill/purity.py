@@ -93,17 +93,35 @@ def graph_purity(graph: KnnGraph, labels: Sequence[str], groups: Sequence[str] |
     same = sum(labels[i] == labels[j] for i, j, _ in edges)
     rate = same / len(edges)
     base = base_rate(labels, groups)
-    return {"docs": len(labels), "k": graph.k, "edges": len(edges), "same_attribute_rate": rate,
-            "base_rate": base, "lift": rate / base if base > 0 else float("inf")}
+    return {
+        "docs": len(labels),
+        "k": graph.k,
+        "edges": len(edges),
+        "same_attribute_rate": rate,
+        "base_rate": base,
+        "lift": rate / base if base > 0 else float("inf"),
+    }
 
 
 def format_purity(results: Sequence[dict]) -> str:
     """A plain-text table of purity results (keys of :func:`graph_purity` plus ``teacher``, ``task``)."""
     header = ("task", "teacher", "docs", "k", "edges", "same-attr", "base", "lift")
-    rows = [(str(r.get("task", "")), str(r.get("teacher", "")), str(r["docs"]), str(r["k"]), str(r["edges"]),
-             f"{100 * r['same_attribute_rate']:.1f}%", f"{100 * r['base_rate']:.2f}%", f"{r['lift']:.1f}x")
-            for r in results]
+    rows = [
+        (
+            str(r.get("task", "")),
+            str(r.get("teacher", "")),
+            str(r["docs"]),
+            str(r["k"]),
+            str(r["edges"]),
+            f"{100 * r['same_attribute_rate']:.1f}%",
+            f"{100 * r['base_rate']:.2f}%",
+            f"{r['lift']:.1f}x",
+        )
+        for r in results
+    ]
     widths = [max(len(h), *(len(row[c]) for row in rows)) for c, h in enumerate(header)]
-    line = lambda cells: "  ".join(cell.ljust(w) if c < 2 else cell.rjust(w)  # noqa: E731
-                                   for c, (cell, w) in enumerate(zip(cells, widths)))
+    line = lambda cells: "  ".join(
+        cell.ljust(w) if c < 2 else cell.rjust(w)  # noqa: E731
+        for c, (cell, w) in enumerate(zip(cells, widths))
+    )
     return "\n".join([line(header), line(["-" * w for w in widths]), *(line(r) for r in rows)])

@@ -97,13 +97,19 @@ class EncoderTeacher:
         """
         if not len(texts):
             raise ValueError("no texts to encode")
-        vectors = self.encoder.encode(list(texts), kind="passage", batch_size=self.batch_size,
-                                      max_length=self.max_length)
+        vectors = self.encoder.encode(
+            list(texts), kind="passage", batch_size=self.batch_size, max_length=self.max_length
+        )
         return unit_float32(vectors, f"{self.name} embeddings")
 
     def describe(self) -> dict:
-        return {"kind": "encoder", "model": self.model, "encoder": self.encoder_kind,
-                "max_length": self.max_length, "trust_remote_code": self.trust_remote_code}
+        return {
+            "kind": "encoder",
+            "model": self.model,
+            "encoder": self.encoder_kind,
+            "max_length": self.max_length,
+            "trust_remote_code": self.trust_remote_code,
+        }
 
 
 @dataclass
@@ -214,8 +220,13 @@ class StylometricTeacher:
         c = self.config
         min_df = c.min_df if len(texts) >= c.min_df else 1
         self._vectorizer = TfidfVectorizer(
-            analyzer=c.analyzer, ngram_range=(c.ngram_min, c.ngram_max), max_features=c.max_features,
-            min_df=min_df, lowercase=c.lowercase, sublinear_tf=c.sublinear_tf, dtype=np.float32,
+            analyzer=c.analyzer,
+            ngram_range=(c.ngram_min, c.ngram_max),
+            max_features=c.max_features,
+            min_df=min_df,
+            lowercase=c.lowercase,
+            sublinear_tf=c.sublinear_tf,
+            dtype=np.float32,
         )
         self._vectorizer.fit(texts)
         if self.function_words:
@@ -241,8 +252,11 @@ class StylometricTeacher:
         raw = self._vectorizer.transform(texts)
         # a text without any character n-gram of the vocabulary (e.g. an empty one) has no style to
         # measure; its function-word z-scores alone would place it at the corpus's "absent words" corner
-        zero = np.flatnonzero(raw.getnnz(axis=1) == 0) if w < 1 else np.flatnonzero(
-            [not _WORD.search(t.lower()) for t in texts])
+        zero = (
+            np.flatnonzero(raw.getnnz(axis=1) == 0)
+            if w < 1
+            else np.flatnonzero([not _WORD.search(t.lower()) for t in texts])
+        )
         if len(zero):
             raise ValueError(
                 f"{len(zero)} texts have no stylometric signal (no known character n-gram), "
@@ -283,8 +297,9 @@ class TeacherEncoder:
         """The stylometric teacher fitted on ``corpus`` (a task's document texts)."""
         return cls(StylometricTeacher(config).fit(list(corpus)))
 
-    def encode(self, texts: Sequence[str], kind: str = "query", batch_size: int = 32,
-               max_length: int | None = None) -> np.ndarray:
+    def encode(
+        self, texts: Sequence[str], kind: str = "query", batch_size: int = 32, max_length: int | None = None
+    ) -> np.ndarray:
         """(n, d) float32 unit vectors of ``texts`` (``kind``, ``batch_size`` and ``max_length`` are unused)."""
         return self.teacher.encode(list(texts))
 

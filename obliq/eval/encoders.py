@@ -59,23 +59,34 @@ class SentenceTransformerEncoder:
         from sentence_transformers import SentenceTransformer
 
         self.name_or_path = str(name_or_path)
-        self.model = SentenceTransformer(resolve_model(name_or_path), device=device, trust_remote_code=trust_remote_code)
+        self.model = SentenceTransformer(
+            resolve_model(name_or_path), device=device, trust_remote_code=trust_remote_code
+        )
         self.capacity = self.model.max_seq_length
 
     def text_policy(self, query_max_length: int | None = None, passage_max_length: int | None = None) -> dict:
         """How this model reads texts when asked for these lengths: its own saved prompts (none for
         all-MiniLM-L6-v2) and the token lengths it keeps."""
+
         def keep(n):
             limits = [x for x in (self.capacity, n) if x]
             return min(limits) if limits else None
 
         prompts = self.model.prompts or {}
         passage = next((prompts[k] for k in ("document", "passage", "corpus") if k in prompts), "")
-        return {"query_prefix": prompts.get("query", ""), "passage_prefix": passage,
-                "query_max_length": keep(query_max_length), "passage_max_length": keep(passage_max_length)}
+        return {
+            "query_prefix": prompts.get("query", ""),
+            "passage_prefix": passage,
+            "query_max_length": keep(query_max_length),
+            "passage_max_length": keep(passage_max_length),
+        }
 
     def encode(
-        self, texts: Sequence[str], kind: Kind = "query", batch_size: int = 32, max_length: int | None = None,
+        self,
+        texts: Sequence[str],
+        kind: Kind = "query",
+        batch_size: int = 32,
+        max_length: int | None = None,
         show_progress: bool | None = None,
     ) -> torch.Tensor:
         """Encode texts as queries or passages.
@@ -101,8 +112,13 @@ class SentenceTransformerEncoder:
         limits = [n for n in (self.capacity, max_length) if n]
         self.model.max_seq_length = min(limits) if limits else None
         fn = self.model.encode_query if kind == "query" else self.model.encode_document
-        out = fn(texts, batch_size=batch_size, convert_to_tensor=True, normalize_embeddings=True,
-                 show_progress_bar=show_progress)
+        out = fn(
+            texts,
+            batch_size=batch_size,
+            convert_to_tensor=True,
+            normalize_embeddings=True,
+            show_progress_bar=show_progress,
+        )
         return out.float().cpu()
 
 
@@ -166,4 +182,3 @@ def load_encoder(model: str, encoder: EncoderKind = "auto", trust_remote_code: b
             enc = enc.to("cuda")
         return enc.eval()
     return SentenceTransformerEncoder(model, **kwargs)
-

@@ -67,8 +67,10 @@ def parse_measures(names: str | Iterable[str]) -> dict[str, object]:
         except (ValueError, NameError, SyntaxError, TypeError) as e:
             raise ValueError(f"unknown measure {name!r} ({e}); try NDCG@10, Recall@100, RR, P@10") from None
         if not ir_measures.pytrec_eval.supports(_trec_eval_measure(out[name])):
-            raise ValueError(f"measure {name!r} is not computed by trec_eval (pytrec_eval); "
-                             "try NDCG@10, Recall@100, RR, RR@10, P@10, AP")
+            raise ValueError(
+                f"measure {name!r} is not computed by trec_eval (pytrec_eval); "
+                "try NDCG@10, Recall@100, RR, RR@10, P@10, AP"
+            )
         if list(out.values()).count(out[name]) > 1:  # NDCG@10 and nDCG@10: keep the first spelling
             del out[name]
     if not out:
@@ -95,8 +97,10 @@ def check_depth(measures: str | Iterable[str], top_k: int, n_docs: int, what: st
     for name, measure in parse_measures(measures).items():
         k = cutoff(measure)
         if k is not None and top_k < min(k, n_docs):
-            raise ValueError(f"measure {name} cuts at {k} but the ranking holds {what}={top_k} of {n_docs} documents: "
-                             f"raise {what} to {min(k, n_docs)} or leave {name} out")
+            raise ValueError(
+                f"measure {name} cuts at {k} but the ranking holds {what}={top_k} of {n_docs} documents: "
+                f"raise {what} to {min(k, n_docs)} or leave {name} out"
+            )
 
 
 def _rr_cutoff(measure) -> int | None:
@@ -172,9 +176,7 @@ def evaluate_run(
     return Evaluation(per_query, aggregate, len(evaluated), len(query_ids) - len(evaluated))
 
 
-def run_from_search(
-    query_ids: Sequence[str], doc_ids: Sequence[str], scores: np.ndarray, indices: np.ndarray
-) -> Run:
+def run_from_search(query_ids: Sequence[str], doc_ids: Sequence[str], scores: np.ndarray, indices: np.ndarray) -> Run:
     """Turn search output (rows aligned with ``query_ids``; ``indices`` into ``doc_ids``) into a run.
 
     ``scores`` and ``indices`` may be (n_queries, k) arrays or lists of 1-D arrays of any length.
@@ -261,8 +263,10 @@ def check_run(run: Run, qrels: Qrels, run_path: object, qrels_path: object) -> R
     if not run:
         raise ValueError(f"{run_path}: the run is empty (no 'qid Q0 docid rank score tag' line)")
     if not qrels.keys() & run.keys():
-        raise ValueError(f"{run_path}: none of its {len(run)} queries is in {qrels_path} (e.g. {next(iter(run))!r} "
-                         f"vs {next(iter(qrels))!r}): is this the run of another task?")
+        raise ValueError(
+            f"{run_path}: none of its {len(run)} queries is in {qrels_path} (e.g. {next(iter(run))!r} "
+            f"vs {next(iter(qrels))!r}): is this the run of another task?"
+        )
     return run
 
 
@@ -298,13 +302,24 @@ def score_files(
     ev = evaluate_run(judged, ranked, measures)
     depth = max(len(docs) for docs in ranked.values())
     deeper = {name: cutoff(m) for name, m in parse_measures(measures).items() if (cutoff(m) or 0) > depth}
-    out: dict = {"metrics": ev.aggregate, "n_queries": ev.n_queries, "n_excluded": ev.n_excluded,
-                 "run_depth": depth, "deeper_than_run": sorted(deeper),
-                 "run_queries_not_in_qrels": len(ranked.keys() - judged.keys()),
-                 "qrels_queries_not_in_run": len(judged.keys() - ranked.keys())}
+    out: dict = {
+        "metrics": ev.aggregate,
+        "n_queries": ev.n_queries,
+        "n_excluded": ev.n_excluded,
+        "run_depth": depth,
+        "deeper_than_run": sorted(deeper),
+        "run_queries_not_in_qrels": len(ranked.keys() - judged.keys()),
+        "qrels_queries_not_in_run": len(judged.keys() - ranked.keys()),
+    }
     if deeper:
-        log.warning("%s holds at most %d documents per query: %s cut deeper and are not measured at their depth "
-                    "(unless the corpus has at most %d documents)", run, depth, ", ".join(sorted(deeper)), depth)
+        log.warning(
+            "%s holds at most %d documents per query: %s cut deeper and are not measured at their depth "
+            "(unless the corpus has at most %d documents)",
+            run,
+            depth,
+            ", ".join(sorted(deeper)),
+            depth,
+        )
     for key in ("run_queries_not_in_qrels", "qrels_queries_not_in_run"):
         if out[key]:
             log.warning("%s: %d %s", run, out[key], key.replace("_", " "))

@@ -74,19 +74,33 @@ def systems_report(
     """
     found = {name: _summaries(Path(folder)) for name, folder in systems.items()}
     if not any(found.values()):
-        raise FileNotFoundError(f"no evaluation (<task>/summary.json) in any of {', '.join(map(str, systems.values()))}")
+        raise FileNotFoundError(
+            f"no evaluation (<task>/summary.json) in any of {', '.join(map(str, systems.values()))}"
+        )
     names = list(tasks) if tasks is not None else sorted({t for s in found.values() for t in s})
     for pair in pairs:
         unknown = [p for p in pair[:2] if p not in systems]
         if unknown:
             raise ValueError(f"comparison {pair[:2]}: no system {unknown[0]!r} (systems: {', '.join(systems)})")
-    report: dict = {"title": title, "notes": list(notes), "measure": measure, "measures": list(measures),
-                    "qrels": "gold", "tasks": {}, "systems": {}, "comparisons": [], "skipped": []}
+    report: dict = {
+        "title": title,
+        "notes": list(notes),
+        "measure": measure,
+        "measures": list(measures),
+        "qrels": "gold",
+        "tasks": {},
+        "systems": {},
+        "comparisons": [],
+        "skipped": [],
+    }
     for task in names:
         first = next((s[task][0] for s in found.values() if task in s), None)
         if first is not None:
-            report["tasks"][task] = {"n_queries": first["n_queries"], "n_excluded": first.get("n_excluded", 0),
-                                     "n_docs": first.get("n_docs")}
+            report["tasks"][task] = {
+                "n_queries": first["n_queries"],
+                "n_excluded": first.get("n_excluded", 0),
+                "n_docs": first.get("n_docs"),
+            }
     for name, by_task in found.items():
         entry = {"folder": str(systems[name]), "model": None, "metrics": {}, "reads": {}, "n_queries": {}}
         for task in names:
@@ -95,7 +109,9 @@ def systems_report(
             summary = by_task[task][0]
             missing = [m for m in measures if m not in summary["metrics"]]
             if missing:
-                raise ValueError(f"{systems[name]}/{task}: no {missing[0]} in its summary (evaluated with other measures)")
+                raise ValueError(
+                    f"{systems[name]}/{task}: no {missing[0]} in its summary (evaluated with other measures)"
+                )
             entry["model"] = entry["model"] or summary.get("model")
             entry["metrics"][task] = {m: summary["metrics"][m] for m in measures}
             entry["reads"][task] = summary.get("reads")
@@ -104,8 +120,11 @@ def systems_report(
     for task in names:
         readings = {n: found[n][task][0].get("reads") for n in same_reading if task in found[n]}
         if len({json.dumps(r, sort_keys=True) for r in readings.values()}) > 1:
-            raise ValueError(f"{task}: " + "; ".join(f"{n} reads texts as {reads_text(r)}" for n, r in readings.items())
-                             + ": the comparison would measure the reading, not the training")
+            raise ValueError(
+                f"{task}: "
+                + "; ".join(f"{n} reads texts as {reads_text(r)}" for n, r in readings.items())
+                + ": the comparison would measure the reading, not the training"
+            )
     for pair in pairs:
         system, baseline = pair[0], pair[1]
         label = pair[2] if len(pair) > 2 else f"{system} − {baseline}"
@@ -116,8 +135,16 @@ def systems_report(
             b = read_per_query(found[baseline][task][1], measure)
             s = read_per_query(found[system][task][1], measure)
             c = compare(b, s, measure, seed=seed)
-            report["comparisons"].append({"system": system, "baseline": baseline, "label": label, "task": task,
-                                          **c.as_dict(), "text": c.text(label)})
+            report["comparisons"].append(
+                {
+                    "system": system,
+                    "baseline": baseline,
+                    "label": label,
+                    "task": task,
+                    **c.as_dict(),
+                    "text": c.text(label),
+                }
+            )
     return report
 
 
@@ -137,18 +164,30 @@ def report_markdown(report: dict) -> str:
     if len(tasks) == 1:
         t = tasks[0]
         info = report["tasks"][t]
-        lines += [f"Task {t}: {info['n_queries']} queries ({info['n_excluded']} without a relevant document left "
-                  f"out), gold qrels.", "", "| system | " + " | ".join(measures) + " |", "|---|" + "---:|" * len(measures)]
+        lines += [
+            f"Task {t}: {info['n_queries']} queries ({info['n_excluded']} without a relevant document left "
+            f"out), gold qrels.",
+            "",
+            "| system | " + " | ".join(measures) + " |",
+            "|---|" + "---:|" * len(measures),
+        ]
         for name, s in report["systems"].items():
             cells = [_fmt(s["metrics"][t][m]) if t in s["metrics"] else "not evaluated" for m in measures]
             lines.append(f"| {name} | " + " | ".join(cells) + " |")
     else:
-        lines += [f"{' / '.join(measures)} per task (gold qrels; n = queries with a relevant document).", "",
-                  "| system | " + " | ".join(f"{t} (n={report['tasks'][t]['n_queries'] - report['tasks'][t]['n_excluded']})"
-                                             for t in tasks) + " |", "|---|" + "---:|" * len(tasks)]
+        lines += [
+            f"{' / '.join(measures)} per task (gold qrels; n = queries with a relevant document).",
+            "",
+            "| system | "
+            + " | ".join(f"{t} (n={report['tasks'][t]['n_queries'] - report['tasks'][t]['n_excluded']})" for t in tasks)
+            + " |",
+            "|---|" + "---:|" * len(tasks),
+        ]
         for name, s in report["systems"].items():
-            cells = [" / ".join(_fmt(s["metrics"][t][m]) for m in measures) if t in s["metrics"] else "not evaluated"
-                     for t in tasks]
+            cells = [
+                " / ".join(_fmt(s["metrics"][t][m]) for m in measures) if t in s["metrics"] else "not evaluated"
+                for t in tasks
+            ]
             lines.append(f"| {name} | " + " | ".join(cells) + " |")
     readings: dict[str, list[str]] = {}
     for name, s in report["systems"].items():
@@ -156,15 +195,21 @@ def report_markdown(report: dict) -> str:
         readings.setdefault(" | ".join(sorted(texts)) or "not evaluated", []).append(name)
     lines += ["", "Texts read as:"] + [f"- {', '.join(n)}: {r}" for r, n in readings.items()]
     if report["comparisons"]:
-        lines += ["", f"Paired differences in {report['measure']} (95% paired-bootstrap interval; sign-flip test, "
-                  "its method and n):"]
+        lines += [
+            "",
+            f"Paired differences in {report['measure']} (95% paired-bootstrap interval; sign-flip test, "
+            "its method and n):",
+        ]
         for task in tasks:
             found = [c for c in report["comparisons"] if c["task"] == task]
             if found:
                 lines += [""] + ([f"**{task}**"] if len(tasks) > 1 else []) + [f"- {c['text']}" for c in found]
     if report["skipped"]:
-        lines += ["", "Not compared (a system not evaluated yet): "
-                  + "; ".join(f"{s['label']} on {s['task']}" for s in report["skipped"])]
+        lines += [
+            "",
+            "Not compared (a system not evaluated yet): "
+            + "; ".join(f"{s['label']} on {s['task']}" for s in report["skipped"]),
+        ]
     return "\n".join(lines) + "\n"
 
 

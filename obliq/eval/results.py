@@ -111,8 +111,14 @@ def evaluate_task(
             "n_excluded": pooled.n_excluded,
         }
     write_json(output / "summary.json", summary)
-    log.info("%s on %s: %s (%d queries, %d excluded)", model, task.name,
-             ", ".join(f"{n}={v:.4f}" for n, v in summary["metrics"].items()), gold.n_queries, gold.n_excluded)
+    log.info(
+        "%s on %s: %s (%d queries, %d excluded)",
+        model,
+        task.name,
+        ", ".join(f"{n}={v:.4f}" for n, v in summary["metrics"].items()),
+        gold.n_queries,
+        gold.n_excluded,
+    )
     return summary
 
 
@@ -141,8 +147,10 @@ def reads_text(reads: dict | None) -> str:
     if not reads:
         return "unknown"
     if "query_prefix" in reads:
-        return (f"query prefix {reads['query_prefix']!r} ≤ {reads['query_max_length']} tokens, passage prefix "
-                f"{reads['passage_prefix']!r} ≤ {reads['passage_max_length']} tokens")
+        return (
+            f"query prefix {reads['query_prefix']!r} ≤ {reads['query_max_length']} tokens, passage prefix "
+            f"{reads['passage_prefix']!r} ≤ {reads['passage_max_length']} tokens"
+        )
     return ", ".join(f"{k} {v}" for k, v in reads.items())
 
 
@@ -156,40 +164,59 @@ def write_report(summaries: list[dict], output: Path) -> None:
         return
     panel = list(summaries[0]["metrics"])
     fmt = lambda v: "–" if v is None or v != v else f"{v:.4f}"  # noqa: E731  (NaN → dash)
-    lines = [f"# Retrieval results: {summaries[0]['model']}", "", f"Texts read as: {reads_text(summaries[0].get('reads'))}.",
-             "",
-             "| task | mechanism | qrels | queries | excluded | " + " | ".join(panel) + " |",
-             "|---|---|---|---:|---:|" + "---:|" * len(panel)]
+    lines = [
+        f"# Retrieval results: {summaries[0]['model']}",
+        "",
+        f"Texts read as: {reads_text(summaries[0].get('reads'))}.",
+        "",
+        "| task | mechanism | qrels | queries | excluded | " + " | ".join(panel) + " |",
+        "|---|---|---|---:|---:|" + "---:|" * len(panel),
+    ]
     for s in summaries:
         rows = [("gold", s)] + ([("pooled", s["pooled"])] if "pooled" in s else [])
         for label, r in rows:
-            lines.append(f"| {s['task']} | {s['mechanism'] or ''} | {label} | {r['n_queries']} | {r['n_excluded']} | "
-                         + " | ".join(fmt(r["metrics"][n]) for n in panel) + " |")
-    lines += ["", "Time per stage (s) and latency per query (ms, p50 / p95):", "",
-              "| task | docs | encode corpus | encode queries | search | metrics | corpus cache | "
-              "query encoding p50 / p95 | search p50 / p95 |",
-              "|---|---:|---:|---:|---:|---:|---|---:|---:|"]
+            lines.append(
+                f"| {s['task']} | {s['mechanism'] or ''} | {label} | {r['n_queries']} | {r['n_excluded']} | "
+                + " | ".join(fmt(r["metrics"][n]) for n in panel)
+                + " |"
+            )
+    lines += [
+        "",
+        "Time per stage (s) and latency per query (ms, p50 / p95):",
+        "",
+        "| task | docs | encode corpus | encode queries | search | metrics | corpus cache | "
+        "query encoding p50 / p95 | search p50 / p95 |",
+        "|---|---:|---:|---:|---:|---:|---|---:|---:|",
+    ]
     for s in summaries:
         t, lat = s["timing_s"], s["latency_ms"]
         pct = lambda k: f"{lat[k]['p50']} / {lat[k]['p95']}" if lat.get(k, {}).get("n") else "–"  # noqa: E731
         sec = lambda k: f"{t[k]:.2f}" if k in t else "–"  # noqa: E731  (a run read from a file has no stages)
-        lines.append(f"| {s['task']} | {s['n_docs']} | {sec('encode_corpus')} | {sec('encode_queries')} | "
-                     f"{sec('search')} | {sec('metrics')} | {s['corpus_cache']} | {pct('query_encoding')} | {pct('search')} |")
+        lines.append(
+            f"| {s['task']} | {s['n_docs']} | {sec('encode_corpus')} | {sec('encode_queries')} | "
+            f"{sec('search')} | {sec('metrics')} | {s['corpus_cache']} | {pct('query_encoding')} | {pct('search')} |"
+        )
     reranked = [s for s in summaries if "dense_metrics" in s.get("rerank", {})]
     if reranked:
         m = panel[0]
-        lines += ["", f"Reranking (gold {m} before / after; cost per reranked query, and failed and repaired "
-                  "calls out of all calls):", "",
-                  f"| task | method | depth | dense {m} | reranked {m} | queries | reasoning | calls / query | "
-                  "tokens in / query | tokens out / query | seconds / query | failed / all calls | repaired / all calls |",
-                  "|---|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|"]
+        lines += [
+            "",
+            f"Reranking (gold {m} before / after; cost per reranked query, and failed and repaired "
+            "calls out of all calls):",
+            "",
+            f"| task | method | depth | dense {m} | reranked {m} | queries | reasoning | calls / query | "
+            "tokens in / query | tokens out / query | seconds / query | failed / all calls | repaired / all calls |",
+            "|---|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|",
+        ]
         for s in reranked:
             r, c, q = s["rerank"], s["rerank"]["cost"], s["rerank"]["cost"]["per_query"]
             thought = {True: f"on ({c['reasoning_unclosed']} unclosed)", False: "off"}.get(c.get("reasoning"), "–")
-            lines.append(f"| {s['task']} | {r['method']} | {r['depth']} | {fmt(r['dense_metrics'][m])} | "
-                         f"{fmt(s['metrics'][m])} | {c['queries']} | {thought} | {q['calls']:.1f} | {q['prompt_tokens']:.0f} | "
-                         f"{q['new_tokens']:.0f} | {q['seconds']:.2f} | {c['failed_calls']} / {c['calls']} | "
-                         f"{c['repaired_calls']} / {c['calls']} |")
+            lines.append(
+                f"| {s['task']} | {r['method']} | {r['depth']} | {fmt(r['dense_metrics'][m])} | "
+                f"{fmt(s['metrics'][m])} | {c['queries']} | {thought} | {q['calls']:.1f} | {q['prompt_tokens']:.0f} | "
+                f"{q['new_tokens']:.0f} | {q['seconds']:.2f} | {c['failed_calls']} / {c['calls']} | "
+                f"{c['repaired_calls']} / {c['calls']} |"
+            )
     (output / "results.md").write_text("\n".join(lines) + "\n")
 
     fig = Figure(figsize=(6, 4))

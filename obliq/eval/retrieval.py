@@ -188,6 +188,7 @@ def retrieve_dense(
     Returns:
         The run (cosine scores) with its timings; every rank of a process group gets the same run.
     """
+
     def encode(texts: Sequence[str], kind: str, batch_size: int):
         length = settings.query_max_length if kind == "query" else settings.passage_max_length
         return encode_texts(encoder, texts, kind, batch_size, length)
@@ -229,8 +230,9 @@ def retrieve_dense(
     )
     policy = getattr(encoder, "text_policy", None)
     reads = policy(settings.query_max_length, settings.passage_max_length) if policy else {"texts": "whole"}
-    return Retrieval(run_from_search(task.query_ids, task.doc_ids, scores, indices), settings.top_k, timing, reads,
-                     latency, status)
+    return Retrieval(
+        run_from_search(task.query_ids, task.doc_ids, scores, indices), settings.top_k, timing, reads, latency, status
+    )
 
 
 def retrieve_bm25(task: Task, settings: RetrievalSettings, latency_queries: int = 0) -> Retrieval:
@@ -269,18 +271,22 @@ def retrieve_run_file(path: str | Path, task: Task) -> Retrieval:
     run = read_run(path)
     if not set(run) & set(task.query_ids):
         seen = f"its ids look like {next(iter(run))!r}" if run else "it is empty"
-        raise ValueError(f"{path}: holds no query of task {task.name} ({seen}; the task's like {task.query_ids[0]!r}): "
-                         "a run of another task?")
+        raise ValueError(
+            f"{path}: holds no query of task {task.name} ({seen}; the task's like {task.query_ids[0]!r}): "
+            "a run of another task?"
+        )
     missing = [q for q in task.query_ids if q not in run]
     if missing:
-        log.warning("%s: %d queries of %s have no results (they score 0; e.g. %s)", path, len(missing), task.name,
-                    missing[0])
+        log.warning(
+            "%s: %d queries of %s have no results (they score 0; e.g. %s)", path, len(missing), task.name, missing[0]
+        )
     run = {q: run[q] for q in task.query_ids if q in run}
     return Retrieval(run, max((len(docs) for docs in run.values()), default=0), {}, {"run_file": str(path)})
 
 
-def make_retriever(model: str | Encoder, settings: RetrievalSettings | None = None,
-                   latency_queries: int = 0) -> Retriever:
+def make_retriever(
+    model: str | Encoder, settings: RetrievalSettings | None = None, latency_queries: int = 0
+) -> Retriever:
     """The one dispatch from a model to a retriever (see the module notes).
 
     Args:

@@ -76,7 +76,9 @@ def cluster_sums(values, clusters=None) -> tuple[np.ndarray, np.ndarray]:
         raise ValueError(f"{len(clusters)} cluster labels for {len(values)} values")
     index: dict = {}
     codes = np.array([index.setdefault(c, len(index)) for c in clusters], dtype=np.int64)
-    return np.bincount(codes, weights=values, minlength=len(index)), np.bincount(codes, minlength=len(index)).astype(float)
+    return np.bincount(codes, weights=values, minlength=len(index)), np.bincount(codes, minlength=len(index)).astype(
+        float
+    )
 
 
 def _batch(n_clusters: int) -> int:
@@ -117,9 +119,16 @@ def bootstrap_mean(
     def statistic(i, axis=-1):
         return sums[i].sum(axis=axis) / sizes[i].sum(axis=axis)
 
-    res = stats.bootstrap((np.arange(len(sums)),), statistic, n_resamples=resamples, method="percentile",
-                          vectorized=True, batch=_batch(len(sums)), confidence_level=confidence,
-                          rng=np.random.default_rng(seed))
+    res = stats.bootstrap(
+        (np.arange(len(sums)),),
+        statistic,
+        n_resamples=resamples,
+        method="percentile",
+        vectorized=True,
+        batch=_batch(len(sums)),
+        confidence_level=confidence,
+        rng=np.random.default_rng(seed),
+    )
     return mean, float(res.confidence_interval.low), float(res.confidence_interval.high)
 
 
@@ -156,9 +165,16 @@ def bootstrap_gap(
     def statistic(ia, ib, axis=-1):
         return sb[ib].sum(axis=axis) / nb[ib].sum(axis=axis) - sa[ia].sum(axis=axis) / na[ia].sum(axis=axis)
 
-    res = stats.bootstrap((np.arange(len(sa)), np.arange(len(sb))), statistic, n_resamples=resamples,
-                          method="percentile", vectorized=True, batch=_batch(len(sa) + len(sb)),
-                          confidence_level=confidence, rng=np.random.default_rng(seed))
+    res = stats.bootstrap(
+        (np.arange(len(sa)), np.arange(len(sb))),
+        statistic,
+        n_resamples=resamples,
+        method="percentile",
+        vectorized=True,
+        batch=_batch(len(sa) + len(sb)),
+        confidence_level=confidence,
+        rng=np.random.default_rng(seed),
+    )
     return gap, float(res.confidence_interval.low), float(res.confidence_interval.high)
 
 
@@ -190,14 +206,18 @@ def p_text(p: float, method: str, n: int, patterns: int = 0) -> str:
     """A p-value as obliq prints it: its value, method and n."""
     if method == "untestable":
         return f"p = 1 (cannot be tested: no non-zero difference, n = {n})"
-    what = (f"exact sign-flip test, {patterns:,} sign patterns" if method == "exact"
-            else f"Monte Carlo sign-flip test, {patterns:,} random sign patterns")
+    what = (
+        f"exact sign-flip test, {patterns:,} sign patterns"
+        if method == "exact"
+        else f"Monte Carlo sign-flip test, {patterns:,} random sign patterns"
+    )
     value = f"{p:.2g}" if p < 0.001 else f"{p:.4f}"
     return f"p = {value} ({what}, n = {n})"
 
 
-def sign_flip_test(differences, clusters=None, resamples: int = PERMUTATIONS, seed: int = 0,
-                   exact_max: int = EXACT_MAX_UNITS) -> SignFlip:
+def sign_flip_test(
+    differences, clusters=None, resamples: int = PERMUTATIONS, seed: int = 0, exact_max: int = EXACT_MAX_UNITS
+) -> SignFlip:
     """Two-sided paired sign-flip (randomisation) test of mean(differences) = 0 (see the module notes).
 
     The statistic is T = Σ units' sums of differences; a pattern counts as extreme when
@@ -242,8 +262,7 @@ def sign_flip_test(differences, clusters=None, resamples: int = PERMUTATIONS, se
         size = min(_batch(n), resamples - start)
         signs = rng.integers(0, 2, size=(size, n), dtype=np.int8).astype(np.float64) * 2 - 1
         extreme += int(np.count_nonzero(np.abs(signs @ nonzero) >= observed - tolerance))
-    return SignFlip((1 + extreme) / (1 + resamples), "monte-carlo", len(sums), n, resamples, 1 / (1 + resamples),
-                    seed)
+    return SignFlip((1 + extreme) / (1 + resamples), "monte-carlo", len(sums), n, resamples, 1 / (1 + resamples), seed)
 
 
 def wilcoxon_test(differences) -> dict:
@@ -284,8 +303,12 @@ def mann_whitney_test(reference, comparison) -> dict:
     """
     a, b = finite_values(reference, "reference group"), finite_values(comparison, "comparison group")
     res = stats.mannwhitneyu(b, a, alternative="two-sided", method="auto", use_continuity=True)
-    return {"statistic": float(res.statistic), "p_value": float(res.pvalue), "alternative": "two-sided",
-            "method": "auto"}
+    return {
+        "statistic": float(res.statistic),
+        "p_value": float(res.pvalue),
+        "alternative": "two-sided",
+        "method": "auto",
+    }
 
 
 @dataclass
@@ -336,8 +359,10 @@ class Comparison:
         ci = f"{round(self.confidence * 100)}% paired-bootstrap CI {self.ci_low:+.4f} … {self.ci_high:+.4f}"
         if self.ci_degenerate:
             ci += ", degenerate: no spread to resample"
-        return (f"{label} {self.measure} = {self.diff:+.4f} ({ci}; {self.p_text()}); queries helped {self.helped}, "
-                f"hurt {self.hurt}, tied {self.tied} (zero in both {self.zero_both}) of {self.n_queries}")
+        return (
+            f"{label} {self.measure} = {self.diff:+.4f} ({ci}; {self.p_text()}); queries helped {self.helped}, "
+            f"hurt {self.hurt}, tied {self.tied} (zero in both {self.zero_both}) of {self.n_queries}"
+        )
 
 
 def compare(
@@ -378,11 +403,25 @@ def compare(
         low = high = diff
     flip = sign_flip_test(d, resamples=permutations, seed=seed)
     return Comparison(
-        measure=measure, n_queries=len(qids), mean_a=float(a.mean()), mean_b=float(b.mean()), diff=diff,
-        ci_low=low, ci_high=high, ci_degenerate=bool(high - low <= 1e-12), p_value=flip.p_value,
-        p_method=flip.method, n_nonzero=flip.n_nonzero, patterns=flip.patterns,
-        helped=int(np.sum(d > tie)), hurt=int(np.sum(d < -tie)), tied=int(np.sum(np.abs(d) <= tie)),
-        zero_both=int(np.sum((a == 0) & (b == 0))), resamples=resamples, confidence=confidence, seed=seed,
+        measure=measure,
+        n_queries=len(qids),
+        mean_a=float(a.mean()),
+        mean_b=float(b.mean()),
+        diff=diff,
+        ci_low=low,
+        ci_high=high,
+        ci_degenerate=bool(high - low <= 1e-12),
+        p_value=flip.p_value,
+        p_method=flip.method,
+        n_nonzero=flip.n_nonzero,
+        patterns=flip.patterns,
+        helped=int(np.sum(d > tie)),
+        hurt=int(np.sum(d < -tie)),
+        tied=int(np.sum(np.abs(d) <= tie)),
+        zero_both=int(np.sum((a == 0) & (b == 0))),
+        resamples=resamples,
+        confidence=confidence,
+        seed=seed,
     )
 
 

@@ -38,7 +38,6 @@ DTYPES = ("float32", "bfloat16", "float16")
 """``backend.dtype`` values (the transformers backend's torch dtypes)."""
 
 
-
 @runtime_checkable
 class Backend(Protocol):
     """What the pipeline needs from a generator.
@@ -65,15 +64,17 @@ class Backend(Protocol):
     reasoning_tokens: int
     delimiters: tuple[tuple[str, str], ...]
 
-    def generate(self, prompts: Sequence[Messages], max_new_tokens: int, temperature: float,
-                 seed: int | Sequence[int]) -> list[str]:
+    def generate(
+        self, prompts: Sequence[Messages], max_new_tokens: int, temperature: float, seed: int | Sequence[int]
+    ) -> list[str]:
         """One raw reply per chat, in order; ``temperature`` 0 means greedy; ``seed`` (one for the
         call, or one per chat) makes sampling repeatable."""
         ...
 
 
-def ask(backend: Backend, prompts: Sequence[Messages], answer_tokens: int, temperature: float,
-        seed: int | Sequence[int]) -> list[Reply]:
+def ask(
+    backend: Backend, prompts: Sequence[Messages], answer_tokens: int, temperature: float, seed: int | Sequence[int]
+) -> list[Reply]:
     """The one way obliq asks a language model: one :class:`~obliq.llm.reply.Reply` per chat.
 
     The budget is ``answer_tokens``, plus ``reasoning_tokens`` when the backend lets the model reason;
@@ -88,8 +89,10 @@ def ask(backend: Backend, prompts: Sequence[Messages], answer_tokens: int, tempe
     raw = backend.generate(list(prompts), budget, temperature, seed)
     finished = getattr(backend, "finished", None) or [True] * len(raw)
     if len(raw) != len(prompts) or len(finished) != len(prompts):
-        raise RuntimeError(f"{getattr(backend, 'name', 'backend')}: {len(raw)} replies and {len(finished)} finished "
-                           f"flags for {len(prompts)} prompts")
+        raise RuntimeError(
+            f"{getattr(backend, 'name', 'backend')}: {len(raw)} replies and {len(finished)} finished "
+            f"flags for {len(prompts)} prompts"
+        )
     delimiters = getattr(backend, "delimiters", REASONING_DELIMITERS[:1])
     return [clean_reply(r, f, delimiters) for r, f in zip(raw, finished)]
 
@@ -117,9 +120,17 @@ class TransformersBackend:
         ValueError: the tokenizer has no chat template.
     """
 
-    def __init__(self, model: str = "smollm2", device: str | None = None, dtype: str | None = None,
-                 batch_size: int = 8, top_p: float = 0.95, threads: int | None = None, reasoning: bool = False,
-                 reasoning_tokens: int = 1024):
+    def __init__(
+        self,
+        model: str = "smollm2",
+        device: str | None = None,
+        dtype: str | None = None,
+        batch_size: int = 8,
+        top_p: float = 0.95,
+        threads: int | None = None,
+        reasoning: bool = False,
+        reasoning_tokens: int = 1024,
+    ):
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -142,8 +153,9 @@ class TransformersBackend:
         self.new_tokens, self.seconds, self.finished = 0, 0.0, []
         self.calls, self.prompt_tokens = 0, 0
 
-    def generate(self, prompts: Sequence[Messages], max_new_tokens: int, temperature: float,
-                 seed: int | Sequence[int]) -> list[str]:
+    def generate(
+        self, prompts: Sequence[Messages], max_new_tokens: int, temperature: float, seed: int | Sequence[int]
+    ) -> list[str]:
         """See :class:`Backend`. Batches of ``batch_size``; a batch is seeded with its first chat's seed
         (per-chat seeds are exact with ``batch_size`` 1), or with ``seed + i`` for batch ``i``."""
         import torch
@@ -154,24 +166,37 @@ class TransformersBackend:
         devices = [self.device] if self.device.type == "cuda" else []
         for i in range(0, len(prompts), self.batch_size):
             enc = self.tokenizer.apply_chat_template(
-                list(prompts[i:i + self.batch_size]), add_generation_prompt=True, padding=True,
-                return_tensors="pt", return_dict=True, enable_thinking=self.reasoning,
+                list(prompts[i : i + self.batch_size]),
+                add_generation_prompt=True,
+                padding=True,
+                return_tensors="pt",
+                return_dict=True,
+                enable_thinking=self.reasoning,
             ).to(self.device)
-            sampling = dict(do_sample=True, temperature=temperature, top_p=self.top_p) if temperature > 0 else dict(do_sample=False)
+            sampling = (
+                dict(do_sample=True, temperature=temperature, top_p=self.top_p)
+                if temperature > 0
+                else dict(do_sample=False)
+            )
             start, threads = time.perf_counter(), torch.get_num_threads()
             try:
                 if self.threads:
                     torch.set_num_threads(self.threads)
                 with torch.random.fork_rng(devices=devices), torch.inference_mode():
                     torch.manual_seed(seed[i] if not isinstance(seed, int) else seed + i // self.batch_size)
-                    ids = self.model.generate(**enc, max_new_tokens=max_new_tokens, eos_token_id=self.end_ids,
-                                              pad_token_id=self.tokenizer.pad_token_id, **sampling)
+                    ids = self.model.generate(
+                        **enc,
+                        max_new_tokens=max_new_tokens,
+                        eos_token_id=self.end_ids,
+                        pad_token_id=self.tokenizer.pad_token_id,
+                        **sampling,
+                    )
             finally:
                 torch.set_num_threads(threads)
             self.seconds += time.perf_counter() - start
             self.calls += len(enc["input_ids"])
             self.prompt_tokens += int(enc["attention_mask"].sum())
-            for row in ids[:, enc["input_ids"].shape[1]:].tolist():
+            for row in ids[:, enc["input_ids"].shape[1] :].tolist():
                 end = next((j for j, t in enumerate(row) if t in ends), None)
                 self.finished.append(end is not None)
                 self.new_tokens += end + 1 if end is not None else len(row)
@@ -201,9 +226,16 @@ class VLLMBackend:
         ImportError: vLLM is not installed (the message names the extra).
     """
 
-    def __init__(self, model: str = "smollm2", tensor_parallel_size: int = 1, gpu_memory_utilization: float = 0.9,
-                 max_model_len: int | None = None, top_p: float = 0.95, reasoning: bool = False,
-                 reasoning_tokens: int = 1024):
+    def __init__(
+        self,
+        model: str = "smollm2",
+        tensor_parallel_size: int = 1,
+        gpu_memory_utilization: float = 0.9,
+        max_model_len: int | None = None,
+        top_p: float = 0.95,
+        reasoning: bool = False,
+        reasoning_tokens: int = 1024,
+    ):
         try:
             from vllm import LLM, SamplingParams
         except ImportError as err:
@@ -212,8 +244,12 @@ class VLLMBackend:
                 "environment with `pip install -e '.[gen]'` (or use backend=transformers)"
             ) from err
         self._sampling = SamplingParams
-        self.llm = LLM(model=resolve_model(model), tensor_parallel_size=tensor_parallel_size,
-                       gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len)
+        self.llm = LLM(
+            model=resolve_model(model),
+            tensor_parallel_size=tensor_parallel_size,
+            gpu_memory_utilization=gpu_memory_utilization,
+            max_model_len=max_model_len,
+        )
         self.top_p, self.reasoning, self.reasoning_tokens = top_p, reasoning, reasoning_tokens
         tokenizer = self.llm.get_tokenizer()
         from transformers import GenerationConfig
@@ -228,16 +264,26 @@ class VLLMBackend:
         self.new_tokens, self.seconds, self.finished = 0, 0.0, []
         self.calls, self.prompt_tokens = 0, 0
 
-    def generate(self, prompts: Sequence[Messages], max_new_tokens: int, temperature: float,
-                 seed: int | Sequence[int]) -> list[str]:
+    def generate(
+        self, prompts: Sequence[Messages], max_new_tokens: int, temperature: float, seed: int | Sequence[int]
+    ) -> list[str]:
         """See :class:`Backend`. Each request gets its own seed (``seed`` itself for all, when one)."""
         seeds = [seed] * len(prompts) if isinstance(seed, int) else list(seed)
-        params = [self._sampling(temperature=temperature, top_p=self.top_p if temperature > 0 else 1.0,
-                                 max_tokens=max_new_tokens, seed=s, stop_token_ids=self.end_ids,
-                                 skip_special_tokens=False) for s in seeds]
+        params = [
+            self._sampling(
+                temperature=temperature,
+                top_p=self.top_p if temperature > 0 else 1.0,
+                max_tokens=max_new_tokens,
+                seed=s,
+                stop_token_ids=self.end_ids,
+                skip_special_tokens=False,
+            )
+            for s in seeds
+        ]
         start = time.perf_counter()
-        results = self.llm.chat(list(prompts), params, use_tqdm=False,
-                                chat_template_kwargs={"enable_thinking": self.reasoning})
+        results = self.llm.chat(
+            list(prompts), params, use_tqdm=False, chat_template_kwargs={"enable_thinking": self.reasoning}
+        )
         self.seconds += time.perf_counter() - start
         out, self.finished = [], []
         self.calls += len(results)
@@ -310,7 +356,9 @@ class BackendConfig:
             try:
                 torch.device(self.device if isinstance(self.device, str) else "")
             except RuntimeError:
-                raise ValueError(f"device: must be a torch device (cpu, cuda, cuda:1, …), got {self.device!r}") from None
+                raise ValueError(
+                    f"device: must be a torch device (cpu, cuda, cuda:1, …), got {self.device!r}"
+                ) from None
         if self.dtype is not None and self.dtype not in DTYPES:
             raise ValueError(f"dtype: must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         check_int("batch_size", self.batch_size, 1)
@@ -330,8 +378,20 @@ class BackendConfig:
         needed)."""
         thinking = dict(reasoning=self.reasoning, reasoning_tokens=self.reasoning_tokens)
         if self.name == "transformers":
-            return load_backend("transformers", self.model, device=self.device, dtype=self.dtype,
-                                threads=self.threads, batch_size=self.batch_size, **thinking)
-        return load_backend("vllm", self.model, tensor_parallel_size=self.tensor_parallel_size,
-                            gpu_memory_utilization=self.gpu_memory_utilization, max_model_len=self.max_model_len,
-                            **thinking)
+            return load_backend(
+                "transformers",
+                self.model,
+                device=self.device,
+                dtype=self.dtype,
+                threads=self.threads,
+                batch_size=self.batch_size,
+                **thinking,
+            )
+        return load_backend(
+            "vllm",
+            self.model,
+            tensor_parallel_size=self.tensor_parallel_size,
+            gpu_memory_utilization=self.gpu_memory_utilization,
+            max_model_len=self.max_model_len,
+            **thinking,
+        )

@@ -55,8 +55,9 @@ class PromptTemplate:
     def instructions(self) -> str:
         """The templates' fixed text, the filled-in fields left out: what the prompt itself says (a
         reply that only repeats it is no answer, :func:`obliq.llm.reply.echoes_prompt`)."""
-        parts = [literal for template in (self.system or "", self.user)
-                 for literal, *_ in string.Formatter().parse(template)]
+        parts = [
+            literal for template in (self.system or "", self.user) for literal, *_ in string.Formatter().parse(template)
+        ]
         return " ".join(parts)
 
 
@@ -73,7 +74,9 @@ def template_fields(template: str, path: str, key: str) -> set[str]:
             if name is None:
                 continue
             if not name.isidentifier() or spec or conv:
-                raise ValueError(f"{path}: {key}: field {{{name}}} must be a plain name (no format spec, index or conversion)")
+                raise ValueError(
+                    f"{path}: {key}: field {{{name}}} must be a plain name (no format spec, index or conversion)"
+                )
             names.add(name)
     except ValueError as err:
         if str(err).startswith(path):
@@ -82,8 +85,9 @@ def template_fields(template: str, path: str, key: str) -> set[str]:
     return names
 
 
-def read_prompt(path: str, text: str, keys: Sequence[str], allowed: set[str], needed: set[str],
-                kind: str) -> PromptTemplate:
+def read_prompt(
+    path: str, text: str, keys: Sequence[str], allowed: set[str], needed: set[str], kind: str
+) -> PromptTemplate:
     """Parse and check a prompt file.
 
     Args:

@@ -24,21 +24,23 @@ from dataclasses import dataclass
 from obliq.text import load_function_words, words
 
 REASONING_DELIMITERS: tuple[tuple[str, str], ...] = (
-    ("<think>", "</think>"),                        # Qwen3, DeepSeek-R1, QwQ, most open reasoning models
+    ("<think>", "</think>"),  # Qwen3, DeepSeek-R1, QwQ, most open reasoning models
     ("<thinking>", "</thinking>"),
     ("<reasoning>", "</reasoning>"),
     ("<|begin_of_thought|>", "<|end_of_thought|>"),
-    ("[THINK]", "[/THINK]"),                        # Magistral
-    ("<|channel|>analysis", "<|end|>"),             # gpt-oss (harmony)
+    ("[THINK]", "[/THINK]"),  # Magistral
+    ("<|channel|>analysis", "<|end|>"),  # gpt-oss (harmony)
 )
 """Reasoning delimiters obliq knows. ``<think>`` is always removed; the others when the model's chat
 template or vocabulary declares them (:func:`reasoning_delimiters`)."""
 
 ECHO_RUN = 5
 """A reply sharing this many consecutive words with the prompt's own instructions echoes them."""
-META_WORDS = frozenset("query queries question questions answer answers sentence sentences word words text texts ask asked "
-                       "requested provided below above "
-                       "document documents request task example description following here".split())
+META_WORDS = frozenset(
+    "query queries question questions answer answers sentence sentences word words text texts ask asked "
+    "requested provided below above "
+    "document documents request task example description following here".split()
+)
 """Words of a reply that talks about the task instead of doing it."""
 
 
@@ -68,11 +70,13 @@ def reasoning_delimiters(tokenizer=None) -> tuple[tuple[str, str], ...]:
     declared = str(getattr(tokenizer, "chat_template", "") or "")
     vocab = getattr(tokenizer, "get_vocab", dict)()
     return REASONING_DELIMITERS[:1] + tuple(
-        pair for pair in REASONING_DELIMITERS[1:] if any(tag in declared or tag in vocab for tag in pair))
+        pair for pair in REASONING_DELIMITERS[1:] if any(tag in declared or tag in vocab for tag in pair)
+    )
 
 
-def clean_reply(raw: str | None, finished: bool = True,
-                delimiters: tuple[tuple[str, str], ...] = REASONING_DELIMITERS[:1]) -> Reply:
+def clean_reply(
+    raw: str | None, finished: bool = True, delimiters: tuple[tuple[str, str], ...] = REASONING_DELIMITERS[:1]
+) -> Reply:
     """The answer of one reply, its reasoning removed (see the module notes).
 
     Args:
@@ -94,7 +98,7 @@ def clean_reply(raw: str | None, finished: bool = True,
             end = text.find(close_tag, start + len(open_tag))
             if end < 0:  # the reasoning never closed: no answer
                 return Reply(None, raw, finished, True)
-            text, found = text[:start] + text[end + len(close_tag):], True
+            text, found = text[:start] + text[end + len(close_tag) :], True
     return Reply(text.strip(), raw, finished, found)
 
 
@@ -112,8 +116,9 @@ def end_ids(tokenizer, generation_config=None) -> list[int]:
     if getattr(tokenizer, "chat_template", None):
         mark = "OBLIQ-END-OF-ANSWER"
         try:
-            text = tokenizer.apply_chat_template([{"role": "user", "content": "x"}, {"role": "assistant", "content": mark}],
-                                                 tokenize=False)
+            text = tokenizer.apply_chat_template(
+                [{"role": "user", "content": "x"}, {"role": "assistant", "content": mark}], tokenize=False
+            )
         except Exception:  # a template that cannot render a plain exchange: eos ids only
             text = ""
         after = text.split(mark, 1)[1] if mark in text else ""
@@ -137,8 +142,8 @@ def echoes_prompt(answer: str, instructions: str) -> bool:
         (:data:`META_WORDS`) or one of the instructions' own words.
     """
     said, told = words(answer), words(instructions)
-    runs = {tuple(told[i:i + ECHO_RUN]) for i in range(len(told) - ECHO_RUN + 1)}
-    if any(tuple(said[i:i + ECHO_RUN]) in runs for i in range(len(said) - ECHO_RUN + 1)):
+    runs = {tuple(told[i : i + ECHO_RUN]) for i in range(len(told) - ECHO_RUN + 1)}
+    if any(tuple(said[i : i + ECHO_RUN]) in runs for i in range(len(said) - ECHO_RUN + 1)):
         return True
     function = set(load_function_words("english"))
     content = [w for w in said if w not in function and not w.isdigit()]

@@ -54,8 +54,11 @@ def checkpoint_info(path: str | Path, ckpt: dict | None = None) -> CheckpointInf
     ckpt = ckpt if ckpt is not None else read_checkpoint(path)
     obliq = ckpt["obliq"]
     return CheckpointInfo(
-        path=Path(path), step=int(ckpt.get("global_step", 0)), epoch=int(ckpt.get("epoch", 0)),
-        encoder=stored_settings(obliq.get("encoder"), path), lora=obliq.get("lora"),
+        path=Path(path),
+        step=int(ckpt.get("global_step", 0)),
+        epoch=int(ckpt.get("epoch", 0)),
+        encoder=stored_settings(obliq.get("encoder"), path),
+        lora=obliq.get("lora"),
         hyper_parameters=dict(ckpt.get("hyper_parameters") or {}),
         data=dict((ckpt.get("TrainingDataModule") or {}).get("stats") or {}),
     )
@@ -82,8 +85,13 @@ def read_checkpoint(path: str | Path) -> dict:
     return ckpt
 
 
-def load_checkpoint(path: str | Path, ckpt: dict | None = None, backbone: str | None = None,
-                    trust_remote_code: bool = False, **overrides) -> BiEncoder:
+def load_checkpoint(
+    path: str | Path,
+    ckpt: dict | None = None,
+    backbone: str | None = None,
+    trust_remote_code: bool = False,
+    **overrides,
+) -> BiEncoder:
     """Rebuild the encoder of a training checkpoint (``train.py fit``) with its trained weights.
 
     The checkpoint is data: its encoder settings are read through
@@ -108,8 +116,9 @@ def load_checkpoint(path: str | Path, ckpt: dict | None = None, backbone: str | 
     if backbone is not None and portable_name(backbone) != portable_name(settings["backbone"]):
         raise ValueError(f"{path}: trained on backbone {settings['backbone']!r}, not {backbone!r}")
     lora = ckpt["obliq"].get("lora")
-    encoder = BiEncoder(**dict(settings, **overrides), trust_remote_code=trust_remote_code,
-                        lora=LoraSettings(**lora) if lora else None)
+    encoder = BiEncoder(
+        **dict(settings, **overrides), trust_remote_code=trust_remote_code, lora=LoraSettings(**lora) if lora else None
+    )
     state = {k.removeprefix("encoder."): v for k, v in ckpt["state_dict"].items()}
     trainable = {n for n, p in encoder.named_parameters() if p.requires_grad}
     missing = sorted(trainable - state.keys())

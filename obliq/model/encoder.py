@@ -75,9 +75,16 @@ class TextTokenizer:
     ``truncated`` counts the texts cut so far, per kind.
     """
 
-    def __init__(self, tokenizer, query_prefix: str = "query: ", passage_prefix: str = "passage: ",
-                 query_max_length: int = QUERY_MAX_LENGTH, passage_max_length: int = PASSAGE_MAX_LENGTH,
-                 use_instructions: bool = False, capacity: int | None = None):
+    def __init__(
+        self,
+        tokenizer,
+        query_prefix: str = "query: ",
+        passage_prefix: str = "passage: ",
+        query_max_length: int = QUERY_MAX_LENGTH,
+        passage_max_length: int = PASSAGE_MAX_LENGTH,
+        use_instructions: bool = False,
+        capacity: int | None = None,
+    ):
         if min(query_max_length, passage_max_length) < 1:
             raise ValueError("max lengths must be positive")
         self.tokenizer = tokenizer
@@ -101,7 +108,10 @@ class TextTokenizer:
         return out
 
     def __call__(
-        self, texts: list[str], kind: Kind, instructions: list[str | None] | None = None,
+        self,
+        texts: list[str],
+        kind: Kind,
+        instructions: list[str | None] | None = None,
         max_length: int | None = None,
     ) -> dict[str, torch.Tensor]:
         """Tokenize n texts of one kind.
@@ -206,10 +216,22 @@ class BiEncoder(nn.Module):
         _ensure_pad_token(self.tokenizer)
         positions = model_capacity(path, AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code))
         if positions and max(query_max_length, passage_max_length) > positions:
-            log.warning("%s reads at most %d tokens: max lengths %d/%d cut to fit", backbone, positions,
-                        query_max_length, passage_max_length)
-        self.text = TextTokenizer(self.tokenizer, query_prefix, passage_prefix, query_max_length, passage_max_length,
-                             use_instructions, capacity=positions)
+            log.warning(
+                "%s reads at most %d tokens: max lengths %d/%d cut to fit",
+                backbone,
+                positions,
+                query_max_length,
+                passage_max_length,
+            )
+        self.text = TextTokenizer(
+            self.tokenizer,
+            query_prefix,
+            passage_prefix,
+            query_max_length,
+            passage_max_length,
+            use_instructions,
+            capacity=positions,
+        )
 
         kwargs: dict = {"dtype": _DTYPES[dtype], "trust_remote_code": trust_remote_code}
         if attn_implementation:
@@ -244,7 +266,10 @@ class BiEncoder(nn.Module):
 
     # ------------------------------------------------------------------ tokenization
     def tokenize(
-        self, texts: list[str], kind: Kind, instructions: list[str | None] | None = None,
+        self,
+        texts: list[str],
+        kind: Kind,
+        instructions: list[str | None] | None = None,
         max_length: int | None = None,
     ) -> dict[str, torch.Tensor]:
         """See :class:`TextTokenizer` (``self.text``)."""
@@ -253,10 +278,14 @@ class BiEncoder(nn.Module):
     def text_policy(self, query_max_length: int | None = None, passage_max_length: int | None = None) -> dict:
         """How this encoder reads texts when asked for these lengths: its prefixes and the token
         lengths it actually keeps (cut to its capacity). What a report states of a system."""
-        return {"query_prefix": self.text.prefix["query"], "passage_prefix": self.text.prefix["passage"],
-                "query_max_length": self.text.cap(query_max_length) if query_max_length else self.text.max_length["query"],
-                "passage_max_length": self.text.cap(passage_max_length) if passage_max_length
-                else self.text.max_length["passage"]}
+        return {
+            "query_prefix": self.text.prefix["query"],
+            "passage_prefix": self.text.prefix["passage"],
+            "query_max_length": self.text.cap(query_max_length) if query_max_length else self.text.max_length["query"],
+            "passage_max_length": self.text.cap(passage_max_length)
+            if passage_max_length
+            else self.text.max_length["passage"],
+        }
 
     @property
     def truncated(self) -> dict[str, int]:
@@ -366,8 +395,9 @@ class BiEncoder(nn.Module):
             self.model.save_pretrained(folder)
         if not self.is_peft:
             self.tokenizer.save_pretrained(folder)
-        settings = dict(self.settings, backbone=backbone, lora=asdict(self.lora) if self.lora else None,
-                        is_adapter=self.is_peft)
+        settings = dict(
+            self.settings, backbone=backbone, lora=asdict(self.lora) if self.lora else None, is_adapter=self.is_peft
+        )
         write_json(folder / CONFIG_NAME, settings)
 
     @classmethod
@@ -407,8 +437,17 @@ class BiEncoder(nn.Module):
 
 
 # ---------------------------------------------------------------------- helpers
-SETTINGS = ("backbone", "bidirectional", "query_prefix", "passage_prefix", "use_instructions", "query_max_length",
-            "passage_max_length", "dtype", "attn_implementation")
+SETTINGS = (
+    "backbone",
+    "bidirectional",
+    "query_prefix",
+    "passage_prefix",
+    "use_instructions",
+    "query_max_length",
+    "passage_max_length",
+    "dtype",
+    "attn_implementation",
+)
 """The encoder settings a saved model or checkpoint records (``BiEncoder.settings``); nothing else read
 from such a file reaches the encoder (never ``trust_remote_code``)."""
 
@@ -424,8 +463,12 @@ def stored_settings(saved, source: object) -> dict:
         raise ValueError(f"{source}: not an obliq encoder's settings (no backbone)")
     ignored = sorted(set(saved) - set(SETTINGS) - {"lora", "is_adapter"})
     if ignored:
-        log.warning("%s: ignored settings %s (a file cannot set them; trust_remote_code comes from your command "
-                    "line or config only)", source, ", ".join(ignored))
+        log.warning(
+            "%s: ignored settings %s (a file cannot set them; trust_remote_code comes from your command "
+            "line or config only)",
+            source,
+            ", ".join(ignored),
+        )
     return {k: saved[k] for k in SETTINGS if k in saved}
 
 
@@ -490,6 +533,7 @@ def check_bidirectional(encoder: BiEncoder, expect: bool = True) -> None:
     model.eval()
     device = encoder.device
     try:
+
         def first_state(ids: list[int], mask: list[int] | None, partner: bool) -> torch.Tensor:
             rows = [ids] + ([ids + ids] if partner else [])
             width = max(len(r) for r in rows)
@@ -500,8 +544,11 @@ def check_bidirectional(encoder: BiEncoder, expect: bool = True) -> None:
                 inputs["attention_mask"] = m
             return model(**inputs).last_hidden_state[0, 0].float()
 
-        for variant in ({"mask": [1] * 4, "partner": False}, {"mask": None, "partner": False},
-                        {"mask": [1] * 4, "partner": True}):
+        for variant in (
+            {"mask": [1] * 4, "partner": False},
+            {"mask": None, "partner": False},
+            {"mask": [1] * 4, "partner": True},
+        ):
             diff = (first_state(a, **variant) - first_state(b, **variant)).abs().max().item()
             if expect and diff == 0.0:
                 raise RuntimeError(
@@ -520,7 +567,9 @@ def _default_targets(model: nn.Module) -> list[str]:
         found = [t for t in targets if t in names]
         if found:
             return found
-    raise ValueError(f"no default LoRA targets in this backbone; set lora.target_modules (linear layers: {sorted(names)})")
+    raise ValueError(
+        f"no default LoRA targets in this backbone; set lora.target_modules (linear layers: {sorted(names)})"
+    )
 
 
 def _apply_lora(model: nn.Module, lora: LoraSettings) -> nn.Module:

@@ -30,8 +30,8 @@ Two savings that leave the result unchanged:
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import AbstractContextManager as ContextManager
 from contextlib import ExitStack, contextmanager, nullcontext
-from typing import ContextManager
 
 import torch
 
@@ -43,7 +43,9 @@ class RandState:
 
     def __init__(self):
         self.cpu = torch.get_rng_state()
-        self.cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+        self.cuda = (
+            torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+        )
 
     @contextmanager
     def replay(self):
@@ -143,12 +145,19 @@ def grad_cache_step(
     backward = backward or torch.Tensor.backward
     sync_off = no_sync or nullcontext
     if sort_by_length:
-        (q_chunks, q_inverse), (d_chunks, d_inverse) = sorted_chunks(queries, chunk_size), sorted_chunks(docs, chunk_size)
+        (q_chunks, q_inverse), (d_chunks, d_inverse) = (
+            sorted_chunks(queries, chunk_size),
+            sorted_chunks(docs, chunk_size),
+        )
     else:
-        (q_chunks, q_inverse), (d_chunks, d_inverse) = (split(queries, chunk_size), None), (split(docs, chunk_size), None)
+        (q_chunks, q_inverse), (d_chunks, d_inverse) = (
+            (split(queries, chunk_size), None),
+            (split(docs, chunk_size), None),
+        )
     want_q, want_d = pad_to or (len(q_chunks), len(d_chunks))
-    idle = [{k: v[:1] for k, v in queries.items()}] * max(0, want_q - len(q_chunks)) + \
-        [{k: v[:1] for k, v in docs.items()}] * max(0, want_d - len(d_chunks))
+    idle = [{k: v[:1] for k, v in queries.items()}] * max(0, want_q - len(q_chunks)) + [
+        {k: v[:1] for k, v in docs.items()}
+    ] * max(0, want_d - len(d_chunks))
     if len(q_chunks) + len(d_chunks) + len(idle) == 2:  # one chunk a side: a plain step, one forward cheaper
         loss = loss_fn(encode(queries), encode(docs))
         _check_finite(loss)
@@ -172,7 +181,7 @@ def grad_cache_step(
 
     reps = [r.detach().requires_grad_() for r in reps]
     with torch.enable_grad():
-        q, d = torch.cat(reps[:len(q_chunks)]), torch.cat(reps[len(q_chunks):])
+        q, d = torch.cat(reps[: len(q_chunks)]), torch.cat(reps[len(q_chunks) :])
         loss = loss_fn(q if q_inverse is None else q[q_inverse], d if d_inverse is None else d[d_inverse])
     _check_finite(loss)
     grads = torch.autograd.grad(loss * backward_scale, reps)
@@ -184,7 +193,7 @@ def grad_cache_step(
     passes = [(c, s, g) for c, s, g in zip(again, states, grads)] + [(c, None, None) for c in idle]
     for i, (chunk, state, grad) in enumerate(passes):
         sync = nullcontext() if (i == len(passes) - 1 or no_sync is None) else no_sync()
-        with sync, (state.replay() if state is not None else nullcontext()):
+        with sync, state.replay() if state is not None else nullcontext():
             out = encode(chunk)
             backward(torch.dot(out.flatten(), grad.flatten()) if grad is not None else out.sum() * 0.0)
     return loss.detach()

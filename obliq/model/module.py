@@ -101,8 +101,10 @@ class RetrieverModule(L.LightningModule):
         from obliq.model.sharding import shard_encoder
 
         if self.device_mesh["tensor_parallel"].size() > 1:
-            raise ValueError("tensor parallelism is not supported: use obliq.model.sharding.LoraModelParallelStrategy "
-                             "(data parallel only) instead of ModelParallelStrategy")
+            raise ValueError(
+                "tensor parallelism is not supported: use obliq.model.sharding.LoraModelParallelStrategy "
+                "(data parallel only) instead of ModelParallelStrategy"
+            )
         units = shard_encoder(self.encoder, self.device_mesh["data_parallel"])
         self._sharded = True
         log.info("FSDP2: %d units (%d trainable)", len(units), sum(k == "trainable" for k, _ in units))
@@ -142,8 +144,12 @@ class RetrieverModule(L.LightningModule):
             group["initial_lr"], group["weight_decay"] = self.hparams.lr, self.hparams.weight_decay
             lr = self.hparams.lr * fn(scheduler.last_epoch)
             if group["lr"] != lr:
-                log.warning("lr at step %d follows the current schedule: %.3g (the checkpoint had %.3g)",
-                            scheduler.last_epoch, lr, group["lr"])
+                log.warning(
+                    "lr at step %d follows the current schedule: %.3g (the checkpoint had %.3g)",
+                    scheduler.last_epoch,
+                    lr,
+                    group["lr"],
+                )
                 group["lr"] = lr
 
     # ------------------------------------------------------------------ training
@@ -165,7 +171,8 @@ class RetrieverModule(L.LightningModule):
                 no_sync=self.trainer.strategy.block_backward_sync if self.trainer.world_size > 1 else None,
                 backward_scale=self.loss.backward_scale,
                 pad_to=chunk_counts_across_ranks(batch["query"], batch["docs"], self.chunk_size)
-                if self.device_mesh is not None else None,  # FSDP: the same passes on every rank
+                if self.device_mesh is not None
+                else None,  # FSDP: the same passes on every rank
                 sort_by_length=self.sort_by_length,
             )
             scaler = getattr(self.trainer.precision_plugin, "scaler", None)
@@ -247,10 +254,13 @@ class RetrieverModule(L.LightningModule):
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         trainable = {f"encoder.{n}" for n, p in self.encoder.named_parameters() if p.requires_grad}
         checkpoint["state_dict"] = {k: v for k, v in checkpoint["state_dict"].items() if k in trainable}
-        checkpoint["obliq"] = {"bad_steps": self.bad_steps, "overflow_steps": self.overflow_steps,
-                               "encoder": self.encoder.settings,
-                               "lora": None if self.encoder.lora is None else vars(self.encoder.lora),
-                               "loss": {**self.loss.citation(), "chunk_size": self.chunk_size}}  # the model card's
+        checkpoint["obliq"] = {
+            "bad_steps": self.bad_steps,
+            "overflow_steps": self.overflow_steps,
+            "encoder": self.encoder.settings,
+            "lora": None if self.encoder.lora is None else vars(self.encoder.lora),
+            "loss": {**self.loss.citation(), "chunk_size": self.chunk_size},
+        }  # the model card's
 
     def check_checkpoint_state(self, state: dict) -> None:
         """Refuse a checkpoint ``state_dict`` that misses a trainable weight or holds one of another shape.
@@ -261,13 +271,17 @@ class RetrieverModule(L.LightningModule):
         trainable = {f"encoder.{n}": tuple(p.shape) for n, p in self.encoder.named_parameters() if p.requires_grad}
         missing = sorted(trainable.keys() - state.keys())
         if missing:
-            raise KeyError(f"checkpoint lacks {len(missing)} trainable weights, e.g. {missing[:3]}: "
-                           "was it written with another LoRA configuration?")
+            raise KeyError(
+                f"checkpoint lacks {len(missing)} trainable weights, e.g. {missing[:3]}: "
+                "was it written with another LoRA configuration?"
+            )
         wrong = [k for k, shape in trainable.items() if tuple(state[k].shape) != shape]
         if wrong:
-            raise KeyError(f"checkpoint weight {wrong[0]} has shape {tuple(state[wrong[0]].shape)}, the model "
-                           f"{trainable[wrong[0]]} ({len(wrong)} such): was it written with another LoRA rank "
-                           "or backbone?")
+            raise KeyError(
+                f"checkpoint weight {wrong[0]} has shape {tuple(state[wrong[0]].shape)}, the model "
+                f"{trainable[wrong[0]]} ({len(wrong)} such): was it written with another LoRA rank "
+                "or backbone?"
+            )
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         if "state_dict" in checkpoint:  # FSDP2 strategies load (and check) the weights themselves

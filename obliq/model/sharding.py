@@ -56,8 +56,10 @@ def _split(module: nn.Module, skip: set[int]) -> tuple[list[nn.Module], bool]:
         if all(own) and own:
             trainable.append(m)
         elif any(own):
-            raise ValueError(f"{type(m).__name__} owns trainable and frozen parameters: FSDP cannot shard "
-                             "them in separate units; freeze or unfreeze the whole module")
+            raise ValueError(
+                f"{type(m).__name__} owns trainable and frozen parameters: FSDP cannot shard "
+                "them in separate units; freeze or unfreeze the whole module"
+            )
         frozen |= bool(own) and not any(own)
     return trainable, frozen
 
@@ -141,4 +143,3 @@ class LoraModelParallelStrategy(ModelParallelStrategy):
         if check is not None:
             check(state)
         return super().load_checkpoint(checkpoint_path, weights_only=weights_only)
-

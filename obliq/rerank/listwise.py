@@ -30,8 +30,9 @@ def windows(n: int, window: int, step: int) -> list[tuple[int, int]]:
     return [(a, a + window) for a in starts]
 
 
-def listwise(n: int, judge: Judge, prompt_for: Callable[[list[int], int | None], Messages], cfg: ListwiseConfig,
-             seed: int) -> list[int]:
+def listwise(
+    n: int, judge: Judge, prompt_for: Callable[[list[int], int | None], Messages], cfg: ListwiseConfig, seed: int
+) -> list[int]:
     """Rerank ``n`` candidates (positions ``0…n-1`` in dense order) with sliding listwise windows.
 
     Args:

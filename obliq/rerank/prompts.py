@@ -59,17 +59,30 @@ def load_rerank_prompt(method: str, task: str | None = None, prompt_dir: str | P
         raise FileNotFoundError(f"no prompt file {' or '.join(names)} in {prompt_dir or 'obliq/rerank/prompts'}")
     path, text = found
     if method == "listwise" and path.endswith("listwise_default.yaml"):
-        log.warning("no listwise_%s.yaml prompt: task %s is reranked with the generic %s (not task-aware)",
-                    task, task, path)
-    prompt = read_prompt(path, text, ("method", "task"), METHOD_FIELDS[method],
-                         {"query", "documents"} | ({"k"} if method == "tourrank" else set()), method)
+        log.warning(
+            "no listwise_%s.yaml prompt: task %s is reranked with the generic %s (not task-aware)", task, task, path
+        )
+    prompt = read_prompt(
+        path,
+        text,
+        ("method", "task"),
+        METHOD_FIELDS[method],
+        {"query", "documents"} | ({"k"} if method == "tourrank" else set()),
+        method,
+    )
     if prompt.header.get("method") != method:
         raise ValueError(f"{path}: method: is {prompt.header.get('method')!r}, expected {method!r}")
     return prompt
 
 
-def render_candidates(prompt: PromptTemplate, query: str, documents: Sequence[str], k: int | None = None,
-                      max_query_words: int = 200, max_doc_words: int = 100) -> Messages:
+def render_candidates(
+    prompt: PromptTemplate,
+    query: str,
+    documents: Sequence[str],
+    k: int | None = None,
+    max_query_words: int = 200,
+    max_doc_words: int = 100,
+) -> Messages:
     """Fill a prompt for one group (TourRank) or window (listwise).
 
     Args:
@@ -83,5 +96,11 @@ def render_candidates(prompt: PromptTemplate, query: str, documents: Sequence[st
         Chat messages: an optional system message, then the user message.
     """
     lines = [f"[{i}] {' '.join(cut_words(text, max_doc_words)[0].split())}" for i, text in enumerate(documents, 1)]
-    return prompt.render({"query": cut_words(query, max_query_words)[0], "documents": "\n".join(lines),
-                          "n": len(documents), "k": k if k is not None else ""})
+    return prompt.render(
+        {
+            "query": cut_words(query, max_query_words)[0],
+            "documents": "\n".join(lines),
+            "n": len(documents),
+            "k": k if k is not None else "",
+        }
+    )

@@ -29,7 +29,9 @@ def query_seed(seed: int, query_id: str) -> int:
     return int.from_bytes(hashlib.blake2b(f"{seed}:{query_id}".encode(), digest_size=4).digest(), "little")
 
 
-def queries_to_rerank(task: Task, run: Run, query_ids: Sequence[str] | None = None, source: object = "the run") -> list[str]:
+def queries_to_rerank(
+    task: Task, run: Run, query_ids: Sequence[str] | None = None, source: object = "the run"
+) -> list[str]:
     """The queries to rerank, checked against the task: the one check of a run (``obliq rerank run``,
     ``obliq rerank policy`` and :meth:`Reranker.rerank_run` use it).
 
@@ -61,7 +63,9 @@ def queries_to_rerank(task: Task, run: Run, query_ids: Sequence[str] | None = No
             raise ValueError(f"{source}: query {qid!r} of task {task.name} is not in the run")
         missing = next((d for d in run[qid] if d not in docs), None)
         if missing is not None:
-            raise ValueError(f"{source}: document {missing!r} of query {qid!r} is not in the corpus of task {task.name}")
+            raise ValueError(
+                f"{source}: document {missing!r} of query {qid!r} is not in the corpus of task {task.name}"
+            )
     return list(query_ids)
 
 
@@ -85,8 +89,9 @@ class Reranker:
             self._backend = self.config.backend.build()
         return self._backend
 
-    def rerank_run(self, task: Task, run: Run, method: str | None = None,
-                   query_ids: Sequence[str] | None = None) -> tuple[Run, RerankStats]:
+    def rerank_run(
+        self, task: Task, run: Run, method: str | None = None, query_ids: Sequence[str] | None = None
+    ) -> tuple[Run, RerankStats]:
         """Rerank the top ``config.depth`` documents of every query of a run.
 
         Args:
@@ -119,23 +124,32 @@ class Reranker:
         out: Run = {}
         for n, qid in enumerate(ids, 1):
             ranked = top_k(run[qid], len(run[qid]))
-            head = ranked[:cfg.depth]
+            head = ranked[: cfg.depth]
 
             def prompt_for(positions: list[int], k: int | None, qid=qid, head=head):
-                return render_candidates(prompt, queries[qid], [texts[head[i]] for i in positions], k,
-                              cfg.max_query_words, cfg.max_doc_words)
+                return render_candidates(
+                    prompt, queries[qid], [texts[head[i]] for i in positions], k, cfg.max_query_words, cfg.max_doc_words
+                )
 
             seed = query_seed(cfg.seed, qid)
             if method == "tourrank":
                 order = tourrank(len(head), judge, prompt_for, cfg.tourrank, seed)
             else:
                 order = listwise(len(head), judge, prompt_for, cfg.listwise, seed)
-            final = [head[i] for i in order] + ranked[cfg.depth:]
+            final = [head[i] for i in order] + ranked[cfg.depth :]
             out[qid] = {d: float(len(final) - r) for r, d in enumerate(final)}
             stats.queries += 1
             if n % max(1, len(ids) // 10) == 0 or n == len(ids):
-                log.info("%s on %s: %d/%d queries, %d calls (%d failed), %.1f s", method, task.name, n, len(ids),
-                         stats.calls, stats.failed_calls, stats.seconds)
+                log.info(
+                    "%s on %s: %d/%d queries, %d calls (%d failed), %.1f s",
+                    method,
+                    task.name,
+                    n,
+                    len(ids),
+                    stats.calls,
+                    stats.failed_calls,
+                    stats.seconds,
+                )
         return out, stats
 
     def wrap(self, retrieve: Retriever) -> Retriever:
@@ -157,8 +171,13 @@ class Reranker:
             if method == "identity":
                 return replace(retrieval, rerank={"method": "identity"})
             run, stats = self.rerank_run(task, retrieval.run, method)
-            info = {"method": method, "depth": cfg.depth, "backend": f"{cfg.backend.name}:{cfg.backend.model}",
-                    "prompt": cfg.prompt(method, task.name).path, "cost": stats.as_dict()}
+            info = {
+                "method": method,
+                "depth": cfg.depth,
+                "backend": f"{cfg.backend.name}:{cfg.backend.model}",
+                "prompt": cfg.prompt(method, task.name).path,
+                "cost": stats.as_dict(),
+            }
             return replace(retrieval, run=run, dense_run=retrieval.run, rerank=info)
 
         return wrapped

@@ -50,7 +50,7 @@ def deal(seeded: list[int], n_groups: int, rng: random.Random | None = None) -> 
     pot of ``n_groups`` consecutive seeds is shuffled first and so is each group's order."""
     groups: list[list[int]] = [[] for _ in range(n_groups)]
     for p in range(0, len(seeded), n_groups):
-        pot = seeded[p:p + n_groups]
+        pot = seeded[p : p + n_groups]
         if rng is not None:
             rng.shuffle(pot)
         targets = range(n_groups) if (p // n_groups) % 2 == 0 else reversed(range(n_groups))
@@ -89,8 +89,9 @@ def tourrank_calls(n: int, cfg: TourRankConfig) -> int:
     return cfg.tournaments * per_tournament
 
 
-def tourrank(n: int, judge: Judge, prompt_for: Callable[[list[int], int], Messages], cfg: TourRankConfig,
-             seed: int) -> list[int]:
+def tourrank(
+    n: int, judge: Judge, prompt_for: Callable[[list[int], int], Messages], cfg: TourRankConfig, seed: int
+) -> list[int]:
     """Rerank ``n`` candidates (positions ``0…n-1`` in dense order) by TourRank.
 
     Args:
@@ -118,8 +119,9 @@ def tourrank(n: int, judge: Judge, prompt_for: Callable[[list[int], int], Messag
                     winners[t] += group
                 elif k:
                     jobs.append((t, group, k))
-        picks = judge.select([prompt_for(g, k) for _, g, k in jobs], [len(g) for _, g, _ in jobs],
-                             [k for _, _, k in jobs], seed + s)
+        picks = judge.select(
+            [prompt_for(g, k) for _, g, k in jobs], [len(g) for _, g, _ in jobs], [k for _, _, k in jobs], seed + s
+        )
         for (t, group, _), pick in zip(jobs, picks):
             winners[t] += [group[i] for i in pick]
         for t, won in enumerate(winners):

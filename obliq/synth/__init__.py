@@ -15,5 +15,15 @@ from obliq.synth.generate import GenerationConfig, SynthReport, sample_documents
 from obliq.synth.parse import ParsedReply, parse_reply
 from obliq.synth.prompts import LENSES, TaskSpec, load_stage_prompt, render_stage
 
-__all__ = ["GenerationConfig", "LENSES", "ParsedReply", "SynthReport", "TaskSpec", "load_stage_prompt", "parse_reply",
-           "render_stage", "sample_documents", "synthesize"]
+__all__ = [
+    "GenerationConfig",
+    "LENSES",
+    "ParsedReply",
+    "SynthReport",
+    "TaskSpec",
+    "load_stage_prompt",
+    "parse_reply",
+    "render_stage",
+    "sample_documents",
+    "synthesize",
+]

@@ -57,7 +57,7 @@ def entity_tokens(text: str) -> set[str]:
             continue
         if tok.lower() in stop:
             continue
-        before = text[:m.start()].rstrip(" \t")
+        before = text[: m.start()].rstrip(" \t")
         initial = not before or before[-1] in _SENTENCE_START
         if initial and before.endswith("."):  # "Ms. Ingram", "J. Smith": an abbreviation, not a sentence end
             prev = _TOKEN.findall(before[-12:])
@@ -116,8 +116,9 @@ class AuditRow:
     unretrieved: float
 
 
-def audit_pairs(name: str, queries: Sequence[str], sources: Sequence[Sequence[int]], doc_texts: Sequence[str],
-                bm25: BM25) -> AuditRow:
+def audit_pairs(
+    name: str, queries: Sequence[str], sources: Sequence[Sequence[int]], doc_texts: Sequence[str], bm25: BM25
+) -> AuditRow:
     """Audit queries against their source documents.
 
     Args:
@@ -146,7 +147,9 @@ def audit_pairs(name: str, queries: Sequence[str], sources: Sequence[Sequence[in
     n_pairs = len(ranks)
     last = len(doc_texts) + 1
     return AuditRow(
-        name=name, queries=len(queries), pairs=n_pairs,
+        name=name,
+        queries=len(queries),
+        pairs=n_pairs,
         entity_leak=statistics.fmean(leak_q) if leak_q else 0.0,
         jaccard=statistics.fmean(jac_q) if jac_q else 0.0,
         median_rank=float(statistics.median(r if r is not None else last for r in ranks)) if ranks else None,
@@ -158,11 +161,15 @@ def audit_pairs(name: str, queries: Sequence[str], sources: Sequence[Sequence[in
 
 def format_audit(task: str, rows: Sequence[AuditRow]) -> str:
     """A plain-text table of audit rows (rates in percent)."""
-    head = f"{'task':<20} {'queries':<10} {'n':>6} {'pairs':>7} {'leak %':>7} {'jaccard':>8} {'med rank':>9} " \
-           f"{'rank1 %':>8} {'top10 %':>8} {'unret %':>8}"
+    head = (
+        f"{'task':<20} {'queries':<10} {'n':>6} {'pairs':>7} {'leak %':>7} {'jaccard':>8} {'med rank':>9} "
+        f"{'rank1 %':>8} {'top10 %':>8} {'unret %':>8}"
+    )
     lines = [head, "-" * len(head)]
     for r in rows:
         med = f"{r.median_rank:.1f}" if r.median_rank is not None else "-"
-        lines.append(f"{task:<20} {r.name:<10} {r.queries:>6} {r.pairs:>7} {100 * r.entity_leak:>7.1f} {r.jaccard:>8.3f} "
-                     f"{med:>9} {100 * r.rank1:>8.1f} {100 * r.top10:>8.1f} {100 * r.unretrieved:>8.1f}")
+        lines.append(
+            f"{task:<20} {r.name:<10} {r.queries:>6} {r.pairs:>7} {100 * r.entity_leak:>7.1f} {r.jaccard:>8.3f} "
+            f"{med:>9} {100 * r.rank1:>8.1f} {100 * r.top10:>8.1f} {100 * r.unretrieved:>8.1f}"
+        )
     return "\n".join(lines)

@@ -42,9 +42,10 @@ def generate(
     """Write synthetic training queries for a task (Stage A, then Stage B through the task's lens).
 
     Stage A describes each sampled document's latent attribute; Stage B writes one query through the
-    task's lens (the OBLIQ-IR paper, §3.1). Rows are appended to ``out`` (one per document, docs/formats.md format, ``negatives`` empty); a rerun
-    skips documents already there, so a killed run resumes. Rejected replies are retried, then the
-    document is skipped; they are logged in ``<out>.rejects.jsonl``. The report is returned and saved
+    task's lens (the OBLIQ-IR paper, §3.1). Rows are appended to ``out`` (one per document, docs/formats.md
+    format, ``negatives`` empty); a rerun skips documents already there, so a killed run resumes.
+    Rejected replies are retried, then the document is skipped; they are logged in
+    ``<out>.rejects.jsonl``. The report is returned and saved
     with these arguments as ``<out>.report.json``.
 
     Args:
@@ -66,16 +67,29 @@ def generate(
     out = shard.path(out)
     args = json.loads(json_text(locals()))
     task_files = files_in(task)
-    for written in (Path(out), Path(out).with_name(Path(out).name + ".rejects.jsonl"),
-                    Path(out).with_name(Path(out).name + ".report.json")):
+    for written in (
+        Path(out),
+        Path(out).with_name(Path(out).name + ".rejects.jsonl"),
+        Path(out).with_name(Path(out).name + ".report.json"),
+    ):
         refuse_input_as_output(written, task_files)
     data = load_task(task)
     engine = backend.build()
-    report = asdict(synthesize(data, spec, engine, out, n_docs=n_docs, seed=seed, generation=generation,
-                               prompt_dir=prompt_dir, shard=shard))
+    report = asdict(
+        synthesize(
+            data, spec, engine, out, n_docs=n_docs, seed=seed, generation=generation, prompt_dir=prompt_dir, shard=shard
+        )
+    )
     write_json(out.with_name(out.name + ".report.json"), {"args": args, "report": report})
-    log.info("%s: %d rows written (%d already done), skipped %s, %d retries, %.1f tokens/s", report["task"],
-             report["generated"], report["already_done"], report["skipped"], report["retries"], report["tokens_per_s"])
+    log.info(
+        "%s: %d rows written (%d already done), skipped %s, %d retries, %.1f tokens/s",
+        report["task"],
+        report["generated"],
+        report["already_done"],
+        report["skipped"],
+        report["retries"],
+        report["tokens_per_s"],
+    )
     return report
 
 
@@ -108,8 +122,16 @@ def merge(shards: list[Path], out: Path, overwrite: bool = False) -> dict:
         if not report_file.is_file():
             raise FileNotFoundError(f"{report_file}: the shard's report is missing (written by synth generate)")
         reports.append(json.loads(read_text(report_file)))
-    runs = {(r["args"]["task"], r["args"]["n_docs"], r["args"]["seed"], r["args"]["spec"]["name"],
-             r["report"]["shard"]["count"]) for r in reports}
+    runs = {
+        (
+            r["args"]["task"],
+            r["args"]["n_docs"],
+            r["args"]["seed"],
+            r["args"]["spec"]["name"],
+            r["report"]["shard"]["count"],
+        )
+        for r in reports
+    }
     if len(runs) != 1:
         raise ValueError(f"the shards come from different runs (task, n_docs, seed, spec, count): {sorted(runs)}")
     task, n_docs, seed, _, count = runs.pop()
@@ -124,7 +146,9 @@ def merge(shards: list[Path], out: Path, overwrite: bool = False) -> dict:
             if raw.strip():
                 row = parse_row(raw, str(file), lineno)
                 if row.positive.id not in taken:
-                    raise ValueError(f"{file}:{lineno}: a row for document {row.positive.id!r}, not one of this shard's")
+                    raise ValueError(
+                        f"{file}:{lineno}: a row for document {row.positive.id!r}, not one of this shard's"
+                    )
                 rows[row.positive.id] = raw
     with atomic_write(out, "wb") as f:
         for doc in sample:
@@ -156,8 +180,15 @@ def audit_queries(rows: Path, task: Path, split: str = "test", real: bool = True
     if missing:
         raise ValueError(f"{rows}: {len(missing)} positives are not documents of {task} (e.g. {missing[0]!r})")
     bm25 = BM25(data.doc_texts)
-    table = [audit_pairs("generated", [r["query"] for r in items], [[index[r["positive"]["id"]]] for r in items],
-                         data.doc_texts, bm25)]
+    table = [
+        audit_pairs(
+            "generated",
+            [r["query"] for r in items],
+            [[index[r["positive"]["id"]]] for r in items],
+            data.doc_texts,
+            bm25,
+        )
+    ]
     if real:
         if split not in data.qrels:
             raise ValueError(f"{task}: no qrels split {split!r} (have {', '.join(data.qrels)})")
@@ -182,6 +213,8 @@ def audit_queries(rows: Path, task: Path, split: str = "test", real: bool = True
                 shares[reason] = shares.get(reason, 0.0) + n / replies
             out["rejected_share"] = dict(sorted(shares.items()))
             out["replies"] = replies
-            print(f"replies rejected, share of {replies}: " + (", ".join(f"{k} {100 * v:.1f}%" for k, v in
-                                                                       out["rejected_share"].items()) or "none"))
+            print(
+                f"replies rejected, share of {replies}: "
+                + (", ".join(f"{k} {100 * v:.1f}%" for k, v in out["rejected_share"].items()) or "none")
+            )
     return out

@@ -189,8 +189,10 @@ def read_done(out: Path, task_name: str) -> tuple[set[str], bool]:
             continue
         row = parse_row(raw, str(out), lineno)
         if row.task != task_name:
-            raise ValueError(f"{out}:{lineno}:task: row of task {row.task!r}, this run is {task_name!r}; "
-                             "use one output file per task")
+            raise ValueError(
+                f"{out}:{lineno}:task: row of task {row.task!r}, this run is {task_name!r}; "
+                "use one output file per task"
+            )
         done.add(row.positive.id)
     return done, cut
 
@@ -204,15 +206,18 @@ def _seed(base: int, stage: str, attempt: int, doc_id: str) -> int:
 class _Stage:
     """Generate one stage for a batch with retries; collects counts into the report."""
 
-    def __init__(self, name: str, backend: Backend, cfg: GenerationConfig, report: SynthReport, rejects,
-                 prompt: PromptTemplate):
+    def __init__(
+        self, name: str, backend: Backend, cfg: GenerationConfig, report: SynthReport, rejects, prompt: PromptTemplate
+    ):
         self.name, self.backend, self.cfg, self.report, self.rejects = name, backend, cfg, report, rejects
         self.instructions = prompt.instructions()
         self.tag = "description" if name == "A" else "query"
         self.max_tokens = cfg.max_new_tokens_a if name == "A" else cfg.max_new_tokens_b
         self.lo, self.hi = cfg.description_words if name == "A" else cfg.query_words
 
-    def run(self, doc_ids: list[str], prompts: list, docs: list[str], seed: int) -> tuple[dict[str, str], dict[str, int]]:
+    def run(
+        self, doc_ids: list[str], prompts: list, docs: list[str], seed: int
+    ) -> tuple[dict[str, str], dict[str, int]]:
         results: dict[str, str] = {}
         attempts: dict[str, int] = {}
         todo = list(range(len(doc_ids)))
@@ -222,32 +227,64 @@ class _Stage:
             if attempt:
                 self.report.retries += len(todo)
             ids = [doc_ids[i] for i in todo]
-            replies = ask(self.backend, [prompts[i] for i in todo], self.max_tokens, self.cfg.temperature,
-                          [_seed(seed, self.name, attempt, d) for d in ids])
+            replies = ask(
+                self.backend,
+                [prompts[i] for i in todo],
+                self.max_tokens,
+                self.cfg.temperature,
+                [_seed(seed, self.name, attempt, d) for d in ids],
+            )
             failed = []
             for i, reply in zip(todo, replies):
                 attempts[doc_ids[i]] = attempt + 1
                 self.report.replies[self.name] += 1
                 self.report.reasoning_replies += reply.reasoning
-                parsed = parse_reply(reply.text, self.tag, self.lo, self.hi, docs[i], self.cfg.copy_ngram,
-                                     whole_sentences=self.name == "A", truncated=not reply.finished,
-                                     instructions=self.instructions)
+                parsed = parse_reply(
+                    reply.text,
+                    self.tag,
+                    self.lo,
+                    self.hi,
+                    docs[i],
+                    self.cfg.copy_ngram,
+                    whole_sentences=self.name == "A",
+                    truncated=not reply.finished,
+                    instructions=self.instructions,
+                )
                 if parsed.ok:
                     results[doc_ids[i]] = parsed.text
                     continue
                 failed.append(i)
                 key = f"{self.name}:{parsed.reason}"
                 self.report.rejected[key] = self.report.rejected.get(key, 0) + 1
-                self.rejects.write(json.dumps({"doc_id": doc_ids[i], "stage": self.name, "attempt": attempt + 1,
-                                               "reason": parsed.reason, "reply": reply.raw}, ensure_ascii=False) + "\n")
+                self.rejects.write(
+                    json.dumps(
+                        {
+                            "doc_id": doc_ids[i],
+                            "stage": self.name,
+                            "attempt": attempt + 1,
+                            "reason": parsed.reason,
+                            "reply": reply.raw,
+                        },
+                        ensure_ascii=False,
+                    )
+                    + "\n"
+                )
             todo = failed
         self.report.skipped[self.name] += len(todo)
         return results, attempts
 
 
-def synthesize(task: Task, spec: TaskSpec, backend: Backend, out: str | os.PathLike, n_docs: int | None = 100,
-               seed: int = 13, generation: GenerationConfig | None = None,
-               prompt_dir: str | os.PathLike | None = None, shard: Shard = Shard(0, 1)) -> SynthReport:
+def synthesize(
+    task: Task,
+    spec: TaskSpec,
+    backend: Backend,
+    out: str | os.PathLike,
+    n_docs: int | None = 100,
+    seed: int = 13,
+    generation: GenerationConfig | None = None,
+    prompt_dir: str | os.PathLike | None = None,
+    shard: Shard = Shard(0, 1),
+) -> SynthReport:
     """Generate synthetic training rows for a task, appending to ``out`` (resumable).
 
     Args:
@@ -270,11 +307,15 @@ def synthesize(task: Task, spec: TaskSpec, backend: Backend, out: str | os.PathL
         RowError, ValueError: a bad existing output file (see :func:`read_done`); a prompt file error.
     """
     cfg = generation or GenerationConfig()
-    prompt_a, prompt_b = load_stage_prompt("A", prompt_dir=prompt_dir), load_stage_prompt("B", spec.lens, prompt_dir=prompt_dir)
+    prompt_a, prompt_b = (
+        load_stage_prompt("A", prompt_dir=prompt_dir),
+        load_stage_prompt("B", spec.lens, prompt_dir=prompt_dir),
+    )
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    report = SynthReport(task=spec.name, lens=spec.lens, backend=backend.name,
-                         reasoning=bool(getattr(backend, "reasoning", False)))
+    report = SynthReport(
+        task=spec.name, lens=spec.lens, backend=backend.name, reasoning=bool(getattr(backend, "reasoning", False))
+    )
     order, report.empty_docs_excluded = sample_documents(task, n_docs, seed)
     order = shard.select(order)
     report.shard, report.documents = {"index": shard.index, "count": shard.count}, [task.doc_ids[i] for i in order]
@@ -289,7 +330,7 @@ def synthesize(task: Task, spec: TaskSpec, backend: Backend, out: str | os.PathL
         stage_a = _Stage("A", backend, cfg, report, rejects, prompt_a)
         stage_b = _Stage("B", backend, cfg, report, rejects, prompt_b)
         for start in range(0, len(todo), cfg.batch_size):
-            batch = todo[start:start + cfg.batch_size]
+            batch = todo[start : start + cfg.batch_size]
             ids = [task.doc_ids[i] for i in batch]
             docs = []
             for i in batch:
@@ -300,7 +341,11 @@ def synthesize(task: Task, spec: TaskSpec, backend: Backend, out: str | os.PathL
             keep = [n for n, d in enumerate(ids) if d in descriptions]
             b_ids = [ids[n] for n in keep]
             queries, tries_b = stage_b.run(
-                b_ids, [render_stage(prompt_b, spec, docs[n], descriptions[ids[n]]) for n in keep], [docs[n] for n in keep], seed)
+                b_ids,
+                [render_stage(prompt_b, spec, docs[n], descriptions[ids[n]]) for n in keep],
+                [docs[n] for n in keep],
+                seed,
+            )
             retried.update(d for d, t in tries_a.items() if t > 1)
             retried.update(d for d, t in tries_b.items() if t > 1)
             lines = []
@@ -309,12 +354,20 @@ def synthesize(task: Task, spec: TaskSpec, backend: Backend, out: str | os.PathL
                 if doc_id not in queries:
                     continue
                 row = {
-                    "id": f"synth:{spec.name}:{doc_id}", "task": spec.name, "source": "synthetic",
-                    "query": queries[doc_id], "positive": {"id": doc_id, "text": task.doc_texts[i]},
-                    "negatives": [], "lens": spec.lens,
+                    "id": f"synth:{spec.name}:{doc_id}",
+                    "task": spec.name,
+                    "source": "synthetic",
+                    "query": queries[doc_id],
+                    "positive": {"id": doc_id, "text": task.doc_texts[i]},
+                    "negatives": [],
+                    "lens": spec.lens,
                     **({"instruction": spec.instruction} if spec.instruction else {}),
-                    "meta": {"description": descriptions[doc_id], "generator": backend.name, "seed": seed,
-                             "attempts": {"A": tries_a[doc_id], "B": tries_b[doc_id]}},
+                    "meta": {
+                        "description": descriptions[doc_id],
+                        "generator": backend.name,
+                        "seed": seed,
+                        "attempts": {"A": tries_a[doc_id], "B": tries_b[doc_id]},
+                    },
                 }
                 line = json.dumps(row, ensure_ascii=False)
                 try:
@@ -328,8 +381,14 @@ def synthesize(task: Task, spec: TaskSpec, backend: Backend, out: str | os.PathL
             sink.flush()
             rejects.flush()
             report.generated += len(lines)
-            log.info("%s: %d/%d documents, %d rows written, %d skipped", spec.name, start + len(batch), len(todo),
-                     report.generated, sum(report.skipped.values()))
+            log.info(
+                "%s: %d/%d documents, %d rows written, %d skipped",
+                spec.name,
+                start + len(batch),
+                len(todo),
+                report.generated,
+                sum(report.skipped.values()),
+            )
     report.docs_retried = len(retried)
     report.mean_query_words = sum(q_words) / len(q_words) if q_words else 0.0
     report.mean_description_words = sum(d_words) / len(d_words) if d_words else 0.0

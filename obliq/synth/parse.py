@@ -35,9 +35,12 @@ REJECT_REASONS = ("empty", "malformed", "refusal", "too-short", "overlong", "cop
 
 _REFUSAL = re.compile(
     r"^\W*(i'?m sorry|i am sorry|i apologi[sz]e|as an ai|i cannot|i can'?t|i can not|i'?m (?:afraid|unable|not able)"
-    r"|i am (?:afraid|unable|not able)|unfortunately,? i)", re.IGNORECASE)
+    r"|i am (?:afraid|unable|not able)|unfortunately,? i)",
+    re.IGNORECASE,
+)
 _PREAMBLE = re.compile(
-    r"^\s*(sure|certainly|of course|okay|ok|here(?:'s| is| are)|below is)\b[^\n:]{0,80}:\s*", re.IGNORECASE)
+    r"^\s*(sure|certainly|of course|okay|ok|here(?:'s| is| are)|below is)\b[^\n:]{0,80}:\s*", re.IGNORECASE
+)
 _FENCE = re.compile(r"```(?:json)?\s*(.*?)```", re.DOTALL)
 _QUOTES = "\"'“”‘’`*_ "
 
@@ -66,7 +69,7 @@ def _from_json(text: str, tag: str) -> ParsedReply | None:
         return None
     end = body.rfind("}")
     try:
-        obj = json.loads(body[:end + 1] if end >= 0 else body)
+        obj = json.loads(body[: end + 1] if end >= 0 else body)
     except json.JSONDecodeError:
         return ParsedReply(None, "malformed")
     if not isinstance(obj, dict):
@@ -97,13 +100,21 @@ def _copies(text_words: list[str], document: str, n: int) -> bool:
     if n <= 0 or len(text_words) < n:
         return False
     doc = words(document)
-    grams = {tuple(doc[i:i + n]) for i in range(len(doc) - n + 1)}
-    return any(tuple(text_words[i:i + n]) in grams for i in range(len(text_words) - n + 1))
+    grams = {tuple(doc[i : i + n]) for i in range(len(doc) - n + 1)}
+    return any(tuple(text_words[i : i + n]) in grams for i in range(len(text_words) - n + 1))
 
 
-def parse_reply(reply: str | None, tag: str, min_words: int = 3, max_words: int = 60, document: str | None = None,
-                copy_ngram: int = 8, whole_sentences: bool = False, truncated: bool = False,
-                instructions: str | None = None) -> ParsedReply:
+def parse_reply(
+    reply: str | None,
+    tag: str,
+    min_words: int = 3,
+    max_words: int = 60,
+    document: str | None = None,
+    copy_ngram: int = 8,
+    whole_sentences: bool = False,
+    truncated: bool = False,
+    instructions: str | None = None,
+) -> ParsedReply:
     """Extract the answer from one reply.
 
     Args:
@@ -133,7 +144,7 @@ def parse_reply(reply: str | None, tag: str, min_words: int = 3, max_words: int 
         i, j = low.find(open_tag), low.find(close_tag)
         if i < 0 or j < 0 or j < i:
             return ParsedReply(None, "malformed")
-        text = text[i + len(open_tag):j]
+        text = text[i + len(open_tag) : j]
     else:
         parsed = _from_json(text, tag)
         if parsed is not None and not parsed.ok:
@@ -143,7 +154,7 @@ def parse_reply(reply: str | None, tag: str, min_words: int = 3, max_words: int 
     if whole_sentences and text and text[-1] not in ".!?\"')":
         cut = max(text.rfind(". "), text.rfind("! "), text.rfind("? "))
         if cut > 0:
-            text, at_end = text[:cut + 1], False
+            text, at_end = text[: cut + 1], False
     n = len(words(text))
     if n == 0:
         return ParsedReply(None, "empty")

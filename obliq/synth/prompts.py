@@ -33,6 +33,7 @@ STAGE_FIELDS = {
 }
 """The ``{fields}`` a prompt of each stage may use; ``document`` (and ``description`` in Stage B) must appear."""
 
+
 @dataclass
 class TaskSpec:
     """How one task's documents are described to the generator (a task's entry in ``configs/synth/``).
@@ -94,8 +95,14 @@ def load_stage_prompt(stage: str, lens: str | None = None, prompt_dir: str | Pat
     if prompt_dir is not None and not (Path(prompt_dir) / name).is_file():
         raise FileNotFoundError(f"{Path(prompt_dir) / name}: prompt file not found")
     path, text = find_prompt([name], prompt_dir, "obliq.synth")
-    prompt = read_prompt(path, text, ("stage", "lens"), STAGE_FIELDS[stage],
-                         {"document"} | ({"description"} if stage == "B" else set()), f"stage {stage}")
+    prompt = read_prompt(
+        path,
+        text,
+        ("stage", "lens"),
+        STAGE_FIELDS[stage],
+        {"document"} | ({"description"} if stage == "B" else set()),
+        f"stage {stage}",
+    )
     if str(prompt.header.get("stage")) != stage:
         raise ValueError(f"{path}: stage: is {prompt.header.get('stage')!r}, expected {stage!r}")
     if stage == "B" and prompt.header.get("lens") != lens:
@@ -120,7 +127,13 @@ def render_stage(prompt: PromptTemplate, spec: TaskSpec, document: str, descript
     """
     if prompt.header.get("stage") == "B" and not description:
         raise ValueError(f"{prompt.path}: Stage B needs the Stage A description")
-    return prompt.render({
-        "document": document, "unit": spec.unit, "units": spec.units, "attribute": spec.attribute,
-        "attribute_short": spec.attribute_short, "description": description or "",
-    })
+    return prompt.render(
+        {
+            "document": document,
+            "unit": spec.unit,
+            "units": spec.units,
+            "attribute": spec.attribute,
+            "attribute_short": spec.attribute_short,
+            "description": description or "",
+        }
+    )

@@ -35,6 +35,7 @@ Qrels = dict[str, dict[str, int]]
 QRELS_SPLITS = ("test", "pooled")
 """The qrels files an evaluation reads: ``test`` (gold, required) and ``pooled`` (when present)."""
 
+
 def check_id(value: str, where: str) -> str:
     """``value`` when a TREC run line can hold it as one column.
 
@@ -42,8 +43,10 @@ def check_id(value: str, where: str) -> str:
         ValueError: ``value`` is empty or holds whitespace (the message starts with ``where``, C25).
     """
     if not value or any(c.isspace() for c in value):
-        raise ValueError(f"{where}: id {value!r} cannot be written in a TREC run or qrels (empty or holds whitespace); "
-                         "give it an id without spaces")
+        raise ValueError(
+            f"{where}: id {value!r} cannot be written in a TREC run or qrels (empty or holds whitespace); "
+            "give it an id without spaces"
+        )
     return value
 
 
@@ -275,7 +278,10 @@ def load_task(
     query_ids = [o["_id"] for _, o in queries]
     query_texts = [o["text"] for _, o in queries]
 
-    for what, ids, texts, file in (("docs", doc_ids, doc_texts, corpus_file), ("queries", query_ids, query_texts, queries_file)):
+    for what, ids, texts, file in (
+        ("docs", doc_ids, doc_texts, corpus_file),
+        ("queries", query_ids, query_texts, queries_file),
+    ):
         empty = [i for i, t in zip(ids, texts) if not t.strip()]
         report[f"empty_{what}"] = len(empty)
         if empty and len(empty) == len(ids):
@@ -302,13 +308,18 @@ def load_task(
             "queries_without_relevant_docs": no_relevant,
         }
         if unknown_q:
-            log.warning("%s: %d query ids not in %s, ignored (e.g. %s)", file, len(unknown_q), queries_file.name, unknown_q[0])
+            log.warning(
+                "%s: %d query ids not in %s, ignored (e.g. %s)", file, len(unknown_q), queries_file.name, unknown_q[0]
+            )
         if missing_docs:
-            log.warning("%s: %d judged doc ids not in %s (kept: they count as relevant-but-unretrievable)",
-                        file, missing_docs, corpus_file.name)
+            log.warning(
+                "%s: %d judged doc ids not in %s (kept: they count as relevant-but-unretrievable)",
+                file,
+                missing_docs,
+                corpus_file.name,
+            )
         if no_relevant:
-            log.warning("%s: %d queries have no relevant document; they are excluded from the means",
-                        file, no_relevant)
+            log.warning("%s: %d queries have no relevant document; they are excluded from the means", file, no_relevant)
         qrels[split] = split_qrels
 
     return Task(

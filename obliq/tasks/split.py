@@ -31,8 +31,10 @@ def subset_queries(task: Task, query_ids: Sequence[str], name: str) -> Task:
         raise ValueError(f"no query of task {task.name} selected")
     keep = [i for i, q in enumerate(task.query_ids) if q in wanted]
     return replace(
-        task, name=name,
-        query_ids=[task.query_ids[i] for i in keep], query_texts=[task.query_texts[i] for i in keep],
+        task,
+        name=name,
+        query_ids=[task.query_ids[i] for i in keep],
+        query_texts=[task.query_texts[i] for i in keep],
         qrels={split: {q: j for q, j in judged.items() if q in wanted} for split, judged in task.qrels.items()},
         report={**task.report, "subset_of": task.name, "subset_queries": len(keep)},
     )
@@ -149,16 +151,32 @@ def split_task(task: Path, out: Path, dev_fraction: float = 0.5, seed: int = 0, 
     sides = ((test, "queries.jsonl", {s: s for s in data.qrels}), (dev, "queries-dev.jsonl", {"dev": "test"}))
     for side, queries, qrels in sides:
         with atomic_write(out / queries) as f:
-            f.writelines(json.dumps({"_id": q, "text": t}, ensure_ascii=False) + "\n"
-                         for q, t in zip(side.query_ids, side.query_texts))
+            f.writelines(
+                json.dumps({"_id": q, "text": t}, ensure_ascii=False) + "\n"
+                for q, t in zip(side.query_ids, side.query_texts)
+            )
         for written, read in qrels.items():
             with atomic_write(out / "qrels" / f"{written}.tsv") as f:
                 f.write("query-id\tcorpus-id\tscore\n")
                 f.writelines(f"{q}\t{d}\t{g}\n" for q in side.query_ids for d, g in side.qrels[read].get(q, {}).items())
-    meta = {**read_task_meta(task / "task.json"), "name": data.name, "mechanism": data.mechanism,
-            "split": {"from": str(task), "dev_fraction": dev_fraction, "seed": seed,
-                      "dev": dev.query_ids, "test": test.query_ids}}
+    meta = {
+        **read_task_meta(task / "task.json"),
+        "name": data.name,
+        "mechanism": data.mechanism,
+        "split": {
+            "from": str(task),
+            "dev_fraction": dev_fraction,
+            "seed": seed,
+            "dev": dev.query_ids,
+            "test": test.query_ids,
+        },
+    }
     write_json(out / "task.json", meta)
     log.info("%s: %d dev and %d test queries of %s", out, len(dev.query_ids), len(test.query_ids), data.name)
-    return {"task": data.name, "out": str(out), "dev_queries": len(dev.query_ids),
-            "test_queries": len(test.query_ids), "docs": len(data.doc_ids)}
+    return {
+        "task": data.name,
+        "out": str(out),
+        "dev_queries": len(dev.query_ids),
+        "test_queries": len(test.query_ids),
+        "docs": len(data.doc_ids),
+    }
