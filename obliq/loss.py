@@ -1,8 +1,21 @@
-"""InfoNCE over in-batch positives and hard negatives, with duplicate-document masking and
-cross-device negatives.
+"""InfoNCE over in-batch positives and hard negatives, with in-batch false negatives masked by key
+and cross-device negatives.
 
 The objective is the contrastive log-likelihood of the OBLIQ-IR paper (Eq. 1, §3.3), i.e.
-sentence-transformers' MultipleNegativesRankingLoss with scale 1/τ = 50 (the model card).
+sentence-transformers' MultipleNegativesRankingLoss with scale 1/τ = 50 (the model card); with
+``symmetric``, the mean of that loss and its reverse (each row's positive against every query of the
+batch), as sentence-transformers' ``MultipleNegativesSymmetricRankingLoss`` — for passage↔passage
+pairs, where either side can be the query.
+
+**No query is scored against its own text, or against another relevant document of its own query**
+(``shared/cases/C05``, ``C06``, ``C34``). Every text of a batch has identity keys (the id's hash and
+the normalised text's hash; a query that is a corpus document, a kNN anchor, has its id's too). For
+query ``i`` a document column is masked when its keys equal the query's own (a passage↔passage row's
+query is another row's positive), or those of the positive of any row with the same query (a copy of
+its own positive included); its own positive stays the target. In the reverse direction, for row
+``i``'s positive a query column is masked when it is the positive's own text, another query of that
+positive, or another row's copy of query ``i``. The masks are built on the whole gathered batch, so
+they hold in one process, across devices and across GradCache chunks.
 """
 
 from __future__ import annotations
@@ -14,41 +27,96 @@ from torch import nn
 from obliq.distributed import gather, world
 
 
+def _same(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """(X, Y) bool: rows of ``a`` (X, K) and ``b`` (Y, K) that share a key in any column."""
+    return (a[:, None, :] == b[None, :, :]).any(-1)
+
+
+def _keys(keys: torch.Tensor | None) -> torch.Tensor | None:
+    return keys if keys is None or keys.dim() == 2 else keys[:, None]
+
+
+def false_negative_masks(
+    positive_index: torch.Tensor, doc_keys: torch.Tensor | None, query_keys: torch.Tensor | None = None
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """The in-batch false negatives of a batch (module notes).
+
+    Args:
+        positive_index: (B,) index into the documents of each query's positive.
+        doc_keys: (M,) or (M, K) int64 identity keys of the documents; None masks nothing.
+        query_keys: (B,) or (B, K) int64 keys of the queries, in the documents' key columns; None: the
+            queries are not compared with the documents, and rows with the same query are not found.
+
+    Returns:
+        ``(forward, reverse)``: (B, M) bool, True where query i must not meet document j; (B, B) bool,
+        True where row i's positive must not meet query r (the symmetric loss's). Both None when
+        ``doc_keys`` is None. The targets (i, positive_index[i]) and (i, i) are never masked.
+    """
+    doc_keys, query_keys = _keys(doc_keys), _keys(query_keys)
+    if doc_keys is None:
+        return None, None
+    rows = torch.arange(len(positive_index), device=positive_index.device)
+    positive_keys = doc_keys[positive_index]  # (B, K)
+    copies = _same(positive_keys, doc_keys)  # (B, M): column j is a copy of row r's positive
+    if query_keys is None:
+        forward, same_query = copies.clone(), torch.eye(len(rows), dtype=torch.bool, device=rows.device)
+    else:
+        same_query = _same(query_keys, query_keys)  # (B, B), the diagonal included
+        forward = _same(query_keys, doc_keys) | ((same_query.double() @ copies.double()) > 0)
+    forward[rows, positive_index] = False
+    reverse = _same(positive_keys, positive_keys) | same_query
+    if query_keys is not None:
+        reverse |= _same(positive_keys, query_keys)
+    reverse[rows, rows] = False
+    return forward, reverse
+
+
 def info_nce(
     queries: torch.Tensor,
     docs: torch.Tensor,
     positive_index: torch.Tensor,
     doc_keys: torch.Tensor | None = None,
     temperature: float = 0.02,
+    query_keys: torch.Tensor | None = None,
+    symmetric: bool = False,
 ) -> torch.Tensor:
-    """Mean cross-entropy of each query against all documents, its own positive the target.
-
-    A document that is a copy of query i's positive (same key in any column of ``doc_keys``:
-    the same id, or the same normalised text) is masked out of query i's negatives (C05, C06);
-    the positive itself stays the target.
+    """Mean cross-entropy of each query against all documents, its own positive the target, with the
+    in-batch false negatives masked (:func:`false_negative_masks`); with ``symmetric``, averaged with the
+    reverse loss of each row's positive against all queries.
 
     Args:
         queries: (B, h) unit query vectors.
         docs: (M, h) unit document vectors (positives and hard negatives of the whole batch).
         positive_index: (B,) index into ``docs`` of each query's positive.
-        doc_keys: (M,) or (M, K) int64 identity keys of the documents (e.g. an id hash and a
-            text hash); None masks nothing.
+        doc_keys: (M,) or (M, K) int64 identity keys of the documents (an id hash and a text hash);
+            None masks nothing.
         temperature: τ; scores are q·d / τ (0.02 → scale 50).
+        query_keys: (B,) or (B, K) int64 keys of the queries, in the same columns as ``doc_keys``.
+        symmetric: add the documents → queries direction (sentence-transformers'
+            ``MultipleNegativesSymmetricRankingLoss``); the loss is the mean of both directions.
 
     Returns:
         Scalar float32 loss (computed in float64).
+
+    Raises:
+        ValueError: a temperature that is not positive.
     """
     if temperature <= 0:
         raise ValueError(f"temperature must be positive, got {temperature}")
     # float64: the (B, M) matrix is small, and float32 rounds a near-zero loss at scale 50 away
     # (log(1 + e^-16) = 1.1254e-7 comes out as 1.19e-7, C06).
-    scores = queries.double() @ docs.double().T / temperature  # (B, M)
-    if doc_keys is not None:
-        keys = doc_keys if doc_keys.dim() == 2 else doc_keys[:, None]
-        same = (keys[positive_index][:, None, :] == keys[None, :, :]).any(-1)  # (B, M)
-        same[torch.arange(len(positive_index), device=same.device), positive_index] = False
-        scores = scores.masked_fill(same, float("-inf"))
-    return F.cross_entropy(scores, positive_index).float()
+    q, d = queries.double(), docs.double()
+    scores = q @ d.T / temperature  # (B, M)
+    forward, reverse = false_negative_masks(positive_index, doc_keys, query_keys)
+    if forward is not None:
+        scores = scores.masked_fill(forward, float("-inf"))
+    loss = F.cross_entropy(scores, positive_index)
+    if symmetric:
+        back = d[positive_index] @ q.T / temperature  # (B, B): row i's positive against every query
+        if reverse is not None:
+            back = back.masked_fill(reverse, float("-inf"))
+        loss = (loss + F.cross_entropy(back, torch.arange(len(positive_index), device=back.device))) / 2
+    return loss.float()
 
 
 class InfoNCELoss(nn.Module):
@@ -58,17 +126,19 @@ class InfoNCELoss(nn.Module):
         temperature: τ (default 0.02, the model card's scale 50).
         gather_across_devices: use every rank's documents as negatives (and every rank's
             queries, so that all ranks compute the same global loss).
+        symmetric: also the reverse direction (:func:`info_nce`), for passage↔passage pairs.
 
     Call it with the local shard: ``loss(queries (B,h), docs (M,h), positive_index (B,),
-    doc_keys (M,K) | None)``; ``positive_index`` indexes the local ``docs``.
+    doc_keys (M,K) | None, query_keys (B,K) | None)``; ``positive_index`` indexes the local ``docs``.
     """
 
-    def __init__(self, temperature: float = 0.02, gather_across_devices: bool = True):
+    def __init__(self, temperature: float = 0.02, gather_across_devices: bool = True, symmetric: bool = False):
         super().__init__()
         if temperature <= 0:
             raise ValueError(f"temperature must be positive, got {temperature}")
         self.temperature = temperature
         self.gather_across_devices = gather_across_devices
+        self.symmetric = symmetric
 
     @property
     def backward_scale(self) -> float:
@@ -76,21 +146,24 @@ class InfoNCELoss(nn.Module):
         gradient already is its share of the global loss's, so the average is scaled back up."""
         return float(world()[1]) if self.gather_across_devices else 1.0
 
-    def forward(self, queries, docs, positive_index, doc_keys=None) -> torch.Tensor:
+    def forward(self, queries, docs, positive_index, doc_keys=None, query_keys=None) -> torch.Tensor:
         if self.gather_across_devices and world()[1] > 1:
             counts = gather(torch.tensor([docs.shape[0]], device=docs.device))  # (world,)
             positive_index = gather(positive_index + counts[: world()[0]].sum())
             queries, docs = gather(queries), gather(docs)
             doc_keys = gather(doc_keys) if doc_keys is not None else None
-        return info_nce(queries, docs, positive_index, doc_keys, self.temperature)
+            query_keys = gather(query_keys) if query_keys is not None else None
+        return info_nce(queries, docs, positive_index, doc_keys, self.temperature, query_keys, self.symmetric)
 
     def citation(self) -> dict:
         """What a model card needs to describe the trained objective: its name, settings and references
         (as sentence-transformers' losses describe themselves)."""
         return {
-            "loss": "InfoNCE over in-batch positives and hard negatives (GradCache)",
+            "loss": ("symmetric " if self.symmetric else "")
+            + "InfoNCE over in-batch positives and hard negatives (GradCache), in-batch false negatives masked",
             "temperature": self.temperature,
             "scale": 1.0 / self.temperature,
             "gather_across_devices": self.gather_across_devices,
+            "symmetric": self.symmetric,
             "references": ["van den Oord et al. 2018 (InfoNCE)", "Gao et al. 2021 (GradCache)"],
         }

@@ -18,7 +18,7 @@ with the user's (:func:`resume_differences`), never merged over them (Lightning'
 ``_parse_ckpt_path`` would). Training settings the user changed are applied, and said so: ``lr``,
 ``weight_decay``, ``warmup_ratio`` (the schedule continues from the checkpoint's step with the new
 values), ``max_grad_norm``, ``max_bad_steps``, ``chunk_size``, ``temperature``, ``seed``,
-``gather_across_devices``, and the encoder's lengths, dtype, attention kernel and gradient
+``gather_across_devices``, ``symmetric``, and the encoder's lengths, dtype, attention kernel and gradient
 checkpointing. What the trained weights depend on is refused with the list of differences: the
 backbone, LoRA, bidirectionality, prefixes and instructions. A changed data mixture (other rows, even as
 many), batch size, world size or seed is refused when the data position is restored
@@ -51,6 +51,7 @@ APPLIED = (
     "temperature",
     "seed",
     "gather_across_devices",
+    "symmetric",
 )
 """Module settings a resume takes from the user even when the checkpoint was trained with others."""
 ENCODER_IDENTITY = ("backbone", "bidirectional", "query_prefix", "passage_prefix", "use_instructions")

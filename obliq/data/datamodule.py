@@ -31,6 +31,7 @@ import hashlib
 import os
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict
 from typing import Any, Literal, NamedTuple
 
 import lightning as L
@@ -41,7 +42,7 @@ from torch.utils.data import Dataset, DistributedSampler
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from obliq.data.index import FileIndex, index_file
-from obliq.data.mixture import MixturePlan, Source
+from obliq.data.mixture import MixturePlan, Source, StepArrangement
 from obliq.data.rows import RowError, TrainingRow, parse_row
 from obliq.text import id_hash
 
@@ -71,15 +72,20 @@ class RowReader(Dataset):
     Args:
         indexes: per source, the :class:`~obliq.data.index.FileIndex` of each file.
         excluded: ``{(source, file): sorted positions in that file's index}`` to leave out.
+        max_negatives: the negatives a batch keeps per row (what :meth:`keys` reports; None: all).
 
     Attributes:
         sizes: usable rows per source.
     """
 
     def __init__(
-        self, indexes: Sequence[Sequence[FileIndex]], excluded: dict[tuple[int, int], np.ndarray] | None = None
+        self,
+        indexes: Sequence[Sequence[FileIndex]],
+        excluded: dict[tuple[int, int], np.ndarray] | None = None,
+        max_negatives: int | None = None,
     ):
         self.indexes = [list(files) for files in indexes]
+        self.max_negatives = max_negatives
         self.excluded = {k: np.asarray(v, np.int64) for k, v in (excluded or {}).items()}
         usable = [
             [fi.rows - len(self.excluded.get((s, f), ())) for f, fi in enumerate(files)]
@@ -132,6 +138,31 @@ class RowReader(Dataset):
                 at = f == k
                 pos[at] += np.searchsorted(excl - np.arange(len(excl)), pos[at], side="right")
         return f, pos
+
+    def _key_starts(self, s: int, f: int) -> np.ndarray:
+        key = (s, f, "key_starts")
+        if key not in self._maps:
+            self._maps[key] = np.concatenate([[0], np.cumsum(self._array(s, f, "n_keys"), dtype=np.int64)])
+        return self._maps[key]
+
+    def keys(self, source: int, rows: np.ndarray) -> list[np.ndarray]:
+        """The identity keys of rows of one source, from the index (:meth:`obliq.data.rows.TrainingRow.keys`
+        with the first :attr:`max_negatives` negatives): what a step plan keeps apart."""
+        files, positions = self.locate(source, np.asarray(rows, dtype=np.int64))
+        width = None if self.max_negatives is None else 4 + 2 * self.max_negatives
+        out = []
+        for f, p in zip(files.tolist(), positions.tolist()):
+            starts, keys = self._key_starts(source, f), self._array(source, f, "keys")
+            out.append(np.asarray(keys[starts[p] : starts[p + 1]][:width]))
+        return out
+
+    def tasks(self, source: int, rows: np.ndarray) -> list[str]:
+        """The ``task`` field of rows of one source, from the index."""
+        files, positions = self.locate(source, np.asarray(rows, dtype=np.int64))
+        return [
+            self.indexes[source][f].task_names[int(self._array(source, f, "tasks")[p])]
+            for f, p in zip(files.tolist(), positions.tolist())
+        ]
 
     def read(self, source: int, file: int, pos: int) -> TrainingRow:
         """Read and parse the row at index position ``pos`` of one file.
@@ -198,6 +229,7 @@ class Collator:
             "doc_keys": torch.tensor([[id_hash(doc.id), doc.text_hash] for doc in docs], dtype=torch.long).reshape(
                 -1, 2
             ),
+            "query_keys": torch.tensor([row.query_key() for row in rows], dtype=torch.long).reshape(-1, 2),
             "row_ids": [row.id for row in rows],
         }
 
@@ -300,6 +332,14 @@ class TrainingDataModule(L.LightningDataModule):
         tokenize: ``tokenize(texts, kind)`` (see :class:`Collator`); may be set later as an
             attribute, e.g. by the LightningModule's ``setup`` (``trainer.datamodule.tokenize =
             self.encoder.tokenize``). Worker processes are forked, so it need not be picklable.
+        no_duplicates: no text twice in a step, in any role (:class:`~obliq.data.mixture.StepArrangement`);
+            None (default): on when a source holds passage↔passage rows (``source: knn`` or
+            ``random-control``, whose queries are corpus documents), off otherwise.
+        group_by: ``none``, ``source`` or ``task``: each step drawn from one source or one task.
+        group_order: ``proportional`` or ``round-robin`` (with ``group_by``).
+
+    The in-step collisions of the first epoch (:meth:`~obliq.data.mixture.MixturePlan.collisions`) are
+    logged at setup and kept in :attr:`stats`.
 
     Raises:
         ValueError: bad arguments; a file shared by two sources; two sources of one name; (fail mode) a
@@ -320,6 +360,9 @@ class TrainingDataModule(L.LightningDataModule):
         prefetch_factor: int = 2,
         index_dir: str | None = None,
         tokenize: Tokenize | None = None,
+        no_duplicates: bool | None = None,
+        group_by: Literal["none", "source", "task"] = "none",
+        group_order: Literal["proportional", "round-robin"] = "proportional",
     ):
         super().__init__()
         if on_bad_row not in ("fail", "skip"):
@@ -341,6 +384,10 @@ class TrainingDataModule(L.LightningDataModule):
 
             index_dir = str(cache_dir() / "data-index")
         self.index_dir, self.tokenize = index_dir, tokenize
+        self.no_duplicates = no_duplicates
+        StepArrangement(bool(no_duplicates), group_by, group_order)  # checks the settings now
+        self.group_by, self.group_order = group_by, group_order
+        self.arrangement: StepArrangement | None = None
         self.reader: RowReader | None = None
         self.plan: MixturePlan | None = None
         self.stats: dict[str, Any] | None = None
@@ -370,8 +417,15 @@ class TrainingDataModule(L.LightningDataModule):
         indexes = [[index_file(p, self.index_dir, self.on_bad_row) for p in paths] for paths in self._files()]
         reader = RowReader(indexes)
         excluded = self._duplicates(reader)
-        self.reader = RowReader(indexes, excluded)
+        self.reader = RowReader(indexes, excluded, self.max_negatives)
         sizes = self.reader.sizes
+        no_duplicates = self.no_duplicates
+        if no_duplicates is None:  # passage↔passage rows: a query is another row's document
+            first = [
+                self.reader.read(s, f, 0) for s, files in enumerate(indexes) for f, fi in enumerate(files) if fi.rows
+            ]
+            no_duplicates = any(row.source in ("knn", "random-control") for row in first)
+        self.arrangement = StepArrangement(no_duplicates, self.group_by, self.group_order)
         per_epoch = MixturePlan(self.sources, sizes, self.batch_size, 1, self.seed, self.shuffle).per_epoch
         sources = []
         for s, (source, files) in enumerate(zip(self.sources, indexes)):
@@ -395,6 +449,7 @@ class TrainingDataModule(L.LightningDataModule):
             )
         self.stats = {
             "sources": sources,
+            "arrangement": asdict(self.arrangement),
             "rows_per_epoch": sum(per_epoch),
             "skipped": sum(sum(src["skipped"].values()) for src in sources),
             "repaired_chars": sum(src["repaired_chars"] for src in sources),
@@ -469,7 +524,24 @@ class TrainingDataModule(L.LightningDataModule):
         self.setup()
         assert self.reader is not None
         self.plan = MixturePlan(
-            self.sources, self.reader.sizes, self.batch_size, world_size, self.seed, self.shuffle, self.reader.content()
+            self.sources,
+            self.reader.sizes,
+            self.batch_size,
+            world_size,
+            self.seed,
+            self.shuffle,
+            self.reader.content(),
+            self.arrangement,
+            self.reader,
+        )
+        collisions = self.plan.collisions(0)
+        self.stats["collisions"] = collisions
+        how = "in plain order" if self.arrangement.plain else f"arranged {self.stats['arrangement']}"
+        rank_zero_info(
+            f"data: steps {how}; "
+            f"epoch 0 of {collisions['steps']} steps: {collisions['rows_own_text_as_document']} rows meet their own "
+            f"query text as a document and {collisions['rows_sharing_a_query']} share a query with another row of "
+            f"their step, in {collisions['steps_affected']} steps (masked in the loss)"
         )
         return PlanLoader(
             self.reader,

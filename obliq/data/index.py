@@ -1,11 +1,14 @@
 """A cached on-disk index of the valid rows of one JSONL file, so rows can be read by number.
 
 One pass over the file parses and validates every line (:func:`obliq.data.rows.parse_row`) and
-writes, for each valid row, its byte offset, byte length, line number and id hash as flat binary
-arrays in a cache folder keyed by the file's real path, size and modification time. Training then
-memory-maps the arrays and reads any row with one ``pread``; nothing of the file is held in memory,
-and the build itself writes its arrays in fixed-size chunks, so memory stays flat with the number of
-rows (the arrays cost 28 bytes per row on disk, in the page cache).
+writes, for each valid row, its byte offset, byte length, line number, id hash, task (a code into the
+file's task names) and identity keys (:meth:`obliq.data.rows.TrainingRow.keys`: the query's, the
+positive's and each negative's id and text hashes, what a step plan needs to keep texts apart and to
+group steps by task) as flat binary arrays in a cache folder keyed by the file's real path, size and
+modification time. Training then memory-maps the arrays and reads any row with one ``pread``; nothing
+of the file is held in memory, and the build itself writes its arrays in fixed-size chunks, so memory
+stays flat with the number of rows (about 36 bytes per row plus 16 per text of the row, on disk, in
+the page cache).
 
 Bad rows: with ``on_bad_row="fail"`` the first one raises :class:`~obliq.data.rows.RowError`; with
 ``"skip"`` every bad row is left out of the index, counted by kind (:data:`~obliq.data.rows.ERROR_KINDS`)
@@ -33,8 +36,17 @@ import numpy as np
 from obliq.data.rows import RowError, parse_row
 from obliq.text import id_hash
 
-INDEX_VERSION = 1
-_ARRAYS = {"offsets": ("Q", np.uint64), "lengths": ("I", np.uint32), "lines": ("Q", np.uint64), "ids": ("q", np.int64)}
+INDEX_VERSION = 2
+_ARRAYS = {
+    "offsets": ("Q", np.uint64),
+    "lengths": ("I", np.uint32),
+    "lines": ("Q", np.uint64),
+    "ids": ("q", np.int64),
+    "tasks": ("i", np.int32),
+    "n_keys": ("I", np.uint32),
+}
+"""Per-row arrays, shape ``(rows,)``; ``keys`` (int64, shape ``(total keys,)``) holds each row's
+``n_keys`` keys, rows one after another."""
 _CHUNK = 1 << 16
 
 
@@ -57,14 +69,19 @@ class FileIndex:
     skipped: dict[str, int] = field(default_factory=dict)
     repaired_chars: int = 0
     repaired_rows: int = 0
+    task_names: list[str] = field(default_factory=list)
+    """The tasks of the file's rows; ``array("tasks")`` holds indexes into this list."""
+    total_keys: int = 0
 
     def array(self, name: str) -> np.ndarray:
         """A read-only memory map of one array: ``offsets`` (uint64, bytes), ``lengths`` (uint32, bytes),
-        ``lines`` (uint64, 1-based line numbers) or ``ids`` (int64 id hashes); shape ``(rows,)``."""
-        dtype = _ARRAYS[name][1]
-        if self.rows == 0:
+        ``lines`` (uint64, 1-based line numbers), ``ids`` (int64 id hashes), ``tasks`` (int32 codes into
+        :attr:`task_names`), ``n_keys`` (uint32), all of shape ``(rows,)``; or ``keys`` (int64, shape
+        ``(total_keys,)``: each row's keys in turn)."""
+        dtype, n = (np.int64, self.total_keys) if name == "keys" else (_ARRAYS[name][1], self.rows)
+        if n == 0:
             return np.empty(0, dtype)
-        return np.memmap(self.folder / f"{name}.bin", dtype=dtype, mode="r", shape=(self.rows,))
+        return np.memmap(self.folder / f"{name}.bin", dtype=dtype, mode="r", shape=(n,))
 
 
 def _key(path: str) -> str:
@@ -78,7 +95,16 @@ def _load(path: str, folder: Path, on_bad_row: str) -> FileIndex:
     if on_bad_row == "fail" and meta["first_error"] is not None:
         e = meta["first_error"]
         raise RowError(path, e["line"], e["field"], e["kind"], e["reason"])
-    return FileIndex(path, folder, meta["rows"], meta["skipped"], meta["repaired_chars"], meta["repaired_rows"])
+    return FileIndex(
+        path,
+        folder,
+        meta["rows"],
+        meta["skipped"],
+        meta["repaired_chars"],
+        meta["repaired_rows"],
+        meta["task_names"],
+        meta["total_keys"],
+    )
 
 
 def index_file(path: str | os.PathLike, index_dir: str | os.PathLike, on_bad_row: str = "fail") -> FileIndex:
@@ -105,10 +131,12 @@ def index_file(path: str | os.PathLike, index_dir: str | os.PathLike, on_bad_row
     tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=".tmp-"))
     try:
         with ExitStack() as stack:
-            outs = {name: stack.enter_context(open(tmp / f"{name}.bin", "wb")) for name in _ARRAYS}
+            outs = {name: stack.enter_context(open(tmp / f"{name}.bin", "wb")) for name in (*_ARRAYS, "keys")}
             errors = stack.enter_context(open(tmp / "errors.txt", "w", encoding="utf-8", errors="backslashreplace"))
             f = stack.enter_context(open(path, "rb"))
             buffers = {name: array(code) for name, (code, _) in _ARRAYS.items()}
+            buffers["keys"] = array("q")
+            tasks: dict[str, int] = {}
             skipped: Counter[str] = Counter()
             rows = repaired_chars = repaired_rows = offset = 0
             first_error = None
@@ -126,8 +154,11 @@ def index_file(path: str | os.PathLike, index_dir: str | os.PathLike, on_bad_row
                     else:
                         if len(raw) >= 1 << 32:
                             raise RowError(path, line, "(row)", "json", "line longer than 4 GiB")
-                        for name, value in zip(_ARRAYS, (offset, len(raw), line, id_hash(row.id))):
+                        keys = row.keys()
+                        task = tasks.setdefault(row.task, len(tasks))
+                        for name, value in zip(_ARRAYS, (offset, len(raw), line, id_hash(row.id), task, len(keys))):
                             buffers[name].append(value)
+                        buffers["keys"].extend(keys)
                         rows += 1
                         repaired_chars += row.repairs
                         repaired_rows += row.repairs > 0
@@ -146,6 +177,8 @@ def index_file(path: str | os.PathLike, index_dir: str | os.PathLike, on_bad_row
             "repaired_chars": repaired_chars,
             "repaired_rows": repaired_rows,
             "first_error": first_error,
+            "task_names": list(tasks),
+            "total_keys": int(sum(np.fromfile(tmp / "n_keys.bin", dtype=np.uint32).astype(np.int64))),
         }
         (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
         try:

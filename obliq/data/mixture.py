@@ -22,6 +22,24 @@ number of steps, and each row of the epoch lands in exactly one (step, rank) bat
 
 Nothing here reads a file or holds a per-row array: a batch's rows are computed from
 ``(epoch, step, rank)`` alone, which is what makes exact resume a matter of two integers.
+
+**Arranged steps** (:class:`StepArrangement`, optional). The epoch's seeded order can be rearranged
+before it is cut into steps, as a deterministic function of ``(seed, epoch)`` and the rows' keys
+(so a resume still needs only the two integers; the arranged order of an epoch is computed once and
+held, one int64 per row):
+
+- ``group_by`` (``source`` or ``task``): each step is drawn from one group (sentence-transformers'
+  multi-dataset batch samplers, FlagEmbedding's ``same_dataset_within_batch``): in-batch negatives
+  then come from the same task, not trivially from another. The epoch's rows are taken group by
+  group, in steps of the step size; the full steps of all groups are put in a seeded random order
+  (``proportional``: a group's share of steps is its share of the epoch, i.e. the mixture's counts
+  and weights) or in turn (``round-robin``); each group's remainder is left to the epoch's last steps,
+  the only steps that may mix groups. The number of steps per epoch does not change.
+- ``no_duplicates``: no text twice in a step in any role (query, positive, negative, by id or
+  normalised text; sentence-transformers' ``NoDuplicatesBatchSampler``): a row whose keys meet the
+  step's is deferred to a later step. Rows that cannot be placed without a collision (at the end of
+  an epoch, or where one text is in more rows than there are steps) are placed anyway and counted:
+  :meth:`MixturePlan.collisions` reports the rows and steps affected in any plan.
 """
 
 from __future__ import annotations
@@ -31,7 +49,8 @@ import glob
 import math
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from typing import Literal, Protocol
 
 import numpy as np
 
@@ -161,6 +180,101 @@ def named_source(sources: Sequence[dict | Source], name: str, where: object = "t
     return hits[0]
 
 
+@dataclass(frozen=True)
+class StepArrangement:
+    """How an epoch's rows are arranged into steps (module docstring, "Arranged steps").
+
+    Attributes:
+        no_duplicates: keep every text out of a step once it is in it (any role).
+        group_by: ``none``, ``source`` (the mixture's sources) or ``task`` (the rows' ``task`` field):
+            each step drawn from one group.
+        order: with ``group_by``: ``proportional`` (seeded random order of all groups' steps) or
+            ``round-robin`` (the groups in turn).
+
+    Raises:
+        ValueError: an unknown ``group_by`` or ``order``.
+    """
+
+    no_duplicates: bool = False
+    group_by: Literal["none", "source", "task"] = "none"
+    order: Literal["proportional", "round-robin"] = "proportional"
+
+    def __post_init__(self):
+        if self.group_by not in ("none", "source", "task"):
+            raise ValueError(f"group_by must be none, source or task, got {self.group_by!r}")
+        if self.order not in ("proportional", "round-robin"):
+            raise ValueError(f"order must be proportional or round-robin, got {self.order!r}")
+
+    @property
+    def plain(self) -> bool:
+        """True when the steps are the epoch's order cut as it is."""
+        return not self.no_duplicates and self.group_by == "none"
+
+
+class RowKeys(Protocol):
+    """What an arranged plan reads of the rows (:class:`obliq.data.datamodule.RowReader` provides it)."""
+
+    def keys(self, source: int, rows: np.ndarray) -> list[np.ndarray]:
+        """The identity keys of each row (int64 arrays, :meth:`obliq.data.rows.TrainingRow.keys`)."""
+        ...
+
+    def tasks(self, source: int, rows: np.ndarray) -> list[str]:
+        """The ``task`` field of each row."""
+        ...
+
+
+def _greedy(members: np.ndarray, keys: list[set], size: int) -> np.ndarray:
+    """``members`` reordered block by block (blocks of ``size``, the last one shorter) so that no block
+    holds a key twice where the rows allow it: a row that meets the open block's keys waits, and the
+    waiting rows are tried first when the next block opens. A key held by more rows than there are
+    blocks left cannot be kept apart: it is spread, at most ``ceil(rows left with it / blocks left)`` to
+    a block (these are the collisions :meth:`MixturePlan.collisions` counts). Every block but the last
+    holds exactly ``size`` rows."""
+    left: dict[int, int] = {}
+    for i in members.tolist():
+        for k in keys[i]:
+            left[k] = left.get(k, 0) + 1
+    out: list[int] = []
+    waiting: list[int] = []
+    rest = iter(members.tolist())
+    unplaced, exhausted = len(members), False
+    while unplaced:
+        blocks = -(-unplaced // size)
+        block, used, kept = [], {}, []
+
+        def fits(i: int) -> bool:
+            return all(used.get(k, 0) < max(1, -(-left[k] // blocks)) for k in keys[i])
+
+        def place(i: int) -> None:
+            block.append(i)
+            for k in keys[i]:
+                used[k] = used.get(k, 0) + 1
+
+        for i in waiting:
+            if len(block) < size and fits(i):
+                place(i)
+            else:
+                kept.append(i)
+        waiting = kept
+        while len(block) < size and not exhausted:
+            i = next(rest, None)
+            if i is None:
+                exhausted = True
+            elif fits(i):
+                place(i)
+            else:
+                waiting.append(i)
+        while len(block) < size and waiting:  # nothing fits any more: the rows that meet the block least
+            best = min(range(len(waiting)), key=lambda j: sum(used.get(k, 0) for k in keys[waiting[j]]))
+            place(waiting.pop(best))
+        for i in block:
+            for k in keys[i]:
+                left[k] -= 1
+        unplaced -= len(block)
+        out += block
+    return np.asarray(out, dtype=np.int64)
+
+
 class MixturePlan:
     """Rows of every (epoch, step, rank) batch of a mixture, computed on demand (module docstring).
 
@@ -173,6 +287,9 @@ class MixturePlan:
         shuffle: ``False`` keeps file order: sources one after another, rows in file order.
         content: per source, a digest of its rows (ids in file order); part of the fingerprint, so a
             saved position is not resumed over other rows of the same count.
+        arrangement: how an epoch's rows are arranged into steps (default: cut as they are).
+        rows: what an arrangement reads of the rows (their keys and tasks); needed unless the
+            arrangement is plain, and by :meth:`collisions`.
 
     Attributes:
         per_epoch: rows each source contributes to every epoch.
@@ -194,6 +311,8 @@ class MixturePlan:
         seed: int = 0,
         shuffle: bool = True,
         content: Sequence[str] | None = None,
+        arrangement: StepArrangement | None = None,
+        rows: RowKeys | None = None,
     ):
         if batch_size < 1 or world_size < 1 or seed < 0:
             raise ValueError(
@@ -204,6 +323,10 @@ class MixturePlan:
         self.sources, self.sizes = list(sources), [int(n) for n in sizes]
         self.batch_size, self.world_size, self.seed, self.shuffle = batch_size, world_size, seed, shuffle
         self.content = list(content) if content is not None else [None] * len(self.sources)
+        self.arrangement, self.rows = arrangement or StepArrangement(), rows
+        if not self.arrangement.plain and rows is None:
+            raise ValueError("an arranged step plan needs the rows' keys (rows=...)")
+        self._arranged: dict[int, np.ndarray] = {}
 
         weighted = [i for i, s in enumerate(sources) if s.weight is not None]
         shares = (
@@ -259,8 +382,15 @@ class MixturePlan:
             docstring): the source index and the row number among that source's valid rows.
         """
         lo, hi = self.bounds(step, rank)
-        q = np.arange(lo, hi, dtype=np.int64)
-        p = permute(q, self.rows_per_epoch, _keys(self.seed, _ORDER, epoch)) if self.shuffle else q
+        if self.arrangement.plain:
+            q = np.arange(lo, hi, dtype=np.int64)
+            return self._rows(
+                epoch, permute(q, self.rows_per_epoch, _keys(self.seed, _ORDER, epoch)) if self.shuffle else q
+            )
+        return self._rows(epoch, self._order(epoch)[lo:hi])
+
+    def _rows(self, epoch: int, p: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(source, row)`` of positions ``p`` of the epoch's mixture (before its order)."""
         source = np.searchsorted(self._starts[1:], p, side="right").astype(np.int64)
         row = p - self._starts[source]
         for i in np.unique(source):
@@ -275,6 +405,108 @@ class MixturePlan:
             row[sel] = within
         return source, row
 
+    def _read(self, epoch: int, p: np.ndarray) -> tuple[list[set], np.ndarray]:
+        """The key sets and group codes of the rows at positions ``p``."""
+        source, row = self._rows(epoch, p)
+        keys: list[set] = [set()] * len(p)
+        groups = np.zeros(len(p), dtype=np.int64)
+        names: dict[str, int] = {}
+        for i in np.unique(source):
+            at = np.flatnonzero(source == i)
+            for j, k in zip(at, self.rows.keys(int(i), row[at])):
+                keys[j] = set(k.tolist())
+            if self.arrangement.group_by == "source":
+                groups[at] = i
+            elif self.arrangement.group_by == "task":
+                groups[at] = [names.setdefault(t, len(names)) for t in self.rows.tasks(int(i), row[at])]
+        return keys, groups
+
+    def _order(self, epoch: int) -> np.ndarray:
+        """The arranged order of an epoch: positions of the mixture, step after step (held per epoch)."""
+        if epoch not in self._arranged:
+            q = np.arange(self.rows_per_epoch, dtype=np.int64)
+            p = permute(q, self.rows_per_epoch, _keys(self.seed, _ORDER, epoch)) if self.shuffle else q
+            keys, groups = self._read(epoch, p)
+            size = self.batch_size * self.world_size
+            full, rest = [], []
+            for g in np.unique(groups):
+                members = np.flatnonzero(groups == g)  # in the epoch's order
+                if self.arrangement.no_duplicates:
+                    members = _greedy(members, keys, size)
+                cut = len(members) // size * size
+                full += [(k, int(g), members[k * size : (k + 1) * size]) for k in range(cut // size)]
+                rest.append(members[cut:])
+            if self.arrangement.group_by != "none" and self.arrangement.order == "proportional":
+                shuffled = np.random.default_rng([self.seed, 2, epoch]).permutation(len(full))
+                full = [full[i] for i in shuffled]
+            elif self.arrangement.group_by != "none":  # round-robin: the k-th step of every group, in turn
+                full.sort(key=lambda c: (c[0], c[1]))
+            tail = np.concatenate(rest) if rest else np.empty(0, np.int64)
+            if self.arrangement.no_duplicates and len(rest) > 1:
+                tail = _greedy(tail, keys, size)  # the groups' remainders: the epoch's last steps
+            chosen = np.concatenate([c[2] for c in full] + [tail])
+            self._arranged = {epoch: p[chosen]}  # one epoch at a time
+        return self._arranged[epoch]
+
+    def step_rows(self, epoch: int, step: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(source, row)`` of one step, every rank's batch in rank order (what one contrastive loss sees)."""
+        parts = [self.batch(epoch, step, r) for r in range(self.world_size)]
+        return np.concatenate([a for a, _ in parts]), np.concatenate([b for _, b in parts])
+
+    def collisions(self, epoch: int = 0, steps: int | None = None) -> dict:
+        """In-step collisions of an epoch (``shared/cases/C34``): rows whose query text (or id) is
+        another row's document (positive or negative) in the same step, rows that share their query
+        with another row of the step, and the steps that hold either. With in-batch negatives such a
+        row meets its own text, or another row's relevant document, as a negative unless the loss
+        masks it (:func:`obliq.loss.info_nce` does).
+
+        Args:
+            epoch: the epoch.
+            steps: count its first ``steps`` steps only (default: all).
+
+        Returns:
+            ``{"epoch", "steps", "rows", "rows_own_text_as_document", "rows_sharing_a_query",
+            "steps_affected"}`` (``rows``: rows in the counted steps).
+
+        Raises:
+            ValueError: the plan has no access to the rows' keys.
+        """
+        if self.rows is None:
+            raise ValueError("counting collisions needs the rows' keys (rows=...)")
+        own = shared = affected = counted = 0
+        steps = self.steps_per_epoch if steps is None else min(steps, self.steps_per_epoch)
+        for step in range(steps):
+            source, row = self.step_rows(epoch, step)
+            counted += len(row)
+            keys = [k for i in np.unique(source) for k in self.rows.keys(int(i), row[source == i])]
+            queries = [tuple(k[:2].tolist()) for k in keys]
+            docs: dict[int, int] = {}  # key → how many rows hold it as a document
+            for k in keys:
+                for key in set(k[2:].tolist()):
+                    docs[key] = docs.get(key, 0) + 1
+            qcount: dict[int, int] = {}
+            for q in queries:
+                for key in set(q):
+                    qcount[key] = qcount.get(key, 0) + 1
+            hit = False
+            for k, q in zip(keys, queries):
+                own_docs = set(k[2:].tolist())
+                if any(docs.get(key, 0) - (key in own_docs) > 0 for key in q):
+                    own += 1
+                    hit = True
+                if any(qcount[key] > 1 for key in set(q)):
+                    shared += 1
+                    hit = True
+            affected += hit
+        return {
+            "epoch": epoch,
+            "steps": steps,
+            "rows": counted,
+            "rows_own_text_as_document": own,
+            "rows_sharing_a_query": shared,
+            "steps_affected": affected,
+        }
+
     def fingerprint(self) -> dict:
         """What a saved position depends on; resuming under a different fingerprint cannot be exact."""
         return {
@@ -284,6 +516,7 @@ class MixturePlan:
             ],
             "batch_size": self.batch_size,
             "world_size": self.world_size,
+            "arrangement": asdict(self.arrangement),
             "seed": self.seed,
             "shuffle": self.shuffle,
         }

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from obliq.files import strip_bom
-from obliq.text import normalise_text, repair_text, text_hash
+from obliq.text import id_hash, normalise_text, repair_text, text_hash
 
 ROW_SOURCES = ("synthetic", "knn", "random-control", "public")
 """Allowed values of a row's ``source`` field (docs/formats.md)."""
@@ -99,6 +99,29 @@ class TrainingRow:
     instruction: str | None = None
     meta: dict[str, Any] | None = field(default=None, compare=False)
     repairs: int = 0
+
+    @property
+    def query_id(self) -> str | None:
+        """The query's document id when the query is itself a corpus document (a kNN pair's anchor:
+        ``meta.anchor_id``), else None."""
+        anchor = (self.meta or {}).get("anchor_id")
+        return anchor if isinstance(anchor, str) and anchor else None
+
+    def query_key(self) -> tuple[int, int]:
+        """``(id key, text key)`` of the query, as the batch's document keys are ``(id_hash(id),
+        text_hash(text))``: a query that is a corpus document (:attr:`query_id`) keys by its id; any
+        other query by a key no document can have. Two rows share a query when either key is equal."""
+        qid = self.query_id
+        return id_hash(qid) if qid is not None else id_hash(f"\0query\0{self.id}"), text_hash(self.query)
+
+    def keys(self, max_negatives: int | None = None) -> list[int]:
+        """Every identity key of the row, by role: query (id, text), positive (id, text), then each of
+        its first ``max_negatives`` negatives (id, text). What a no-duplicates step plan keeps apart
+        (no text twice in a step, in any role)."""
+        out = [*self.query_key(), id_hash(self.positive.id), self.positive.text_hash]
+        for doc in self.negatives[:max_negatives]:
+            out += [id_hash(doc.id), doc.text_hash]
+        return out
 
 
 class _Checker:

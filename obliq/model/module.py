@@ -41,6 +41,8 @@ class RetrieverModule(L.LightningModule):
         sort_by_length: group each side's rows into GradCache chunks by length, so each chunk is
             padded only to its own longest row (same loss; see :func:`~obliq.model.gradcache.grad_cache_step`).
         gather_across_devices: use every rank's documents as negatives.
+        symmetric: also train the reverse direction, each row's positive against every query of the
+            batch (:func:`obliq.loss.info_nce`; for passage↔passage sources such as kNN pairs).
         lr: peak learning rate (AdamW).
         weight_decay: AdamW weight decay.
         warmup_ratio: share of the total steps with linear warmup.
@@ -50,7 +52,7 @@ class RetrieverModule(L.LightningModule):
             so a resumed run draws exactly what an uninterrupted one would.
 
     Batch: the dictionary of :mod:`obliq.data` (``query``, ``docs``, ``positive_index``,
-    ``doc_keys``, ...).
+    ``doc_keys``, ``query_keys``, ...).
     """
 
     def __init__(
@@ -60,6 +62,7 @@ class RetrieverModule(L.LightningModule):
         chunk_size: int | None = 4,
         sort_by_length: bool = True,
         gather_across_devices: bool = True,
+        symmetric: bool = False,
         lr: float = 2e-4,
         weight_decay: float = 0.0,
         warmup_ratio: float = 0.03,
@@ -76,7 +79,7 @@ class RetrieverModule(L.LightningModule):
         self.automatic_optimization = False
         self.strict_loading = False  # checkpoints hold only the trainable weights
         self.encoder = encoder
-        self.loss = InfoNCELoss(temperature, gather_across_devices)
+        self.loss = InfoNCELoss(temperature, gather_across_devices, symmetric)
         self.chunk_size = chunk_size
         self.sort_by_length = sort_by_length
         self.bad_steps = 0
@@ -160,12 +163,13 @@ class RetrieverModule(L.LightningModule):
         torch.manual_seed(self.hparams.seed * 1_000_003 + self.global_step)  # CPU and every CUDA device
         positive_index = batch["positive_index"].to(self.device)
         keys = batch["doc_keys"].to(self.device)
+        query_keys = batch["query_keys"].to(self.device)
         try:
             loss = grad_cache_step(
                 self.encoder,
                 batch["query"],
                 batch["docs"],
-                lambda q, d: self.loss(q, d, positive_index, keys),
+                lambda q, d: self.loss(q, d, positive_index, keys, query_keys),
                 self.chunk_size,
                 backward=self.manual_backward,
                 no_sync=self.trainer.strategy.block_backward_sync if self.trainer.world_size > 1 else None,
