@@ -93,7 +93,7 @@ BASELINES = {"BM25": "bm25", "MiniLM (base)": "base", "stylometric teacher": "te
 def baselines(task: str, split: str) -> dict:
     """BM25, base MiniLM and the stylometric teacher (fitted on the corpus, as the quickstart) on one side,
     evaluated once into ``runs/abl/<task>/<split>/<bm25|base|teacher>/``; name → its folder."""
-    from obliq.distill.teachers import TeacherEncoder
+    from obliq.eval.teachers import TeacherEncoder
 
     root = ROOT / task / split
     folders = {name: root / slug for name, slug in BASELINES.items()}

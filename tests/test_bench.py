@@ -207,3 +207,22 @@ def test_gradcache_bench(tmp_path):
 def test_kill_resume_bench(tmp_path):
     out = bench("bench/kill_resume.py", "--kills", "1", "--out", str(tmp_path / "kr"))
     assert "bit-identical to the uninterrupted run: True" in out
+
+
+def test_false_negatives_bench(tasks_dir, tmp_path):
+    task_slice(tasks_dir, "writing-news", tmp_path / "tasks" / "writing-news", 8, 10)
+    (tmp_path / "tasks" / "writing-news" / "attributes.tsv").write_text(
+        (tasks_dir / "writing-news" / "attributes.tsv").read_text()
+    )
+    out = bench(
+        "bench/false_negatives.py",
+        "--data",
+        str(tmp_path / "tasks"),
+        "--tasks",
+        "writing-news",
+        "--out",
+        str(tmp_path / "fn.json"),
+    )
+    [result] = json.loads((tmp_path / "fn.json").read_text())
+    assert result["rows"] == 4 and "dense + 95% + attribute veto" in out
+    assert result["methods"]["dense + 95% + attribute veto"]["false_negatives"] == 0  # author = relevance here

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from sklearn.feature_extraction.text import TfidfVectorizer
 
-from obliq.distill.teachers import (
+from obliq.eval.teachers import (
     EncoderTeacher,
     StylometricConfig,
     StylometricTeacher,

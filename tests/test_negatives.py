@@ -99,7 +99,7 @@ def test_skip_drops_the_first_surviving_candidates():
     # a3 is skipped (the first survivor), p is the positive, so a2 (rank 2) is the one negative.
     assert [n["id"] for n in out[0]["negatives"]] == ["a2"]
     assert rep.dropped["skipped_rank"] == 1
-    assert out[0]["meta"]["bm25_negatives"]["ranks"] == [2]  # 1-based rank in the full BM25 list
+    assert out[0]["meta"]["mined_negatives"]["ranks"] == [2]  # 1-based rank in the full BM25 list
 
 
 def test_search_goes_deeper_when_the_top_is_all_copies_of_the_positive():
@@ -315,3 +315,166 @@ def test_pyserini_is_bm25_with_lucene_quantised_lengths(pyserini_backend, tasks_
             assert s == pytest.approx(lucene_score(qt, j), abs=1e-4)
         differ += [j for j, _ in got] != [j for j, _ in ref]
     assert differ > 0  # the documented difference is real on this task (obliq/negatives/pyserini_backend.py)
+
+
+class _Fixed:
+    """A backend with given scores (doc → score, the same for every query): the filters' logic alone."""
+
+    name = "fixed"
+
+    def __init__(self, scores):
+        self.s = scores
+
+    def search(self, queries, depth):
+        order = sorted(range(len(self.s)), key=lambda j: -self.s[j])[:depth]
+        return [[(j, self.s[j]) for j in order] for _ in queries]
+
+    def score(self, queries, docs):
+        return [self.s[d] for d in docs]
+
+
+def test_positive_aware_filter_range_and_veto():
+    """NV-Retriever's TopK-PercPos: with the positive at 0.80, candidates above 0.76 (95%) are dropped;
+    ranks beyond range_max are not drawn from; a veto rules its documents out; each drop counted."""
+    texts = [f"document number {i}" for i in range(8)]
+    ids = [f"d{i}" for i in range(8)]
+    scores = [0.80, 0.79, 0.77, 0.76, 0.70, 0.60, 0.50, 0.40]  # d0 is the positive
+    rows = [_row("q", "d0", texts[0])]
+    out, rep = mine_negatives(rows, ids, texts, _Fixed(scores), k=2, max_score_ratio=0.95)
+    assert [n["id"] for n in out[0]["negatives"]] == ["d3", "d4"]  # 0.76 == 0.95 × 0.80 is kept, 0.77 is not
+    assert rep.dropped["above_positive"] == 2 and out[0]["meta"]["mined_negatives"]["positive_score"] == 0.8
+    out, rep = mine_negatives(rows, ids, texts, _Fixed(scores), k=2, veto=lambda p: {1, 3} if p == 0 else set())
+    assert [n["id"] for n in out[0]["negatives"]] == ["d2", "d4"] and rep.dropped["veto"] == 2
+    out, rep = mine_negatives(rows, ids, texts, _Fixed(scores), k=3, range_max=4)
+    assert [n["id"] for n in out[0]["negatives"]] == ["d1", "d2", "d3"] and rep.short_rows == 0
+    out, rep = mine_negatives(rows, ids, texts, _Fixed(scores), k=4, range_max=4)  # ranks 2..4 only: 3 left
+    assert len(out[0]["negatives"]) == 3 and rep.short_rows == 1
+    picks = {
+        tuple(
+            n["id"]
+            for n in mine_negatives(rows, ids, texts, _Fixed(scores), k=2, range_max=7, sampling="random", seed=s)[0][
+                0
+            ]["negatives"]
+        )
+        for s in range(20)
+    }
+    assert len(picks) > 3 and all(set(p) <= {f"d{i}" for i in range(1, 7)} for p in picks)  # drawn within range
+    with pytest.raises(ValueError, match="range_max"):
+        mine_negatives(rows, ids, texts, _Fixed(scores), k=2, sampling="random")
+    with pytest.raises(ValueError, match="max_score_ratio"):
+        mine_negatives(rows, ids, texts, _Fixed(scores), k=2, max_score_ratio=1.5)
+
+
+@pytest.mark.slow
+def test_dense_mining_matches_sentence_transformers_and_the_filter_drops_what_it_should(tasks_dir, minilm_path):
+    """Dense mining with all-MiniLM-L6-v2 against sentence-transformers' own embeddings (the reference):
+    the same top negatives; with the 95% filter exactly the candidates whose cosine exceeds 0.95 × the
+    positive's are gone; `filter_negatives` over the unfiltered rows removes the same documents."""
+    import numpy as np
+    from sentence_transformers import SentenceTransformer
+
+    from obliq.negatives.mine import DenseBackend, filter_negatives
+    from obliq.tasks import load_task
+
+    task = load_task(tasks_dir / "math-theoremqa")
+    docs, dids = task.doc_texts[:120], task.doc_ids[:120]
+    queries = task.query_texts[:6]
+    rows = [_row(q, dids[i * 7], docs[i * 7], f"r{i}") for i, q in enumerate(queries)]
+    backend = DenseBackend(docs, "minilm")
+    st = SentenceTransformer(minilm_path, device="cpu")
+    d = st.encode(docs, normalize_embeddings=True).astype(np.float64)
+    q = st.encode(queries, normalize_embeddings=True).astype(np.float64)
+    plain, _ = mine_negatives(rows, dids, docs, backend, k=3)
+    kept, rep = mine_negatives(rows, dids, docs, backend, k=3, max_score_ratio=0.95)
+    for i, (a, b) in enumerate(zip(plain, kept)):
+        s = d @ q[i]
+        order = [j for j in np.argsort(-s) if j != i * 7][:3]
+        assert [n["id"] for n in a["negatives"]] == [dids[j] for j in order]
+        limit = 0.95 * s[i * 7]
+        assert all(s[dids.index(n["id"])] <= limit + 1e-5 for n in b["negatives"])
+        above = [j for j in np.argsort(-s) if j != i * 7 and s[j] > limit + 1e-5]
+        assert not set(above) & {dids.index(n["id"]) for n in b["negatives"]}
+    assert rep.dropped["above_positive"] > 0  # the filter had something to do on these queries
+    filtered, counts = filter_negatives(plain, dids, backend, 0.95)
+    for a, f in zip(plain, filtered):
+        s = d @ q[int(a["id"][1:])]
+        expect = [
+            n["id"] for n in a["negatives"] if s[dids.index(n["id"])] <= 0.95 * s[dids.index(a["positive"]["id"])]
+        ]
+        assert [n["id"] for n in f["negatives"]] == expect
+    assert counts["kept"] + counts["dropped"]["above_positive"] == counts["negatives"]
+
+
+def test_attribute_and_teacher_vetoes_and_the_filter_command(tasks_dir, tmp_path):
+    """The attribute veto on writing-news rules out every passage by the positive's author (attributes.tsv);
+    the command writes valid rows and refuses an output that is an input."""
+    from obliq.cli import main as obliq_main
+    from obliq.files import read_id_table
+    from obliq.negatives.mine import AttributeVeto, TeacherVeto
+    from obliq.tasks import load_task
+
+    task = load_task(tasks_dir / "writing-news")
+    authors = read_id_table(tasks_dir / "writing-news" / "attributes.tsv")
+    veto = AttributeVeto(authors, task.doc_ids)
+    p = 5
+    assert {task.doc_ids[j] for j in veto(p)} == {d for d, a in authors.items() if a == authors[task.doc_ids[p]]}
+    neighbours = TeacherVeto(task.doc_texts, "stylometric", 4)(p)
+    assert len(neighbours) == 4 and p not in neighbours
+    rows = [_row(q, task.doc_ids[i], task.doc_texts[i], f"r{i}") for i, q in enumerate(task.query_texts[:4])]
+    (tmp_path / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    obliq_main(
+        [
+            "negatives",
+            "mine",
+            "--rows",
+            str(tmp_path / "rows.jsonl"),
+            "--task",
+            str(tasks_dir / "writing-news"),
+            "--out",
+            str(tmp_path / "bm25.jsonl"),
+            "--k",
+            "6",
+        ]
+    )
+    report = obliq_main(
+        [
+            "negatives",
+            "filter",
+            "--rows",
+            str(tmp_path / "bm25.jsonl"),
+            "--task",
+            str(tasks_dir / "writing-news"),
+            "--out",
+            str(tmp_path / "kept.jsonl"),
+            "--max_score_ratio",
+            "null",
+            "--veto",
+            "attribute",
+        ]
+    )
+    kept = [json.loads(x) for x in (tmp_path / "kept.jsonl").read_text().splitlines()]
+    mined = [json.loads(x) for x in (tmp_path / "bm25.jsonl").read_text().splitlines()]
+    for a, b in zip(mined, kept):
+        author = authors[a["positive"]["id"]]
+        assert [n["id"] for n in b["negatives"]] == [n["id"] for n in a["negatives"] if authors[n["id"]] != author]
+        parse_row(json.dumps(b), "mem", 1)
+    assert report["dropped"]["veto"] == sum(len(a["negatives"]) - len(b["negatives"]) for a, b in zip(mined, kept))
+    with pytest.raises(SystemExit):
+        obliq_main(
+            [
+                "negatives",
+                "filter",
+                "--rows",
+                str(tmp_path / "kept.jsonl"),
+                "--task",
+                str(tasks_dir / "writing-news"),
+                "--out",
+                str(tmp_path / "kept.jsonl"),
+                "--overwrite",
+                "true",
+                "--veto",
+                "attribute",
+                "--max_score_ratio",
+                "null",
+            ]
+        )

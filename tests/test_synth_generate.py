@@ -186,7 +186,7 @@ def test_end_to_end_with_negatives_rows_validate(math_task, tasks_dir, tmp_path)
     for r in rows:
         assert len(r.negatives) == 4
         assert all(n.id != r.positive.id and n.text_hash != r.positive.text_hash for n in r.negatives)
-        assert r.meta["description"] and r.meta["bm25_negatives"]["backend"].startswith("bm25s")
+        assert r.meta["description"] and r.meta["mined_negatives"]["backend"].startswith("bm25s")
 
 
 def test_task_configs_load_against_the_command(tasks_dir):

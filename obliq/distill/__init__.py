@@ -1,6 +1,9 @@
 """kNN-graph distillation from a frozen specialist (the OBLIQ-IR paper, §3.2 and §6.5).
 
-- :mod:`obliq.distill.teachers`: teachers (texts → unit vectors): an encoder, or the offline stylometric teacher;
+The teachers themselves (texts → unit vectors: an encoder, or the offline stylometric teacher) are
+encoders, in :mod:`obliq.eval.teachers`, where the negatives miner and the quickstart's teacher row
+use them too.
+
 - :mod:`obliq.distill.graph`: the teacher's kNN graph through obliq's one exact search;
 - :mod:`obliq.distill.pairs`: training rows from the graph (every distinct edge), the random-neighbour control;
 - :mod:`obliq.distill.purity`: the purity diagnostic (same-attribute rate of the edges vs the base rate);
@@ -10,19 +13,14 @@
 from obliq.distill.graph import KnnGraph, knn_graph, load_graph, teacher_graph
 from obliq.distill.pairs import knn_pairs, random_control
 from obliq.distill.purity import base_rate, graph_purity
-from obliq.distill.teachers import EncoderTeacher, StylometricConfig, StylometricTeacher, load_teacher
 
 __all__ = [
-    "EncoderTeacher",
     "KnnGraph",
-    "StylometricConfig",
-    "StylometricTeacher",
     "base_rate",
     "graph_purity",
     "knn_graph",
     "knn_pairs",
     "load_graph",
-    "load_teacher",
     "random_control",
     "teacher_graph",
 ]

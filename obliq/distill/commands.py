@@ -23,7 +23,7 @@ from typing import Literal
 from obliq.distill.graph import KnnGraph, load_graph, teacher_graph
 from obliq.distill.pairs import knn_pairs, random_control
 from obliq.distill.purity import format_purity, graph_purity, labels_for
-from obliq.distill.teachers import TEACHER_MAX_LENGTH, StylometricConfig, load_teacher
+from obliq.eval.teachers import TEACHER_MAX_LENGTH, StylometricConfig, load_teacher
 from obliq.files import (
     atomic_write,
     claim_output,

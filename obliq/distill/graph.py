@@ -182,7 +182,7 @@ def teacher_graph(
 
     Args:
         teacher: anything with ``encode(texts) -> (n, d)`` and ``describe()``
-            (:mod:`obliq.distill.teachers`).
+            (:mod:`obliq.eval.teachers`).
         ids, texts: the corpus, in the same order.
         k, groups: see :func:`knn_graph`.
 

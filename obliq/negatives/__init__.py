@@ -1,11 +1,30 @@
-"""BM25 hard negatives for training rows (the OBLIQ-IR paper, §3.1 and §4 "Training data").
+"""Hard negatives for training rows (the OBLIQ-IR paper, §3.1 and §4 "Training data").
 
 - :mod:`obliq.negatives.mine`: the miner (exclusions by id, normalised text, same query, empty,
-  duplicates, skipped ranks; a report of drops) and the default backend over obliq's one BM25;
+  duplicates, vetoes, positive-aware filtering, rank range, skipped ranks; a report of drops), its
+  filter over existing rows, and the backends over obliq's one BM25 and over a dense model or teacher;
 - :mod:`obliq.negatives.pyserini_backend`: a real Lucene index through Pyserini (optional extra);
-- :mod:`obliq.negatives.commands`: the ``obliq negatives mine`` command.
+- :mod:`obliq.negatives.commands`: the ``obliq negatives mine / filter / merge`` commands.
 """
 
-from obliq.negatives.mine import DROP_REASONS, Bm25sBackend, MiningReport, mine_negatives
+from obliq.negatives.mine import (
+    DROP_REASONS,
+    AttributeVeto,
+    Bm25sBackend,
+    DenseBackend,
+    MiningReport,
+    TeacherVeto,
+    filter_negatives,
+    mine_negatives,
+)
 
-__all__ = ["DROP_REASONS", "Bm25sBackend", "MiningReport", "mine_negatives"]
+__all__ = [
+    "DROP_REASONS",
+    "AttributeVeto",
+    "Bm25sBackend",
+    "DenseBackend",
+    "MiningReport",
+    "TeacherVeto",
+    "filter_negatives",
+    "mine_negatives",
+]

@@ -1,5 +1,6 @@
-"""BM25 hard negatives for training rows (the OBLIQ-IR paper, §3.1 and §4 "Training data": four BM25
-hard negatives per synthetic query, mined over the task's own corpus).
+"""Hard negatives for training rows (the OBLIQ-IR paper, §3.1 and §4 "Training data": four BM25 hard
+negatives per synthetic query, mined over the task's own corpus), by BM25 or by a dense model or a
+teacher, with the filters that keep an oblique query's many unlabelled positives out.
 
 For each row the query is searched against the task corpus and the best-ranked documents become its
 ``negatives``, except candidates that are not negatives at all (``shared/cases/C06``, ``C17``):
@@ -12,44 +13,73 @@ For each row the query is searched against the task corpus and the best-ranked d
 - ``empty``: a document with no text left after normalisation (BM25 never ranks a document without a
   shared term, so this catches only punctuation-like texts);
 - ``duplicate_text``: a copy (normalised text) of a negative already taken for the row;
+- ``veto``: a document the row's attribute rules out (:class:`AttributeVeto`: the same attribute as
+  the positive in the task's ``attributes.tsv``, e.g. the same author; :class:`TeacherVeto`: in the
+  positive's neighbourhood in the teacher's kNN graph) — an unlabelled positive by the task's own
+  definition of relevance;
+- ``above_positive``: positive-aware filtering (NV-Retriever's TopK-PercPos, Moreira et al. 2024, the
+  default of sentence-transformers' ``mine_hard_negatives`` and of NeMo): a candidate that scores above
+  ``max_score_ratio`` × the positive's own score (0.95: 95% of it) is likely a false negative;
+- ``beyond_range``: ranked below ``range_max`` (the candidates are drawn from ranks ≤ ``range_max``);
 - ``skipped_rank``: the first ``skip`` candidates that survive the checks above, left out on purpose
-  because the very top of a BM25 list often holds unlabelled positives (as sentence-transformers'
-  ``mine_hard_negatives`` ``range_min``).
+  because the very top of a ranking often holds unlabelled positives (sentence-transformers'
+  ``range_min``).
 
+The survivors are taken best first (``sampling="top"``) or drawn at random among those within the
+range (``sampling="random"``, seeded per row, as sentence-transformers' ``sampling_strategy``).
 Every drop is counted by reason in the report. A row whose corpus runs out of candidates keeps fewer
 than ``k`` negatives and is counted in ``short_rows``. The search depth starts at
-``max(2 (skip + k), skip + k + 10)`` and doubles for the rows that still lack negatives.
+``max(2 (skip + k), skip + k + 10)`` (or ``range_max``) and doubles for the rows that still lack negatives.
 
-Backends (``search(queries, depth) -> [[(doc index, score), ...], ...]``, best first):
+Backends (``search(queries, depth) -> [[(doc index, score), ...], ...]``, best first, and
+``score(queries, docs)``: the score of one given document per query):
 
 - :class:`Bm25sBackend` (default): obliq's one BM25, :class:`obliq.eval.bm25.BM25` (bm25s, Lucene
   scoring, k1 = 0.9, b = 0.4, lowercase ``\\w+`` tokens, Snowball English stemmer);
-- :class:`obliq.negatives.pyserini_backend.PyseriniBackend`: a real Lucene index (optional extra).
+- :class:`DenseBackend`: a dense model (an alias, a folder, an adapter: :func:`obliq.eval.encoders.load_encoder`)
+  or the stylometric teacher fitted on the corpus; cosine of unit vectors, exact search;
+- :class:`obliq.negatives.pyserini_backend.PyseriniBackend`: a real Lucene index (optional extra; no
+  positive-aware filtering).
 """
 
 from __future__ import annotations
 
 import logging
+import random
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Literal, Protocol
+
+import numpy as np
 
 from obliq.eval.bm25 import BM25, BM25_STEMMER, K1, B
 from obliq.text import normalise_text, text_hash
 
 log = logging.getLogger(__name__)
 
-DROP_REASONS = ("positive_id", "positive_text", "same_query_positive", "empty", "duplicate_text", "skipped_rank")
-"""Why a BM25 candidate was not kept as a negative (keys of :attr:`MiningReport.dropped`)."""
+DROP_REASONS = (
+    "positive_id",
+    "positive_text",
+    "same_query_positive",
+    "empty",
+    "duplicate_text",
+    "veto",
+    "above_positive",
+    "beyond_range",
+    "skipped_rank",
+)
+"""Why a candidate was not kept as a negative (keys of :attr:`MiningReport.dropped`), in the order checked."""
 
 Hits = list[tuple[int, float]]
-"""One query's ranking: ``(document index, BM25 score)``, best first."""
+"""One query's ranking: ``(document index, score)``, best first."""
 
 
 class SearchBackend(Protocol):
-    """A lexical retriever over one corpus: ``search(queries, depth)`` → one :data:`Hits` per query.
+    """A retriever over one corpus: ``search(queries, depth)`` → one :data:`Hits` per query, and
+    ``score(queries, docs)`` → the score of one given document per query (on the ranking's scale: what
+    positive-aware filtering compares with).
 
     ``name`` describes it (written into rows' ``meta`` and the report).
     """
@@ -57,6 +87,8 @@ class SearchBackend(Protocol):
     name: str
 
     def search(self, queries: Sequence[str], depth: int) -> list[Hits]: ...
+
+    def score(self, queries: Sequence[str], docs: Sequence[int]) -> list[float]: ...
 
 
 class Bm25sBackend:
@@ -75,6 +107,125 @@ class Bm25sBackend:
     def search(self, queries: Sequence[str], depth: int) -> list[Hits]:
         """Top ``depth`` documents per query (score > 0 only; equal scores by index)."""
         return [list(zip(idx.tolist(), sc.tolist())) for sc, idx in self.index.search(queries, depth)]
+
+    def score(self, queries: Sequence[str], docs: Sequence[int]) -> list[float]:
+        """The BM25 score of document ``docs[i]`` for ``queries[i]`` (0 when they share no term)."""
+        return [float(self.index.scores(t)[d]) for t, d in zip(self.index.tokenize(queries), docs)]
+
+
+class DenseBackend:
+    """Dense (or teacher) mining: the corpus encoded once, queries searched exactly by cosine
+    (:class:`obliq.eval.index.DenseIndex`).
+
+    Args:
+        texts: the corpus, in index order.
+        model: an alias (``minilm``), a folder, an adapter or a hub id (:func:`obliq.eval.encoders.load_encoder`),
+            or ``stylometric``: the stylometric teacher fitted on the corpus (:mod:`obliq.eval.teachers`).
+        batch_size: texts per forward pass.
+        query_max_length, passage_max_length: the reading lengths (tokens; the evaluation's defaults).
+        trust_remote_code: let a hub model run its own code (only for models you trust).
+    """
+
+    def __init__(
+        self,
+        texts: Sequence[str],
+        model: str = "minilm",
+        batch_size: int = 32,
+        query_max_length: int | None = None,
+        passage_max_length: int | None = None,
+        trust_remote_code: bool = False,
+    ):
+        from obliq.eval.encoders import load_encoder
+        from obliq.eval.index import DenseIndex, unit_float32
+        from obliq.eval.retrieval import RetrievalSettings, encode_texts
+        from obliq.eval.teachers import STYLOMETRIC, TeacherEncoder
+
+        defaults = RetrievalSettings()
+        self.lengths = {
+            "query": query_max_length or defaults.query_max_length,
+            "passage": passage_max_length or defaults.passage_max_length,
+        }
+        self.batch_size = batch_size
+        if model == STYLOMETRIC:
+            self.encoder = TeacherEncoder.stylometric(texts)
+        else:
+            self.encoder = load_encoder(model, "auto", trust_remote_code)
+        self._encode = lambda t, kind: unit_float32(  # noqa: E731
+            encode_texts(self.encoder, list(t), kind, batch_size, self.lengths[kind]), f"{kind} embeddings"
+        )
+        self.docs = self._encode(texts, "passage")
+        self.index = DenseIndex(self.docs)
+        self._queries: dict[str, np.ndarray] = {}
+        self.name = f"dense({model}, query ≤ {self.lengths['query']} tokens, passage ≤ {self.lengths['passage']})"
+
+    def _vectors(self, queries: Sequence[str]) -> np.ndarray:
+        new = sorted({q for q in queries if q not in self._queries})
+        if new:
+            self._queries.update(zip(new, self._encode(new, "query")))
+        return np.stack([self._queries[q] for q in queries])
+
+    def search(self, queries: Sequence[str], depth: int) -> list[Hits]:
+        """Top ``depth`` documents per query by cosine."""
+        scores, indices = self.index.search(self._vectors(queries), min(depth, len(self.docs)))
+        return [list(zip(i.tolist(), s.tolist())) for s, i in zip(scores, indices)]
+
+    def score(self, queries: Sequence[str], docs: Sequence[int]) -> list[float]:
+        """The cosine of document ``docs[i]`` and ``queries[i]``."""
+        return [float(v @ self.docs[d]) for v, d in zip(self._vectors(queries), docs)]
+
+
+class AttributeVeto:
+    """Rules out, for a row, every document with its positive's attribute (``attributes.tsv`` of a
+    task: ``corpus-id<TAB>attribute``, e.g. the author on an authorship task, where the same attribute
+    is relevance itself).
+
+    Args:
+        table: corpus id → attribute.
+        doc_ids: the corpus, in index order.
+
+    Raises:
+        ValueError: the table covers none of the corpus.
+    """
+
+    def __init__(self, table: dict[str, str], doc_ids: Sequence[str]):
+        self.by_doc = [table.get(d) for d in doc_ids]
+        if not any(a is not None for a in self.by_doc):
+            raise ValueError("the attribute table names no document of the corpus")
+        self.groups: dict[str, set[int]] = {}
+        for j, a in enumerate(self.by_doc):
+            if a is not None:
+                self.groups.setdefault(a, set()).add(j)
+        self.name = "attribute"
+
+    def __call__(self, positive: int) -> set[int]:
+        """The documents ruled out for a row whose positive is document ``positive``."""
+        a = self.by_doc[positive]
+        return self.groups.get(a, set()) if a is not None else set()
+
+
+class TeacherVeto:
+    """Rules out, for a row, the ``k`` nearest neighbours of its positive in a teacher's space (the
+    kNN graph of kNN-graph distillation, §3.2: what the teacher calls the same attribute).
+
+    Args:
+        texts: the corpus, in index order.
+        teacher: ``stylometric`` (fitted on the corpus) or an encoder name (:func:`obliq.eval.teachers.load_teacher`).
+        k: neighbours ruled out per positive.
+    """
+
+    def __init__(self, texts: Sequence[str], teacher: str = "stylometric", k: int = 10):
+        from obliq.eval.index import DenseIndex
+        from obliq.eval.teachers import load_teacher
+
+        if k < 1:
+            raise ValueError(f"k must be >= 1, got {k}")
+        vectors = load_teacher(teacher).encode(list(texts))
+        _, self.neighbours = DenseIndex(vectors).search(vectors, min(k + 1, len(texts)))
+        self.name = f"teacher({teacher}, k={k})"
+
+    def __call__(self, positive: int) -> set[int]:
+        """The documents ruled out for a row whose positive is document ``positive``."""
+        return {int(j) for j in self.neighbours[positive] if j != positive}
 
 
 @dataclass
@@ -107,6 +258,10 @@ class MiningReport:
     rows_per_s: float = 0.0
 
 
+Veto = Callable[[int], set[int]]
+"""A row's vetoed documents from its positive's index (:class:`AttributeVeto`, :class:`TeacherVeto`)."""
+
+
 def mine_negatives(
     rows: Sequence[dict],
     doc_ids: Sequence[str],
@@ -116,8 +271,13 @@ def mine_negatives(
     skip: int = 0,
     report: MiningReport | None = None,
     all_rows: Sequence[dict] | None = None,
+    max_score_ratio: float | None = None,
+    range_max: int | None = None,
+    sampling: Literal["top", "random"] = "top",
+    veto: Veto | None = None,
+    seed: int = 0,
 ) -> tuple[list[dict], MiningReport]:
-    """Fill each row's ``negatives`` with its top BM25 documents that are real negatives.
+    """Fill each row's ``negatives`` with its best-ranked documents that are real negatives (module notes).
 
     Args:
         rows: training rows as dicts (docs/formats.md format: ``query``, ``positive`` {``id``, ``text``}, ...).
@@ -129,24 +289,51 @@ def mine_negatives(
         all_rows: every row of the file when ``rows`` is one shard of it: the positives of rows with
             the same query are excluded across shards too, so a row's negatives never depend on the
             sharding (default: ``rows``).
+        max_score_ratio: positive-aware filtering: drop a candidate scoring above this share of the
+            positive's own score (NV-Retriever's TopK-PercPos: 0.95); None keeps every score.
+        range_max: take candidates only from the first ``range_max`` ranks of the backend's ranking;
+            None: as deep as needed.
+        sampling: ``top`` (the best surviving candidates) or ``random`` (``k`` drawn among the survivors
+            within ``range_max``, which it then requires; seeded per row id).
+        veto: a callable, positive's document index → the document indexes ruled out for the row
+            (:class:`AttributeVeto`, :class:`TeacherVeto`); None rules out none.
+        seed: seed of ``random`` sampling.
 
     Returns:
         New row dicts (input rows are not modified) with ``negatives`` = up to ``k`` ``{"id", "text"}``
-        in rank order and ``meta["bm25_negatives"]`` = ``{"backend", "ranks", "scores"}`` (1-based
-        ranks in the BM25 list), and the :class:`MiningReport`.
+        in rank order and ``meta["mined_negatives"]`` = ``{"backend", "ranks", "scores", "positive_score"}``
+        (1-based ranks in the backend's ranking), and the :class:`MiningReport`.
 
     Raises:
-        ValueError: ``k`` < 1 or ``skip`` < 0, or ``doc_ids`` and ``doc_texts`` differ in length.
+        ValueError: ``k`` < 1, ``skip`` < 0, a ratio outside (0, 1], ``range_max`` < ``skip + k``,
+            ``random`` sampling without ``range_max``, a positive that is not a corpus document (with
+            a veto or a ratio), or ``doc_ids`` and ``doc_texts`` of different lengths.
     """
     if k < 1 or skip < 0:
         raise ValueError(f"need k >= 1 and skip >= 0, got k={k}, skip={skip}")
     if len(doc_ids) != len(doc_texts):
         raise ValueError(f"{len(doc_ids)} doc ids but {len(doc_texts)} doc texts")
+    if max_score_ratio is not None and not 0 < max_score_ratio <= 1:
+        raise ValueError(f"max_score_ratio must be in (0, 1], got {max_score_ratio}")
+    if range_max is not None and range_max < skip + k:
+        raise ValueError(f"range_max ({range_max}) leaves fewer than skip + k ({skip + k}) ranks to draw from")
+    if sampling not in ("top", "random"):
+        raise ValueError(f"sampling must be 'top' or 'random', got {sampling!r}")
+    if sampling == "random" and range_max is None:
+        raise ValueError("random sampling draws among the first range_max ranks: give range_max")
     report = report or MiningReport()
     report.backend, report.k, report.skip, report.rows = backend.name, k, skip, len(rows)
     start = time.perf_counter()
     hashes = [text_hash(t) for t in doc_texts]
     empty = [not normalise_text(t) for t in doc_texts]
+    where = {d: j for j, d in enumerate(doc_ids)}
+    positives = [where.get(row["positive"]["id"]) for row in rows]
+    if (veto is not None or max_score_ratio is not None) and None in positives:
+        n = positives.index(None)
+        raise ValueError(f"row {rows[n]['id']!r}: positive {rows[n]['positive']['id']!r} is not a corpus document")
+    limit = [None] * len(rows)
+    if max_score_ratio is not None:
+        limit = [max_score_ratio * s for s in backend.score([r["query"] for r in rows], positives)]
 
     # Positives of every row with the same normalised query are excluded for all of them.
     by_query: dict[int, tuple[set[str], set[int]]] = {}
@@ -155,13 +342,15 @@ def mine_negatives(
         ids.add(row["positive"]["id"])
         texts.add(text_hash(row["positive"]["text"]))
 
+    want = k if sampling == "top" else range_max  # random: every survivor within the range, then a draw
     chosen: list[list[tuple[int, int, float]]] = [[] for _ in rows]  # (doc index, rank, score)
     dropped = Counter()
     pending = list(range(len(rows)))
     seen_depth = [0] * len(rows)  # ranks already examined per row
     survivors = [0] * len(rows)  # candidates that passed the checks (for skip)
     taken_hashes: list[set[int]] = [set() for _ in rows]
-    depth = max(2 * (skip + k), skip + k + 10)
+    vetoed = [veto(p) if veto is not None else set() for p in positives]
+    depth = range_max or max(2 * (skip + k), skip + k + 10)
     while pending:
         rankings = backend.search([rows[i]["query"] for i in pending], depth)
         still = []
@@ -170,7 +359,7 @@ def mine_negatives(
             pos_id, pos_hash = row["positive"]["id"], text_hash(row["positive"]["text"])
             group_ids, group_hashes = by_query[text_hash(row["query"])]
             for rank, (j, score) in enumerate(hits[seen_depth[i] :], start=seen_depth[i] + 1):
-                if len(chosen[i]) == k:
+                if len(chosen[i]) == want:
                     break
                 seen_depth[i] = rank
                 reason = None
@@ -184,6 +373,12 @@ def mine_negatives(
                     reason = "empty"
                 elif hashes[j] in taken_hashes[i]:
                     reason = "duplicate_text"
+                elif j in vetoed[i]:
+                    reason = "veto"
+                elif limit[i] is not None and score > limit[i]:
+                    reason = "above_positive"
+                elif range_max is not None and rank > range_max:
+                    reason = "beyond_range"
                 elif survivors[i] < skip:
                     survivors[i] += 1
                     reason = "skipped_rank"
@@ -192,21 +387,27 @@ def mine_negatives(
                     continue
                 chosen[i].append((j, rank, score))
                 taken_hashes[i].add(hashes[j])
-            if len(chosen[i]) < k and len(hits) == depth and depth < len(doc_ids):
+            deeper = range_max is None and len(hits) == depth and depth < len(doc_ids)
+            if len(chosen[i]) < want and deeper:
                 still.append(i)  # the ranking was cut at depth: look deeper
         pending, depth = still, depth * 2
+    if sampling == "random":
+        for i, row in enumerate(rows):
+            picks = random.Random(f"{seed}:{row['id']}").sample(chosen[i], min(k, len(chosen[i])))
+            chosen[i] = sorted(picks, key=lambda p: p[1])
 
     out = []
-    for row, picks in zip(rows, chosen):
+    for row, picks, lim in zip(rows, chosen, limit):
         new = dict(row)
         if row.get("negatives"):
             report.rows_with_negatives_replaced += 1
         new["negatives"] = [{"id": doc_ids[j], "text": doc_texts[j]} for j, _, _ in picks]
         meta = dict(row.get("meta") or {})
-        meta["bm25_negatives"] = {
+        meta["mined_negatives"] = {
             "backend": backend.name,
             "ranks": [r for _, r, _ in picks],
             "scores": [round(s, 6) for _, _, s in picks],
+            **({"positive_score": round(lim / max_score_ratio, 6)} if lim is not None else {}),
         }
         new["meta"] = meta
         report.negatives += len(picks)
@@ -216,3 +417,66 @@ def mine_negatives(
     report.search_seconds = time.perf_counter() - start
     report.rows_per_s = len(rows) / report.search_seconds if report.search_seconds > 0 else 0.0
     return out, report
+
+
+def filter_negatives(
+    rows: Sequence[dict],
+    doc_ids: Sequence[str],
+    backend: SearchBackend | None = None,
+    max_score_ratio: float | None = None,
+    veto: Veto | None = None,
+) -> tuple[list[dict], dict]:
+    """Drop the negatives of existing rows that the filters of :func:`mine_negatives` would not have
+    taken: vetoed ones (``veto``) and those scoring above ``max_score_ratio`` × the positive's score
+    under ``backend`` (positive-aware filtering). Nothing is mined anew.
+
+    Args:
+        rows: training rows as dicts, with their negatives.
+        doc_ids: the task corpus's ids, in the backend's index order.
+        backend: scores queries against documents (needed with ``max_score_ratio``).
+        max_score_ratio: the positive-aware threshold (0.95: NV-Retriever's TopK-PercPos); None: off.
+        veto: positive's document index → the documents ruled out for the row; None: off.
+
+    Returns:
+        ``(rows, counts)``: new rows (inputs untouched) and ``{"rows", "negatives", "kept", "dropped":
+        {"veto", "above_positive"}, "rows_left_without_negatives"}``.
+
+    Raises:
+        ValueError: a ratio outside (0, 1] or without a backend; a positive or negative that is not
+            a corpus document (rows of another task).
+    """
+    if max_score_ratio is not None and (not 0 < max_score_ratio <= 1 or backend is None):
+        raise ValueError("max_score_ratio must be in (0, 1] and needs a backend to score with")
+    where = {d: j for j, d in enumerate(doc_ids)}
+    counts = {
+        "rows": len(rows),
+        "negatives": 0,
+        "kept": 0,
+        "dropped": {"veto": 0, "above_positive": 0},
+        "rows_left_without_negatives": 0,
+    }
+    out = []
+    for row in rows:
+        negatives = row.get("negatives") or []
+        missing = [d["id"] for d in [row["positive"], *negatives] if d["id"] not in where]
+        if missing:
+            raise ValueError(f"row {row['id']!r}: {missing[0]!r} is not a document of the task's corpus")
+        pos = where[row["positive"]["id"]]
+        banned = veto(pos) if veto is not None else set()
+        limit = None
+        if max_score_ratio is not None and negatives:
+            scores = backend.score([row["query"]] * (len(negatives) + 1), [pos] + [where[d["id"]] for d in negatives])
+            limit, negative_scores = max_score_ratio * scores[0], scores[1:]
+        kept = []
+        for n, doc in enumerate(negatives):
+            if where[doc["id"]] in banned:
+                counts["dropped"]["veto"] += 1
+            elif limit is not None and negative_scores[n] > limit:
+                counts["dropped"]["above_positive"] += 1
+            else:
+                kept.append(doc)
+        counts["negatives"] += len(negatives)
+        counts["kept"] += len(kept)
+        counts["rows_left_without_negatives"] += bool(negatives) and not kept
+        out.append({**row, "negatives": kept})
+    return out, counts

@@ -1,4 +1,5 @@
-"""Frozen teachers for kNN-graph distillation: one interface, texts → (n, d) unit float32 vectors.
+"""Frozen teachers (kNN-graph distillation, teacher-mined negatives, the teacher as a retriever): one
+interface, texts → (n, d) unit float32 vectors.
 
 The paper's teacher (§3.2) is a frozen authorship encoder (LUAR, Rivera-Soto et al., 2021) whose
 neighbour structure separates authors from topics; only the topology of its kNN graph is used.
