@@ -119,6 +119,60 @@ def info_nce(
     return loss.float()
 
 
+def teacher_distillation(
+    queries: torch.Tensor,
+    docs: torch.Tensor,
+    positive_index: torch.Tensor,
+    doc_row: torch.Tensor,
+    teacher_scores: torch.Tensor,
+    kind: str = "kl",
+    temperature: float = 0.05,
+    teacher_temperature: float = 0.05,
+) -> torch.Tensor:
+    """Distillation of a teacher's scores over each row's own candidates (its positive, then its hard
+    negatives, as the batch holds them): the listwise KL divergence of the student's softmax from the
+    teacher's (sentence-transformers' ``DistillKLDivLoss``, Tevatron's distillation), or MarginMSE
+    (Hofstätter et al. 2020: the student's positive − negative margins regress on the teacher's).
+
+    Args:
+        queries: (B, h) unit query vectors (this rank's).
+        docs: (M, h) unit document vectors (this rank's).
+        positive_index: (B,) index into ``docs`` of each row's positive.
+        doc_row: (M,) the row each document came with.
+        teacher_scores: (B, 1 + k) the teacher's scores of each row's positive and negatives, NaN where
+            absent; rows without a positive and at least one negative score are left out.
+        kind: ``kl`` or ``margin-mse``.
+        temperature: τ of the student's softmax (kl).
+        teacher_temperature: τ of the teacher's softmax (kl).
+
+    Returns:
+        Scalar float32: the mean over the rows with scores (0 when none has).
+
+    Raises:
+        ValueError: an unknown ``kind`` or a non-positive temperature.
+    """
+    if kind not in ("kl", "margin-mse"):
+        raise ValueError(f"teacher loss must be 'kl' or 'margin-mse', got {kind!r}")
+    if temperature <= 0 or teacher_temperature <= 0:
+        raise ValueError("temperatures must be positive")
+    terms = []
+    for i in range(len(positive_index)):
+        negatives = [j for j in torch.nonzero(doc_row == i).flatten().tolist() if j != int(positive_index[i])]
+        cols = [int(positive_index[i]), *negatives]
+        t = teacher_scores[i, : len(cols)].double()
+        if len(cols) < 2 or torch.isnan(t).any():
+            continue
+        s = docs[cols].double() @ queries[i].double()  # (1 + k,) the student's cosines
+        if kind == "kl":
+            p = torch.softmax(t / teacher_temperature, 0)
+            terms.append((p * (torch.log(p) - torch.log_softmax(s / temperature, 0))).sum())
+        else:
+            terms.append((((s[0] - s[1:]) - (t[0] - t[1:])) ** 2).mean())
+    if not terms:
+        return queries.sum() * 0.0  # keeps the graph: a step without scores contributes nothing
+    return torch.stack(terms).mean().float()
+
+
 class InfoNCELoss(nn.Module):
     """InfoNCE with in-batch and hard negatives, gathered across devices.
 

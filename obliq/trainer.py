@@ -52,6 +52,9 @@ APPLIED = (
     "seed",
     "gather_across_devices",
     "symmetric",
+    "teacher_loss",
+    "teacher_weight",
+    "teacher_temperature",
 )
 """Module settings a resume takes from the user even when the checkpoint was trained with others."""
 ENCODER_IDENTITY = ("backbone", "bidirectional", "query_prefix", "passage_prefix", "use_instructions")

@@ -129,3 +129,38 @@ def test_masks_and_the_symmetric_loss_match_a_brute_force_reference(symmetric):
         pos = torch.arange(n)
         got = info_nce(q, d, pos, keys, 0.1, qkeys, symmetric).item()
         assert got == pytest.approx(_reference(q, d, pos, keys.tolist(), qkeys.tolist(), 0.1, symmetric), rel=1e-5)
+
+
+def test_teacher_distillation_against_hand_computed_values():
+    """Listwise KL and MarginMSE over each row's own candidates (its positive, then its negatives), written out
+    with math: a row without scores is left out; NaN marks the negatives a row does not have."""
+    from obliq.loss import teacher_distillation
+
+    q = torch.nn.functional.normalize(torch.tensor([[1.0, 0.2], [0.1, 1.0], [0.5, 0.5]]), dim=-1)
+    d = torch.nn.functional.normalize(
+        torch.tensor([[1, 0.0], [0, 1.0], [1, 1.0], [1, -1.0], [0.3, 1.0], [2, 1.0]]), dim=-1
+    )
+    pos, doc_row = torch.arange(3), torch.tensor([0, 1, 2, 0, 0, 1])  # row 0: negs 3, 4; row 1: neg 5; row 2: none
+    t = torch.tensor([[0.9, 0.2, 0.5], [0.7, 0.6, float("nan")], [0.3, float("nan"), float("nan")]])
+    tau, tau_t = 0.05, 0.1
+
+    def cos(i, j):
+        return float(q[i].double() @ d[j].double())
+
+    expect_kl, expect_mm = [], []
+    for i, cands in ((0, [0, 3, 4]), (1, [1, 5])):
+        s = [cos(i, j) for j in cands]
+        tt = t[i, : len(cands)].tolist()
+        zt = sum(math.exp(x / tau_t) for x in tt)
+        zs = sum(math.exp(x / tau) for x in s)
+        p = [math.exp(x / tau_t) / zt for x in tt]
+        expect_kl.append(sum(pj * (math.log(pj) - (sj / tau - math.log(zs))) for pj, sj in zip(p, s)))
+        expect_mm.append(sum(((s[0] - s[m]) - (tt[0] - tt[m])) ** 2 for m in range(1, len(s))) / (len(s) - 1))
+    got = teacher_distillation(q, d, pos, doc_row, t, "kl", tau, tau_t).item()
+    assert got == pytest.approx(sum(expect_kl) / 2, rel=1e-5)
+    got = teacher_distillation(q, d, pos, doc_row, t, "margin-mse").item()
+    assert got == pytest.approx(sum(expect_mm) / 2, rel=1e-5)
+    none = torch.full((3, 3), float("nan"))
+    assert teacher_distillation(q, d, pos, doc_row, none).item() == 0.0
+    with pytest.raises(ValueError, match="kl"):
+        teacher_distillation(q, d, pos, doc_row, t, "mse")

@@ -586,3 +586,66 @@ def test_bad_quickstart_settings_and_unreadable_checkpoints_fail_before_any_work
     for path in (text, cut):
         with pytest.raises(ValueError, match="not a readable checkpoint"):
             load_checkpoint(path)
+
+
+@pytest.mark.slow
+def test_teacher_scores_from_the_graph_train_with_a_kl_term(tiny_llama_dir, tasks_dir, tmp_path):
+    """`obliq distill pairs --teacher_scores` writes the graph's teacher's cosines (recomputed here with the
+    teacher itself); a recipe with `model.teacher_loss: kl` trains on them, the term enters the loss (the
+    loss differs from the same run without it) and the card names it."""
+    from obliq.cli import main as obliq_main
+    from obliq.eval.teachers import StylometricTeacher
+    from obliq.model.checkpoint import read_checkpoint
+    from obliq.tasks import load_task
+    from obliq.trainer import cli
+
+    task_dir = tasks_dir / "writing-news"
+    obliq_main(
+        [
+            "distill",
+            "graph",
+            "--task",
+            str(task_dir),
+            "--teacher",
+            "stylometric",
+            "--k",
+            "2",
+            "--out",
+            str(tmp_path / "graph.json"),
+        ]
+    )
+    obliq_main(
+        [
+            "distill",
+            "pairs",
+            "--task",
+            str(task_dir),
+            "--graph",
+            str(tmp_path / "graph.json"),
+            "--out",
+            str(tmp_path / "knn.jsonl"),
+            "--negatives",
+            "2",
+            "--teacher_scores",
+            "true",
+        ]
+    )
+    rows = [json.loads(x) for x in (tmp_path / "knn.jsonl").read_text().splitlines()]
+    task = load_task(task_dir)
+    vectors = StylometricTeacher().encode(task.doc_texts)
+    where = {d: i for i, d in enumerate(task.doc_ids)}
+    for row in rows[:20]:
+        a = vectors[where[row["meta"]["anchor_id"]]]
+        docs = [row["positive"]["id"]] + [n["id"] for n in row["negatives"]]
+        assert row["meta"]["teacher_scores"] == pytest.approx([float(a @ vectors[where[d]]) for d in docs], abs=1e-5)
+    write_rows(tmp_path / "few.jsonl", rows[:16])
+    losses = {}
+    for kind in ("none", "kl"):
+        config = _write_config(tmp_path / kind, tmp_path / "few.jsonl", tiny_llama_dir, max_steps=2)
+        run = cli(["--config", str(config), f"--model.teacher_loss={kind}"], run=False)
+        run.trainer.fit(run.model, datamodule=run.datamodule)
+        metrics = next((tmp_path / kind).rglob("metrics.csv")).read_text()
+        losses[kind] = [float(x) for x in _column(metrics, "train/loss")]
+    assert losses["kl"][0] > losses["none"][0]  # the same first step, plus a non-negative KL term
+    saved = read_checkpoint(next((tmp_path / "kl").rglob("last.ckpt")))
+    assert saved["obliq"]["loss"]["teacher_loss"] == "kl"

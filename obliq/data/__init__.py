@@ -30,6 +30,8 @@ may be smaller, and differ by at most one across ranks; ``M`` documents)::
                         # text (equal for equal normalised text); the loss masks equal keys
       "query_keys":     LongTensor (n, 2) # the queries' keys, the same way (TrainingRow.query_key: a
                         # query that is a corpus document, a kNN anchor, keys by its id too)
+      "teacher_scores": FloatTensor (n, 1 + k) # a teacher's scores of each row's positive, then of its
+                        # kept negatives (meta.teacher_scores), NaN where absent
       "row_ids":        list[str] (n)     # training-row ids
     }
 

@@ -217,6 +217,17 @@ class Collator:
             raise ValueError(f"max_negatives must be >= 0, got {max_negatives}")
         self.tokenize, self.max_negatives = tokenize, max_negatives
 
+    def teacher_scores(self, rows: Sequence[TrainingRow]) -> torch.Tensor:
+        """(n, 1 + max_negatives) float32: each row's ``meta.teacher_scores`` (the positive's, then each kept
+        negative's), NaN where a row has none (``obliq distill pairs --teacher_scores``)."""
+        out = torch.full((len(rows), 1 + self.max_negatives), float("nan"))
+        for i, row in enumerate(rows):
+            scores = (row.meta or {}).get("teacher_scores")
+            if isinstance(scores, list) and len(scores) == 1 + len(row.negatives):
+                kept = scores[: 1 + min(len(row.negatives), self.max_negatives)]
+                out[i, : len(kept)] = torch.tensor([float(x) for x in kept])
+        return out
+
     def __call__(self, rows: Sequence[TrainingRow]) -> dict[str, Any]:
         negatives = [(i, doc) for i, row in enumerate(rows) for doc in row.negatives[: self.max_negatives]]
         docs = [row.positive for row in rows] + [doc for _, doc in negatives]
@@ -230,6 +241,7 @@ class Collator:
                 -1, 2
             ),
             "query_keys": torch.tensor([row.query_key() for row in rows], dtype=torch.long).reshape(-1, 2),
+            "teacher_scores": self.teacher_scores(rows),
             "row_ids": [row.id for row in rows],
         }
 

@@ -111,6 +111,34 @@ def graph(
     return {"graph": str(out), **summary}
 
 
+def _add_teacher_scores(rows: list[dict], g: KnnGraph, texts: list[str]) -> None:
+    """Write the graph's teacher's cosines (anchor with positive, then with each negative) into each row's
+    ``meta.teacher_scores``; the teacher is the one the graph names, fitted on the same corpus.
+
+    Raises:
+        ValueError: the graph does not say which teacher built it.
+    """
+    import dataclasses
+
+    import numpy as np
+
+    settings = dict(g.meta.get("teacher") or {})
+    kind = settings.get("kind")
+    if kind == "stylometric":
+        fields = {f.name for f in dataclasses.fields(StylometricConfig)}
+        teacher = load_teacher("stylometric", StylometricConfig(**{k: v for k, v in settings.items() if k in fields}))
+    elif kind == "encoder" and settings.get("model"):
+        teacher = load_teacher(settings["model"], max_length=settings.get("max_length", TEACHER_MAX_LENGTH))
+    else:
+        raise ValueError("the graph does not name its teacher (meta.teacher): rebuild it with obliq distill graph")
+    vectors = teacher.encode(texts)
+    position = {d: i for i, d in enumerate(g.ids)}
+    for row in rows:
+        anchor = vectors[position[row["meta"]["anchor_id"]]]
+        docs = [row["positive"]["id"]] + [n["id"] for n in row["negatives"]]
+        row["meta"]["teacher_scores"] = [round(float(np.dot(anchor, vectors[position[d]])), 6) for d in docs]
+
+
 def pairs(
     task: Path,
     graph: Path,
@@ -121,6 +149,7 @@ def pairs(
     negatives: int = 0,
     negative_source: Literal["random", "bm25"] = "random",
     instruction: str | None = None,
+    teacher_scores: bool = False,
     report: Path | None = None,
     overwrite: bool = False,
 ) -> dict:
@@ -142,6 +171,10 @@ def pairs(
         negatives: mined negatives per row (default 0: in-batch negatives only, as in the paper).
         negative_source: ``random`` or ``bm25``.
         instruction: an ``instruction`` field for every row (off by default, as in the model card).
+        teacher_scores: also write the teacher's cosine of the anchor with the positive and with each
+            negative (``meta.teacher_scores``: positive first), for score distillation
+            (``model.teacher_loss``: listwise KL or MarginMSE); the teacher is rebuilt from the graph's
+            settings and fitted on the corpus, as the graph was.
         report: the JSON report to write (default: ``out`` with suffix ``.report.json``).
         overwrite: replace existing row files (refused otherwise).
 
@@ -175,6 +208,8 @@ def pairs(
     rows, counts = knn_pairs(
         g, texts, t.name, seed, both_directions, negatives, negative_source, instruction, teacher_name
     )
+    if teacher_scores:
+        _add_teacher_scores(rows, g, texts)
     out = Path(out)
     _write_jsonl(out, rows)
     result = {
@@ -189,6 +224,7 @@ def pairs(
         "both_directions": both_directions,
         "negatives": negatives,
         "negative_source": negative_source if negatives else None,
+        "teacher_scores": teacher_scores,
         "graph": str(graph),
         "rows_file": str(out),
     }

@@ -20,11 +20,12 @@ import logging
 import math
 import time
 from pathlib import Path
+from typing import Literal
 
 import lightning as L
 import torch
 
-from obliq.loss import InfoNCELoss
+from obliq.loss import InfoNCELoss, teacher_distillation
 from obliq.model.encoder import BiEncoder
 from obliq.model.gradcache import chunk_counts_across_ranks, grad_cache_step
 
@@ -43,6 +44,11 @@ class RetrieverModule(L.LightningModule):
         gather_across_devices: use every rank's documents as negatives.
         symmetric: also train the reverse direction, each row's positive against every query of the
             batch (:func:`obliq.loss.info_nce`; for passage↔passage sources such as kNN pairs).
+        teacher_loss: ``none``, or distil a teacher's scores of each row's candidates on top of InfoNCE
+            (:func:`obliq.loss.teacher_distillation`: ``kl`` or ``margin-mse``; rows need
+            ``meta.teacher_scores`` and negatives, ``obliq distill pairs --teacher_scores --negatives``).
+        teacher_weight: the weight of that term.
+        teacher_temperature: τ of the teacher's softmax (kl).
         lr: peak learning rate (AdamW).
         weight_decay: AdamW weight decay.
         warmup_ratio: share of the total steps with linear warmup.
@@ -63,6 +69,9 @@ class RetrieverModule(L.LightningModule):
         sort_by_length: bool = True,
         gather_across_devices: bool = True,
         symmetric: bool = False,
+        teacher_loss: Literal["none", "kl", "margin-mse"] = "none",
+        teacher_weight: float = 1.0,
+        teacher_temperature: float = 0.05,
         lr: float = 2e-4,
         weight_decay: float = 0.0,
         warmup_ratio: float = 0.03,
@@ -75,6 +84,8 @@ class RetrieverModule(L.LightningModule):
             raise ValueError(f"warmup_ratio must be in [0, 1), got {warmup_ratio}")
         if chunk_size is not None and chunk_size < 1:
             raise ValueError(f"chunk_size must be >= 1 or null, got {chunk_size}")
+        if teacher_loss not in ("none", "kl", "margin-mse"):
+            raise ValueError(f"teacher_loss must be none, kl or margin-mse, got {teacher_loss!r}")
         self.save_hyperparameters(ignore=["encoder"])
         self.automatic_optimization = False
         self.strict_loading = False  # checkpoints hold only the trainable weights
@@ -169,7 +180,7 @@ class RetrieverModule(L.LightningModule):
                 self.encoder,
                 batch["query"],
                 batch["docs"],
-                lambda q, d: self.loss(q, d, positive_index, keys, query_keys),
+                lambda q, d: self.loss(q, d, positive_index, keys, query_keys) + self._teacher_term(q, d, batch),
                 self.chunk_size,
                 backward=self.manual_backward,
                 no_sync=self.trainer.strategy.block_backward_sync if self.trainer.world_size > 1 else None,
@@ -206,6 +217,34 @@ class RetrieverModule(L.LightningModule):
         self.consecutive_bad = 0
         self._log_step(batch, loss, grad_norm, lr)
         return loss
+
+    def _teacher_citation(self) -> dict:
+        hp = self.hparams
+        if hp.teacher_loss == "none":
+            return {}
+        return {
+            "teacher_loss": hp.teacher_loss,
+            "teacher_weight": hp.teacher_weight,
+            "teacher_temperature": hp.teacher_temperature,
+        }
+
+    def _teacher_term(self, q: torch.Tensor, d: torch.Tensor, batch: dict) -> torch.Tensor | float:
+        """The weighted teacher-score term of this rank's rows (0 without ``teacher_loss``). Divided by
+        the world size: each rank's gradient is scaled by it (``InfoNCELoss.backward_scale``) and the
+        strategy averages, so the step gets the gradient of the mean over every rank's rows."""
+        if self.hparams.teacher_loss == "none":
+            return 0.0
+        term = teacher_distillation(
+            q,
+            d,
+            batch["positive_index"].to(q.device),
+            batch["doc_row"].to(q.device),
+            batch["teacher_scores"].to(q.device),
+            self.hparams.teacher_loss,
+            self.hparams.temperature,
+            self.hparams.teacher_temperature,
+        )
+        return self.hparams.teacher_weight * term / self.loss.backward_scale
 
     def on_before_optimizer_step(self, optimizer) -> None:
         """Under fp16 (a GradScaler), Lightning calls this after unscaling the gradients: clip them and
@@ -263,8 +302,8 @@ class RetrieverModule(L.LightningModule):
             "overflow_steps": self.overflow_steps,
             "encoder": self.encoder.settings,
             "lora": None if self.encoder.lora is None else vars(self.encoder.lora),
-            "loss": {**self.loss.citation(), "chunk_size": self.chunk_size},
-        }  # the model card's
+            "loss": {**self.loss.citation(), "chunk_size": self.chunk_size, **self._teacher_citation()},
+        }  # the model card's loss line
 
     def check_checkpoint_state(self, state: dict) -> None:
         """Refuse a checkpoint ``state_dict`` that misses a trainable weight or holds one of another shape.
