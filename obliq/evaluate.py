@@ -75,7 +75,7 @@ def evaluate(
     loaded = [load_task(p) for p in find_tasks(tasks)]
     if not is_run_file(model):  # fail before any encoding (a run file's depth is checked when it is read)
         for task in loaded:
-            check_depth(measures, retrieval.top_k, len(task.doc_ids))
+            check_depth(measures, retrieval.top_k, task.max_ranked)
     policy = None
     if rerank is not None:
         from obliq.rerank.config import dump_policy, load_policy

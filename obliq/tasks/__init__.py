@@ -7,12 +7,15 @@ that only needs a task imports it from here; evaluation (:mod:`obliq.eval`) sits
 """
 
 from obliq.tasks.format import (
+    JUDGEMENTS,
     QRELS_SPLITS,
+    Candidates,
     Qrels,
     Task,
     check_id,
     find_tasks,
     load_task,
+    read_candidates,
     read_jsonl,
     read_qrels,
     read_task_meta,
@@ -20,13 +23,16 @@ from obliq.tasks.format import (
 from obliq.tasks.split import load_query_split, split_queries, split_task, subset_queries
 
 __all__ = [
+    "JUDGEMENTS",
     "QRELS_SPLITS",
+    "Candidates",
     "Qrels",
     "Task",
     "check_id",
     "find_tasks",
     "load_query_split",
     "load_task",
+    "read_candidates",
     "read_jsonl",
     "read_qrels",
     "read_task_meta",
