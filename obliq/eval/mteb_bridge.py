@@ -37,7 +37,7 @@ import_mteb()  # a clear error naming the extra when it is missing
 
 from mteb.abstasks.retrieval import AbsTaskRetrieval  # noqa: E402
 from mteb.models.abs_encoder import AbsEncoder  # noqa: E402
-from mteb.models.model_meta import ModelMeta  # noqa: E402
+from mteb.models.model_meta import ModelMeta, ScoringFunction  # noqa: E402
 from mteb.types import PromptType  # noqa: E402
 
 
@@ -81,7 +81,7 @@ class MtebEncoder(AbsEncoder):
             overwrites=dict(
                 name=name or f"obliq/{label}",
                 revision=fingerprint(model).rsplit("@", 1)[-1] if isinstance(model, str) else "in-memory",
-                similarity_fn_name="cosine",
+                similarity_fn_name=ScoringFunction.COSINE,
             )
         )
 
