@@ -194,3 +194,35 @@ def test_audit_joins_candidate_sets_of_query_sets(tmp_path):
     assert joined.candidates == {"q1": ["a", "b"], "q2": ["b", "d"], "o1": list(DOCS)}
     run = model_run("bm25", joined, RetrievalSettings())
     assert set(run["q1"]) <= {"a", "b"} and set(run["q2"]) <= {"b", "d"}
+
+
+@pytest.mark.slow
+def test_the_training_callback_ranks_each_query_sets_candidates(tmp_path, minilm_path):
+    """The callback's evaluation (dev and test sides: top_ranked/dev.jsonl, top_ranked/test.jsonl) ranks
+    every query over its candidates and says so in its summaries."""
+    from types import SimpleNamespace
+
+    import torch
+    from obliq.callbacks.evaluation import RetrievalEvaluation
+
+    from obliq.model import BiEncoder
+
+    folder = small_task(tmp_path / "t", {"q1": ["a", "b"], "q2": ["c", "d"]})
+    split_task(folder, tmp_path / "split", dev_fraction=0.5, seed=0)
+    module = torch.nn.Module()
+    module.encoder = BiEncoder(minilm_path, query_prefix="", passage_prefix="")
+    strategy = SimpleNamespace(barrier=lambda name: None, broadcast=lambda value: value)
+    for split in ("test", "dev"):
+        trainer = SimpleNamespace(
+            global_step=1, log_dir=str(tmp_path / split), default_root_dir=str(tmp_path), is_global_zero=True,
+            loggers=[], strategy=strategy, callback_metrics={},
+        )  # fmt: skip
+        callback = RetrievalEvaluation(
+            tasks=[str(tmp_path / "split")], split=split, retrieval=RetrievalSettings(top_k=5)
+        )
+        callback.setup(trainer, module, "fit")
+        (summary,) = callback.evaluate(trainer, module)
+        (task,) = callback.tasks
+        assert summary["ranking"]["over"] == "candidates" and set(task.candidates) == set(task.query_ids)
+        run = read_run(tmp_path / split / "eval" / "step-00000001" / task.name / "run.trec")
+        assert all(set(docs) == set(task.candidates[q]) for q, docs in run.items())
