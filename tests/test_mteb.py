@@ -67,7 +67,8 @@ TOP_RANKED = {"qa": ["m2", "m3", "m4"], "qb": ["m1", "m2", "m3", "m4"]}
 def test_obliq_bench_math_converts_with_candidates_pooled_judgements_and_the_b3_instruction(tmp_path):
     ds = hub_folder(tmp_path / "hub", "math", CORPUS, QUERIES, QRELS, TOP_RANKED)
     report = from_mteb("OBLIQBenchMathRetrieval", tmp_path / "math", dataset_path=ds)
-    assert report["candidates"] == {"queries": 2, "min": 3, "max": 4} and report["judgements"] == "pooled"
+    assert report["candidates"] == {"queries": 2, "total": 7, "min": 3, "max": 4} and report["judgements"] == "pooled"
+    assert (report["docs"], report["queries"], report["qrels"], report["relevant"]) == (4, 2, 4, 3)
     task = load_task(tmp_path / "math")
     # the text mteb's encoders read: title + " " + text, stripped (mteb/_create_dataloaders.py)
     assert task.doc_texts[0] == "Pigeonhole Show two of five points in a unit square are close."
@@ -80,6 +81,8 @@ def test_obliq_bench_math_converts_with_candidates_pooled_judgements_and_the_b3_
         "reasoning technique."
     )  # the OBLIQ-IR paper, Appendix B.3
     meta = json.loads((tmp_path / "math" / "task.json").read_text())["source"]
+    # a 4-document copy is not the published dataset: the counts' disagreement is recorded
+    assert meta["differs_from_published_statistics"]["num_samples"] == {"loaded": 6, "published": 3659}
     assert (
         meta["dataset"] == "mteb/OBLIQBenchRetrieval"
         and meta["revision"] == mteb.get_task("OBLIQBenchMathRetrieval").metadata.dataset["revision"]
@@ -152,6 +155,16 @@ def test_offline_without_the_data_cached_refuses_in_one_line(tmp_path):
         "(subset math, split test) could not be loaded offline: it is not in the cache"
     )
     assert not (tmp_path / "m").exists()
+    # the hub snapshot in the cache (but not datasets' own cache): named, and read with --dataset_path
+    snapshot = tmp_path / "hf" / "hub" / "datasets--mteb--OBLIQBenchRetrieval" / "snapshots" / revision
+    hub_folder(snapshot, "math", CORPUS, QUERIES, QRELS, TOP_RANKED)
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert done.returncode == 2 and f"pass --dataset_path {snapshot} (its hub snapshot)" in done.stderr
+    done = subprocess.run(
+        [*cmd, "--dataset_path", str(snapshot)], env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path
+    )
+    assert done.returncode == 0, done.stderr
+    assert load_task(tmp_path / "m").candidates == TOP_RANKED
 
 
 # --- obliq → mteb ---------------------------------------------------------------------------------

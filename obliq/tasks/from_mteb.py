@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from pathlib import Path
 
 from obliq.files import atomic_write, claim_output, refuse_input_as_output, write_json
@@ -67,6 +66,35 @@ def _published_candidates(task, split: str, subset: str) -> bool:
     stats = (task.metadata.descriptive_stats or {}).get(split) or {}
     stats = (stats.get("hf_subset_descriptive_stats") or {}).get(subset, stats)
     return bool(stats.get("top_ranked_statistics"))
+
+
+def _hub_snapshot(dataset: dict) -> Path | None:
+    """The hub cache's snapshot folder of a dataset at its pinned revision, when it is there."""
+    from huggingface_hub import constants
+
+    folder = Path(constants.HF_HUB_CACHE) / f"datasets--{dataset['path'].replace('/', '--')}" / "snapshots"
+    folder = folder / str(dataset["revision"])
+    return folder if (folder / "README.md").is_file() else None
+
+
+def _against_published(task, split: str, subset: str, counts: dict) -> dict:
+    """What the written counts disagree on with mteb's published statistics of the task (documents +
+    queries, judgements, candidate lists), {} when they agree or none are published."""
+    stats = (task.metadata.descriptive_stats or {}).get(split) or {}
+    stats = (stats.get("hf_subset_descriptive_stats") or {}).get(subset, stats)
+    if not stats:
+        return {}
+    got = {
+        "num_samples": counts["docs"] + counts["queries"],
+        "num_relevant_docs": counts["relevant"],
+        "num_top_ranked": (counts["candidates"] or {}).get("total"),
+    }
+    want = {
+        "num_samples": stats.get("num_samples"),
+        "num_relevant_docs": (stats.get("relevant_docs_statistics") or {}).get("num_relevant_docs"),
+        "num_top_ranked": (stats.get("top_ranked_statistics") or {}).get("num_top_ranked"),
+    }
+    return {k: {"loaded": got[k], "published": want[k]} for k in got if want[k] is not None and got[k] != want[k]}
 
 
 def _query_instruction(metadata) -> str | None:
@@ -134,24 +162,35 @@ def from_mteb(
     try:
         task.load_data()
     except OSError as err:  # ConnectionError (offline, not cached), FileNotFoundError, DatasetNotFoundError
-        offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false")
+        import datasets
+
+        offline = datasets.config.HF_HUB_OFFLINE
+        snapshot = _hub_snapshot(dataset)
+        where = (
+            f"pass --dataset_path {snapshot} (its hub snapshot)"
+            if snapshot is not None and dataset_path is None
+            else "pass --dataset_path with a local copy in hub layout"
+        )
         raise ValueError(
             f"mteb task {name}: dataset {source} at revision {dataset['revision']} (subset {subset}, split "
             f"{split}) could not be loaded{' offline: it is not in the cache' if offline else ''} "
             f"({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}); run once where the hub is "
-            "reachable, or pass --dataset_path with a local copy in hub layout"
+            f"reachable, or {where}"
         ) from None
     task.convert_v1_dataset_format_to_v2(num_proc=None)
     data = task.dataset[subset][split]
     top_ranked = data.get("top_ranked")
-    if top_ranked is None and _published_candidates(task, split, subset):
+    bench = OBLIQ_BENCH.get(name)
+    if top_ranked is None and (_published_candidates(task, split, subset) or (bench and bench.candidates)):
         raise ValueError(
             f"mteb task {name}: mteb's statistics give its queries candidate sets (top_ranked), but none were "
             f"loaded from {source} (offline, datasets serves only its Arrow cache's 'default' config and mteb "
             "then drops top_ranked): run where the hub is reachable, or pass --dataset_path with a local copy"
         )
-    bench = OBLIQ_BENCH.get(name)
     counts = _write(out, name, data, top_ranked)
+    mismatch = _against_published(task, split, subset, counts)
+    if mismatch:  # offline, datasets serves the latest cached version whatever the pinned revision
+        log.warning("mteb task %s: loaded data differs from mteb's published statistics: %s", name, mismatch)
     meta = {
         "name": task_name or name,
         "mechanism": bench.mechanism if bench else None,
@@ -169,6 +208,7 @@ def from_mteb(
             "loaded_from": source,
             "subset": subset,
             "split": split,
+            **({"differs_from_published_statistics": mismatch} if mismatch else {}),
         },
         "stats": counts,
     }
@@ -221,7 +261,12 @@ def _write(out: Path, name: str, data, top_ranked) -> dict:
         for q in queries:
             for d, g in qrels[q].items():
                 f.write(f"{q}\t{check_id(str(d), f'mteb task {name}: qrels of {q}')}\t{int(g)}\n")
-    counts = {"docs": len(docs), "queries": len(queries), "qrels": sum(len(qrels[q]) for q in queries)}
+    counts = {
+        "docs": len(docs),
+        "queries": len(queries),
+        "qrels": sum(len(qrels[q]) for q in queries),
+        "relevant": sum(g != 0 for q in queries for g in qrels[q].values()),  # as mteb's statistics count
+    }
     counts["candidates"] = None
     if top_ranked is not None:
         sizes = []
@@ -237,6 +282,7 @@ def _write(out: Path, name: str, data, top_ranked) -> dict:
                 f.write(json.dumps({"query-id": q, "corpus-ids": ids}, ensure_ascii=False) + "\n")
         counts["candidates"] = {
             "queries": len(sizes),
+            "total": sum(sizes),
             "min": min(sizes, default=0),
             "max": max(sizes, default=0),
         }
