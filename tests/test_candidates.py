@@ -226,3 +226,16 @@ def test_the_training_callback_ranks_each_query_sets_candidates(tmp_path, minilm
         assert summary["ranking"]["over"] == "candidates" and set(task.candidates) == set(task.query_ids)
         run = read_run(tmp_path / split / "eval" / "step-00000001" / task.name / "run.trec")
         assert all(set(docs) == set(task.candidates[q]) for q, docs in run.items())
+
+
+@pytest.mark.parametrize("per_query", [3, 95], ids=["sparse-gathered", "dense-one-product"])
+def test_candidate_scores_equal_float64_inner_products(per_query):
+    from obliq.eval.index import unit_float32
+    from obliq.eval.retrieval import candidate_scores
+
+    rng = np.random.default_rng(0)
+    docs, queries = unit_float32(rng.standard_normal((100, 16))), unit_float32(rng.standard_normal((7, 16)))
+    rows = [rng.choice(100, per_query, replace=False) for _ in range(7)]
+    got = candidate_scores(queries, docs, rows)
+    for q, r, s in zip(queries, rows, got):
+        np.testing.assert_allclose(s, docs[r].astype(np.float64) @ q.astype(np.float64), atol=1e-6)

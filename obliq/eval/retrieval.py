@@ -238,6 +238,32 @@ def best_candidates(scores: np.ndarray, rows: np.ndarray, k: int, id_rank: np.nd
     return scores[order], rows[order]
 
 
+def candidate_scores(queries: np.ndarray, docs: np.ndarray, rows: Sequence[np.ndarray]) -> list[np.ndarray]:
+    """Exact inner products of each query with its candidates.
+
+    Args:
+        queries: (n_queries, d) float32 unit vectors; docs: (n_docs, d) float32 unit vectors.
+        rows: per query, its candidates' row indices into ``docs``.
+
+    Returns:
+        Per query, (len(rows[i]),) float32 scores. Blocks of queries whose candidates are most of the
+        corpus (OBLIQ-Bench: all but 1–3 documents) take one matrix product against the corpus and
+        pick their candidates from it (at d = 3072, 10k documents: ~0.6 ms a query against ~37 ms
+        for gathering each query's candidate rows); sparse candidate sets gather their rows alone.
+    """
+    n = len(docs)
+    step = max(1, (1 << 24) // max(n, 1))  # a block's score matrix stays under 64 MB
+    out: list[np.ndarray] = []
+    for start in range(0, len(rows), step):
+        block = rows[start : start + step]
+        if sum(len(r) for r in block) * 8 >= len(block) * n:
+            full = queries[start : start + len(block)] @ docs.T
+            out += [full[j, r] for j, r in enumerate(block)]
+        else:
+            out += [docs[r] @ queries[start + j] for j, r in enumerate(block)]
+    return out
+
+
 def retrieve_dense(
     encoder: Encoder,
     task: Task,
@@ -304,8 +330,9 @@ def retrieve_dense(
         search_one = lambda q, i: index.search(q, settings.top_k)
     else:
         id_rank, queries = _id_rank(task), unit_float32(queries, "query embeddings")
-        search_one = lambda q, i: best_candidates(docs[rows[i]] @ unit_float32(q)[0], rows[i], settings.top_k, id_rank)
-        scores, indices = zip(*(search_one(queries[i : i + 1], i) for i in range(len(rows))))
+        best = lambda s, i: best_candidates(s, rows[i], settings.top_k, id_rank)
+        search_one = lambda q, i: best(candidate_scores(unit_float32(q), docs, [rows[i]])[0], i)
+        scores, indices = zip(*(best(s, i) for i, s in enumerate(candidate_scores(queries, docs, rows))))
     timing["search"] = perf_counter() - t
 
     latency = _latency(
