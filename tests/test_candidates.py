@@ -239,3 +239,20 @@ def test_candidate_scores_equal_float64_inner_products(per_query):
     got = candidate_scores(queries, docs, rows)
     for q, r, s in zip(queries, rows, got):
         np.testing.assert_allclose(s, docs[r].astype(np.float64) @ q.astype(np.float64), atol=1e-6)
+
+
+def test_task_json_instruction_prompt_name_and_judgements_are_read_and_checked(tmp_path):
+    folder = small_task(tmp_path / "t")
+    meta = {"instruction": "Find cats.", "prompt_name": "OBLIQBenchMathRetrieval", "judgements": "pooled"}
+    (folder / "task.json").write_text(json.dumps(meta))
+    task = load_task(folder)
+    assert (task.instruction, task.prompt_name, task.judgements) == ("Find cats.", "OBLIQBenchMathRetrieval", "pooled")
+    (folder / "qrels" / "pooled.tsv").write_text("q1\ta\t1\n")
+    with pytest.raises(ValueError, match="says qrels/test.tsv is pooled, yet qrels/pooled.tsv exists"):
+        load_task(folder)
+    (folder / "task.json").write_text(json.dumps({"judgements": "silver"}))
+    with pytest.raises(ValueError, match=r"task.json: field 'judgements' must be one of \['gold', 'pooled'\]"):
+        load_task(folder)
+    (folder / "task.json").write_text(json.dumps({"instruction": ""}))
+    with pytest.raises(ValueError, match="field 'instruction' must be a non-empty string"):
+        load_task(folder)
