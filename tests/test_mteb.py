@@ -313,6 +313,13 @@ def test_mteb_picks_up_the_exported_per_task_prompts(exported, tasks_dir, tmp_pa
             assert score == pytest.approx(float(q[i] @ d[j]), abs=1e-5)
             gap = max(gap, abs(score - float(plain[i] @ d[j])))
     assert gap > 1e-3  # the instruction changed what mteb encoded
+    # the adapter reads the same instruction from the task (obliq evaluate, MtebEncoder): the same vectors
+    from obliq.eval.encoders import load_encoder
+
+    adapter = load_encoder(str(exported / "adapter"))
+    with_task = adapter.encode(task.query_texts[:3], "query", max_length=256, task=task).double().numpy()
+    np.testing.assert_allclose(with_task, q, atol=1e-5)
+    assert np.abs(adapter.encode(task.query_texts[:3], "query", max_length=256).double().numpy() - plain).max() < 1e-5
 
 
 def test_compare_reads_mteb_predictions_and_refuses_ambiguous_folders(tmp_path):
