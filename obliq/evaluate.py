@@ -48,7 +48,8 @@ def evaluate(
         model: ``bm25``; a TREC run file (``*.trec``); a folder saved by obliq (``obliq export``: a
             LoRA adapter or a full model); a peft adapter folder; a sentence-transformers or
             transformers folder; an alias (``minilm``); or a hub id (needs the hub cache offline).
-        tasks: task folders in BEIR layout, or folders holding task folders.
+        tasks: task folders in BEIR layout, or folders holding task folders. A task with candidate sets
+            (``top_ranked/test.jsonl``) is ranked over each query's candidates only; the summary says so.
         output: folder for the results.
         retrieval: how to retrieve: encoder kind, top_k, batch size, query/passage max lengths,
             the corpus-embedding cache, BM25's k1/b/stemmer, trust_remote_code
@@ -75,7 +76,7 @@ def evaluate(
     loaded = [load_task(p) for p in find_tasks(tasks)]
     if not is_run_file(model):  # fail before any encoding (a run file's depth is checked when it is read)
         for task in loaded:
-            check_depth(measures, retrieval.top_k, len(task.doc_ids))
+            check_depth(measures, retrieval.top_k, task.max_ranked)
     policy = None
     if rerank is not None:
         from obliq.rerank.config import dump_policy, load_policy

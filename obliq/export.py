@@ -1,6 +1,12 @@
 """Export a training checkpoint: the LoRA adapter (peft format) and, on request, a merged
 sentence-transformers folder that loads with ``SentenceTransformer(path)`` and no obliq import.
 
+The merged folder's sentence-transformers prompts hold the prefixes (``query`` / ``document``) and, for
+each OBLIQ-Bench task, per-task prompts keyed as mteb looks them up (``OBLIQBenchWritingRetrieval-query``
+/ ``-document``): the text obliq's encoder puts before that task's queries — with the OBLIQ-IR paper's
+B.3 instruction when the model was trained with instructions (``use_instructions``), the plain prefix
+otherwise — so mteb reads each task's queries the way the model was trained to read them.
+
 The merge is computed in float32 and cast to the training dtype once (the model card's caveat:
 folding ``W + BA·scaling`` directly in bf16 loses digits), then checked on a probe set against the
 adapter path: every cosine between merged and adapter embeddings must be ≥ ``min_cosine``, or the
@@ -20,6 +26,7 @@ from obliq.aliases import portable_name
 from obliq.files import claim_output, read_text, write_json, write_text
 from obliq.model.checkpoint import load_checkpoint, read_checkpoint
 from obliq.model.encoder import BiEncoder
+from obliq.tasks.obliq_bench import OBLIQ_BENCH
 
 PROBE = [
     "A passage in the same restless, aphoristic voice as this one.",
@@ -54,7 +61,8 @@ def export(
         checkpoint: a training checkpoint (``.ckpt``).
         out: output folder.
         merge: also write a merged sentence-transformers folder (prompts ``query`` / ``document``
-            hold the prefixes; mean pooling; normalisation).
+            hold the prefixes, and per-task prompts for mteb's OBLIQ-Bench tasks, :func:`task_prompts`;
+            mean pooling; normalisation).
         min_cosine: the least cosine between merged and adapter embeddings on the probe set.
         probe_file: texts to probe with, one per line (default: a built-in set).
         results: an ``evaluate`` output folder of this model (``<task>/summary.json``): its metrics go
@@ -118,7 +126,7 @@ def merge_to_sentence_transformers(
         transformer = Transformer(str(hf_dir), max_seq_length=capacity)
         st = SentenceTransformer(
             modules=[transformer, Pooling(encoder.hidden_size, "mean"), Normalize()],
-            prompts={"query": s["query_prefix"], "document": s["passage_prefix"]},
+            prompts=task_prompts(encoder),
             device="cpu",
         )
         shutil.rmtree(folder, ignore_errors=True)
@@ -142,6 +150,20 @@ def merge_to_sentence_transformers(
             "texts; use the adapter export (or merge to float32)"
         )
     return {"merged": str(folder), "merged_dtype": str(dtype).removeprefix("torch."), "probe_min_cosine": cosine}
+
+
+def task_prompts(encoder: BiEncoder) -> dict[str, str]:
+    """The sentence-transformers prompts of a merged export: ``query`` / ``document`` (the prefixes)
+    and, for every OBLIQ-Bench task, ``<mteb task>-query`` (what ``encoder`` puts before that task's
+    queries: the B.3 instruction when it uses instructions, :data:`obliq.tasks.obliq_bench.OBLIQ_BENCH`)
+    and ``<mteb task>-document`` (the passage prefix). mteb uses ``-query`` / ``-document`` keys of
+    registered task names first (``mteb.models.abs_encoder.get_prompt_name``)."""
+    passage = encoder.text.format([""], "passage")[0]
+    prompts = {"query": encoder.text.format([""], "query")[0], "document": passage}
+    for name, bench in OBLIQ_BENCH.items():
+        prompts[f"{name}-query"] = encoder.text.format([""], "query", [bench.instruction])[0]
+        prompts[f"{name}-document"] = passage
+    return prompts
 
 
 def _evaluation(results: Path) -> list[dict]:

@@ -211,8 +211,9 @@ def load_query_sets(folder: str | Path, query_sets: Sequence[str] | None = None)
     """Load a task with all its query sets joined (see :func:`query_set_files`).
 
     Each set goes through :func:`obliq.tasks.load_task` (validation, warnings, report); the
-    joined task has every set's queries in order and their judgements in ``qrels["test"]``; its
-    ``report`` maps each queries file to that set's validation report.
+    joined task has every set's queries in order, their judgements in ``qrels["test"]`` and their
+    candidate sets (``top_ranked/<split>.jsonl``) when any set has them; its ``report`` maps each
+    queries file to that set's validation report.
 
     Raises:
         FileNotFoundError: a queries file or its qrels file is missing.
@@ -224,6 +225,7 @@ def load_query_sets(folder: str | Path, query_sets: Sequence[str] | None = None)
     first = parts[0][1]
     source: dict[str, str] = {}
     query_ids, query_texts, gold, report = [], [], {}, {}
+    candidates = None if all(task.candidates is None for _, task in parts) else {}
     for file, task in parts:
         for qid, text in zip(task.query_ids, task.query_texts):
             if qid in source:
@@ -234,7 +236,11 @@ def load_query_sets(folder: str | Path, query_sets: Sequence[str] | None = None)
         (split,) = task.qrels
         gold.update(task.qrels[split])
         report[file] = task.report
-    return dataclasses.replace(first, query_ids=query_ids, query_texts=query_texts, qrels={GOLD: gold}, report=report)
+        if candidates is not None:  # a set without candidates ranks over the corpus: every document its candidate
+            candidates.update(task.candidates or dict.fromkeys(task.query_ids, task.doc_ids))
+    return dataclasses.replace(
+        first, query_ids=query_ids, query_texts=query_texts, qrels={GOLD: gold}, report=report, candidates=candidates
+    )
 
 
 def restrict_queries(task: Task, attributes: QueryAttributes, files: str = "") -> Task:

@@ -4,7 +4,10 @@ Anything with ``encode(texts, kind, batch_size)`` returning (n, d) vectors can b
 obliq's own :class:`obliq.model.BiEncoder` (``query: `` / ``passage: `` prefixes, mean pooling) and
 :class:`SentenceTransformerEncoder` for plain sentence-transformers or transformers folders, which
 are encoded the way sentence-transformers encodes them (its ``encode_query`` / ``encode_document``:
-the model's own saved prompts if it has any, none otherwise — all-MiniLM-L6-v2 has none).
+the model's own saved prompts if it has any, none otherwise — all-MiniLM-L6-v2 has none). For a task
+with a ``prompt_name`` (an mteb task name), a model's per-task prompts ``<prompt_name>-query`` /
+``<prompt_name>-document`` are used when it has them, as mteb uses them (what ``obliq export`` writes
+for the OBLIQ-Bench tasks).
 """
 
 from __future__ import annotations
@@ -32,13 +35,16 @@ class Encoder(Protocol):
     capacity; None keeps the encoder's own). Nothing else of an encoder is changed by evaluating it."""
 
     def encode(self, texts: list[str], kind: Kind = "query", batch_size: int = 32, max_length: int | None = None):
-        """(n, d) vectors (torch or numpy, any float dtype) for n texts; rows need not be unit norm."""
+        """(n, d) vectors (torch or numpy, any float dtype) for n texts; rows need not be unit norm.
+        An encoder may also take a ``task`` keyword (the :class:`obliq.tasks.Task` being retrieved:
+        its instruction or per-task prompt); evaluation passes it only to an encoder that takes it."""
         ...
 
     def text_policy(self, query_max_length: int | None = None, passage_max_length: int | None = None) -> dict:
         """``{"query_prefix", "passage_prefix", "query_max_length", "passage_max_length"}``: what the
-        encoder actually reads when asked for these lengths (the report states it). Optional: an
-        encoder without it (a teacher that reads whole texts) is reported as such."""
+        encoder actually reads when asked for these lengths (the report states it), optionally for a
+        ``task`` keyword. Optional: an encoder without it (a teacher that reads whole texts) is
+        reported as such."""
         ...
 
 
@@ -64,19 +70,31 @@ class SentenceTransformerEncoder:
         )
         self.capacity = self.model.max_seq_length
 
-    def text_policy(self, query_max_length: int | None = None, passage_max_length: int | None = None) -> dict:
-        """How this model reads texts when asked for these lengths: its own saved prompts (none for
-        all-MiniLM-L6-v2) and the token lengths it keeps."""
+    def prompt(self, kind: Kind, task=None) -> str:
+        """The prompt this model puts before a ``kind`` text of ``task``: its per-task prompt
+        ``<task.prompt_name>-query`` / ``-document`` when it has one (mteb's first lookup), else its
+        ``query`` / ``document`` prompt (sentence-transformers' own), else none."""
+        prompts = self.model.prompts or {}
+        side = "query" if kind == "query" else "document"
+        name = getattr(task, "prompt_name", None)
+        if name and f"{name}-{side}" in prompts:
+            return prompts[f"{name}-{side}"]
+        keys = ("query",) if side == "query" else ("document", "passage", "corpus")
+        return next((prompts[k] for k in keys if k in prompts), "")
+
+    def text_policy(
+        self, query_max_length: int | None = None, passage_max_length: int | None = None, task=None
+    ) -> dict:
+        """How this model reads texts (of ``task``) when asked for these lengths: its own saved prompts
+        (none for all-MiniLM-L6-v2; :meth:`prompt`) and the token lengths it keeps."""
 
         def keep(n):
             limits = [x for x in (self.capacity, n) if x]
             return min(limits) if limits else None
 
-        prompts = self.model.prompts or {}
-        passage = next((prompts[k] for k in ("document", "passage", "corpus") if k in prompts), "")
         return {
-            "query_prefix": prompts.get("query", ""),
-            "passage_prefix": passage,
+            "query_prefix": self.prompt("query", task),
+            "passage_prefix": self.prompt("passage", task),
             "query_max_length": keep(query_max_length),
             "passage_max_length": keep(passage_max_length),
         }
@@ -88,6 +106,7 @@ class SentenceTransformerEncoder:
         batch_size: int = 32,
         max_length: int | None = None,
         show_progress: bool | None = None,
+        task=None,
     ) -> torch.Tensor:
         """Encode texts as queries or passages.
 
@@ -97,6 +116,7 @@ class SentenceTransformerEncoder:
             batch_size: texts per forward pass.
             max_length: token limit for this call (cut to the model's ``max_seq_length``); None: the model's own.
             show_progress: a progress bar; None shows it when there are more than 8 batches.
+            task: the task being retrieved: its per-task prompt is used when the model has one (:meth:`prompt`).
 
         Returns:
             (n, d) float32 CPU tensor of unit vectors.
@@ -114,6 +134,7 @@ class SentenceTransformerEncoder:
         fn = self.model.encode_query if kind == "query" else self.model.encode_document
         out = fn(
             texts,
+            prompt=self.prompt(kind, task),
             batch_size=batch_size,
             convert_to_tensor=True,
             normalize_embeddings=True,

@@ -18,12 +18,22 @@ Policy for queries, stated once here and applied everywhere:
   ``-c``), so a run cannot raise its mean by skipping hard queries;
 - run queries absent from the qrels are ignored.
 
+Candidate sets (mteb's ``top_ranked``): a query ranked over its candidates only is scored against
+*all* its judgements — a relevant document outside its candidates cannot be retrieved yet counts in
+its ideal DCG and its recall denominator, exactly as mteb scores it (pytrec_eval on the unfiltered
+qrels; checked against mteb's ``calculate_retrieval_scores``). mteb keeps a query whose judgements are
+all 0 in its means (score 0) where obliq excludes it; OBLIQ-Bench has no such query.
+
+Runs are TREC files (:func:`read_run`) or mteb's saved predictions (:func:`read_mteb_predictions`);
+:func:`read_ranking` reads either.
+
 Duplicates (C08): a run listing the same document twice for a query keeps its first occurrence in
 ranking order (its highest score); repeated qrels rows are read once (:func:`read_qrels`).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 from collections.abc import Iterable, Sequence
@@ -225,6 +235,78 @@ def read_run(path: str | Path) -> Run:
     return run
 
 
+def read_mteb_predictions(
+    path: str | Path, task: str | None = None, subset: str | None = None, split: str | None = None
+) -> Run:
+    """Read mteb's saved predictions as a run.
+
+    ``mteb.evaluate(model, tasks, prediction_folder=F)`` (or ``mteb run … --prediction-folder F``)
+    writes ``F/<task>_predictions.json``: ``{"mteb_model_meta": {...}, "<subset>": {"<split>": {query
+    id: {doc id: score}}}}``, each query's top 1000 (candidates, for a candidate-set task).
+
+    Args:
+        path: the predictions file, or the prediction folder.
+        task: in a folder holding several tasks' files, the task (``<task>_predictions.json``).
+        subset / split: which of the file's subsets and splits (default: the only one).
+
+    Raises:
+        FileNotFoundError: no such file, or a folder without the task's file.
+        ValueError: not JSON of that layout; several tasks, subsets or splits and none chosen; a score
+            that is not a finite number (the file and the query named).
+    """
+    path = Path(path)
+    if path.is_dir():
+        files = sorted(path.glob("*_predictions.json"))
+        if task is not None:
+            files = [f for f in files if f.name == f"{task}_predictions.json"]
+        if len(files) != 1:
+            names = [f.name.removesuffix("_predictions.json") for f in sorted(path.glob("*_predictions.json"))]
+            if not names or task is not None:
+                raise FileNotFoundError(f"{path}: no {task or '<task>'}_predictions.json (mteb's prediction folder)")
+            raise ValueError(f"{path}: predictions of several tasks {names}: name one with --task")
+        path = files[0]
+    if not path.is_file():
+        raise FileNotFoundError(f"mteb predictions not found: {path}")
+    try:
+        data = json.loads(open_text(path).read())
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path}: not valid JSON ({err})") from None
+    if not isinstance(data, dict):
+        raise ValueError(
+            f"{path}: expected mteb's predictions object ({{subset: {{split: {{query: {{doc: score}}}}}}}})"
+        )
+
+    def pick(what, given, options, where):
+        if given is None and len(options) == 1:
+            return options[0]
+        if given in options:
+            return given
+        raise ValueError(f"{path}: {where} holds the {what}s {options}: choose one with --{what} (got {given!r})")
+
+    subsets = [k for k, v in data.items() if k != "mteb_model_meta" and isinstance(v, dict)]
+    sub = pick("subset", subset, subsets, "the file")
+    splits = [k for k, v in data[sub].items() if isinstance(v, dict)]
+    chosen = data[sub][pick("split", split, splits, f"subset {sub!r}")]
+    run: Run = {}
+    for qid, docs in chosen.items():
+        if not isinstance(docs, dict):
+            raise ValueError(f"{path}: query {qid!r}: expected {{doc id: score}}, got {type(docs).__name__}")
+        for did, score in docs.items():
+            if isinstance(score, bool) or not isinstance(score, (int, float)) or not math.isfinite(score):
+                raise ValueError(f"{path}: query {qid!r}, document {did!r}: score {score!r} is not a finite number")
+        run[str(qid)] = {str(d): float(v) for d, v in docs.items()}
+    return run
+
+
+def read_ranking(path: str | Path, task: str | None = None, subset: str | None = None, split: str | None = None) -> Run:
+    """A run from a TREC run file (:func:`read_run`) or from mteb's saved predictions (a
+    ``*_predictions.json`` file or a prediction folder: :func:`read_mteb_predictions`)."""
+    path = Path(path)
+    if path.is_dir() or path.name.endswith(".json"):
+        return read_mteb_predictions(path, task, subset, split)
+    return read_run(path)
+
+
 def top_k(docs: dict[str, float], k: int) -> list[str]:
     """The ``k`` best document ids of one query's run, in trec_eval's order (score descending, then
     document id descending); ``k`` at least the run's length gives the whole ranking."""
@@ -281,7 +363,8 @@ def score_files(
     Args:
         qrels: relevance judgements, BEIR TSV (``query-id corpus-id score``, header optional) or
             TREC qrels (``qid 0 docid grade``).
-        run: a TREC run file (``qid Q0 docid rank score tag``).
+        run: a TREC run file (``qid Q0 docid rank score tag``), or mteb's saved predictions of one
+            task (:func:`read_mteb_predictions`).
         measures: comma-separated measure names, e.g. ``NDCG@10,Recall@100``.
         per_query: also return each query's values.
 
@@ -298,7 +381,7 @@ def score_files(
             the qrels (a wrong pair of files).
     """
     judged = read_qrels(qrels)
-    ranked = check_run(read_run(run), judged, run, qrels)
+    ranked = check_run(read_ranking(run), judged, run, qrels)
     ev = evaluate_run(judged, ranked, measures)
     depth = max(len(docs) for docs in ranked.values())
     deeper = {name: cutoff(m) for name, m in parse_measures(measures).items() if (cutoff(m) or 0) > depth}

@@ -5,7 +5,9 @@ Per task, under ``<output>/<task name>/``:
 - ``run.trec``: the retrieved documents of every query (TREC run format);
 - ``per_query.jsonl``: one line per evaluated query and qrels split (``test`` = gold, ``pooled``);
 - ``summary.json``: ``{"task", "mechanism", "model", "metrics", "n_queries", "n_excluded", …}``
-  with the pooled metrics, the Recall@k curve, the time per stage and latency p50/p95.
+  with the pooled metrics, the Recall@k curve, the time per stage and latency p50/p95, what the main
+  qrels are (``judgements``: gold, or pooled as in mteb's OBLIQ-Bench Twitter / WildChat / Math), and
+  what each query was ranked over (``ranking``: the corpus, or its candidate set with their sizes).
 
 Over all tasks, under ``<output>/``: ``results.md`` (a markdown table) and ``recall_at_k.png`` (the
 Recall@k curve, k = 10…1000, the OBLIQ-IR paper §6.1).
@@ -63,7 +65,18 @@ def evaluate_task(
     """
     output = Path(output)
     panel = list(parse_measures(measures))
-    n_docs = len(task.doc_ids)
+    ranking = {"over": "corpus"}
+    if task.candidates is not None:
+        sizes = [len(task.candidates.get(q, ())) for q in task.query_ids]
+        ranking = {
+            "over": "candidates",
+            "file": task.report.get("candidates", {}).get("file"),
+            "queries_without_candidates": sizes.count(0),
+            "min": min(sizes),
+            "mean": round(sum(sizes) / len(sizes), 2),
+            "max": max(sizes),
+        }
+    n_docs = task.max_ranked
     check_depth(panel, retrieval.depth, n_docs, "the ranking depth")
     output.mkdir(parents=True, exist_ok=True)
     curve = {k: f"Recall@{k}" for k in RECALL_CURVE_K if retrieval.depth >= min(k, n_docs)}
@@ -74,13 +87,14 @@ def evaluate_task(
     results = {split: evaluate_run(qrels, retrieval.run, names, task.query_ids) for split, qrels in task.qrels.items()}
     timing = dict(retrieval.timing_s, metrics=perf_counter() - t)
 
+    main = next(iter(task.qrels))  # the task's required split: test (gold), or e.g. dev
+    labels = {**SPLIT_NAMES, main: task.judgements if main == "test" else main}
     with (output / "per_query.jsonl").open("w", encoding="utf-8") as f:
         for split, ev in results.items():
             for qid, values in ev.per_query.items():
-                row = {"query_id": qid, "qrels": SPLIT_NAMES.get(split, split), **{n: values[n] for n in panel}}
+                row = {"query_id": qid, "qrels": labels.get(split, split), **{n: values[n] for n in panel}}
                 f.write(json_text(row, indent=None) + "\n")
 
-    main = next(iter(task.qrels))  # the task's required split: test (gold), or e.g. dev
     gold = results[main]
     rerank = dict(retrieval.rerank)
     if retrieval.dense_run is not None:
@@ -91,6 +105,8 @@ def evaluate_task(
         "mechanism": task.mechanism,
         "model": model,
         "qrels": main,
+        "judgements": labels[main],
+        "ranking": ranking,
         "metrics": {n: gold.aggregate[n] for n in panel},
         "n_queries": gold.n_queries,
         "n_excluded": gold.n_excluded,
@@ -122,9 +138,10 @@ def evaluate_task(
     return summary
 
 
-def read_per_query(path: str | Path, measure: str = "NDCG@10", qrels: str = "gold") -> dict[str, float]:
-    """Query id → ``measure`` under one qrels split (``gold`` or ``pooled``), read from a
-    ``per_query.jsonl`` written by :func:`evaluate_task`: the input of paired comparisons
+def read_per_query(path: str | Path, measure: str = "NDCG@10", qrels: str | None = None) -> dict[str, float]:
+    """Query id → ``measure`` under one qrels split (``gold`` or ``pooled``; None: the task's main
+    qrels, the file's first label — ``pooled`` for a task whose main judgements are pooled), read from
+    a ``per_query.jsonl`` written by :func:`evaluate_task`: the input of paired comparisons
     (:func:`obliq.eval.significance.compare`).
 
     Raises:
@@ -134,6 +151,7 @@ def read_per_query(path: str | Path, measure: str = "NDCG@10", qrels: str = "gol
     for n, line in enumerate(read_text(path).splitlines(), 1):
         try:
             row = json.loads(line)
+            qrels = row["qrels"] if qrels is None else qrels
             if row["qrels"] == qrels:
                 out[row["query_id"]] = float(row[measure])
         except (ValueError, KeyError, TypeError) as err:
@@ -173,13 +191,21 @@ def write_report(summaries: list[dict], output: Path) -> None:
         "|---|---|---|---:|---:|" + "---:|" * len(panel),
     ]
     for s in summaries:
-        rows = [("gold", s)] + ([("pooled", s["pooled"])] if "pooled" in s else [])
+        rows = [(s.get("judgements", "gold"), s)] + ([("pooled", s["pooled"])] if "pooled" in s else [])
         for label, r in rows:
             lines.append(
                 f"| {s['task']} | {s['mechanism'] or ''} | {label} | {r['n_queries']} | {r['n_excluded']} | "
                 + " | ".join(fmt(r["metrics"][n]) for n in panel)
                 + " |"
             )
+    ranked = [s for s in summaries if s.get("ranking", {}).get("over") == "candidates"]
+    if ranked:
+        lines += [""] + [
+            f"{s['task']}: each query ranked over its candidate set only ({r['file']}; {r['min']}–{r['max']} "
+            f"documents, mean {r['mean']}); judged documents outside it still count in the ideal DCG and recall."
+            for s in ranked
+            for r in [s["ranking"]]
+        ]
     lines += [
         "",
         "Time per stage (s) and latency per query (ms, p50 / p95):",

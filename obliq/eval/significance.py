@@ -434,22 +434,31 @@ def compare_files(
     permutations: int = PERMUTATIONS,
     seed: int = 0,
     tie: float = TIE,
+    task: str | None = None,
+    subset: str | None = None,
+    split: str | None = None,
 ) -> dict:
     """Run B against run A on one qrels file: mean difference, its paired-bootstrap interval and the
     sign-flip test's p-value with its method and n (the ``obliq compare`` command).
 
     Both runs are scored per query with :func:`obliq.eval.metrics.evaluate_run` (trec_eval's
     conventions; queries without relevant documents excluded, a query missing from a run scores 0).
+    A run is a TREC run file or mteb's saved predictions (``<task>_predictions.json`` or the prediction
+    folder, :func:`obliq.eval.metrics.read_mteb_predictions`): two models evaluated by mteb are
+    compared per query, which mteb itself does not offer.
 
     Args:
-        run_a: the baseline TREC run file.
-        run_b: the system TREC run file.
-        qrels: relevance judgements (BEIR TSV or TREC qrels).
+        run_a: the baseline: a TREC run file, or mteb predictions (file or folder).
+        run_b: the system: likewise.
+        qrels: relevance judgements (BEIR TSV or TREC qrels; for an mteb task, the ``qrels/test.tsv``
+            that ``obliq task from-mteb`` wrote).
         measure: the per-query measure compared.
         resamples: bootstrap draws of the interval.
         permutations: Monte Carlo sign patterns when the test cannot be exact.
         seed: random seed.
         tie: per-query differences within this count as ties.
+        task: for mteb prediction folders holding several tasks: the mteb task name.
+        subset / split: for mteb predictions holding several: which (default: the only one).
 
     Returns:
         The :class:`Comparison` as a dict (differences are B − A), with ``p_text``.
@@ -458,13 +467,13 @@ def compare_files(
         ValueError: a run that is empty or holds no query of the qrels (a run of another task:
             :func:`obliq.eval.metrics.check_run`).
     """
-    from obliq.eval.metrics import check_run, evaluate_run, read_run
+    from obliq.eval.metrics import check_run, evaluate_run, read_ranking
     from obliq.tasks import read_qrels
 
     judged = read_qrels(qrels)
     values = []
     for run in (run_a, run_b):
-        ranked = check_run(read_run(run), judged, run, qrels)
+        ranked = check_run(read_ranking(run, task, subset, split), judged, run, qrels)
         ev = evaluate_run(judged, ranked, [measure])
         values.append({q: v[measure] for q, v in ev.per_query.items()})
     return compare(values[0], values[1], measure, resamples, permutations, seed, tie).as_dict()

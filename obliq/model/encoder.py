@@ -275,11 +275,14 @@ class BiEncoder(nn.Module):
         """See :class:`TextTokenizer` (``self.text``)."""
         return self.text(texts, kind, instructions, max_length)
 
-    def text_policy(self, query_max_length: int | None = None, passage_max_length: int | None = None) -> dict:
-        """How this encoder reads texts when asked for these lengths: its prefixes and the token
-        lengths it actually keeps (cut to its capacity). What a report states of a system."""
+    def text_policy(
+        self, query_max_length: int | None = None, passage_max_length: int | None = None, task=None
+    ) -> dict:
+        """How this encoder reads texts when asked for these lengths: its prefixes (for ``task``'s
+        queries: with its instruction when the encoder uses instructions) and the token lengths it
+        actually keeps (cut to its capacity). What a report states of a system."""
         return {
-            "query_prefix": self.text.prefix["query"],
+            "query_prefix": self.text.format([""], "query", [_instruction(task)])[0],
             "passage_prefix": self.text.prefix["passage"],
             "query_max_length": self.text.cap(query_max_length) if query_max_length else self.text.max_length["query"],
             "passage_max_length": self.text.cap(passage_max_length)
@@ -338,6 +341,7 @@ class BiEncoder(nn.Module):
         show_progress: bool | None = None,
         instructions: list[str | None] | None = None,
         max_length: int | None = None,
+        task=None,
     ) -> torch.Tensor:
         """Encode texts in batches (longest first, to pad little), in eval mode and without gradients.
 
@@ -349,6 +353,8 @@ class BiEncoder(nn.Module):
             instructions: each text's instruction (queries, with ``use_instructions``).
             max_length: token limit for this call (an evaluator's setting; cut to the backbone's
                 positions); None: the encoder's own length for ``kind``.
+            task: the task being retrieved (:class:`obliq.tasks.Task`): its ``instruction`` is every
+                query's when ``instructions`` is not given (read with ``use_instructions`` only).
 
         Returns:
             (n, hidden) float32 CPU tensor of unit vectors, in the input order.
@@ -356,6 +362,8 @@ class BiEncoder(nn.Module):
         from tqdm.auto import tqdm
 
         texts = list(texts)
+        if instructions is None and kind == "query" and _instruction(task):
+            instructions = [_instruction(task)] * len(texts)
         if not texts:
             return torch.empty(0, self.hidden_size)
         order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
@@ -497,6 +505,11 @@ def _ensure_pad_token(tokenizer) -> None:
             log.info("tokenizer has no pad token; using its %s %r", name, tokenizer.pad_token)
             return
     raise ValueError("the tokenizer has no pad, eos or unk token: set tokenizer.pad_token before encoding")
+
+
+def _instruction(task) -> str | None:
+    """A task's query instruction (``task.instruction``), None without a task."""
+    return getattr(task, "instruction", None)
 
 
 def _has_causal_attention(model: nn.Module) -> bool:

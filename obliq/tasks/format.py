@@ -2,7 +2,9 @@
 
 A task is a folder (docs/formats.md): ``corpus.jsonl`` (``_id``, ``title``, ``text``),
 ``queries.jsonl`` (``_id``, ``text``), ``qrels/test.tsv`` (gold) and optionally ``qrels/pooled.tsv``,
-plus an optional ``task.json`` with ``name`` and ``mechanism``.
+optionally per-query candidate sets ``top_ranked/test.jsonl`` (mteb's ``top_ranked``: each query is
+ranked over its candidates only), plus an optional ``task.json`` with ``name``, ``mechanism``,
+``instruction``, ``prompt_name`` and ``judgements``.
 
 Bad input fails with the file, line and field named; data problems that do not stop an evaluation
 are logged as warnings with a count and kept in :attr:`Task.report`:
@@ -12,7 +14,10 @@ are logged as warnings with a count and kept in :attr:`Task.report`:
   an error;
 - qrels documents missing from the corpus: kept (they count in recall denominators, as in
   trec_eval) and reported; qrels queries missing from the queries file: dropped and reported;
-- empty texts: kept and reported; lone surrogates become U+FFFD and NUL bytes a space (C17).
+- empty texts: kept and reported; lone surrogates become U+FFFD and NUL bytes a space (C17);
+- candidate sets: a query or document id that the task lacks, or a query listed twice, is an error
+  (file and line named); a document listed twice for a query is kept once; a query without a line
+  has no candidates (nothing is retrieved for it and it scores 0, as in mteb), counted and reported.
 """
 
 from __future__ import annotations
@@ -34,6 +39,12 @@ Qrels = dict[str, dict[str, int]]
 
 QRELS_SPLITS = ("test", "pooled")
 """The qrels files an evaluation reads: ``test`` (gold, required) and ``pooled`` (when present)."""
+
+Candidates = dict[str, list[str]]
+"""query id → the ids of the documents it is ranked over (a candidate set, mteb's ``top_ranked``)."""
+
+JUDGEMENTS = ("gold", "pooled")
+"""What a task's main qrels (``qrels/test.tsv``) are, as ``task.json``'s ``judgements`` says (default gold)."""
 
 
 def check_id(value: str, where: str) -> str:
@@ -194,11 +205,31 @@ class Task:
     """Digest of ``corpus.jsonl`` (part of the corpus-embedding cache key)."""
     report: dict = field(default_factory=dict)
     """Validation counts (duplicates, empty texts, qrels ids missing, queries without relevant docs)."""
+    candidates: Candidates | None = None
+    """Per-query candidate sets (``top_ranked/<split>.jsonl``): every retriever ranks a query over its
+    candidates only; None ranks over the whole corpus."""
+    instruction: str | None = None
+    """The task's query instruction (``task.json``; the OBLIQ-IR paper's B.3 prefixes for OBLIQ-Bench),
+    read by an encoder trained with instructions."""
+    prompt_name: str | None = None
+    """The name a model's per-task prompts are keyed by (``<prompt_name>-query`` / ``-document``, as mteb
+    looks them up: the mteb task name); None: the model's default prompts."""
+    judgements: str = "gold"
+    """What ``qrels["test"]`` holds: ``gold`` or ``pooled`` judgements (``task.json``)."""
+
+    @property
+    def max_ranked(self) -> int:
+        """The most documents one query is ranked over: its largest candidate set, or the whole corpus
+        (what a measure's cut-off is checked against, :func:`obliq.eval.metrics.check_depth`)."""
+        if self.candidates is None:
+            return len(self.doc_ids)
+        return max((len(c) for c in self.candidates.values()), default=0)
 
 
 def read_task_meta(file: Path) -> dict:
-    """A task's ``task.json`` ({} when absent), checked: an object whose ``name`` and ``mechanism``, when
-    given, are non-empty strings.
+    """A task's ``task.json`` ({} when absent), checked: an object whose ``name``, ``mechanism``,
+    ``instruction`` and ``prompt_name``, when given, are non-empty strings, and whose ``judgements`` is
+    one of :data:`JUDGEMENTS`.
 
     Raises:
         ValueError: not JSON, not an object, or a field of the wrong type (the file named).
@@ -211,10 +242,85 @@ def read_task_meta(file: Path) -> dict:
         raise ValueError(f"{file}: not valid JSON ({err})") from None
     if not isinstance(meta, dict):
         raise ValueError(f"{file}: expected a JSON object with name and mechanism")
-    for key in ("name", "mechanism"):
+    for key in ("name", "mechanism", "instruction", "prompt_name"):
         if key in meta and meta[key] is not None and (not isinstance(meta[key], str) or not meta[key].strip()):
             raise ValueError(f"{file}: field {key!r} must be a non-empty string, got {meta[key]!r}")
+    if meta.get("judgements", "gold") not in JUDGEMENTS:
+        raise ValueError(f"{file}: field 'judgements' must be one of {list(JUDGEMENTS)}, got {meta['judgements']!r}")
     return meta
+
+
+def read_candidates(path: str | Path, query_ids: Sequence[str], doc_ids: Sequence[str]) -> tuple[Candidates, dict]:
+    """Read per-query candidate sets: JSONL, one ``{"query-id": str, "corpus-ids": [str, …]}`` a line
+    (mteb's ``top_ranked`` columns).
+
+    Args:
+        path: the file (``top_ranked/<split>.jsonl``).
+        query_ids / doc_ids: the task's queries and documents.
+
+    Returns:
+        ``(candidates, report)``: query id → candidate document ids (first occurrence kept, in file
+        order), and counts: ``queries``, ``queries_without_candidates`` (the task's queries without a
+        line: nothing is retrieved for them), ``repeated_candidates`` (dropped), and the candidates per
+        query ``min`` / ``mean`` / ``max``.
+
+    Raises:
+        FileNotFoundError: no such file.
+        ValueError: a line that is not an object with ``query-id`` (string) and ``corpus-ids`` (list of
+            strings), a query id that is not one of the task's queries, a query given on two lines, or a
+            document id not in the corpus (file, line and field named).
+    """
+    path = Path(path)
+    queries, docs = set(query_ids), set(doc_ids)
+    out: Candidates = {}
+    line_of: dict[str, int] = {}
+    repeated = 0
+    with open_text(path) as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{lineno}: invalid JSON ({e})") from None
+            qid, ids = (obj.get("query-id"), obj.get("corpus-ids")) if isinstance(obj, dict) else (None, None)
+            if isinstance(qid, int) and not isinstance(qid, bool):
+                qid = str(qid)
+            if not isinstance(qid, str):
+                raise ValueError(f"{path}:{lineno}: field 'query-id' must be a string (a query of the task)")
+            if not isinstance(ids, list) or not all(isinstance(d, str) for d in ids):
+                raise ValueError(f"{path}:{lineno}: field 'corpus-ids' must be a list of document id strings")
+            if qid not in queries:
+                raise ValueError(f"{path}:{lineno}: field 'query-id': {qid!r} is not a query of the task")
+            if qid in line_of:
+                raise ValueError(
+                    f"{path}:{lineno}: field 'query-id': {qid!r} already has candidates (line {line_of[qid]})"
+                )
+            unknown = next((d for d in ids if d not in docs), None)
+            if unknown is not None:
+                raise ValueError(f"{path}:{lineno}: field 'corpus-ids': {unknown!r} is not a document of the corpus")
+            kept = list(dict.fromkeys(ids))
+            repeated += len(ids) - len(kept)
+            out[qid], line_of[qid] = kept, lineno
+    sizes = [len(out.get(q, ())) for q in query_ids]
+    report = {
+        "file": path.name,
+        "queries": len(out),
+        "queries_without_candidates": sum(q not in out for q in query_ids),
+        "repeated_candidates": repeated,
+        "min": min(sizes),
+        "mean": round(sum(sizes) / len(sizes), 2),
+        "max": max(sizes),
+    }
+    if repeated:
+        log.warning("%s: %d repeated candidate ids dropped (kept once)", path, repeated)
+    if report["queries_without_candidates"]:
+        log.warning(
+            "%s: %d queries have no candidate set: nothing is retrieved for them (they score 0)",
+            path,
+            report["queries_without_candidates"],
+        )
+    return out, report
 
 
 def _unique(rows: list[tuple[int, dict]], path: Path, what: str, report: dict) -> list[tuple[int, dict]]:
@@ -249,7 +355,8 @@ def load_task(
         queries: the queries file inside the folder, e.g. ``queries-translated.jsonl`` for a second
             query set over the same corpus.
         splits: the qrels read, ``qrels/<split>.tsv``; the first is required, the others are read
-            when present (default ``test`` then ``pooled``).
+            when present (default ``test`` then ``pooled``). The first also names the queries'
+            candidate sets, ``top_ranked/<split>.jsonl``, read when present (:func:`read_candidates`).
 
     Returns:
         The task; its :attr:`Task.report` holds the validation counts.
@@ -257,8 +364,9 @@ def load_task(
     Raises:
         FileNotFoundError: the folder, ``corpus.jsonl``, the queries file or the first split's qrels
             (by default ``qrels/test.tsv``) is missing.
-        ValueError: a malformed line (see :func:`read_jsonl`, :func:`read_qrels`), no document or
-            query, or every document (or every query) with an empty text.
+        ValueError: a malformed line (see :func:`read_jsonl`, :func:`read_qrels`,
+            :func:`read_candidates`), no document or query, or every document (or every query) with an
+            empty text; a ``task.json`` field of the wrong type.
     """
     path = Path(path)
     if not path.is_dir():
@@ -322,6 +430,15 @@ def load_task(
             log.warning("%s: %d queries have no relevant document; they are excluded from the means", file, no_relevant)
         qrels[split] = split_qrels
 
+    if meta.get("judgements") == "pooled" and "pooled" in qrels:
+        raise ValueError(
+            f"{path / 'task.json'}: judgements 'pooled' says qrels/test.tsv is pooled, yet qrels/pooled.tsv exists"
+        )
+    candidates = None
+    top_ranked = path / "top_ranked" / f"{splits[0]}.jsonl"
+    if top_ranked.is_file():
+        candidates, report["candidates"] = read_candidates(top_ranked, query_ids, doc_ids)
+
     return Task(
         name=name or meta.get("name") or path.name,
         mechanism=mechanism or meta.get("mechanism"),
@@ -333,6 +450,10 @@ def load_task(
         qrels=qrels,
         corpus_sha256=hashlib.sha256(corpus_file.read_bytes()).hexdigest(),
         report=report,
+        candidates=candidates,
+        instruction=meta.get("instruction"),
+        prompt_name=meta.get("prompt_name"),
+        judgements=meta.get("judgements", "gold"),
     )
 
 

@@ -15,7 +15,7 @@ log = logging.getLogger(__name__)
 
 
 def subset_queries(task: Task, query_ids: Sequence[str], name: str) -> Task:
-    """The task with only ``query_ids`` (in the task's order) and their judgements, renamed.
+    """The task with only ``query_ids`` (in the task's order), their judgements and candidate sets, renamed.
 
     The corpus is shared, not copied. Use it to evaluate a development or test share of a task's
     queries (:func:`split_queries`).
@@ -36,6 +36,7 @@ def subset_queries(task: Task, query_ids: Sequence[str], name: str) -> Task:
         query_ids=[task.query_ids[i] for i in keep],
         query_texts=[task.query_texts[i] for i in keep],
         qrels={split: {q: j for q, j in judged.items() if q in wanted} for split, judged in task.qrels.items()},
+        candidates=None if task.candidates is None else {q: c for q, c in task.candidates.items() if q in wanted},
         report={**task.report, "subset_of": task.name, "subset_queries": len(keep)},
     )
 
@@ -115,7 +116,8 @@ def split_task(task: Path, out: Path, dev_fraction: float = 0.5, seed: int = 0, 
     side as ``queries.jsonl`` + ``qrels/test.tsv`` (+ ``qrels/pooled.tsv`` when the task has one),
     so every command that evaluates a task reads the test side only, and the development side as
     ``queries-dev.jsonl`` + ``qrels/dev.tsv`` (what ``RetrievalEvaluation(split="dev")`` and
-    :func:`load_query_split` read). ``task.json`` keeps the task's name and mechanism and records the
+    :func:`load_query_split` read); a task with candidate sets gets ``top_ranked/test.jsonl`` and
+    ``top_ranked/dev.jsonl``. ``task.json`` keeps the task's name and mechanism and records the
     split (source folder, fraction, seed, query ids per side).
 
     Args:
@@ -147,7 +149,8 @@ def split_task(task: Path, out: Path, dev_fraction: float = 0.5, seed: int = 0, 
         if (task / name).is_file():
             with atomic_write(out / name, "wb") as f:
                 f.write((task / name).read_bytes())
-    shutil.rmtree(out / "qrels", ignore_errors=True)  # an overwritten split: no qrels file of the old one stays
+    for stale in ("qrels", "top_ranked"):  # an overwritten split: no file of the old one stays
+        shutil.rmtree(out / stale, ignore_errors=True)
     sides = ((test, "queries.jsonl", {s: s for s in data.qrels}), (dev, "queries-dev.jsonl", {"dev": "test"}))
     for side, queries, qrels in sides:
         with atomic_write(out / queries) as f:
@@ -155,6 +158,13 @@ def split_task(task: Path, out: Path, dev_fraction: float = 0.5, seed: int = 0, 
                 json.dumps({"_id": q, "text": t}, ensure_ascii=False) + "\n"
                 for q, t in zip(side.query_ids, side.query_texts)
             )
+        if side.candidates is not None:
+            with atomic_write(out / "top_ranked" / f"{next(iter(qrels))}.jsonl") as f:
+                f.writelines(
+                    json.dumps({"query-id": q, "corpus-ids": side.candidates[q]}, ensure_ascii=False) + "\n"
+                    for q in side.query_ids
+                    if q in side.candidates
+                )
         for written, read in qrels.items():
             with atomic_write(out / "qrels" / f"{written}.tsv") as f:
                 f.write("query-id\tcorpus-id\tscore\n")
