@@ -464,10 +464,11 @@ class IndexSpec:
 
 
 def _nlist(n: int, train: int) -> int:
-    """IVF lists for ``n`` vectors: the power of two nearest 4·√n (faiss's guideline 4–16·√n), with at
-    least 39 training vectors per list (faiss warns below)."""
+    """IVF lists for ``n`` vectors: the power of two nearest 4·√n (faiss's guideline 4–16·√n), lowered to
+    a power of two with at least 39 training vectors per list (faiss warns below)."""
     nlist = 2 ** max(0, round(np.log2(max(1.0, 4 * np.sqrt(n)))))
-    return int(max(1, min(nlist, min(n, train) // 39)))
+    cap = 2 ** int(np.log2(max(1, min(n, train) // 39)))
+    return int(min(nlist, cap))
 
 
 def factory_string(spec: IndexSpec, n: int, dim: int) -> str:
