@@ -683,13 +683,10 @@ class VectorIndex:
         per = max(1, BLOCK_BYTES // (4 * self.corpus.dim * max(1, found.shape[1])))
         for start in range(0, len(q), per):
             rows = found[start : start + per]
-            valid = rows >= 0
-            vectors = self.corpus.take(rows[valid])
-            block = np.zeros((*rows.shape, self.corpus.dim), dtype=np.float32)
-            block[valid] = vectors
-            scores[start : start + per] = np.where(
-                valid, np.einsum("qd,qkd->qk", q[start : start + per], block), -np.inf
-            )
+            which, slot = np.nonzero(rows >= 0)  # (query, candidate) pairs that hold a document
+            vectors = self.corpus.take(rows[which, slot])
+            part = scores[start : start + per]
+            part[which, slot] = np.einsum("nd,nd->n", vectors, q[start + which])
         return scores
 
     def describe(self) -> dict:
