@@ -6,6 +6,7 @@ truncation), faiss's own IndexFlatIP, numpy Hamming distances, set intersections
 
 from __future__ import annotations
 
+import hashlib
 import json
 import mmap
 
@@ -252,3 +253,49 @@ def test_an_incomplete_or_damaged_store_names_its_shards(tmp_path):
     assert "cut short" in store_status(tmp_path, FP)[1][2]
     with pytest.raises(ValueError, match="split into 4 shards, not 2"):
         _write(tmp_path, x, ids, 2, only=[0])
+
+
+class _HashEncoder:
+    """An encoder double: a fixed random 16-d vector per text (clustered: texts share a topic word)."""
+
+    def __init__(self):
+        rng = np.random.default_rng(7)
+        self.topics = {t: rng.standard_normal(16) for t in ("red", "blue", "green", "gold")}
+
+    def encode(self, texts, kind="query", batch_size=32, max_length=None):
+        out = []
+        for text in texts:
+            seed = int(hashlib.sha256(text.encode()).hexdigest()[:8], 16)
+            noise = np.random.default_rng(seed).standard_normal(16)
+            out.append(self.topics[text.split()[0]] + 2.0 * noise)
+        return np.array(out, dtype=np.float32)
+
+
+def test_evaluate_reports_an_approximate_search_with_its_recall_and_drops_padding(tmp_path):
+    from test_tasks import make_task
+
+    from obliq.eval.results import evaluate_tasks
+    from obliq.eval.retrieval import make_retriever
+    from obliq.tasks import load_task
+
+    topics = ["red", "blue", "green", "gold"]
+    docs = [{"_id": f"d{i}", "text": f"{topics[i % 4]} document {i}"} for i in range(400)]
+    queries = [{"_id": f"q{i}", "text": f"{topics[i % 4]} query {i}"} for i in range(12)]
+    task = load_task(make_task(tmp_path / "t", docs, queries, [(f"q{i}", f"d{i}", 1) for i in range(12)]))
+    encoder = _HashEncoder()
+    exact = make_retriever(encoder, RetrievalSettings(top_k=100))(task)
+    approx = make_retriever(encoder, RetrievalSettings(top_k=100, index="IVF16,Flat", nprobe=1, train_size=400))(task)
+    assert exact.index["exact"] is True and "recall_vs_exact" not in exact.index
+    by_hand = np.mean([len(set(list(approx.run[q])[:10]) & set(list(exact.run[q])[:10])) / 10 for q in task.query_ids])
+    recall = approx.index["recall_vs_exact"]
+    assert recall["Recall@10"] == pytest.approx(by_hand) and recall["n_queries"] == 12 and recall["Recall@100"] < 1
+    assert any(len(approx.run[q]) < 100 for q in task.query_ids)  # 1 of 16 lists probed: fewer than 100 found
+    assert all(set(approx.run[q]) <= set(task.doc_ids) for q in task.query_ids)
+    for q in task.query_ids:  # what it found scores as exact search scores it (IVF-Flat keeps the vectors)
+        assert all(
+            approx.run[q][d] == pytest.approx(exact.run[q].get(d, approx.run[q][d]), abs=1e-5) for d in approx.run[q]
+        )
+    [summary] = evaluate_tasks(lambda t: approx, [task], tmp_path / "out", "double", ["NDCG@10", "Recall@100"])
+    assert summary["index"]["factory"] == "IVF16,Flat" and summary["index"]["params"] == {"nlist": 16, "nprobe": 1}
+    table = (tmp_path / "out" / "results.md").read_text()
+    assert "| t | IVF16,Flat | IVF16,Flat | 16 | nlist 16, nprobe 1 | – |" in table and "Recall@10 vs exact" in table

@@ -199,7 +199,7 @@ def write_report(summaries: list[dict], output: Path) -> None:
         )
     searched = [s for s in summaries if "recall_vs_exact" in s.get("index", {})]
     if searched:
-        ks = list(searched[0]["index"]["recall_vs_exact"])[:-1]  # the last key is n_queries
+        ks = [k for k in searched[0]["index"]["recall_vs_exact"] if k.startswith("Recall@")]
         lines += [
             "",
             "Approximate search (recall of exact search's top-k on the same queries):",

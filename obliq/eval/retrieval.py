@@ -95,12 +95,12 @@ class RetrievalSettings:
     passage_max_length: int = PASSAGE_MAX_LENGTH
     cache: bool = True
     cache_dir: Path | None = None
-    index: str = "flat"
-    nprobe: int = 32
-    ef_search: int = 128
-    ef_construction: int = 40
-    rescore: int = 0
-    train_size: int = 131072
+    index: str = IndexSpec.index  # the index settings' defaults are IndexSpec's
+    nprobe: int = IndexSpec.nprobe
+    ef_search: int = IndexSpec.ef_search
+    ef_construction: int = IndexSpec.ef_construction
+    rescore: int = IndexSpec.rescore
+    train_size: int = IndexSpec.train_size
     dim: int | None = None
     threads: int | None = None
     bm25_k1: float = K1
@@ -358,7 +358,7 @@ def retrieve_dense(
         t = perf_counter()
         _, exact = exact_search(queries, corpus, settings.top_k)
         timing["exact_search"] = perf_counter() - t
-        ks = sorted({k for k in (10, 100, settings.top_k) if k <= exact.shape[1]})
+        ks = sorted({k for k in (10, 100) if k <= exact.shape[1]} | {exact.shape[1]})
         searched["recall_vs_exact"] = {**recall_vs_exact(indices, exact, ks), "n_queries": len(exact)}
 
     latency = _latency(
