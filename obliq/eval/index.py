@@ -281,11 +281,6 @@ class Corpus:
         x = unit_float32(x, "docs")
         return cls([(x, np.arange(len(x)))], dim, token=f"memory:{id(x)}")
 
-    @property
-    def in_memory(self) -> bool:
-        """Whether every part is an array in memory (no file)."""
-        return all(isinstance(v, np.ndarray) for v, _ in self.parts)
-
     def prepare(self, x, what: str = "queries") -> np.ndarray:
         """Queries (or any vectors) as this corpus is searched: truncated to ``dim``, unit float32.
 
