@@ -52,8 +52,10 @@ def evaluate(
             (``top_ranked/test.jsonl``) is ranked over each query's candidates only; the summary says so.
         output: folder for the results.
         retrieval: how to retrieve: encoder kind, top_k, batch size, query/passage max lengths,
-            the corpus-embedding cache, BM25's k1/b/stemmer, trust_remote_code
-            (:class:`obliq.eval.retrieval.RetrievalSettings`).
+            the corpus-embedding store (``obliq encode`` writes it), the index (``flat``, ``hnsw``,
+            ``ivf-pq``, ``int8``, ``binary``…, its parameters and rescoring: an approximate one reports
+            its recall against exact search), ``dim`` (a Matryoshka truncation), BM25's k1/b/stemmer,
+            trust_remote_code (:class:`obliq.eval.retrieval.RetrievalSettings`).
         measures: metrics reported (trec_eval names accepted), e.g. ``[NDCG@10,Recall@100]``.
         latency_queries: queries timed one at a time for latency p50/p95 (0: none).
         rerank: a reranking policy file (configs/rerank/…, or one written by ``obliq rerank

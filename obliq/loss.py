@@ -15,7 +15,8 @@ query is another row's positive), or those of the positive of any row with the s
 its own positive included); its own positive stays the target. In the reverse direction, for row
 ``i``'s positive a query column is masked when it is the positive's own text, another query of that
 positive, or another row's copy of query ``i``. The masks are built on the whole gathered batch, so
-they hold in one process, across devices and across GradCache chunks.
+they hold in one process, across devices and across GradCache chunks. With ``matryoshka_dims`` the
+loss is taken at several nested dimensions and summed (:func:`matryoshka`).
 """
 
 from __future__ import annotations
@@ -173,6 +174,40 @@ def teacher_distillation(
     return torch.stack(terms).mean().float()
 
 
+def matryoshka(loss_fn, queries: torch.Tensor, docs: torch.Tensor, dims, weights=None) -> torch.Tensor:
+    """A loss at nested dimensions: Σ_i w_i · loss_fn(q[:, :d_i] / ‖·‖, docs[:, :d_i] / ‖·‖).
+
+    Matryoshka representation learning (Kusupati et al., 2022), as sentence-transformers'
+    ``MatryoshkaLoss`` takes it: at every dimension (the full one too) the embeddings are truncated,
+    then re-normalised (in float64), and the inner loss sees unit vectors. It is a function of the
+    full embedding matrices, so GradCache (which back-propagates the loss's gradient with respect to
+    the embeddings) and cross-device gathering (done before) need nothing more.
+
+    Args:
+        loss_fn: ``(q (B, d), docs (M, d)) -> scalar``.
+        queries: (B, h) and docs: (M, h) embeddings.
+        dims: the dimensions, each in 1 … h.
+        weights: one per dimension (default 1 each).
+
+    Returns:
+        The weighted sum, float32.
+
+    Raises:
+        ValueError: a dimension outside 1 … h, or weights of another length.
+    """
+    weights = [1.0] * len(dims) if weights is None else list(weights)
+    if len(weights) != len(dims):
+        raise ValueError(f"matryoshka_weights: {len(weights)} weights for {len(dims)} dimensions")
+    width = queries.shape[-1]
+    total = 0.0
+    for dim, weight in zip(dims, weights):
+        if not 1 <= dim <= width:
+            raise ValueError(f"matryoshka_dims: {dim} is outside 1 … {width} (the embedding size)")
+        q, d = (F.normalize(x[:, :dim].double(), dim=-1) for x in (queries, docs))
+        total = total + weight * loss_fn(q, d).double()
+    return total.float()
+
+
 class InfoNCELoss(nn.Module):
     """InfoNCE with in-batch and hard negatives, gathered across devices.
 
@@ -181,18 +216,42 @@ class InfoNCELoss(nn.Module):
         gather_across_devices: use every rank's documents as negatives (and every rank's
             queries, so that all ranks compute the same global loss).
         symmetric: also the reverse direction (:func:`info_nce`), for passage↔passage pairs.
+        matryoshka_dims: None, or take the loss at each of these embedding dimensions (truncated and
+            re-normalised) and sum them (:func:`matryoshka`); include the full size to train it too.
+        matryoshka_weights: one weight per dimension (default 1 each).
 
     Call it with the local shard: ``loss(queries (B,h), docs (M,h), positive_index (B,),
     doc_keys (M,K) | None, query_keys (B,K) | None)``; ``positive_index`` indexes the local ``docs``.
     """
 
-    def __init__(self, temperature: float = 0.02, gather_across_devices: bool = True, symmetric: bool = False):
+    def __init__(
+        self,
+        temperature: float = 0.02,
+        gather_across_devices: bool = True,
+        symmetric: bool = False,
+        matryoshka_dims: list[int] | None = None,
+        matryoshka_weights: list[float] | None = None,
+    ):
         super().__init__()
         if temperature <= 0:
             raise ValueError(f"temperature must be positive, got {temperature}")
         self.temperature = temperature
         self.gather_across_devices = gather_across_devices
         self.symmetric = symmetric
+        if matryoshka_dims is not None:
+            if not matryoshka_dims or any(
+                isinstance(d, bool) or not isinstance(d, int) or d < 1 for d in matryoshka_dims
+            ):
+                raise ValueError(f"matryoshka_dims: positive integers, got {matryoshka_dims!r}")
+            if len(set(matryoshka_dims)) != len(matryoshka_dims):
+                raise ValueError(f"matryoshka_dims: a dimension given twice in {matryoshka_dims!r}")
+        if matryoshka_weights is not None:
+            if matryoshka_dims is None or len(matryoshka_weights) != len(matryoshka_dims):
+                raise ValueError("matryoshka_weights: one weight per matryoshka_dims entry")
+            if any(not w > 0 for w in matryoshka_weights):
+                raise ValueError(f"matryoshka_weights: positive numbers, got {matryoshka_weights!r}")
+        self.matryoshka_dims = list(matryoshka_dims) if matryoshka_dims else None
+        self.matryoshka_weights = list(matryoshka_weights) if matryoshka_weights else None
 
     @property
     def backward_scale(self) -> float:
@@ -207,12 +266,18 @@ class InfoNCELoss(nn.Module):
             queries, docs = gather(queries), gather(docs)
             doc_keys = gather(doc_keys) if doc_keys is not None else None
             query_keys = gather(query_keys) if query_keys is not None else None
-        return info_nce(queries, docs, positive_index, doc_keys, self.temperature, query_keys, self.symmetric)
+
+        def nce(q, d):
+            return info_nce(q, d, positive_index, doc_keys, self.temperature, query_keys, self.symmetric)
+
+        if self.matryoshka_dims:
+            return matryoshka(nce, queries, docs, self.matryoshka_dims, self.matryoshka_weights)
+        return nce(queries, docs)
 
     def citation(self) -> dict:
         """What a model card needs to describe the trained objective: its name, settings and references
         (as sentence-transformers' losses describe themselves)."""
-        return {
+        out = {
             "loss": ("symmetric " if self.symmetric else "")
             + "InfoNCE over in-batch positives and hard negatives (GradCache), in-batch false negatives masked",
             "temperature": self.temperature,
@@ -221,3 +286,8 @@ class InfoNCELoss(nn.Module):
             "symmetric": self.symmetric,
             "references": ["van den Oord et al. 2018 (InfoNCE)", "Gao et al. 2021 (GradCache)"],
         }
+        if self.matryoshka_dims:
+            out["matryoshka_dims"] = self.matryoshka_dims
+            out["matryoshka_weights"] = self.matryoshka_weights or [1.0] * len(self.matryoshka_dims)
+            out["references"].append("Kusupati et al. 2022 (Matryoshka)")
+        return out

@@ -6,7 +6,7 @@ and writes to its own file (:meth:`Shard.path`: ``rows.jsonl`` → ``rows.shard-
 each shard resumes on its own; a merge command checks that the shards cover every item exactly once
 and writes the items in the order a single run would have. On a SLURM array job, leave ``index`` and
 ``count`` unset: they come from ``SLURM_ARRAY_TASK_ID`` (less ``SLURM_ARRAY_TASK_MIN``) and
-``SLURM_ARRAY_TASK_COUNT``.
+``SLURM_ARRAY_TASK_COUNT``; under ``torchrun`` (no SLURM array), from ``RANK`` and ``WORLD_SIZE``.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ class Shard:
 
     Attributes:
         index: this shard; None reads it from SLURM (``SLURM_ARRAY_TASK_ID`` − ``SLURM_ARRAY_TASK_MIN``),
-            else 0.
-        count: how many shards; None reads ``SLURM_ARRAY_TASK_COUNT``, else 1.
+            else from torchrun (``RANK``), else 0.
+        count: how many shards; None reads ``SLURM_ARRAY_TASK_COUNT``, else torchrun's ``WORLD_SIZE``, else 1.
 
     Raises:
         ValueError: ``count`` < 1 or ``index`` outside ``[0, count)``.
@@ -42,11 +42,18 @@ class Shard:
         Raises:
             ValueError: ``count`` < 1 or ``index`` outside ``[0, count)``.
         """
-        count = self.count if self.count is not None else int(os.environ.get("SLURM_ARRAY_TASK_COUNT", 1))
+        slurm = "SLURM_ARRAY_TASK_ID" in os.environ
+        torchrun = not slurm and "RANK" in os.environ and "WORLD_SIZE" in os.environ
+        if self.count is not None:
+            count = self.count
+        else:
+            count = int(os.environ.get("SLURM_ARRAY_TASK_COUNT", os.environ["WORLD_SIZE"] if torchrun else 1))
         if self.index is not None:
             index = self.index
-        elif "SLURM_ARRAY_TASK_ID" in os.environ:
+        elif slurm:
             index = int(os.environ["SLURM_ARRAY_TASK_ID"]) - int(os.environ.get("SLURM_ARRAY_TASK_MIN", 0))
+        elif torchrun:
+            index = int(os.environ["RANK"])
         else:
             index = 0
         if count < 1 or not 0 <= index < count:
@@ -85,7 +92,8 @@ def check_cover(expected: Sequence[str], shards: dict[int, Sequence[str]], count
                 raise ValueError(f"{what} {item!r} is in shards {seen[item]} and {index}")
             seen[item] = index
     missing = [i for i in expected if i not in seen]
-    extra = [i for i in seen if i not in set(expected)]
+    wanted = set(expected)
+    extra = [i for i in seen if i not in wanted]
     if missing or extra:
         raise ValueError(
             f"the shards cover {len(seen)} {what}s of {len(expected)}: {len(missing)} missing "

@@ -226,3 +226,60 @@ def test_false_negatives_bench(tasks_dir, tmp_path):
     [result] = json.loads((tmp_path / "fn.json").read_text())
     assert result["rows"] == 4 and "dense + 95% + attribute veto" in out
     assert result["methods"]["dense + 95% + attribute veto"]["false_negatives"] == 0  # author = relevance here
+
+
+def test_vector_search_bench(tasks_dir, tmp_path):
+    out = bench(
+        "bench/vector_search.py",
+        "--n", "1500",
+        "--dims", "384", "512",
+        "--queries", "10",
+        "--k", "20",
+        "--single", "2",
+        "--real_docs", "40",
+        "--tasks", str(tasks_dir / "math-theoremqa"),
+        "--configs", "flat", "hnsw", "int8:rescore=4", "ivf-pq:nprobe=8,rescore=10", "binary:rescore=10",
+        "--evaluate", "int8",
+        "--workdir", str(tmp_path),
+    )  # fmt: skip
+    results = json.loads((tmp_path / "results.json").read_text())
+    for dim in ("384", "512"):
+        rows = {r["config"]: r for r in results["dims"][dim]["indexes"]}
+        assert not [r for r in rows.values() if "error" in r], rows
+        assert rows["flat"]["Recall@10"] == 1.0 and 0 <= rows["binary:rescore=10"]["Recall@10"] <= 1
+        assert rows["hnsw"]["index_mb"] > 0 and rows["int8:rescore=4"]["factory"] == "SQ8"
+        [ev] = results["dims"][dim]["evaluate"]
+        assert ev["corpus_cache"] == "hit" and ev["factory"] == "SQ8" and ev["peak_rss_gb"] > 0
+    assert "| hnsw | HNSW32,Flat |" in out and "1,500 vectors (40 real MiniLM document vectors, lifted" in out
+
+
+def test_encode_shards_bench(tasks_dir, tmp_path):
+    out = bench(
+        "bench/encode_shards.py",
+        "--task", str(tasks_dir / "writing-news"),
+        "--docs", "40",
+        "--length", "32",
+        "--batch_size", "4",
+        "--block_size", "2",
+        "--kill_delay", "0",
+        "--out", str(tmp_path / "es"),
+    )  # fmt: skip
+    assert "| ≤ 1e-6 |" in out and "statuses ['done', 'encoded']" in out and "| resumed |" in out
+
+
+def test_matryoshka_bench(writing, tmp_path):
+    out = bench(
+        "bench/matryoshka.py",
+        "--recipe", str(writing / "recipe.yaml"),
+        "--tasks", str(writing / "data" / "tasks" / "writing-news"),
+        "--tokens", "32",
+        "--out", str(tmp_path / "m"),
+    )  # fmt: skip
+    result = json.loads((tmp_path / "m" / "results.json").read_text())
+    assert result["dims"] == [384, 192, 96, 48]
+    assert {"MiniLM (base) @48", "plain @384", "Matryoshka @96"} <= set(result["report"]["systems"])
+    labels = {c["label"] for c in result["report"]["comparisons"]}
+    assert "Matryoshka − plain @384" in labels and "Matryoshka @96 − @384" in labels
+    assert "keeps ≥ 97 % of its full-dimension NDCG@10 on" in out
+    card = (tmp_path / "m" / "matryoshka" / "export" / "adapter" / "README.md").read_text()
+    assert "matryoshka dims: [384, 192, 96, 48]" in card and "Kusupati et al. 2022 (Matryoshka)" in card

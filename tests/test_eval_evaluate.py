@@ -121,7 +121,7 @@ def test_minilm_end_to_end(minilm_eval, minilm_path):
         task = load_task(task_dir)
         summary = check_outputs(out / "run1", task_dir, len(task.query_ids))
         assert summary["corpus_cache"] == "miss"
-        [cache] = (out / "cache").glob(f"{task.name}-*.npy")
+        [cache] = (out / "cache").glob(f"{task.name}-*/shard-0-of-1.npy")  # a one-shard store (obliq.eval.store)
         docs = np.load(cache)
         assert docs.shape == (len(task.doc_ids), 384)
         # passages are encoded the sentence-transformers way (no "passage: " prefix), cut at PASSAGE_LEN

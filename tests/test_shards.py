@@ -26,6 +26,27 @@ def test_a_shard_comes_from_its_arguments_or_from_a_slurm_array(monkeypatch, tmp
         check_cover(["a", "b", "c"], {0: ["a"], 1: ["b"]}, 2, "row")
 
 
+def test_a_shard_comes_from_torchrun_ranks_when_there_is_no_slurm_array(monkeypatch):
+    for name in ("SLURM_ARRAY_TASK_ID", "SLURM_ARRAY_TASK_MIN", "SLURM_ARRAY_TASK_COUNT"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert Shard().resolved() == Shard(1, 2) and Shard(0, 3).resolved() == Shard(0, 3)
+    monkeypatch.setenv("SLURM_ARRAY_TASK_ID", "0")
+    monkeypatch.setenv("SLURM_ARRAY_TASK_COUNT", "4")
+    assert Shard().resolved() == Shard(0, 4)  # a SLURM array wins
+
+
+def test_covering_a_large_list_is_linear():
+    """500,000 ids (a WildChat-size corpus) are checked in seconds (a set built per item made it quadratic: hours)."""
+    import time
+
+    ids = [f"d{i}" for i in range(500_000)]
+    t0 = time.perf_counter()
+    check_cover(ids, {0: ids[0::2], 1: ids[1::2]}, 2, "document")
+    assert time.perf_counter() - t0 < 5
+
+
 def test_two_generation_shards_merge_into_one_runs_rows(tasks_dir, tmp_path, monkeypatch):
     """The generator is a test double answering by document (the per-document seeds make a real model
     do the same with vLLM); the 2-shard merge is the single run's file, byte for byte."""

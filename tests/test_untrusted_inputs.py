@@ -365,7 +365,7 @@ def test_bad_files_are_one_line_errors_naming_them(tmp_path, capsys):
 
 
 def test_a_corrupt_embedding_cache_is_named_discarded_and_rebuilt(tmp_path, caplog):
-    from obliq.eval.retrieval import RetrievalSettings, corpus_cache_file, make_retriever
+    from obliq.eval.retrieval import RetrievalSettings, corpus_store, make_retriever
     from obliq.tasks import load_task
 
     task = load_task(
@@ -378,9 +378,11 @@ def test_a_corrupt_embedding_cache_is_named_discarded_and_rebuilt(tmp_path, capl
     )
     settings = RetrievalSettings(cache_dir=tmp_path / "cache")
     first = make_retriever("minilm", settings)(task)
-    [cache] = (tmp_path / "cache").glob("*.npy")
+    [cache] = (tmp_path / "cache").glob("*/shard-0-of-1.npy")
     cache.write_bytes(b"\x93NUMPY garbage")
     again = make_retriever("minilm", settings)(task)
-    assert again.corpus_cache == "miss" and f"{cache}: unusable cached embeddings" in caplog.text
+    assert (
+        again.corpus_cache == "miss" and f"{cache.parent}: unusable cached embeddings ({cache}: 14 bytes" in caplog.text
+    )
     assert all(again.run[q] == pytest.approx(first.run[q]) for q in first.run) and cache.stat().st_size > 100
-    assert corpus_cache_file(tmp_path / "cache", "k", task).parent == tmp_path / "cache"
+    assert corpus_store("minilm", settings, task) == cache.parent

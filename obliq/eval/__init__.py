@@ -1,6 +1,7 @@
 """Evaluation: retrieval, exact search, BM25, trec_eval metrics, significance, result files (tasks: :mod:`obliq.tasks`).
 
-One implementation of each: :func:`obliq.eval.index.search` is the project's only vector search,
+One implementation of each: :mod:`obliq.eval.index` is the project's only vector search (exact and
+faiss indexes), :mod:`obliq.eval.store` its one format of corpus embeddings on disk,
 :class:`obliq.eval.bm25.BM25` its only BM25, :func:`obliq.eval.metrics.evaluate_run` its only metric code.
 """
 

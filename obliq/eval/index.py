@@ -1,22 +1,80 @@
-"""Exact nearest-neighbour search by inner product over unit vectors: obliq's one search.
+"""Nearest-neighbour search by inner product over unit vectors: obliq's one place of vector search.
 
-Every caller (evaluation, the training callback, kNN-graph distillation) searches through this
-module. Vectors are cast to float32 and L2-renormalised before indexing (C13): an inner-product
-index over vectors that are not unit length ranks by length as much as by direction, and vectors
-stored in bf16 come back off unit length by up to ~2e-3. So the score is the cosine similarity.
+Every caller (evaluation, ``obliq search``, the training callback, kNN-graph distillation) searches
+through this module, and every result leaves it through :func:`ranked` (best first, ``-1`` padding
+last), so a rule about the order of results is applied in one place. Vectors are cast to float32 and
+L2-renormalised before indexing (C13): an inner-product index over vectors that are not unit length
+ranks by length as much as by direction, and vectors stored in bf16 come back off unit length by up
+to ~2e-3. So the score is the cosine similarity.
 
-The index is faiss's exact ``IndexFlatIP`` (Johnson et al., 2019), on the GPU when faiss was built
-with CUDA and a GPU is visible, on the CPU otherwise.
+- **Exact search in memory**: :class:`DenseIndex`, faiss's ``IndexFlatIP`` (Johnson et al., 2019), on
+  the GPU when faiss was built with CUDA and a GPU is visible.
+- **Exact search over a corpus on disk** (:class:`Corpus`: memory-mapped ``.npy`` shards written by
+  :mod:`obliq.eval.store`, or an array): :func:`exact_search` scans the corpus block by block with
+  ``faiss.knn`` and merges the blocks' top-k with ``faiss.ResultHeap`` (Tevatron's shard search).
+  Each block is mapped only while it is scanned, so the vectors are never copied into memory and
+  the resident set stays at one block (``IndexFlatIP.add`` would copy the whole matrix).
+- **Approximate and quantized search** (:class:`VectorIndex` with an :class:`IndexSpec`): any faiss
+  index factory string over the float vectors (``HNSW32,Flat``, ``IVF1024,Flat``, ``IVF1024,PQ24``,
+  ``SQ8``, ``HNSW32,SQ8`` …; Malkov & Yashunin 2018, Jégou et al. 2011), or over their sign bits
+  (``BFlat``, ``BHNSW32``, ``BIVF1024``: binary embeddings, Hamming distance), with optional
+  rescoring of ``rescore × k`` candidates by the float32 vectors read back from disk
+  (sentence-transformers' quantization recipe, ``semantic_search_faiss``; it rescores against the
+  quantized codes it keeps, obliq against the full-precision vectors it keeps on disk). An index is
+  trained on a seeded sample, saved beside the embeddings and memory-mapped when reused
+  (``IO_FLAG_MMAP_IFC``: read-only, never added to). ``int8`` is faiss's 8-bit scalar quantizer, whose
+  per-dimension min/max ranges are sentence-transformers' int8 calibration.
+- **Matryoshka truncation** (Kusupati et al., 2022): ``dim`` keeps the first components of every
+  vector and re-normalises them (:func:`truncate`), before any index or search.
+- :func:`recall_vs_exact`: the share of exact search's top-k an approximate search found.
+
+faiss runs with ``distance_compute_blas_threshold`` = 20 (its former default): at 1.15's 128000 a
+batch of fewer than 128000 / d queries is searched without BLAS, 9× slower at 100 queries × 384.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import logging
+import os
+import re
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
 import numpy as np
+
+log = logging.getLogger(__name__)
 
 NORM_TOLERANCE = 1e-3
 """Largest | ‖v‖ − 1 | accepted after renormalisation (C13)."""
 
+BLOCK_BYTES = 1 << 28
+"""Bytes of float32 vectors scanned, read back or added at a time (256 MiB)."""
+
 _GPU_MAX_K = 2048  # faiss GPU flat search returns at most 2048 neighbours
+
+PRESETS = {
+    "flat": "Flat",
+    "hnsw": "HNSW32,Flat",
+    "hnsw-int8": "HNSW32,SQ8",
+    "ivf-flat": "IVF{nlist},Flat",
+    "ivf-pq": "IVF{nlist},PQ{m}",
+    "int8": "SQ8",
+    "binary": "BFlat",
+}
+"""Index names → faiss factory strings; ``nlist`` (IVF lists) and ``m`` (PQ bytes per vector) are filled
+in from the corpus: :func:`factory_string`."""
+
+
+def _faiss():
+    import faiss
+
+    faiss.cvar.distance_compute_blas_threshold = 20  # see the module notes
+    return faiss
 
 
 def unit_float32(x, what: str = "vectors") -> np.ndarray:
@@ -49,8 +107,48 @@ def unit_float32(x, what: str = "vectors") -> np.ndarray:
     return x
 
 
+def truncate(x, dim: int | None, what: str = "vectors") -> np.ndarray:
+    """The first ``dim`` components of each row, re-normalised (Matryoshka truncation; sentence-transformers'
+    ``truncate_dim`` cuts without re-normalising, which an inner-product index would rank by length).
+
+    Args:
+        x: (n, d) vectors, any float dtype.
+        dim: components kept (None: all).
+
+    Returns:
+        (n, dim) float32 unit rows.
+
+    Raises:
+        ValueError: ``dim`` > d, or what :func:`unit_float32` refuses (a truncated row of zeros too).
+    """
+    if dim is not None:
+        width = x.shape[1] if getattr(x, "ndim", 0) == 2 else None
+        if width is not None and dim > width:
+            raise ValueError(f"{what}: retrieval.dim {dim} is larger than the vectors' dimension {width}")
+        x = x[:, :dim]
+    return unit_float32(x, what)
+
+
+def ranked(scores: np.ndarray, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The one exit of every search here: each row sorted by score, best first (a stable sort, so
+    faiss's order is kept among equal scores), padding (index ``-1``, score ``-inf``) last.
+
+    Args:
+        scores: (n_queries, k) similarities; indices: (n_queries, k) corpus rows, ``-1`` = no result.
+
+    Returns:
+        ``(scores float32, indices int64)`` of the same shape.
+    """
+    scores = np.asarray(scores, dtype=np.float32).copy()
+    indices = np.asarray(indices, dtype=np.int64).copy()
+    scores[indices < 0] = -np.inf
+    indices[~np.isfinite(scores)] = -1
+    order = np.argsort(-scores, axis=1, kind="stable")
+    return np.take_along_axis(scores, order, axis=1), np.take_along_axis(indices, order, axis=1)
+
+
 class DenseIndex:
-    """An exact inner-product index over unit-normalised float32 document vectors.
+    """An exact inner-product index over unit-normalised float32 document vectors held in memory.
 
     Args:
         docs: (n_docs, d) vectors, any float dtype; renormalised in float32 (C13).
@@ -61,8 +159,7 @@ class DenseIndex:
     """
 
     def __init__(self, docs, use_gpu: bool | None = None):
-        import faiss
-
+        faiss = _faiss()
         docs = unit_float32(docs, "docs")
         self.n_docs, self.dim = docs.shape
         self._cpu = faiss.IndexFlatIP(self.dim)
@@ -99,12 +196,11 @@ class DenseIndex:
             raise ValueError(f"k must be at least 1, got {k}")
         k = min(k, self.n_docs)
         index = self._gpu if self._gpu is not None and k <= _GPU_MAX_K else self._cpu
-        scores, indices = index.search(queries, k)
-        return scores, indices.astype(np.int64, copy=False)
+        return ranked(*index.search(queries, k))
 
 
 def search(queries, docs, k: int, use_gpu: bool | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """Exact top-``k`` inner-product search of unit-normalised ``queries`` against ``docs``.
+    """Exact top-``k`` inner-product search of unit-normalised ``queries`` against ``docs`` in memory.
 
     Args:
         queries: (n_queries, d) vectors; docs: (n_docs, d) vectors; any float dtype, renormalised
@@ -120,3 +216,491 @@ def search(queries, docs, k: int, use_gpu: bool | None = None) -> tuple[np.ndarr
         ValueError: see :class:`DenseIndex`.
     """
     return DenseIndex(docs, use_gpu=use_gpu).search(queries, k)
+
+
+# ---------------------------------------------------------------------------------------------- corpus
+
+
+class Corpus:
+    """Document vectors to search: parts that are arrays in memory or ``.npy`` files (memory-mapped
+    part by part and block by block, never read whole), each with the corpus rows its vectors are.
+
+    The parts' vectors must be unit-normalised float32 at their full dimension (what
+    :func:`unit_float32` returns and :mod:`obliq.eval.store` writes); ``dim`` truncates them
+    (:func:`truncate`) wherever they are read.
+
+    Args:
+        parts: ``(vectors, rows)`` pairs: an (n_i, d) float32 array or the path of an ``.npy`` file
+            holding one, and the (n_i,) int64 corpus rows of its vectors (together a permutation of
+            ``0 … n - 1``).
+        dim: Matryoshka truncation (None: the full dimension).
+        token: a string that changes whenever the vectors may have (saved indexes record it).
+
+    Raises:
+        ValueError: a part's shape or dtype is wrong, parts of different dimensions, the rows are not
+            a permutation of the corpus, ``dim`` larger than the vectors.
+    """
+
+    def __init__(self, parts: Sequence[tuple[np.ndarray | Path, np.ndarray]], dim: int | None = None, token: str = ""):
+        self.parts = []
+        widths = set()
+        for vectors, rows in parts:
+            rows = np.asarray(rows, dtype=np.int64)
+            shape, dtype = (vectors.shape, vectors.dtype) if isinstance(vectors, np.ndarray) else npy_header(vectors)
+            if len(shape) != 2 or shape[0] != len(rows) or dtype != np.float32:
+                raise ValueError(
+                    f"{vectors if not isinstance(vectors, np.ndarray) else 'vectors'}: shape {shape} "
+                    f"{dtype}, expected ({len(rows)}, d) float32"
+                )
+            widths.add(shape[1])
+            self.parts.append((vectors, rows))
+        if len(widths) > 1:
+            raise ValueError(f"corpus parts of different dimensions: {sorted(widths)}")
+        self.full_dim = widths.pop() if widths else 0
+        if dim is not None and not 1 <= dim <= self.full_dim:
+            raise ValueError(f"retrieval.dim {dim} must lie in 1 … {self.full_dim} (the vectors' dimension)")
+        self.dim = dim or self.full_dim
+        self.truncated = self.dim != self.full_dim
+        self.token = token
+        self.n = sum(len(rows) for _, rows in self.parts)
+        self._part = np.full(self.n, -1, dtype=np.int32)
+        self._local = np.zeros(self.n, dtype=np.int64)
+        for p, (_, rows) in enumerate(self.parts):
+            if len(rows) and (rows.min() < 0 or rows.max() >= self.n or (self._part[rows] >= 0).any()):
+                raise ValueError(
+                    "corpus parts: their rows are not a permutation of the corpus (a row twice or out of range)"
+                )
+            self._part[rows] = p
+            self._local[rows] = np.arange(len(rows))
+        if (self._part < 0).any():
+            raise ValueError("corpus parts: some corpus rows are in no part")
+
+    @classmethod
+    def from_array(cls, x, dim: int | None = None) -> Corpus:
+        """A corpus held in memory: ``x`` (n, d), any float dtype, renormalised (:func:`unit_float32`)."""
+        x = unit_float32(x, "docs")
+        return cls([(x, np.arange(len(x)))], dim, token=f"memory:{id(x)}")
+
+    def prepare(self, x, what: str = "queries") -> np.ndarray:
+        """Queries (or any vectors) as this corpus is searched: truncated to ``dim``, unit float32.
+
+        Raises:
+            ValueError: their dimension is not the corpus's full one, or see :func:`unit_float32`.
+        """
+        width = x.shape[1] if getattr(x, "ndim", 0) == 2 else None
+        if width is not None and width != self.full_dim:
+            raise ValueError(f"{what} have dimension {width}, docs {self.full_dim}")
+        return truncate(x, self.dim if self.truncated else None, what)
+
+    def _view(self, vectors, rows: slice | np.ndarray) -> np.ndarray:
+        """Vectors of one part (rows of it), as searched: a view when nothing is to be done, else a copy."""
+        out = vectors[rows]
+        return truncate(out, self.dim, "docs") if self.truncated else np.ascontiguousarray(out)
+
+    def block_rows(self) -> int:
+        """Vectors per block: :data:`BLOCK_BYTES` of float32."""
+        return max(1, BLOCK_BYTES // (4 * self.full_dim))
+
+    def blocks(self, rows_per_block: int | None = None) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """Every vector once, block by block: ``(vectors (b, dim) float32, corpus rows (b,))``.
+
+        A file part is memory-mapped afresh for each block and unmapped after it, so the resident set
+        holds one block of it at a time.
+        """
+        step = rows_per_block or self.block_rows()
+        for vectors, rows in self.parts:
+            for start in range(0, len(rows), step):
+                part = vectors if isinstance(vectors, np.ndarray) else np.load(vectors, mmap_mode="r")
+                yield self._view(part, slice(start, start + step)), rows[start : start + step]
+                del part
+
+    def take(self, rows: np.ndarray) -> np.ndarray:
+        """The vectors of corpus ``rows`` (any order, repeats allowed), as searched: (len(rows), dim)."""
+        rows = np.asarray(rows, dtype=np.int64)
+        out = np.empty((len(rows), self.dim), dtype=np.float32)
+        parts = self._part[rows]
+        for p in np.unique(parts):
+            at = np.flatnonzero(parts == p)
+            local = self._local[rows[at]]
+            order = np.argsort(local, kind="stable")  # read each file in order
+            vectors = self.parts[p][0]
+            source = vectors if isinstance(vectors, np.ndarray) else np.load(vectors, mmap_mode="r")
+            out[at[order]] = self._view(source, local[order])
+            del source
+        return out
+
+    def sample(self, size: int, seed: int = 0) -> np.ndarray:
+        """``min(size, n)`` vectors drawn uniformly without replacement (seeded), as searched."""
+        if size >= self.n:
+            return self.take(np.arange(self.n))
+        rows = np.sort(np.random.default_rng(seed).choice(self.n, size=size, replace=False))
+        return self.take(rows)
+
+
+def npy_header(path: str | os.PathLike) -> tuple[tuple, np.dtype]:
+    """(shape, dtype) of an ``.npy`` file, read from its header only (the size is checked against it).
+
+    Raises:
+        ValueError: not an ``.npy`` file, a Fortran-ordered one, or shorter than its header says.
+        OSError: it cannot be read.
+    """
+    with open(path, "rb") as f:
+        major, _ = np.lib.format.read_magic(f)
+        read = np.lib.format.read_array_header_1_0 if major == 1 else np.lib.format.read_array_header_2_0
+        shape, fortran, dtype = read(f)
+        offset = f.tell()
+    if fortran:
+        raise ValueError(f"{path}: a Fortran-ordered array (obliq writes C order)")
+    need = offset + int(np.prod(shape)) * dtype.itemsize
+    size = os.path.getsize(path)
+    if size < need:
+        raise ValueError(f"{path}: {size} bytes, its header needs {need} (cut short)")
+    return tuple(shape), dtype
+
+
+def exact_search(queries, corpus: Corpus, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Exact top-``k`` search of ``queries`` over a corpus, block by block (see the module notes).
+
+    Args:
+        queries: (n_queries, full_dim) vectors, any float dtype (truncated and renormalised as the corpus).
+        corpus: the documents.
+        k: neighbours per query; capped at the corpus size.
+
+    Returns:
+        ``(scores, indices)``: (n_queries, min(k, n)) float32 cosine similarities, best first, and int64
+        corpus rows — the same as :class:`DenseIndex` over the whole matrix.
+
+    Raises:
+        ValueError: ``k`` < 1, or bad queries (:meth:`Corpus.prepare`).
+    """
+    faiss = _faiss()
+    if k < 1:
+        raise ValueError(f"k must be at least 1, got {k}")
+    q = corpus.prepare(queries)
+    k = min(k, corpus.n)
+    heap = faiss.ResultHeap(len(q), k, keep_max=True)
+    for block, rows in corpus.blocks():
+        scores, local = faiss.knn(q, block, min(k, len(block)), metric=faiss.METRIC_INNER_PRODUCT)
+        heap.add_result(scores, rows[local])
+    heap.finalize()
+    return ranked(heap.D, heap.I)
+
+
+def recall_vs_exact(found: np.ndarray, exact: np.ndarray, ks: Sequence[int]) -> dict[str, float]:
+    """Mean over queries of |found top-k ∩ exact top-k| / |exact top-k|, for each k.
+
+    Args:
+        found: (n_queries, ≥ max k) rows an approximate search returned, best first (``-1``: none).
+        exact: (n_queries, ≥ max k) rows of exact search on the same queries, best first.
+        ks: cut-offs (each at most both widths).
+
+    Returns:
+        ``{"Recall@k": value}`` (documents tied at exact's k-th score count as exact returned them).
+    """
+    out = {}
+    for k in ks:
+        hits = [
+            len(set(f[:k][f[:k] >= 0].tolist()) & set(e[:k][e[:k] >= 0].tolist())) / max(1, int((e[:k] >= 0).sum()))
+            for f, e in zip(found, exact)
+        ]
+        out[f"Recall@{k}"] = float(np.mean(hits)) if hits else float("nan")
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- indexes
+
+
+@dataclass(frozen=True)
+class IndexSpec:
+    """How to search a corpus (:class:`obliq.eval.retrieval.RetrievalSettings` carries the same fields).
+
+    Attributes:
+        index: a name of :data:`PRESETS` (``flat``: exact; ``hnsw``, ``hnsw-int8``, ``ivf-flat``,
+            ``ivf-pq``, ``int8``, ``binary``) or a faiss factory string, over the float vectors
+            (``HNSW32,Flat``, ``IVF4096,PQ96``, ``SQ8``…) or, starting with ``B``, over their sign bits
+            (``BFlat``, ``BHNSW32``, ``BIVF1024``).
+        nprobe: inverted lists visited per query (IVF indexes).
+        ef_search: HNSW candidate list while searching (at least k is used).
+        ef_construction: HNSW candidate list while building.
+        rescore: 0, or rescore the top ``rescore × k`` candidates with the float32 vectors.
+        train_size: vectors sampled (seeded) to train IVF centroids, PQ codebooks and SQ ranges.
+        seed: the training sample's seed.
+    """
+
+    index: str = "flat"
+    nprobe: int = 32
+    ef_search: int = 128
+    ef_construction: int = 40
+    rescore: int = 0
+    train_size: int = 131072
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for key in ("nprobe", "ef_search", "ef_construction", "train_size"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"retrieval.{key}: must be an integer >= 1, got {value!r}")
+        if isinstance(self.rescore, bool) or not isinstance(self.rescore, int) or self.rescore < 0:
+            raise ValueError(f"retrieval.rescore: must be an integer >= 0, got {self.rescore!r}")
+        if not isinstance(self.index, str) or not self.index.strip():
+            raise ValueError(f"retrieval.index: must be an index name or a faiss factory string, got {self.index!r}")
+        if self.exact and self.rescore:
+            raise ValueError("retrieval.rescore: flat search is exact, there is nothing to rescore")
+
+    @property
+    def exact(self) -> bool:
+        """Flat search (no index is built: exact search, block by block)."""
+        return self.index.strip().lower() == "flat"
+
+    @property
+    def binary(self) -> bool:
+        """An index over sign bits (Hamming distance)."""
+        return self.index.strip().lower() == "binary" or bool(re.match(r"B[A-Z]", self.index.strip()))
+
+
+def _nlist(n: int, train: int) -> int:
+    """IVF lists for ``n`` vectors: the power of two nearest 4·√n (faiss's guideline 4–16·√n), lowered to
+    a power of two with at least 39 training vectors per list (faiss warns below)."""
+    nlist = 2 ** max(0, round(np.log2(max(1.0, 4 * np.sqrt(n)))))
+    cap = 2 ** int(np.log2(max(1, min(n, train) // 39)))
+    return int(min(nlist, cap))
+
+
+def factory_string(spec: IndexSpec, n: int, dim: int) -> str:
+    """The faiss factory string an index name stands for, at ``n`` vectors of ``dim`` components
+    (``ivf-*``: :func:`_nlist` lists; ``ivf-pq``: dim / 16 bytes per vector, 16-d sub-vectors).
+
+    Raises:
+        ValueError: ``ivf-pq`` with a dimension that is not a multiple of 16, or a binary index over a
+            dimension that is not a multiple of 8.
+    """
+    name = spec.index.strip()
+    factory = PRESETS.get(name.lower(), name)
+    if "{m}" in factory and dim % 16:
+        raise ValueError(f"retrieval.index ivf-pq: the dimension {dim} is not a multiple of 16; give a factory string")
+    if spec.binary and dim % 8:
+        raise ValueError(f"retrieval.index {name}: binary codes need a dimension that is a multiple of 8, got {dim}")
+    return factory.format(nlist=_nlist(n, spec.train_size), m=dim // 16)
+
+
+def _parts(index, faiss) -> list:
+    """An index and the indexes inside it (a pre-transform's, an HNSW's storage, a refinement's base)."""
+    out = [index]
+    for attr in ("index", "storage", "base_index"):
+        sub = getattr(index, attr, None)
+        if sub is not None and isinstance(sub, faiss.Index):
+            out += _parts(faiss.downcast_index(sub), faiss)
+    return out
+
+
+class VectorIndex:
+    """A corpus ready to search as ``spec`` says: exactly (flat) or through a faiss index, built or
+    loaded from ``folder`` (see the module notes).
+
+    An index is saved as ``<folder>/index-<name>-<key>.faiss`` with ``.json`` (what it is, how it was
+    built) and ``.rows.npy`` (the corpus row of each indexed vector); it is reused when its record
+    matches the corpus (its ``token``, size, dimension) and the build settings, and rebuilt otherwise.
+
+    Args:
+        corpus: the documents.
+        spec: how to search.
+        folder: where to save and find the index (None: built in memory, not saved).
+        use_gpu: flat search on the GPU (the vectors are then read into memory) when faiss has one (None).
+
+    Raises:
+        ValueError: a factory string faiss cannot parse or build, or see :func:`factory_string`.
+    """
+
+    def __init__(self, corpus: Corpus, spec: IndexSpec = IndexSpec(), folder: Path | None = None, use_gpu=None):
+        self.corpus, self.spec = corpus, spec
+        self.index, self.labels, self._dense = None, None, None
+        self.info: dict = {"index": spec.index, "dim": corpus.dim, "full_dim": corpus.full_dim, "n_docs": corpus.n}
+        if spec.exact:
+            self.info.update(factory="Flat", exact=True)
+            faiss = _faiss()
+            if use_gpu is not False and getattr(faiss, "get_num_gpus", lambda: 0)() > 0:
+                self._dense = DenseIndex(corpus.take(np.arange(corpus.n)), use_gpu=use_gpu)
+            return
+        factory = factory_string(spec, corpus.n, corpus.dim)
+        build = {"factory": factory, "dim": corpus.dim, "train_size": spec.train_size, "seed": spec.seed}
+        if "HNSW" in factory:
+            build["ef_construction"] = spec.ef_construction
+        record = {**build, "n_docs": corpus.n, "corpus": corpus.token, "faiss": _faiss().__version__}
+        key = hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()[:12]
+        stem = re.sub(r"[^\w.\-]+", "_", factory)
+        self.path = Path(folder) / f"index-{stem}-d{corpus.dim}-{key}.faiss" if folder is not None else None
+        loaded = self._load(record) if self.path is not None else False
+        if not loaded:
+            self._build(factory)
+            if self.path is not None:
+                self._save(record)
+        self._set_search_parameters()
+        self.info.update(
+            factory=factory,
+            exact=False,
+            binary=spec.binary,
+            params=self._search_parameters(),
+            build={k: v for k, v in build.items() if k not in ("factory", "dim")},
+            rescore=spec.rescore,
+            reused=loaded,
+            build_s=self.build_s,
+            file=str(self.path) if self.path is not None else None,
+            bytes=self.path.stat().st_size if self.path is not None else None,
+        )
+
+    # ------------------------------------------------------------ build, save, load
+    def _build(self, factory: str) -> None:
+        faiss, corpus, spec = _faiss(), self.corpus, self.spec
+        t0 = time.perf_counter()
+        try:
+            if spec.binary:
+                index = faiss.index_binary_factory(corpus.dim, factory)
+            else:
+                index = faiss.index_factory(corpus.dim, factory, faiss.METRIC_INNER_PRODUCT)
+        except RuntimeError as err:
+            why = _first_line(err)
+            raise ValueError(f"retrieval.index {spec.index!r}: faiss cannot build {factory!r} ({why})") from None
+        if not spec.binary:
+            for part in _parts(index, faiss):
+                if hasattr(part, "do_polysemous_training"):  # the factory turns it on: 14× the PQ training time
+                    part.do_polysemous_training = False
+        if getattr(index, "hnsw", None) is not None:
+            index.hnsw.efConstruction = spec.ef_construction
+        code = _sign_bits if spec.binary else (lambda x: x)
+        if not index.is_trained:
+            index.train(code(corpus.sample(spec.train_size, spec.seed)))
+        labels = []
+        for block, rows in corpus.blocks():
+            index.add(code(block))
+            labels.append(rows)
+        self.index, self.labels = index, np.concatenate(labels) if labels else np.zeros(0, np.int64)
+        self.build_s = round(time.perf_counter() - t0, 3)
+
+    def _save(self, record: dict) -> None:
+        faiss = _faiss()
+        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.", suffix=".tmp")
+        os.close(fd)
+        try:
+            (faiss.write_index_binary if self.spec.binary else faiss.write_index)(self.index, tmp)
+            np.save(self.path.with_suffix(".rows.npy"), self.labels)
+            os.replace(tmp, self.path)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+        meta = {**record, "build_s": self.build_s, "n_indexed": int(self.index.ntotal)}
+        self.path.with_suffix(".json").write_text(json.dumps(meta, indent=2) + "\n")
+
+    def _load(self, record: dict) -> bool:
+        """Load a saved index that matches ``record`` (memory-mapped, read-only); False when there is none
+        or it is unusable (logged)."""
+        faiss = _faiss()
+        meta_file = self.path.with_suffix(".json")
+        if not (self.path.is_file() and meta_file.is_file()):
+            return False
+        try:
+            meta = json.loads(meta_file.read_text())
+            if {k: meta.get(k) for k in record} != record:
+                raise ValueError("built for other vectors or with other settings")
+            read = faiss.read_index_binary if self.spec.binary else faiss.read_index
+            index = read(str(self.path), faiss.IO_FLAG_MMAP_IFC)  # read-only: never add to it (faiss aborts)
+            labels = np.load(self.path.with_suffix(".rows.npy"), allow_pickle=False)
+            if index.ntotal != self.corpus.n or labels.shape != (self.corpus.n,) or index.d != self.corpus.dim:
+                raise ValueError(f"holds {index.ntotal} vectors of dimension {index.d}")
+        except (ValueError, OSError, RuntimeError) as err:
+            log.warning("%s: unusable saved index (%s); rebuilt", self.path, _first_line(err))
+            return False
+        self.index, self.labels, self.build_s = index, labels.astype(np.int64), meta.get("build_s")
+        return True
+
+    # ------------------------------------------------------------ search
+    def _ivf(self):
+        faiss = _faiss()
+        if self.spec.binary:
+            return self.index if isinstance(self.index, faiss.IndexBinaryIVF) else None
+        return faiss.try_extract_index_ivf(self.index)
+
+    def _set_search_parameters(self) -> None:
+        ivf = self._ivf()
+        if ivf is not None:
+            ivf.nprobe = min(self.spec.nprobe, ivf.nlist)
+        if getattr(self.index, "hnsw", None) is not None:
+            self.index.hnsw.efSearch = self.spec.ef_search
+
+    def _search_parameters(self) -> dict:
+        out = {}
+        ivf = self._ivf()
+        if ivf is not None:
+            out.update(nlist=int(ivf.nlist), nprobe=int(ivf.nprobe))
+        if getattr(self.index, "hnsw", None) is not None:
+            out.update(ef_search=int(self.index.hnsw.efSearch), ef_construction=int(self.index.hnsw.efConstruction))
+        return out
+
+    def search(self, queries, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """The ``k`` best documents of each query as this index finds them.
+
+        Args:
+            queries: (n_queries, full_dim) vectors, any float dtype.
+            k: documents per query (capped at the corpus size).
+
+        Returns:
+            ``(scores, indices)`` (n_queries, min(k, n)): float32 scores, best first, and int64 corpus
+            rows; an approximate index may find fewer than k (index ``-1``, score ``-inf``). Scores are
+            cosine similarities (flat, rescored), faiss's approximate inner products (HNSW, IVF, PQ,
+            SQ8), or 1 − 2·Hamming / bits (binary, without rescoring).
+
+        Raises:
+            ValueError: ``k`` < 1, bad queries.
+        """
+        if self.spec.exact:
+            if self._dense is not None:
+                return self._dense.search(self.corpus.prepare(queries), k)
+            return exact_search(queries, self.corpus, k)
+        if k < 1:
+            raise ValueError(f"k must be at least 1, got {k}")
+        q = self.corpus.prepare(queries)
+        k = min(k, self.corpus.n)
+        wide = min(self.corpus.n, k * max(1, self.spec.rescore))
+        if self.spec.binary:
+            distances, found = self.index.search(_sign_bits(q), wide)
+            scores = 1.0 - 2.0 * distances.astype(np.float32) / self.corpus.dim
+        else:
+            scores, found = self.index.search(q, wide)
+        found = np.where(found >= 0, self.labels[np.maximum(found, 0)], -1)
+        if self.spec.rescore:
+            scores = self._rescore(q, found)
+        scores, found = ranked(scores, found)
+        return scores[:, :k], found[:, :k]
+
+    def _rescore(self, q: np.ndarray, found: np.ndarray) -> np.ndarray:
+        """Cosine similarities of each query with its candidates, their float32 vectors read back from
+        the corpus a few queries at a time (at most :data:`BLOCK_BYTES` of them)."""
+        scores = np.full(found.shape, -np.inf, dtype=np.float32)
+        per = max(1, BLOCK_BYTES // (4 * self.corpus.dim * max(1, found.shape[1])))
+        for start in range(0, len(q), per):
+            rows = found[start : start + per]
+            which, slot = np.nonzero(rows >= 0)  # (query, candidate) pairs that hold a document
+            vectors = self.corpus.take(rows[which, slot])
+            part = scores[start : start + per]
+            part[which, slot] = np.einsum("nd,nd->n", vectors, q[start + which])
+        return scores
+
+    def describe(self) -> dict:
+        """What was searched with, for a summary: the index name and factory string, dimension, search
+        and build parameters, rescoring, whether a saved index was reused, build seconds, file and bytes."""
+        return dict(self.info)
+
+
+def _sign_bits(x: np.ndarray) -> np.ndarray:
+    """Binary codes: bit j of a row is ``x[j] > 0``, packed 8 to a byte (sentence-transformers' ``ubinary``)."""
+    return np.packbits(np.asarray(x) > 0, axis=-1)
+
+
+def set_threads(threads: int | None) -> None:
+    """faiss's OpenMP threads for this process (None: leave them; faiss reads ``OMP_NUM_THREADS``)."""
+    if threads is not None:
+        _faiss().omp_set_num_threads(int(threads))
+
+
+def _first_line(err: Exception) -> str:
+    text = str(err).strip().splitlines()
+    return text[-1] if text else type(err).__name__

@@ -116,6 +116,7 @@ def evaluate_task(
         "latency_ms": {k: _percentiles(v) for k, v in retrieval.latency_ms.items()},
         "corpus_cache": retrieval.corpus_cache,
         "reads": retrieval.reads,
+        **({"index": retrieval.index} if retrieval.index else {}),
         "validation": task.report,
         **({"rerank": rerank} if rerank else {}),
     }
@@ -222,6 +223,27 @@ def write_report(summaries: list[dict], output: Path) -> None:
             f"| {s['task']} | {s['n_docs']} | {sec('encode_corpus')} | {sec('encode_queries')} | "
             f"{sec('search')} | {sec('metrics')} | {s['corpus_cache']} | {pct('query_encoding')} | {pct('search')} |"
         )
+    searched = [s for s in summaries if "recall_vs_exact" in s.get("index", {})]
+    if searched:
+        ks = [k for k in searched[0]["index"]["recall_vs_exact"] if k.startswith("Recall@")]
+        lines += [
+            "",
+            "Approximate search (recall of exact search's top-k on the same queries):",
+            "",
+            "| task | index | factory | dim | parameters | rescore | "
+            + " | ".join(f"{k} vs exact" for k in ks)
+            + " | queries |",
+            "|---|---|---|---:|---|---:|" + "---:|" * len(ks) + "---:|",
+        ]
+        for s in searched:
+            ix, r = s["index"], s["index"]["recall_vs_exact"]
+            params = ", ".join(f"{k} {v}" for k, v in ix.get("params", {}).items()) or "–"
+            rescore = ix.get("rescore") or "–"
+            lines.append(
+                f"| {s['task']} | {ix['index']} | {ix['factory']} | {ix['dim']} | {params} | {rescore} | "
+                + " | ".join(fmt(r.get(k)) for k in ks)
+                + f" | {r['n_queries']} |"
+            )
     reranked = [s for s in summaries if "dense_metrics" in s.get("rerank", {})]
     if reranked:
         m = panel[0]

@@ -1,17 +1,24 @@
 """Retrieval for evaluation: one settings object and one dispatch from a model to a retriever.
 
-Every command that retrieves a task (``evaluate``, ``audit``, the training callback, the quickstart,
-the dose sweep) describes how with a :class:`RetrievalSettings` and gets its retriever from
-:func:`make_retriever`, which knows three kinds of model:
+Every command that retrieves a task (``evaluate``, ``obliq search``, ``audit``, the training callback,
+the quickstart, the dose sweep) describes how with a :class:`RetrievalSettings` and gets its retriever
+from :func:`make_retriever`, which knows three kinds of model:
 
 - ``bm25``: :class:`obliq.eval.bm25.BM25` over the task corpus (Lucene scoring, k1, b, stemmer);
 - a TREC run file (``*.trec``, e.g. written on a GPU machine): read as it is;
 - anything else is a dense encoder: an alias, a folder, an adapter, a hub id
   (:func:`obliq.eval.encoders.load_encoder`), or an encoder object already in memory (the module
   being trained). Passages and queries are encoded with the settings' own max lengths (passed to
-  each ``encode`` call, never written into the encoder), the corpus embeddings are cached on disk
-  keyed by the model's files, the encoder kind, the passage length and the corpus file's digest,
-  and search is exact (:mod:`obliq.eval.index`).
+  each ``encode`` call, never written into the encoder).
+
+The corpus embeddings of a named encoder live in a store (:mod:`obliq.eval.store`, the format
+``obliq encode`` writes) keyed by the model's files, the encoder kind, the passage length and the
+corpus file's digest (:func:`corpus_fingerprint`, :func:`corpus_store`): a complete store is read,
+memory-mapped, never copied into memory; a missing one is encoded block by block into a one-shard
+store first. Search goes through :mod:`obliq.eval.index`: exact (``index: flat``) or an approximate or
+quantized faiss index saved beside the embeddings; an approximate search also runs exact search on
+the same queries and reports its recall@k against it (:attr:`Retrieval.index`). ``dim`` evaluates the
+first ``dim`` components of every vector, re-normalised (Matryoshka).
 
 **Candidate sets.** A task with per-query candidate sets (``Task.candidates``, mteb's ``top_ranked``:
 OBLIQ-Bench Math and Writing exclude each query's same-source documents) is ranked over each query's
@@ -33,13 +40,12 @@ first ``latency_queries`` queries: query encoding (BM25: tokenizing) and search,
 **On several processes** (a ``torch.distributed`` group: DDP or FSDP training, or ``torchrun
 evaluate.py``), every rank encodes its share of the texts (:func:`encode_texts`: ranks take every
 world-th text, padded to the same number so that every rank makes the same forward passes, which a
-sharded model needs), the embeddings are gathered, and each rank holds the whole matrix; search and
-metrics are then the one-process ones. Latency is measured only on one process.
+sharded model needs), the embeddings are gathered, each rank holds the whole matrix (rank 0 writes the
+store), and search and metrics are the one-process ones. Latency is measured only on one process.
 """
 
 from __future__ import annotations
 
-import hashlib
 import inspect
 import logging
 from collections.abc import Callable, Sequence
@@ -52,10 +58,12 @@ import numpy as np
 from obliq.distributed import world
 from obliq.eval.bm25 import BM25, BM25_STEMMER, K1, B
 from obliq.eval.encoders import Encoder, EncoderKind, fingerprint, load_encoder
-from obliq.eval.index import DenseIndex, unit_float32
+from obliq.eval.index import Corpus, IndexSpec, VectorIndex, exact_search, recall_vs_exact, set_threads, unit_float32
 from obliq.eval.metrics import Run, read_run, run_from_search
-from obliq.files import atomic_write, cache_dir, safe_name
+from obliq.eval.store import IncompleteStore, clear_store, open_store, store_folder, write_shard
+from obliq.files import cache_dir
 from obliq.model.encoder import PASSAGE_MAX_LENGTH, QUERY_MAX_LENGTH
+from obliq.shards import Shard
 from obliq.tasks import Task
 
 log = logging.getLogger(__name__)
@@ -75,8 +83,22 @@ class RetrievalSettings:
         query_max_length: query truncation in tokens (the OBLIQ-IR paper §4: 256).
         passage_max_length: passage truncation in tokens (the model card: 1024); either length is cut
             to what the model can read.
-        cache: cache corpus embeddings on disk, keyed by the model's files and the corpus.
+        cache: keep corpus embeddings on disk (a store, :mod:`obliq.eval.store`), keyed by the model's
+            files and the corpus; the store ``obliq encode`` wrote is read from here.
         cache_dir: where; default ``$OBLIQ_CACHE/embeddings`` (``~/.cache/obliq/embeddings``).
+        index: how the corpus is searched (:class:`obliq.eval.index.IndexSpec`): ``flat`` (exact),
+            ``hnsw``, ``hnsw-int8``, ``ivf-flat``, ``ivf-pq``, ``int8`` (8-bit scalar quantization),
+            ``binary`` (sign bits, Hamming), or a faiss factory string (``HNSW32,Flat``, ``IVF4096,PQ96``,
+            ``SQ8``; ``BHNSW32`` over sign bits). An index is saved beside the cached embeddings and reused.
+        nprobe: inverted lists visited per query (IVF indexes).
+        ef_search: HNSW candidate list while searching (at least top_k is used).
+        ef_construction: HNSW candidate list while building.
+        rescore: 0, or rescore the top ``rescore × top_k`` candidates of an approximate or quantized
+            index with the float32 embeddings (sentence-transformers' ``rescore_multiplier``).
+        train_size: embeddings sampled (seeded) to train IVF centroids, PQ codebooks and int8 ranges.
+        dim: evaluate the first ``dim`` components of each embedding, re-normalised (Matryoshka);
+            null: all of them.
+        threads: faiss's CPU threads (null: faiss's default, ``OMP_NUM_THREADS``).
         bm25_k1: BM25 term-frequency saturation (Anserini's default 0.9).
         bm25_b: BM25 length normalisation (Anserini's default 0.4).
         bm25_stemmer: PyStemmer language for BM25, or null for unstemmed tokens.
@@ -90,6 +112,14 @@ class RetrievalSettings:
     passage_max_length: int = PASSAGE_MAX_LENGTH
     cache: bool = True
     cache_dir: Path | None = None
+    index: str = IndexSpec.index  # the index settings' defaults are IndexSpec's
+    nprobe: int = IndexSpec.nprobe
+    ef_search: int = IndexSpec.ef_search
+    ef_construction: int = IndexSpec.ef_construction
+    rescore: int = IndexSpec.rescore
+    train_size: int = IndexSpec.train_size
+    dim: int | None = None
+    threads: int | None = None
     bm25_k1: float = K1
     bm25_b: float = B
     bm25_stemmer: str | None = BM25_STEMMER
@@ -100,6 +130,30 @@ class RetrievalSettings:
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"retrieval.{key}: must be an integer >= 1, got {value!r}")
+        for key in ("dim", "threads"):
+            value = getattr(self, key)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(f"retrieval.{key}: must be an integer >= 1 or null, got {value!r}")
+        self.index_spec()  # its own checks
+
+    def index_spec(self) -> IndexSpec:
+        """The search part of these settings.
+
+        Raises:
+            ValueError: a bad index setting (named ``retrieval.<key>``).
+        """
+        return IndexSpec(
+            index=self.index,
+            nprobe=self.nprobe,
+            ef_search=self.ef_search,
+            ef_construction=self.ef_construction,
+            rescore=self.rescore,
+            train_size=self.train_size,
+        )
+
+    def store_root(self) -> Path:
+        """Where corpus stores live: ``cache_dir``, or ``$OBLIQ_CACHE/embeddings``."""
+        return Path(self.cache_dir) if self.cache_dir is not None else cache_dir() / "embeddings"
 
 
 @dataclass
@@ -123,6 +177,10 @@ class Retrieval:
     """The run before reranking (None when not reranked)."""
     rerank: dict = field(default_factory=dict)
     """What reranking did (method, depth, backend, cost); empty without a policy."""
+    index: dict = field(default_factory=dict)
+    """How a dense corpus was searched (:meth:`obliq.eval.index.VectorIndex.describe`: the index, its
+    parameters, the dimension) and, for an approximate search, ``recall_vs_exact``: its Recall@k
+    against exact search on the same queries, with ``n_queries``; empty for BM25 and run files."""
 
 
 Retriever = Callable[[Task], Retrieval]
@@ -145,16 +203,81 @@ def _latency(texts: Sequence[str], encode_one: Callable, search_one: Callable) -
     return samples
 
 
-def corpus_cache_file(folder: Path, model_key: str, task: Task) -> Path:
-    """Where a task's corpus embeddings for a model are cached: ``<folder>/<task>-<key>.npy``.
+def corpus_fingerprint(model: str, settings: RetrievalSettings, task: Task) -> dict:
+    """How a named model's corpus embeddings of a task are made: what a store records and is found by.
 
-    ``model_key`` must change whenever the vectors would (model files, encoder kind, passage max
-    length); the key also covers the corpus file's SHA-256 and the task's ``prompt_name`` (a per-task
-    document prompt).
+    The model's files (:func:`obliq.eval.encoders.fingerprint`: path, sizes, mtimes), the encoder kind,
+    the passage max length, the corpus file's SHA-256 and size, and the task's ``prompt_name`` when it
+    has one (a per-task document prompt changes the vectors). ``dim`` and the index settings are not
+    part of it: one store serves every truncation and index.
     """
-    prompt = f"|{task.prompt_name}" if task.prompt_name else ""
-    key = hashlib.sha256(f"{model_key}|{task.corpus_sha256}{prompt}".encode()).hexdigest()[:20]
-    return Path(folder) / f"{safe_name(task.name, 'task name')}-{key}.npy"
+    return {
+        "model": fingerprint(model),
+        "encoder": settings.encoder,
+        "passage_max_length": settings.passage_max_length,
+        "corpus_sha256": task.corpus_sha256,
+        "n_docs": len(task.doc_ids),
+        **({"prompt_name": task.prompt_name} if task.prompt_name else {}),
+    }
+
+
+def corpus_store(model: str, settings: RetrievalSettings, task: Task) -> Path:
+    """The store of a named model's embeddings of a task's corpus (:func:`obliq.eval.store.store_folder`
+    under :meth:`RetrievalSettings.store_root`): where ``obliq encode`` writes and ``evaluate`` reads."""
+    return store_folder(settings.store_root(), task.name, corpus_fingerprint(model, settings, task))
+
+
+ENCODE_BLOCK = 4096
+"""Passages encoded, then written, at a time when a store is filled (memory: one block of vectors)."""
+
+
+def encode_shard(
+    encoder: Encoder,
+    task: Task,
+    settings: RetrievalSettings,
+    store: Path,
+    fingerprint_: dict,
+    shard: Shard,
+    block_size: int = ENCODE_BLOCK,
+    overwrite: bool = False,
+) -> dict:
+    """Encode one shard of a task's corpus (documents ``shard.index``, ``+ shard.count``, …) into a store,
+    ``block_size`` passages at a time, in this process (:func:`obliq.eval.store.write_shard`).
+
+    Returns:
+        The shard's record.
+    """
+    positions = shard.select(range(len(task.doc_ids)))
+    texts = [task.doc_texts[p] for p in positions]
+    blocks = (
+        encoder.encode(
+            texts[s : s + block_size],
+            kind="passage",
+            batch_size=settings.batch_size,
+            max_length=settings.passage_max_length,
+            **({"task": task} if takes_task(encoder.encode) else {}),
+        )
+        for s in range(0, len(texts), block_size)
+    )
+    return write_shard(store, fingerprint_, shard, [task.doc_ids[p] for p in positions], blocks, overwrite)
+
+
+def _stored_corpus(store: Path, fingerprint_: dict, task: Task) -> Corpus | None:
+    """The store's corpus when it is complete and sound; None when there is none or it is unusable (a
+    one-shard store is then discarded, logged). A store split over several shards with some missing is
+    an error: its shards are ``obliq encode``'s to write, not one evaluation's."""
+    try:
+        return open_store(store, fingerprint_, task.doc_ids)
+    except FileNotFoundError:
+        return None
+    except IncompleteStore as err:
+        if err.count > 1:
+            raise
+        log.warning("%s: unusable cached embeddings (%s); discarded and re-encoded", store, err.problems[0])
+    except (ValueError, OSError, EOFError) as err:  # a corrupt or foreign store: rebuilt
+        log.warning("%s: unusable cached embeddings (%s); discarded and re-encoded", store, err)
+    clear_store(store)
+    return None
 
 
 def takes_task(fn: Callable) -> bool:
@@ -268,23 +391,30 @@ def retrieve_dense(
     encoder: Encoder,
     task: Task,
     settings: RetrievalSettings,
-    cache: Path | None = None,
+    store: Path | None = None,
+    fingerprint_: dict | None = None,
     latency_queries: int = 0,
 ) -> Retrieval:
-    """Encode the corpus (or read it from ``cache``) and the queries, then search exactly.
+    """Read the corpus embeddings from ``store`` (or encode them, into it), encode the queries, search.
 
     Args:
         encoder: anything with ``encode(texts, kind, batch_size, max_length)``.
         task: the task.
-        settings: ``top_k`` (capped at the corpus size), ``batch_size`` and the two max lengths.
-        cache: an ``.npy`` file for the corpus embeddings (see :func:`corpus_cache_file`);
-            None encodes every time.
+        settings: ``top_k`` (capped at the corpus size), ``batch_size``, the two max lengths, ``dim`` and
+            the index settings.
+        store: the corpus's store folder (see :func:`corpus_store`); None encodes every time, in memory.
+        fingerprint_: what the store must have been made with (needed with ``store``).
         latency_queries: queries timed one at a time (0 skips the latency measurement; skipped on
             several processes).
 
     Returns:
-        The run (cosine scores) with its timings; every rank of a process group gets the same run. A
-        task with candidate sets is ranked over each query's candidates only (see the module notes).
+        The run with its timings and how it was searched (:attr:`Retrieval.index`); every rank of a
+        process group gets the same run. A task with candidate sets is ranked over each query's
+        candidates only, exactly (see the module notes).
+
+    Raises:
+        IncompleteStore: a store of several shards with some not written.
+        ValueError: ``dim`` larger than the embeddings, a bad index setting.
     """
     if (task.instruction or task.prompt_name) and not takes_task(encoder.encode):
         log.warning(
@@ -297,25 +427,25 @@ def retrieve_dense(
         length = settings.query_max_length if kind == "query" else settings.passage_max_length
         return encode_texts(encoder, texts, kind, batch_size, length, task)
 
+    if store is not None and fingerprint_ is None:
+        raise ValueError("retrieve_dense: a store needs the fingerprint of its embeddings")
+    rank, size = world()
+    set_threads(settings.threads)
     timing: dict[str, float] = {}
     t = perf_counter()
-    docs, status = None, "off"
-    if cache is not None:
-        status = "miss"
-        if cache.is_file():
-            try:
-                docs = np.load(cache, allow_pickle=False)
-                if docs.ndim != 2 or docs.shape[0] != len(task.doc_ids) or not np.isfinite(docs).all():
-                    raise ValueError(f"shape {docs.shape} for {len(task.doc_ids)} documents, or non-finite values")
-                status = "hit"
-            except (ValueError, OSError, EOFError) as err:  # a corrupt or foreign cache file: rebuilt
-                log.warning("%s: unusable cached embeddings (%s); discarded and re-encoded", cache, err)
-                docs = None
-    if docs is None:
+    corpus, status = None, "off"
+    if store is not None:
+        corpus = _stored_corpus(store, fingerprint_, task)
+        status = "hit" if corpus is not None else "miss"
+    if corpus is None and store is not None and size == 1:  # block by block into the store, then mapped
+        encode_shard(encoder, task, settings, store, fingerprint_, Shard(0, 1), overwrite=True)
+        corpus = open_store(store, fingerprint_, task.doc_ids)
+    elif corpus is None:
         docs = unit_float32(encode(task.doc_texts, "passage", settings.batch_size), "corpus embeddings")
-        if cache is not None:
-            with atomic_write(cache, "wb") as f:
-                np.save(f, docs)
+        if store is not None and rank == 0:
+            write_shard(store, fingerprint_, Shard(0, 1), task.doc_ids, [docs], overwrite=True)
+        corpus = Corpus.from_array(docs)
+    corpus = Corpus(corpus.parts, settings.dim, corpus.token)  # Matryoshka: the first dim components
     timing["encode_corpus"] = perf_counter() - t
 
     t = perf_counter()
@@ -324,19 +454,34 @@ def retrieve_dense(
 
     t = perf_counter()
     rows = candidate_rows(task)
-    if rows is None:
-        index = DenseIndex(docs)
-        scores, indices = index.search(queries, settings.top_k)
-        search_one = lambda q, i: index.search(q, settings.top_k)
-    else:
-        id_rank, queries = _id_rank(task), unit_float32(queries, "query embeddings")
-        best = lambda s, i: best_candidates(s, rows[i], settings.top_k, id_rank)
-        search_one = lambda q, i: best(candidate_scores(unit_float32(q), docs, [rows[i]])[0], i)
+    if rows is not None:  # each query over its candidates, exactly: no index
+        queries = corpus.prepare(queries)
+        docs = corpus.take(np.arange(corpus.n))
+        id_rank = _id_rank(task)
+        best = lambda s, i: best_candidates(s, rows[i], settings.top_k, id_rank)  # noqa: E731
+        search_one = lambda q, i: best(candidate_scores(corpus.prepare(q), docs, [rows[i]])[0], i)  # noqa: E731
         scores, indices = zip(*(best(s, i) for i, s in enumerate(candidate_scores(queries, docs, rows))))
-    timing["search"] = perf_counter() - t
+        timing["search"] = perf_counter() - t
+        searched = {"name": "exact over candidates", "dim": corpus.dim}
+    else:
+        spec = settings.index_spec()
+        index = VectorIndex(corpus, spec, folder=store if rank == 0 else None)
+        if not spec.exact:
+            timing["index"] = perf_counter() - t  # built, or loaded
+        t = perf_counter()
+        scores, indices = index.search(queries, settings.top_k)
+        search_one = lambda q, i: index.search(q, settings.top_k)  # noqa: E731
+        timing["search"] = perf_counter() - t
+        searched = index.describe()
+        if not spec.exact:  # the reference: exact search on the same queries
+            t = perf_counter()
+            _, exact = exact_search(queries, corpus, settings.top_k)
+            timing["exact_search"] = perf_counter() - t
+            ks = sorted({k for k in (10, 100) if k <= exact.shape[1]} | {exact.shape[1]})
+            searched["recall_vs_exact"] = {**recall_vs_exact(indices, exact, ks), "n_queries": len(exact)}
 
     latency = _latency(
-        task.query_texts[:latency_queries] if world()[1] == 1 else [],  # one query at a time: one process
+        task.query_texts[:latency_queries] if size == 1 else [],  # one query at a time: one process
         lambda text: encode([text], "query", 1),
         search_one,
     )
@@ -346,9 +491,11 @@ def retrieve_dense(
     else:
         extra = {"task": task} if takes_task(policy) else {}
         reads = policy(settings.query_max_length, settings.passage_max_length, **extra)
-    return Retrieval(
-        run_from_search(task.query_ids, task.doc_ids, scores, indices), settings.top_k, timing, reads, latency, status
+    found = [np.asarray(i) >= 0 for i in indices]  # an approximate index may find fewer than top_k
+    run = run_from_search(
+        task.query_ids, task.doc_ids, [s[f] for s, f in zip(scores, found)], [i[f] for i, f in zip(indices, found)]
     )
+    return Retrieval(run, settings.top_k, timing, reads, latency, status, index=searched)
 
 
 def retrieve_bm25(task: Task, settings: RetrievalSettings, latency_queries: int = 0) -> Retrieval:
@@ -439,13 +586,14 @@ def make_retriever(
         return lambda task: retrieve_run_file(model, task)
     if isinstance(model, str):
         encoder = load_encoder(model, settings.encoder, settings.trust_remote_code)
-        key = f"{fingerprint(model)}|{type(encoder).__name__}|{settings.encoder}|{settings.passage_max_length}"
     else:
-        encoder, key = model, None  # an encoder in memory (training): its weights change, nothing is cached
-    folder = Path(settings.cache_dir) if settings.cache_dir is not None else cache_dir() / "embeddings"
+        encoder = model  # an encoder in memory (training): its weights change, nothing is cached
 
     def retrieve(task: Task) -> Retrieval:
-        file = corpus_cache_file(folder, key, task) if settings.cache and key is not None else None
-        return retrieve_dense(encoder, task, settings, file, latency_queries)
+        if not settings.cache or not isinstance(model, str):
+            return retrieve_dense(encoder, task, settings, latency_queries=latency_queries)
+        made = corpus_fingerprint(model, settings, task)
+        store = store_folder(settings.store_root(), task.name, made)
+        return retrieve_dense(encoder, task, settings, store, made, latency_queries)
 
     return retrieve

@@ -56,6 +56,10 @@ class RetrieverModule(L.LightningModule):
         max_bad_steps: consecutive non-finite steps that stop the run.
         seed: seeds each step's randomness (LoRA and model dropout) as a function of (seed, step),
             so a resumed run draws exactly what an uninterrupted one would.
+        matryoshka_dims: null, or train at these nested embedding dimensions too (the loss at each,
+            truncated and re-normalised, summed: :func:`obliq.loss.matryoshka`), e.g. ``[384, 192, 96, 48]``;
+            evaluate a truncation with ``--retrieval.dim``.
+        matryoshka_weights: one weight per dimension (default 1 each).
 
     Batch: the dictionary of :mod:`obliq.data` (``query``, ``docs``, ``positive_index``,
     ``doc_keys``, ``query_keys``, ...).
@@ -78,6 +82,8 @@ class RetrieverModule(L.LightningModule):
         max_grad_norm: float | None = 1.0,
         max_bad_steps: int = 5,
         seed: int = 0,
+        matryoshka_dims: list[int] | None = None,
+        matryoshka_weights: list[float] | None = None,
     ):
         super().__init__()
         if not 0 <= warmup_ratio < 1:
@@ -90,7 +96,7 @@ class RetrieverModule(L.LightningModule):
         self.automatic_optimization = False
         self.strict_loading = False  # checkpoints hold only the trainable weights
         self.encoder = encoder
-        self.loss = InfoNCELoss(temperature, gather_across_devices, symmetric)
+        self.loss = InfoNCELoss(temperature, gather_across_devices, symmetric, matryoshka_dims, matryoshka_weights)
         self.chunk_size = chunk_size
         self.sort_by_length = sort_by_length
         self.bad_steps = 0

@@ -1,0 +1,178 @@
+"""``obliq encode`` and ``obliq search``: a corpus's embeddings and their search as stages (Tevatron's
+``encode`` / ``search`` drivers).
+
+``obliq encode`` writes each task's corpus embeddings into its store (:mod:`obliq.eval.store`, under
+``--retrieval.cache_dir``, where ``evaluate`` and ``obliq search`` look for them), one shard per
+process: ``--shard.index i --shard.count n``, or a SLURM array's task, or a torchrun rank. A shard
+already written is skipped, so a rerun after a killed process encodes only the shards it lacks::
+
+    # four processes (or: sbatch --array=0-3 …, or: torchrun --nproc-per-node 4 -m obliq.cli encode …)
+    for i in 0 1 2 3; do
+        obliq encode --model M --tasks ../shared/data/tasks/hearings-exchanges --shard.index $i --shard.count 4 &
+    done; wait
+    obliq search --model M --tasks ../shared/data/tasks/hearings-exchanges --output runs/search \\
+        --retrieval.index hnsw
+
+``obliq search`` reads the complete store (memory-mapped), encodes the queries, searches as the
+retrieval settings say (exact, or an index saved beside the embeddings), and writes a TREC run and a
+record of the search (index, parameters, recall against exact search, timings) per task. It is
+``evaluate`` without the qrels' metrics.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from time import perf_counter
+
+from obliq.eval.encoders import load_encoder
+from obliq.eval.metrics import write_run
+from obliq.eval.retrieval import (
+    ENCODE_BLOCK,
+    RetrievalSettings,
+    corpus_fingerprint,
+    encode_shard,
+    make_retriever,
+)
+from obliq.eval.store import shard_done, store_folder, store_status
+from obliq.files import claim_output, safe_name, write_json
+from obliq.shards import Shard
+from obliq.tasks import find_tasks, load_task
+
+log = logging.getLogger(__name__)
+
+
+def encode(
+    model: str,
+    tasks: list[str],
+    retrieval: RetrievalSettings = RetrievalSettings(),
+    shard: Shard = Shard(),
+    block_size: int = ENCODE_BLOCK,
+    overwrite: bool = False,
+) -> dict:
+    """Encode one shard of each task's corpus into the task's embedding store (docs/formats.md).
+
+    Args:
+        model: a dense encoder: an alias, a folder saved by obliq, an adapter, a sentence-transformers
+            or transformers folder, a hub id (as ``evaluate``'s ``--model``).
+        tasks: task folders in BEIR layout, or folders holding task folders.
+        retrieval: how the passages are read (``encoder``, ``batch_size``, ``passage_max_length``,
+            ``trust_remote_code``) and where the stores are (``cache_dir``); the rest is search's.
+        shard: this process's shard (``--shard.index i --shard.count n``; unset: a SLURM array's task,
+            or torchrun's rank and world size, or the whole corpus). Shard ``i`` takes documents
+            ``i, i + n, …``.
+        block_size: passages encoded then written at a time (memory: one block of vectors).
+        overwrite: encode the shard again even when it is already written (and start a store again
+            that was split into another number of shards).
+
+    Returns:
+        ``{"shard": {"index", "count"}, "tasks": {task: {"store", "status" (encoded | done), "rows",
+        "seconds", "complete", "missing"}}}``: ``missing`` are the shards still to encode.
+
+    Raises:
+        ValueError: the store was split into another number of shards (without ``overwrite``), bad vectors.
+        FileNotFoundError / OSError: the model or a task cannot be found.
+    """
+    shard = shard.resolved()
+    if block_size < 1:
+        raise ValueError(f"block_size must be >= 1, got {block_size}")
+    loaded = [load_task(p) for p in find_tasks(tasks)]
+    if "LOCAL_RANK" in os.environ:  # torchrun: each rank on its own GPU
+        import torch
+
+        if torch.cuda.is_available():
+            torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    encoder = load_encoder(model, retrieval.encoder, retrieval.trust_remote_code)
+    report = {}
+    for task in loaded:
+        made = corpus_fingerprint(model, retrieval, task)
+        store = store_folder(retrieval.store_root(), task.name, made)
+        t0 = perf_counter()
+        record = None if overwrite else shard_done(store, made, shard)
+        status = "done" if record is not None else "encoded"
+        if record is None:
+            record = encode_shard(encoder, task, retrieval, store, made, shard, block_size, overwrite)
+        count, missing = store_status(store, made)
+        report[task.name] = {
+            "store": str(store),
+            "status": status,
+            "rows": record["rows"],
+            "seconds": round(perf_counter() - t0, 3),
+            "complete": not missing,
+            "missing": sorted(missing),
+        }
+        log.info(
+            "%s: shard %d of %d %s (%d passages) in %s; %s",
+            task.name,
+            shard.index,
+            count,
+            "already written" if status == "done" else "encoded",
+            record["rows"],
+            store,
+            "the store is complete" if not missing else f"shards still to encode: {sorted(missing)}",
+        )
+    return {"shard": {"index": shard.index, "count": shard.count}, "tasks": report}
+
+
+def search(
+    model: str,
+    tasks: list[str],
+    output: Path,
+    retrieval: RetrievalSettings = RetrievalSettings(),
+    latency_queries: int = 0,
+    overwrite: bool = False,
+) -> dict:
+    """Search each task's queries over its corpus embeddings and write the runs (one process).
+
+    Per task, ``<output>/<task>/`` gets ``run.trec`` and ``search.json`` (``task``, ``model``,
+    ``n_queries``, ``n_docs``, ``depth``, ``corpus_cache``, ``index``: the index, its parameters and,
+    for an approximate one, ``recall_vs_exact``; ``timing_s``, ``latency_ms``, ``reads``); ``<output>/``
+    gets ``config.json`` (these arguments).
+
+    Args:
+        model: the dense encoder whose store ``obliq encode`` wrote (a missing store is encoded first,
+            into the cache, as ``evaluate`` does).
+        tasks: task folders, or folders of task folders.
+        output: folder for the runs.
+        retrieval: top_k, the query length, ``dim``, the index (``--retrieval.index hnsw``…) and its
+            parameters, the stores' ``cache_dir`` (:class:`~obliq.eval.retrieval.RetrievalSettings`).
+        latency_queries: queries timed one at a time (0: none).
+        overwrite: write into an ``output`` that already holds runs.
+
+    Returns:
+        task → ``{"run", "index"}``.
+
+    Raises:
+        FileExistsError: ``output`` holds something and ``overwrite`` is false.
+        IncompleteStore: a store with shards still to encode.
+    """
+    config = dict(locals())
+    output = claim_output(output, overwrite, "search results")
+    loaded = [load_task(p) for p in find_tasks(tasks)]
+    if model.lower() == "bm25" or model.endswith(".trec"):
+        raise ValueError(f"obliq search searches dense embeddings; {model!r} is not a dense encoder (use evaluate)")
+    retrieve = make_retriever(model, retrieval, latency_queries)
+    out = {}
+    for task in loaded:
+        folder = output / safe_name(task.name, "task name")
+        done = retrieve(task)
+        write_run(folder / "run.trec", done.run, tag=Path(model).name or model)
+        record = {
+            "task": task.name,
+            "model": model,
+            "n_queries": len(task.query_ids),
+            "n_docs": len(task.doc_ids),
+            "depth": done.depth,
+            "corpus_cache": done.corpus_cache,
+            "index": done.index,
+            "timing_s": {k: round(v, 4) for k, v in done.timing_s.items()},
+            "latency_ms": done.latency_ms,
+            "reads": done.reads,
+        }
+        write_json(folder / "search.json", record)
+        recall = done.index.get("recall_vs_exact")
+        log.info("%s: %s%s", task.name, done.index.get("factory"), f", recall vs exact {recall}" if recall else "")
+        out[task.name] = {"run": str(folder / "run.trec"), "index": done.index}
+    write_json(output / "config.json", config)
+    return out

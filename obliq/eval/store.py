@@ -1,0 +1,282 @@
+"""Corpus embeddings on disk: the one format that ``obliq encode`` writes, the evaluation's
+corpus-embedding cache is, and ``obliq search`` / ``evaluate`` read (docs/formats.md).
+
+A store is a folder (Tevatron's ``(reps, lookup)`` shard contract, as files that memory-map):
+
+- ``store.json``: ``{"format", "fingerprint", "shards"}``, the fingerprint being how the vectors were
+  made (model and its files, encoder kind, passage length, corpus digest and size);
+- per shard ``i`` of ``n``: ``shard-<i>-of-<n>.npy`` ((rows, d) float32, unit rows, C order: what
+  ``np.load(mmap_mode="r")`` maps without reading it), ``shard-<i>-of-<n>.ids`` (the rows' document
+  ids, one a line), and ``shard-<i>-of-<n>.json`` (index, count, rows, dimension, bytes, seconds, the
+  fingerprint), written last: a shard is complete when its ``.json`` is there.
+
+Shard ``i`` of ``n`` holds documents ``i, i + n, i + 2n, …`` of the corpus (:meth:`obliq.shards.Shard.select`).
+Its ``.npy`` is written through a temporary file renamed into place at the end, so a killed shard
+leaves no shard behind, only its temporary file (removed by the next run of that shard); every other
+shard is untouched, and a rerun encodes only the shards without a ``.json``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import tempfile
+import time
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from obliq.eval.index import Corpus, npy_header, unit_float32
+from obliq.files import json_text, read_text, safe_name, write_json, write_text
+from obliq.shards import Shard, check_cover
+
+log = logging.getLogger(__name__)
+
+FORMAT = "obliq-embeddings/1"
+STORE_FILE = "store.json"
+
+
+class IncompleteStore(ValueError):
+    """A store some of whose shards are not complete (not written yet, or damaged).
+
+    Attributes:
+        folder: the store; problems: shard index → why it is not complete; count: the store's shards.
+    """
+
+    def __init__(self, folder: Path, problems: dict[int, str], count: int):
+        self.folder, self.problems, self.count = folder, problems, count
+        shards = "; ".join(f"{i}: {why}" for i, why in list(problems.items())[:4]) + (" …" if len(problems) > 4 else "")
+        super().__init__(
+            f"{folder}: {len(problems)} of {count} shards are not complete ({shards}); run `obliq encode` "
+            f"with --shard.count {count} for them (or delete the folder to start again)"
+        )
+
+    @property
+    def missing(self) -> list[int]:
+        """The shards to (re)encode."""
+        return sorted(self.problems)
+
+
+def plain(fingerprint: dict) -> dict:
+    """``fingerprint`` as it reads back from JSON (what stores are compared on)."""
+    return json.loads(json_text(fingerprint))
+
+
+def store_folder(root: str | os.PathLike, task_name: str, fingerprint: dict) -> Path:
+    """The store of a task's corpus under ``root``: ``<root>/<task>-<20 hex digits of the fingerprint>``."""
+    key = hashlib.sha256(json_text(fingerprint, indent=None).encode()).hexdigest()[:20]
+    return Path(root) / f"{safe_name(task_name, 'task name')}-{key}"
+
+
+def shard_files(folder: Path, shard: Shard) -> tuple[Path, Path, Path]:
+    """``(.npy, .ids, .json)`` of one shard of a store."""
+    stem = f"shard-{shard.index}-of-{shard.count}"
+    return folder / f"{stem}.npy", folder / f"{stem}.ids", folder / f"{stem}.json"
+
+
+def _read_json(file: Path) -> dict:
+    try:
+        return json.loads(read_text(file))
+    except (ValueError, UnicodeDecodeError) as err:
+        raise ValueError(f"{file}: not a JSON file ({err})") from None
+
+
+def shard_done(folder: Path, fingerprint: dict, shard: Shard) -> dict | None:
+    """The record of a complete shard with this fingerprint, or None (see :func:`shard_problem`)."""
+    return None if shard_problem(folder, fingerprint, shard) else _read_json(shard_files(Path(folder), shard)[2])
+
+
+def shard_problem(folder: Path, fingerprint: dict, shard: Shard) -> str | None:
+    """Why a shard is not complete (not written, written for another model, its ``.npy`` not the size
+    it recorded, a file missing), or None when it is."""
+    npy, ids, done = shard_files(Path(folder), shard)
+    if not done.is_file():
+        return "not written"
+    try:
+        record = _read_json(done)
+    except ValueError as err:
+        return str(err)
+    if record.get("fingerprint") != plain(fingerprint):
+        return f"{done.name}: written with other settings"
+    for file in (npy, ids):
+        if not file.is_file():
+            return f"{file.name} missing"
+    if record.get("bytes") != npy.stat().st_size:
+        return f"{npy}: {npy.stat().st_size} bytes, its record says {record.get('bytes')} (changed or cut short)"
+    return None
+
+
+def _claim(folder: Path, fingerprint: dict, count: int, overwrite: bool) -> None:
+    """Write ``store.json``, or check the one there is of this fingerprint and shard count."""
+    head = {"format": FORMAT, "fingerprint": plain(fingerprint), "shards": count}
+    file = folder / STORE_FILE
+    if file.is_file():
+        try:
+            old = _read_json(file)
+        except ValueError:
+            old = {}
+        if old == head:
+            return
+        if not overwrite and old.get("fingerprint") == head["fingerprint"]:
+            raise ValueError(
+                f"{folder}: the corpus was split into {old.get('shards')} shards, not {count}; encode with "
+                f"--shard.count {old.get('shards')}, or pass --overwrite true to start again with {count}"
+            )
+        if not overwrite and old:
+            raise ValueError(f"{file}: a store of other embeddings ({old.get('fingerprint')}); pass --overwrite true")
+        clear_store(folder)
+    write_json(file, head)
+
+
+def clear_store(folder: str | os.PathLike) -> None:
+    """Delete a store's files (its shards, saved indexes and ``store.json``), nothing else."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return
+    for file in folder.iterdir():
+        if file.is_file() and (file.name == STORE_FILE or file.name.startswith(("shard-", "index-", ".shard-"))):
+            file.unlink()
+
+
+def write_shard(
+    folder: str | os.PathLike,
+    fingerprint: dict,
+    shard: Shard,
+    ids: Sequence[str],
+    blocks: Iterable,
+    overwrite: bool = False,
+) -> dict:
+    """Write one shard of a store from its vectors, block by block (memory: one block).
+
+    Args:
+        folder: the store.
+        fingerprint: how the vectors were made (``store.json`` is written with it, or must hold it).
+        shard: this shard (resolved).
+        ids: the shard's document ids, in order.
+        blocks: (b, d) vectors for consecutive ``ids``, any float dtype (renormalised, :func:`unit_float32`).
+        overwrite: start the store again when it was split otherwise or made by other settings.
+
+    Returns:
+        The shard's record (its ``.json``).
+
+    Raises:
+        ValueError: the blocks do not hold one vector per id, bad vectors, or a store of another split
+            or other embeddings without ``overwrite``.
+    """
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    _claim(folder, fingerprint, shard.count, overwrite)
+    npy, ids_file, done = shard_files(folder, shard)
+    for old in (done, npy, ids_file, *folder.glob(f".{npy.name}.*.tmp")):
+        old.unlink(missing_ok=True)  # this shard is redone: a killed run's leftovers go
+    t0 = time.perf_counter()
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{npy.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        out, at = None, 0
+        for block in blocks:
+            block = unit_float32(block, f"{folder}: shard {shard.index} embeddings")
+            if out is None:
+                out = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float32, shape=(len(ids), block.shape[1]))
+            if at + len(block) > len(ids):
+                raise ValueError(f"{folder}: shard {shard.index}: more vectors than its {len(ids)} documents")
+            out[at : at + len(block)] = block
+            at += len(block)
+        if at != len(ids):
+            raise ValueError(f"{folder}: shard {shard.index}: {at} vectors for {len(ids)} documents")
+        if out is None:  # a shard without documents (more shards than documents)
+            np.save(tmp, np.zeros((0, 0), dtype=np.float32))
+            dim = 0
+        else:
+            dim = out.shape[1]
+            out.flush()
+            del out
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, npy)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    write_text(ids_file, "".join(f"{i}\n" for i in ids))
+    record = {
+        "shard": {"index": shard.index, "count": shard.count},
+        "rows": len(ids),
+        "dim": dim,
+        "bytes": npy.stat().st_size,
+        "seconds": round(time.perf_counter() - t0, 3),
+        "fingerprint": plain(fingerprint),
+    }
+    write_json(done, record)
+    return record
+
+
+def store_status(folder: str | os.PathLike, fingerprint: dict) -> tuple[int, dict[int, str]]:
+    """``(shard count, {shard not complete: why})`` of a store with this fingerprint.
+
+    Raises:
+        FileNotFoundError: no ``store.json``.
+        ValueError: ``store.json`` is unreadable, of another format or of other embeddings.
+    """
+    folder = Path(folder)
+    file = folder / STORE_FILE
+    if not file.is_file():
+        raise FileNotFoundError(f"{folder}: no embeddings here ({STORE_FILE} missing)")
+    head = _read_json(file)
+    if head.get("format") != FORMAT or not isinstance(head.get("shards"), int) or head["shards"] < 1:
+        raise ValueError(f"{file}: not an obliq embedding store of format {FORMAT}")
+    if head.get("fingerprint") != plain(fingerprint):
+        raise ValueError(f"{file}: embeddings made otherwise ({head.get('fingerprint')}, not {plain(fingerprint)})")
+    count = head["shards"]
+    problems = {i: shard_problem(folder, fingerprint, Shard(i, count)) for i in range(count)}
+    return count, {i: why for i, why in problems.items() if why}
+
+
+def open_store(folder: str | os.PathLike, fingerprint: dict, doc_ids: Sequence[str], dim: int | None = None) -> Corpus:
+    """A complete store as a :class:`~obliq.eval.index.Corpus` over ``doc_ids`` (row ``r`` = ``doc_ids[r]``),
+    its shards memory-mapped, nothing read into memory but the ids.
+
+    Args:
+        folder: the store.
+        fingerprint: what the store must have been made with.
+        doc_ids: the corpus's document ids, in the task's order.
+        dim: Matryoshka truncation (:class:`~obliq.eval.index.Corpus`).
+
+    Raises:
+        FileNotFoundError: no store there.
+        IncompleteStore: shards not written.
+        ValueError: another fingerprint, a shard file cut short or of the wrong shape, ids that do not
+            cover ``doc_ids`` once each (the file named).
+    """
+    folder = Path(folder)
+    count, missing = store_status(folder, fingerprint)
+    if missing:
+        raise IncompleteStore(folder, missing, count)
+    position = {d: r for r, d in enumerate(doc_ids)}
+    taken, parts, records = {}, [], []
+    for i in range(count):
+        npy, ids_file, done = shard_files(folder, Shard(i, count))
+        ids = read_text(ids_file).splitlines()
+        taken[i] = ids
+        record = _read_json(done)
+        shape, dtype = npy_header(npy)
+        if dtype != np.float32 or shape[0] != len(ids) or shape[0] != record.get("rows"):
+            raise ValueError(f"{npy}: shape {shape} {dtype} for {len(ids)} ids (its record: {record.get('rows')} rows)")
+        records.append(record)
+        if ids:
+            rows = np.array([position.get(d, -1) for d in ids], dtype=np.int64)
+            parts.append((npy, rows))
+    check_cover(list(doc_ids), taken, count, "document")
+    token = hashlib.sha256(json.dumps(records, sort_keys=True).encode()).hexdigest()[:16]
+    corpus = Corpus(parts, dim, token=f"{folder.name}:{token}")
+    if corpus.n != len(doc_ids):
+        raise ValueError(f"{folder}: {corpus.n} vectors for {len(doc_ids)} documents")
+    return corpus
+
+
+def read_store_vectors(folder: str | os.PathLike, fingerprint: dict, doc_ids: Sequence[str]) -> np.ndarray:
+    """The whole store as one (n, d) float32 array in ``doc_ids`` order (for small corpora and tests:
+    this reads every vector into memory)."""
+    corpus = open_store(folder, fingerprint, doc_ids)
+    return corpus.take(np.arange(corpus.n))

@@ -1,0 +1,170 @@
+"""``obliq encode`` / ``obliq search`` as stages (issue 26), with MiniLM on a slice of a real task:
+two processes write the embeddings one process writes (to 1e-6), a SIGKILLed shard resumes without
+redoing the other, ``evaluate`` and ``obliq search`` read the store, and an incomplete store is named."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+from test_bench import task_slice
+
+from obliq.cli import main as obliq_main
+from obliq.eval.retrieval import RetrievalSettings, corpus_fingerprint, corpus_store, make_retriever
+from obliq.eval.store import IncompleteStore, read_store_vectors
+from obliq.tasks import load_task
+
+pytestmark = pytest.mark.slow
+LENGTH = 64  # passage tokens: short, to keep the CPU test quick
+
+
+def _encode_cmd(task, cache, *extra):
+    return [
+        sys.executable,
+        "-m",
+        "obliq.cli",
+        "encode",
+        "--model",
+        "minilm",
+        "--tasks",
+        str(task),
+        "--retrieval.cache_dir",
+        str(cache),
+        "--retrieval.passage_max_length",
+        str(LENGTH),
+        "--retrieval.batch_size",
+        "4",
+        *extra,
+    ]
+
+
+def _run(cmd):
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout[done.stdout.index("{") :])
+
+
+def _settings(folder, **kw):
+    return RetrievalSettings(cache_dir=folder, passage_max_length=LENGTH, top_k=50, **kw)
+
+
+@pytest.fixture(scope="module")
+def one_process(tasks_dir, tmp_path_factory):
+    """A 100-document slice of writing-news and its store written by one process."""
+    root = tmp_path_factory.mktemp("encode")
+    task_dir = task_slice(tasks_dir, "writing-news", root / "writing-news", 6, 80)
+    _run(_encode_cmd(task_dir, root / "one"))
+    task = load_task(task_dir)
+    vectors = read_store_vectors(
+        corpus_store("minilm", _settings(root / "one"), task),
+        corpus_fingerprint("minilm", _settings(root / "one"), task),
+        task.doc_ids,
+    )
+    return root, task_dir, task, vectors
+
+
+def test_two_processes_write_the_embeddings_of_one(one_process):
+    root, task_dir, task, reference = one_process
+    procs = [
+        subprocess.Popen(
+            _encode_cmd(task_dir, root / "two", "--shard.index", str(i), "--shard.count", "2"),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env={**os.environ, "OMP_NUM_THREADS": "1"},
+        )
+        for i in range(2)
+    ]
+    for p in procs:
+        _, err = p.communicate(timeout=600)
+        assert p.returncode == 0, err.decode()[-3000:]
+    settings = _settings(root / "two")
+    store = corpus_store("minilm", settings, task)
+    assert sorted(f.name for f in store.glob("shard-*.npy")) == ["shard-0-of-2.npy", "shard-1-of-2.npy"]
+    two = read_store_vectors(store, corpus_fingerprint("minilm", settings, task), task.doc_ids)
+    assert two.shape == reference.shape == (len(task.doc_ids), 384)
+    assert np.abs(two - reference).max() <= 1e-6
+
+
+def test_a_killed_shard_resumes_without_redoing_the_other(one_process):
+    root, task_dir, task, reference = one_process
+    cache = root / "killed"
+    settings = _settings(cache)
+    store = corpus_store("minilm", settings, task)
+    _run(_encode_cmd(task_dir, cache, "--shard.index", "0", "--shard.count", "2"))
+    first = (store / "shard-0-of-2.npy").stat()
+    victim = subprocess.Popen(
+        _encode_cmd(task_dir, cache, "--shard.index", "1", "--shard.count", "2", "--block_size", "2"),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    deadline = time.time() + 300
+    while not list(store.glob(".shard-1-of-2.npy.*.tmp")) and victim.poll() is None and time.time() < deadline:
+        time.sleep(0.01)
+    victim.send_signal(signal.SIGKILL)
+    victim.wait()
+    assert victim.returncode == -signal.SIGKILL, "the shard finished before it could be killed"
+    assert list(store.glob(".shard-1-of-2.npy.*.tmp")) and not (store / "shard-1-of-2.json").exists()
+
+    with pytest.raises(IncompleteStore, match="1 of 2 shards are not complete") as err:  # evaluate refuses it
+        make_retriever("minilm", settings)(task)
+    assert err.value.missing == [1]
+
+    reports = [_run(_encode_cmd(task_dir, cache, "--shard.index", str(i), "--shard.count", "2")) for i in range(2)]
+    assert [r["tasks"][task.name]["status"] for r in reports] == ["done", "encoded"]
+    assert reports[1]["tasks"][task.name]["complete"] is True
+    again = (store / "shard-0-of-2.npy").stat()
+    assert (again.st_ino, again.st_mtime_ns) == (first.st_ino, first.st_mtime_ns)  # shard 0 was not rewritten
+    assert not list(store.glob(".shard-*.tmp"))
+    resumed = read_store_vectors(store, corpus_fingerprint("minilm", settings, task), task.doc_ids)
+    assert np.abs(resumed - reference).max() <= 1e-6
+
+
+def test_evaluate_and_search_read_the_store(one_process, tmp_path):
+    root, task_dir, task, _ = one_process
+    settings = _settings(root / "one")
+    hit = make_retriever("minilm", settings)(task)
+    fresh = make_retriever("minilm", _settings(root / "one", cache=False))(task)
+    assert hit.corpus_cache == "hit" and fresh.corpus_cache == "off"
+    for q in task.query_ids:
+        assert list(hit.run[q]) == list(fresh.run[q]) and list(hit.run[q].values()) == pytest.approx(
+            list(fresh.run[q].values()), abs=1e-5
+        )
+    out = tmp_path / "search"
+    obliq_main(
+        [
+            "search",
+            "--model",
+            "minilm",
+            "--tasks",
+            str(task_dir),
+            "--output",
+            str(out),
+            "--retrieval.cache_dir",
+            str(root / "one"),
+            "--retrieval.passage_max_length",
+            str(LENGTH),
+            "--retrieval.top_k",
+            "50",
+            "--retrieval.index",
+            "int8",
+            "--retrieval.rescore",
+            "4",
+            "--retrieval.dim",
+            "192",
+        ]
+    )
+    record = json.loads((out / task.name / "search.json").read_text())
+    index = record["index"]
+    assert record["corpus_cache"] == "hit" and index["factory"] == "SQ8" and index["dim"] == 192
+    assert set(index["recall_vs_exact"]) == {"Recall@10", "Recall@50", "n_queries"}
+    assert index["recall_vs_exact"]["n_queries"] == len(task.query_ids) and index["recall_vs_exact"]["Recall@10"] > 0.9
+    assert (out / task.name / "run.trec").is_file() and list(
+        corpus_store("minilm", settings, task).glob("index-SQ8-d192-*")
+    )
