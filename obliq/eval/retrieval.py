@@ -387,6 +387,49 @@ def candidate_scores(queries: np.ndarray, docs: np.ndarray, rows: Sequence[np.nd
     return out
 
 
+def corpus_embeddings(
+    encoder: Encoder,
+    task: Task,
+    settings: RetrievalSettings,
+    store: Path | None = None,
+    fingerprint_: dict | None = None,
+) -> tuple[Corpus, str]:
+    """A task's corpus embeddings: read from ``store`` when it is complete, else encoded (into it).
+
+    Args:
+        encoder: anything with ``encode(texts, kind, batch_size, max_length)``.
+        task: the task.
+        settings: ``batch_size``, ``passage_max_length`` and ``dim`` (the first ``dim`` components).
+        store: the corpus's store folder (:func:`corpus_store`); None encodes in memory.
+        fingerprint_: what the store must have been made with (needed with ``store``).
+
+    Returns:
+        ``(corpus, "hit" | "miss" | "off")``: unit float32 rows in ``task.doc_ids`` order, and whether
+        the store held them.
+
+    Raises:
+        ValueError: a store without a fingerprint.
+        IncompleteStore: a store of several shards with some not written.
+    """
+    if store is not None and fingerprint_ is None:
+        raise ValueError("corpus_embeddings: a store needs the fingerprint of its embeddings")
+    rank, size = world()
+    corpus, status = None, "off"
+    if store is not None:
+        corpus = _stored_corpus(store, fingerprint_, task)
+        status = "hit" if corpus is not None else "miss"
+    if corpus is None and store is not None and size == 1:  # block by block into the store, then mapped
+        encode_shard(encoder, task, settings, store, fingerprint_, Shard(0, 1), overwrite=True)
+        corpus = open_store(store, fingerprint_, task.doc_ids)
+    elif corpus is None:
+        docs = encode_texts(encoder, task.doc_texts, "passage", settings.batch_size, settings.passage_max_length, task)
+        docs = unit_float32(docs, "corpus embeddings")
+        if store is not None and rank == 0:
+            write_shard(store, fingerprint_, Shard(0, 1), task.doc_ids, [docs], overwrite=True)
+        corpus = Corpus.from_array(docs)
+    return Corpus(corpus.parts, settings.dim, corpus.token), status  # Matryoshka: the first dim components
+
+
 def retrieve_dense(
     encoder: Encoder,
     task: Task,
@@ -427,25 +470,11 @@ def retrieve_dense(
         length = settings.query_max_length if kind == "query" else settings.passage_max_length
         return encode_texts(encoder, texts, kind, batch_size, length, task)
 
-    if store is not None and fingerprint_ is None:
-        raise ValueError("retrieve_dense: a store needs the fingerprint of its embeddings")
     rank, size = world()
     set_threads(settings.threads)
     timing: dict[str, float] = {}
     t = perf_counter()
-    corpus, status = None, "off"
-    if store is not None:
-        corpus = _stored_corpus(store, fingerprint_, task)
-        status = "hit" if corpus is not None else "miss"
-    if corpus is None and store is not None and size == 1:  # block by block into the store, then mapped
-        encode_shard(encoder, task, settings, store, fingerprint_, Shard(0, 1), overwrite=True)
-        corpus = open_store(store, fingerprint_, task.doc_ids)
-    elif corpus is None:
-        docs = unit_float32(encode(task.doc_texts, "passage", settings.batch_size), "corpus embeddings")
-        if store is not None and rank == 0:
-            write_shard(store, fingerprint_, Shard(0, 1), task.doc_ids, [docs], overwrite=True)
-        corpus = Corpus.from_array(docs)
-    corpus = Corpus(corpus.parts, settings.dim, corpus.token)  # Matryoshka: the first dim components
+    corpus, status = corpus_embeddings(encoder, task, settings, store, fingerprint_)
     timing["encode_corpus"] = perf_counter() - t
 
     t = perf_counter()

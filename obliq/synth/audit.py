@@ -68,10 +68,15 @@ def entity_tokens(text: str) -> set[str]:
     return found
 
 
+def leaked(query: str, source: str) -> set[str]:
+    """The source's entity tokens that the query contains (case-sensitive, whole tokens)."""
+    ents = entity_tokens(source)
+    return ents & set(_TOKEN.findall(query)) if ents else set()
+
+
 def leaks(query: str, source: str) -> bool:
     """Whether the query contains one of the source's entity tokens (case-sensitive, whole tokens)."""
-    ents = entity_tokens(source)
-    return bool(ents) and any(t in ents for t in _TOKEN.findall(query))
+    return bool(leaked(query, source))
 
 
 def jaccard(query: str, source: str) -> float:
@@ -82,10 +87,12 @@ def jaccard(query: str, source: str) -> float:
 
 def source_rank(bm25: BM25, query: str, doc_index: int) -> int | None:
     """BM25 rank (1 = best) of one document for a query; None when it scores 0 (no shared term)."""
-    return _rank(bm25.scores(bm25.tokenize([query])[0]), doc_index)
+    return rank_of(bm25.scores(bm25.tokenize([query])[0]), doc_index)
 
 
-def _rank(scores, j: int) -> int | None:
+def rank_of(scores, j: int) -> int | None:
+    """The rank of document ``j`` in one query's BM25 ``scores`` (all documents): 1 + the documents
+    scoring strictly higher (ties share the better rank); None when it scores 0 (no shared term)."""
     return 1 + int((scores > scores[j]).sum()) if scores[j] > 0 else None
 
 
@@ -143,7 +150,7 @@ def audit_pairs(
         scores = bm25.scores(bm25.tokenize([q])[0])
         leak_q.append(statistics.fmean(float(leaks(q, doc_texts[j])) for j in src))
         jac_q.append(statistics.fmean(jaccard(q, doc_texts[j]) for j in src))
-        ranks.extend(_rank(scores, j) for j in src)
+        ranks.extend(rank_of(scores, j) for j in src)
     n_pairs = len(ranks)
     last = len(doc_texts) + 1
     return AuditRow(

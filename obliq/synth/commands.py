@@ -2,9 +2,12 @@
 
 A typical run (one config per task in ``configs/synth/``)::
 
-    obliq synth generate --config configs/synth/math-theoremqa.yaml
-    obliq synth audit --rows work/synth/math-theoremqa.jsonl --task ../shared/data/tasks/math-theoremqa
-    obliq negatives mine --rows work/synth/math-theoremqa.jsonl --task ../shared/data/tasks/math-theoremqa \\
+    obliq task split --task ../shared/data/tasks/math-theoremqa --out work/tasks/math-theoremqa
+    obliq synth generate --config configs/synth/math-theoremqa.yaml --task work/tasks/math-theoremqa
+    obliq synth audit --rows work/synth/math-theoremqa.jsonl --task work/tasks/math-theoremqa
+    obliq synth filter --rows work/synth/math-theoremqa.jsonl --task work/tasks/math-theoremqa \\
+        --out work/synth/math-theoremqa.kept.jsonl
+    obliq negatives mine --rows work/synth/math-theoremqa.kept.jsonl --task work/tasks/math-theoremqa \\
         --out work/train/math-theoremqa.jsonl
 """
 
@@ -14,14 +17,17 @@ import json
 import logging
 from dataclasses import asdict
 from pathlib import Path
+from typing import Literal
 
 from obliq.data.rows import parse_row, read_rows
 from obliq.eval.bm25 import BM25
+from obliq.eval.retrieval import RetrievalSettings
 from obliq.files import atomic_write, claim_output, files_in, json_text, read_text, refuse_input_as_output, write_json
 from obliq.llm.backends import BackendConfig
 from obliq.shards import Shard, check_cover
 from obliq.synth.audit import audit_pairs, format_audit
-from obliq.synth.generate import GenerationConfig, sample_documents, synthesize
+from obliq.synth.filter import DROP_REASONS, FilterConfig, audit_rows, filter_candidates
+from obliq.synth.generate import FewShotConfig, GenerationConfig, sample_documents, synthesize
 from obliq.synth.prompts import TaskSpec
 from obliq.tasks import load_task
 
@@ -38,15 +44,18 @@ def generate(
     generation: GenerationConfig = GenerationConfig(),
     prompt_dir: Path | None = None,
     shard: Shard = Shard(),
+    fewshot: FewShotConfig = FewShotConfig(),
+    samples: int = 1,
 ) -> dict:
     """Write synthetic training queries for a task (Stage A, then Stage B through the task's lens).
 
     Stage A describes each sampled document's latent attribute; Stage B writes one query through the
-    task's lens (the OBLIQ-IR paper, §3.1). Rows are appended to ``out`` (one per document, docs/formats.md
-    format, ``negatives`` empty); a rerun skips documents already there, so a killed run resumes.
-    Rejected replies are retried, then the document is skipped; they are logged in
-    ``<out>.rejects.jsonl``. The report is returned and saved
-    with these arguments as ``<out>.report.json``.
+    task's lens (the OBLIQ-IR paper, §3.1), optionally shown ``fewshot.k`` real (document, query) pairs
+    of the task's development side (Promptagator; never a test query). Rows are appended to ``out``
+    (``samples`` candidates per document, docs/formats.md format, ``negatives`` empty); a rerun skips
+    candidates already there, so a killed run resumes. Rejected replies are retried, then the candidate
+    is skipped; they are logged in ``<out>.rejects.jsonl``. The report (with the cost: tokens, seconds,
+    per row) is returned and saved with these arguments as ``<out>.report.json``.
 
     Args:
         task: the task folder (BEIR layout).
@@ -62,6 +71,11 @@ def generate(
         shard: one shard of the sample (``--shard.index i --shard.count n``, or a SLURM array's), written
             to ``<out stem>.shard-<i>-of-<n>.jsonl`` and resumable on its own; ``obliq synth merge``
             joins the shards (:mod:`obliq.shards`).
+        fewshot: few-shot Stage B: ``k`` examples (0: none), from the development ``split`` (``dev``:
+            ``queries-dev.jsonl`` + ``qrels/dev.tsv``, written by ``obliq task split``), each cut to
+            ``max_doc_words`` words.
+        samples: candidates per document (best-of-n: ``obliq synth filter`` keeps the best), each with
+            its own seeds; row ids ``synth:<task>:<doc>`` (sample 0) and ``synth:<task>:<doc>:<i>``.
     """
     shard = shard.resolved()
     out = shard.path(out)
@@ -77,7 +91,17 @@ def generate(
     engine = backend.build()
     report = asdict(
         synthesize(
-            data, spec, engine, out, n_docs=n_docs, seed=seed, generation=generation, prompt_dir=prompt_dir, shard=shard
+            data,
+            spec,
+            engine,
+            out,
+            n_docs=n_docs,
+            seed=seed,
+            generation=generation,
+            prompt_dir=prompt_dir,
+            shard=shard,
+            fewshot=fewshot,
+            samples=samples,
         )
     )
     write_json(out.with_name(out.name + ".report.json"), {"args": args, "report": report})
@@ -99,7 +123,7 @@ def merge(shards: list[Path], out: Path, overwrite: bool = False) -> dict:
     Each shard's report (``<shard>.report.json``) names its task, sample (``n_docs``, ``seed``) and shard;
     the merge checks that the shards are those of one run, each index once, and that together they
     took every document of the sample exactly once (:func:`obliq.shards.check_cover`); then writes the
-    rows in sample order.
+    rows in sample order (a document's candidates by sample number).
 
     Args:
         shards: the shards' row files.
@@ -129,17 +153,21 @@ def merge(shards: list[Path], out: Path, overwrite: bool = False) -> dict:
             r["args"]["seed"],
             r["args"]["spec"]["name"],
             r["report"]["shard"]["count"],
+            r["args"].get("samples", 1),
+            json.dumps(r["args"].get("fewshot", {}), sort_keys=True),
         )
         for r in reports
     }
     if len(runs) != 1:
-        raise ValueError(f"the shards come from different runs (task, n_docs, seed, spec, count): {sorted(runs)}")
-    task, n_docs, seed, _, count = runs.pop()
+        raise ValueError(
+            f"the shards come from different runs (task, n_docs, seed, spec, count, samples, fewshot): {sorted(runs)}"
+        )
+    task, n_docs, seed, _, count, _, _ = runs.pop()
     data = load_task(task)
     order, _ = sample_documents(data, n_docs, seed)
     sample = [data.doc_ids[i] for i in order]
     check_cover(sample, {r["report"]["shard"]["index"]: r["report"]["documents"] for r in reports}, count, "document")
-    rows: dict[str, bytes] = {}
+    rows: dict[str, dict[int, bytes]] = {}
     for file, report in zip(map(Path, shards), reports):
         taken = set(report["report"]["documents"])
         for lineno, raw in enumerate(file.read_bytes().splitlines(), 1):
@@ -149,12 +177,14 @@ def merge(shards: list[Path], out: Path, overwrite: bool = False) -> dict:
                     raise ValueError(
                         f"{file}:{lineno}: a row for document {row.positive.id!r}, not one of this shard's"
                     )
-                rows[row.positive.id] = raw
+                sample = (row.meta or {}).get("sample", 0)
+                rows.setdefault(row.positive.id, {})[sample if isinstance(sample, int) else 0] = raw
     with atomic_write(out, "wb") as f:
         for doc in sample:
-            if doc in rows:
-                f.write(rows[doc] + b"\n")
-    return {"out": str(out), "rows": len(rows), "documents": len(sample), "shards": count}
+            for _, raw in sorted(rows.get(doc, {}).items()):
+                f.write(raw + b"\n")
+    n_rows = sum(len(r) for r in rows.values())
+    return {"out": str(out), "rows": n_rows, "documents": len(sample), "shards": count}
 
 
 def audit_queries(rows: Path, task: Path, split: str = "test", real: bool = True) -> dict:
@@ -218,3 +248,96 @@ def audit_queries(rows: Path, task: Path, split: str = "test", real: bool = True
                 + (", ".join(f"{k} {100 * v:.1f}%" for k, v in out["rejected_share"].items()) or "none")
             )
     return out
+
+
+def filter_queries(
+    rows: Path,
+    task: Path,
+    out: Path,
+    split: str = "dev",
+    lexical_quantile: float = 0.05,
+    dense_quantile: float | None = 0.95,
+    leaks: bool = True,
+    pick: Literal["oblique", "dense", "least-lexical"] = "oblique",
+    per_document: int = 1,
+    model: str = "minilm",
+    retrieval: RetrievalSettings = RetrievalSettings(),
+    overwrite: bool = False,
+) -> dict:
+    """Keep the generated queries worth training on: the audit's measures turned into decisions, each
+    threshold set from the task's real development queries (obliq.synth.filter).
+
+    Drops, in this order: ``duplicate`` (an earlier candidate's or a development query's normalised
+    text), ``too_lexical`` (BM25 ranks the source at or above the largest rank that at most
+    ``lexical_quantile`` of the development (query, gold) pairs reach), ``unanswerable`` (the base
+    dense retriever ``model`` ranks the source below the ``dense_quantile`` quantile of the
+    development pairs' dense ranks: Promptagator's round-trip consistency), ``not_best`` (best-of-n:
+    ``per_document`` candidates kept per document, by ``pick``) and ``entity_leak``
+    (leaking rows beyond the development queries' entity-leak rate). Writes the kept rows to ``out``,
+    ``<out>.decisions.jsonl`` (every candidate's measures and decision) and ``<out>.report.json``
+    (thresholds, counts per reason, the audit); prints the audit table of all candidates, the kept
+    rows and the development queries.
+
+    Args:
+        rows: candidate rows of one task (``obliq synth generate``, merged).
+        task: the task folder with its development side (``obliq task split``).
+        out: the kept rows (JSONL).
+        split: the development side the thresholds come from (``queries-<split>.jsonl``,
+            ``qrels/<split>.tsv``); never ``test``.
+        lexical_quantile: at most this share of the development pairs reach the ranks called too lexical.
+        dense_quantile: ``K`` is this quantile of the development pairs' dense ranks; null: no dense check.
+        leaks: keep the kept rows' entity-leak rate at or below the development queries'.
+        pick: which of a document's surviving candidates are kept, non-leaking ones first: ``oblique``
+            (the source found by ``model`` much better than by BM25: least log dense rank − log BM25
+            rank), ``dense`` (found best by ``model``) or ``least-lexical`` (ranked lowest by BM25).
+        per_document: candidates kept per document.
+        model: the base dense retriever (an alias, folder or hub id).
+        retrieval: how it reads and caches (the embedding store ``evaluate`` shares).
+        overwrite: replace an existing ``out``.
+    """
+    claim_output(out, overwrite, "rows")
+    written = [Path(out), *(Path(out).with_name(Path(out).name + x) for x in (".decisions.jsonl", ".report.json"))]
+    for path in written:
+        refuse_input_as_output(path, [rows, *files_in(task)])
+    args = json.loads(json_text(locals()))
+    config = FilterConfig(split, lexical_quantile, dense_quantile, leaks, pick, per_document)
+    data = load_task(task)
+    candidates, report = filter_candidates(read_rows(rows), data, config, model, retrieval)
+    with atomic_write(out) as f:
+        for c in candidates:
+            if c.decision == "kept":
+                meta = {
+                    **(c.row.get("meta") or {}),
+                    "filter": {"bm25_rank": c.bm25_rank, "dense_rank": c.dense_rank, "leaked": c.leaked},
+                }
+                f.write(json.dumps({**c.row, "meta": meta}, ensure_ascii=False) + "\n")
+    with atomic_write(written[1]) as f:
+        for c in candidates:
+            record = {
+                "id": c.row["id"],
+                "doc_id": c.row["positive"]["id"],
+                "sample": c.sample,
+                "bm25_rank": c.bm25_rank,
+                "dense_rank": c.dense_rank,
+                "leaked": c.leaked,
+                "decision": c.decision,
+            }
+            f.write(json.dumps(record, ensure_ascii=False) + "\n")
+    write_json(written[2], {"args": args, "report": report})
+    print(format_audit(data.name, audit_rows(report)))
+    dropped = ", ".join(f"{r} {report['dropped'][r]}" for r in DROP_REASONS)
+    th = report["thresholds"]
+    print(
+        f"{data.name}: kept {report['kept']} of {report['candidates']} candidates "
+        f"({report['documents_kept']} of {report['documents']} documents); dropped: {dropped}\n"
+        f"thresholds from {th['real_queries']} {th['split']} queries ({th['real_pairs']} pairs): "
+        f"too lexical at BM25 rank <= {th['bm25_max_rank_dropped']} (q = {th['lexical_quantile']}; "
+        f"real rank-1 {100 * th['real_bm25_rank1']:.1f}%), "
+        + (
+            f"unanswerable below {th['dense_model']} rank {th['dense_top_k']} (q = {th['dense_quantile']}), "
+            if th["dense_top_k"] is not None
+            else "no dense check, "
+        )
+        + (f"entity-leak rate <= {100 * th['leak_rate']:.1f}%" if th["leak_rate"] is not None else "no leak check")
+    )
+    return report

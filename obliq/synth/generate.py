@@ -8,21 +8,41 @@ through the task's lens. Here:
    with a larger ``n_docs`` extends the same sample. A shard (:mod:`obliq.shards`) takes every
    ``count``-th document of it; ``obliq synth merge`` joins the shards back.
 2. **Resume**: the output is an append-only JSONL of training rows keyed by the positive's document
-   id. Documents already in it are not generated again. A last line without its newline is kept when
+   id and the row's sample (``meta.sample``, 0 when absent). Candidates already in it are not
+   generated again (a document whose samples are all there is skipped). A last line without its newline is kept when
    it is a complete row and cut off when it is a half-written one (a killed run); any other bad line is
    an error naming file, line and field.
-3. **Generation**, in batches of ``batch_size`` documents: Stage A for the batch, then Stage B for
-   the documents with a description; each document's seeds derive from the run's seed and its own id
+3. **Samples** (best-of-n): each document gets ``samples`` candidates, each a whole draw of the
+   pipeline (Stage A, few-shot examples, Stage B) with its own seeds; ``obliq synth filter`` keeps the
+   best (:mod:`obliq.synth.filter`). Sample 0 of a document is keyed by its id alone, sample ``i >= 1``
+   by ``<doc id>:<i>``, so one sample per document is the single-sample run, and raising ``samples``
+   extends an earlier output (resume keeps what is there).
+4. **Few-shot Stage B** (Promptagator, Dai et al. 2022, §3: a handful of real (document, query) pairs
+   in the prompt; InPars likewise): with ``fewshot.k`` > 0, each candidate's Stage B prompt shows ``k``
+   real pairs of the task's **development** side (``queries-<split>.jsonl`` + ``qrels/<split>.tsv``, as
+   ``obliq task split`` writes them; never ``queries.jsonl``, the test side: :class:`ExamplePool`).
+   The examples are drawn per candidate from the run's seed: ``k`` distinct development queries, then
+   one gold document of each. A query whose gold set holds the source document (or a copy of its text)
+   is never shown: the generated query would then be a paraphrase of a real development query that is
+   relevant to its own source, a development label leaking into training. A reply that copies an
+   example (its query or document as shown, :func:`obliq.synth.parse.copies`) is rejected as
+   ``copied-example`` and retried like any other rejected reply.
+5. **Generation**, in batches of ``batch_size`` candidates: Stage A for the batch, then Stage B for
+   the candidates with a description; each candidate's seeds derive from the run's seed and its own key
    (not its batch's). A reply that :func:`obliq.synth.parse.parse_reply` rejects is
    generated again (new seed) up to ``max_retries`` times (a Stage B reply cut by the token limit is
-   rejected as overlong; a Stage A reply keeps its finished sentences), then the document is skipped and counted.
-   Every rejected reply is appended to ``<out>.rejects.jsonl`` (document, stage, attempt, reason, reply).
-4. **Rows** (docs/formats.md format, checked with :func:`obliq.data.rows.parse_row`) are appended and
-   flushed after every batch: ``id`` = ``synth:<task>:<doc id>``, ``source`` = ``synthetic``,
-   ``negatives`` = ``[]`` (``obliq negatives mine`` fills them), ``lens``, the task's
-   ``instruction`` when set, and ``meta`` = the Stage A ``description``, the generator, attempts.
+   rejected as overlong; a Stage A reply keeps its finished sentences), then the candidate is skipped
+   and counted. Every rejected reply is appended to ``<out>.rejects.jsonl`` (document, sample, stage,
+   attempt, reason, reply).
+6. **Rows** (docs/formats.md format, checked with :func:`obliq.data.rows.parse_row`) are appended and
+   flushed after every batch: ``id`` = ``synth:<task>:<doc id>`` (sample 0) or
+   ``synth:<task>:<doc id>:<i>``, ``source`` = ``synthetic``, ``negatives`` = ``[]`` (``obliq negatives
+   mine`` fills them), ``lens``, the task's ``instruction`` when set, and ``meta`` = the Stage A
+   ``description``, the generator, seed, ``sample``, attempts and, with few-shot, ``fewshot``: the
+   examples shown (``query_id``, ``doc_id``).
 
-A run returns (and saves as ``<out>.report.json``) :class:`SynthReport`.
+A run returns (and saves as ``<out>.report.json``) :class:`SynthReport`, with its cost: new and prompt
+tokens, seconds, and both per row written.
 """
 
 from __future__ import annotations
@@ -40,9 +60,9 @@ from obliq.llm.backends import Backend, ask
 from obliq.llm.prompts import PromptTemplate, cut_words
 from obliq.shards import Shard
 from obliq.synth.parse import REJECT_REASONS, parse_reply
-from obliq.synth.prompts import TaskSpec, load_stage_prompt, render_stage
-from obliq.tasks import Task
-from obliq.text import words
+from obliq.synth.prompts import TaskSpec, load_stage_prompt, render_stage, takes_examples
+from obliq.tasks import Task, load_query_split
+from obliq.text import normalise_text, text_hash, words
 
 log = logging.getLogger(__name__)
 
@@ -86,24 +106,146 @@ class GenerationConfig:
 
 
 @dataclass
+class FewShotConfig:
+    """Few-shot Stage B settings (see the module notes).
+
+    Attributes:
+        k: real (document, query) pairs shown in each Stage B prompt; 0 = none (zero-shot).
+        split: the development side they come from: ``queries-<split>.jsonl`` and ``qrels/<split>.tsv``
+            of the task folder (``obliq task split`` writes ``dev``); never ``test``.
+        max_doc_words: each example's document and query are cut to this many whitespace words.
+    """
+
+    k: int = 0
+    split: str = "dev"
+    max_doc_words: int = 80
+
+    def __post_init__(self) -> None:
+        if isinstance(self.k, bool) or not isinstance(self.k, int) or self.k < 0:
+            raise ValueError(f"fewshot.k: must be an integer >= 0, got {self.k!r}")
+        if isinstance(self.max_doc_words, bool) or not isinstance(self.max_doc_words, int) or self.max_doc_words < 1:
+            raise ValueError(f"fewshot.max_doc_words: must be an integer >= 1, got {self.max_doc_words!r}")
+        if not isinstance(self.split, str) or not self.split.strip() or any(c in self.split for c in "/\\"):
+            raise ValueError(f"fewshot.split: must be a split name such as dev, got {self.split!r}")
+        if self.split == "test":
+            raise ValueError("fewshot.split: examples never come from the test side; use the development side (dev)")
+
+
+@dataclass(frozen=True)
+class Example:
+    """One few-shot example: a development query and one of its gold documents, as the prompt shows them."""
+
+    query_id: str
+    doc_id: str
+    query: str
+    document: str
+
+
+class ExamplePool:
+    """The real (query, gold documents) pairs of a task's development side, for few-shot Stage B.
+
+    Args:
+        task: the loaded task (its folder holds the development side).
+        split: the development split (``queries-<split>.jsonl``, ``qrels/<split>.tsv``).
+        max_doc_words: examples are cut to this many words.
+
+    Attributes:
+        queries: ``(query id, text, gold document indices)`` of each development query with at least one
+            gold document (grade >= 1) in the corpus, sorted by id.
+
+    Raises:
+        FileNotFoundError: the task folder has no development side (split the task first).
+        ValueError: a development query that is also a test query (same id, or the same normalised
+            text as one of ``queries.jsonl``), another corpus, or no development query with a gold
+            document.
+    """
+
+    def __init__(self, task: Task, split: str = "dev", max_doc_words: int = 80):
+        queries_file = Path(task.path) / f"queries-{split}.jsonl"
+        if not queries_file.is_file() or not (Path(task.path) / "qrels" / f"{split}.tsv").is_file():
+            raise FileNotFoundError(
+                f"{queries_file}: few-shot examples come from the task's development side "
+                f"(queries-{split}.jsonl and qrels/{split}.tsv); write it with `obliq task split`"
+            )
+        dev = load_query_split(task.path, split)
+        if dev.corpus_sha256 != task.corpus_sha256:
+            raise ValueError(f"{task.path}: the development side was read over another corpus")
+        test_ids, test_texts = set(task.query_ids), {normalise_text(t) for t in task.query_texts}
+        for qid, text in zip(dev.query_ids, dev.query_texts):
+            if qid in test_ids or normalise_text(text) in test_texts:
+                raise ValueError(
+                    f"{queries_file}: query {qid!r} is also a test query (queries.jsonl): "
+                    "few-shot examples must never show a test query"
+                )
+        index = {d: i for i, d in enumerate(task.doc_ids)}
+        qrels = dev.qrels["test"]
+        self.queries: list[tuple[str, str, tuple[int, ...]]] = []
+        for qid, text in sorted(zip(dev.query_ids, dev.query_texts)):
+            gold = tuple(sorted(index[d] for d, g in qrels.get(qid, {}).items() if g > 0 and d in index))
+            if gold and text.strip():
+                self.queries.append((qid, text, gold))
+        if not self.queries:
+            raise ValueError(f"{queries_file}: no development query has a gold document in the corpus")
+        self.task, self.max_doc_words = task, max_doc_words
+        self._hashes: dict[int, int] = {}
+
+    def _hash(self, i: int) -> int:
+        if i not in self._hashes:
+            self._hashes[i] = text_hash(self.task.doc_texts[i])
+        return self._hashes[i]
+
+    def choose(self, doc_index: int, k: int, seed: int) -> list[Example]:
+        """Up to ``k`` examples for the document ``doc_index``, drawn with ``random.Random(seed)``.
+
+        The queries whose gold set holds the document, or a document with its normalised text, are left
+        out (see the module notes); ``k`` distinct queries are sampled from the others (all of them
+        when fewer), then one of each query's gold documents with a text. Same seed, same examples.
+        """
+        own = self._hash(doc_index)
+        eligible = [q for q in self.queries if doc_index not in q[2] and all(self._hash(j) != own for j in q[2])]
+        rng = random.Random(seed)
+        out = []
+        for qid, text, gold in rng.sample(eligible, min(k, len(eligible))):
+            shown = [j for j in gold if self.task.doc_texts[j].strip()]
+            if not shown:
+                continue
+            j = rng.choice(shown)
+            out.append(
+                Example(
+                    qid,
+                    self.task.doc_ids[j],
+                    cut_words(" ".join(text.split()), self.max_doc_words)[0],
+                    cut_words(self.task.doc_texts[j], self.max_doc_words)[0],
+                )
+            )
+        return out
+
+
+@dataclass
 class SynthReport:
     """Counts of one ``generate`` run.
 
     Attributes:
         task, lens, backend: what ran.
         sampled: documents in the sample (after excluding empty ones).
+        samples: candidates per document (best-of-n).
+        candidates: ``sampled × samples``: the rows a complete run holds, less the skipped ones.
         empty_docs_excluded: corpus documents with no text, never sampled.
-        already_done: sampled documents found in the output (resume).
-        generated: rows written by this run.
-        skipped: documents given up after all retries, by stage (``{"A": n, "B": n}``).
-        retries: extra attempts made (replies generated beyond the first per document and stage).
-        docs_retried: documents that needed at least one retry.
+        already_done: candidates found in the output (resume).
+        generated: rows (candidates) written by this run.
+        skipped: candidates given up after all retries, by stage (``{"A": n, "B": n}``).
+        retries: extra attempts made (replies generated beyond the first per candidate and stage).
+        docs_retried: candidates that needed at least one retry.
         replies: replies read, by stage (``{"A": n, "B": n}``), retries included.
         rejected: rejected replies by ``<stage>:<reason>`` (see :data:`obliq.synth.parse.REJECT_REASONS`).
         truncated_docs: documents cut to ``max_doc_words`` in the prompts.
         mean_query_words, mean_description_words: over the rows written by this run.
         new_tokens, generation_seconds, tokens_per_s: the backend's output and time (both stages,
             retries included).
+        prompt_tokens: tokens the backend read (its prompts; 0 when it does not count them).
+        new_tokens_per_row, seconds_per_row: the cost of one row written by this run (0 without rows).
+        fewshot: ``k``, ``split``, ``queries`` (development queries in the pool) and ``short`` (Stage B
+            prompts shown fewer than ``k`` examples: too few eligible queries); empty when ``k`` is 0.
         reasoning: whether the model was let reason (its budget then grew by its ``reasoning_tokens``).
         reasoning_replies: replies that held a reasoning block (removed before parsing).
         dropped_partial_line: whether a half-written last line was cut from the output.
@@ -113,6 +255,8 @@ class SynthReport:
     lens: str = ""
     backend: str = ""
     sampled: int = 0
+    samples: int = 1
+    candidates: int = 0
     empty_docs_excluded: int = 0
     already_done: int = 0
     generated: int = 0
@@ -127,6 +271,10 @@ class SynthReport:
     new_tokens: int = 0
     generation_seconds: float = 0.0
     tokens_per_s: float = 0.0
+    prompt_tokens: int = 0
+    new_tokens_per_row: float = 0.0
+    seconds_per_row: float = 0.0
+    fewshot: dict = field(default_factory=dict)
     reasoning: bool = False
     reasoning_replies: int = 0
     dropped_partial_line: bool = False
@@ -152,15 +300,16 @@ def sample_documents(task: Task, n_docs: int | None, seed: int) -> tuple[list[in
     return (keep if n_docs is None else keep[:n_docs]), len(task.doc_texts) - len(keep)
 
 
-def read_done(out: Path, task_name: str) -> tuple[set[str], bool]:
-    """Positive ids already in an output file, cutting a half-written last line.
+def read_done(out: Path, task_name: str) -> tuple[set[tuple[str, int]], bool]:
+    """Candidates already in an output file, cutting a half-written last line.
 
     A last line without its newline is either complete (a valid row: the newline is added and the row
     kept) or a killed run's partial write (cut off; its document is generated again). Every complete
     line must be a valid row of the same task.
 
     Returns:
-        ``(document ids done, whether a partial line was removed)``.
+        ``({(document id, sample)} done, whether a partial line was removed)``; a row without
+        ``meta.sample`` is sample 0.
 
     Raises:
         obliq.data.rows.RowError: a complete line is not a valid row (file:line:field).
@@ -193,12 +342,19 @@ def read_done(out: Path, task_name: str) -> tuple[set[str], bool]:
                 f"{out}:{lineno}:task: row of task {row.task!r}, this run is {task_name!r}; "
                 "use one output file per task"
             )
-        done.add(row.positive.id)
+        sample = (row.meta or {}).get("sample", 0)
+        done.add((row.positive.id, sample if isinstance(sample, int) else 0))
     return done, cut
 
 
+def candidate_key(doc_id: str, sample: int) -> str:
+    """A candidate's key (its seeds' and row id's): the document id for sample 0, ``<doc id>:<i>`` after."""
+    return doc_id if sample == 0 else f"{doc_id}:{sample}"
+
+
 def _seed(base: int, stage: str, attempt: int, doc_id: str) -> int:
-    """A document's own generation seed: the same whichever batch or shard the document falls in."""
+    """A candidate's own generation seed (``doc_id``: its :func:`candidate_key`): the same whichever
+    batch or shard the candidate falls in."""
     key = f"{base}:{stage}:{attempt}:{doc_id}".encode()
     return int.from_bytes(hashlib.blake2b(key, digest_size=4).digest(), "little")
 
@@ -216,8 +372,17 @@ class _Stage:
         self.lo, self.hi = cfg.description_words if name == "A" else cfg.query_words
 
     def run(
-        self, doc_ids: list[str], prompts: list, docs: list[str], seed: int
+        self,
+        doc_ids: list[str],
+        prompts: list,
+        docs: list[str],
+        seed: int,
+        owners: list[tuple[str, int]] | None = None,
+        examples: list[list[str]] | None = None,
     ) -> tuple[dict[str, str], dict[str, int]]:
+        """Generate for candidates keyed by ``doc_ids`` (:func:`candidate_key`); ``owners`` their
+        (document id, sample) for the rejects file, ``examples`` the example texts each prompt showed."""
+        owners = owners or [(d, 0) for d in doc_ids]
         results: dict[str, str] = {}
         attempts: dict[str, int] = {}
         todo = list(range(len(doc_ids)))
@@ -249,6 +414,7 @@ class _Stage:
                     whole_sentences=self.name == "A",
                     truncated=not reply.finished,
                     instructions=self.instructions,
+                    examples=examples[i] if examples else (),
                 )
                 if parsed.ok:
                     results[doc_ids[i]] = parsed.text
@@ -259,7 +425,8 @@ class _Stage:
                 self.rejects.write(
                     json.dumps(
                         {
-                            "doc_id": doc_ids[i],
+                            "doc_id": owners[i][0],
+                            "sample": owners[i][1],
                             "stage": self.name,
                             "attempt": attempt + 1,
                             "reason": parsed.reason,
@@ -284,6 +451,8 @@ def synthesize(
     generation: GenerationConfig | None = None,
     prompt_dir: str | os.PathLike | None = None,
     shard: Shard = Shard(0, 1),
+    fewshot: FewShotConfig | None = None,
+    samples: int = 1,
 ) -> SynthReport:
     """Generate synthetic training rows for a task, appending to ``out`` (resumable).
 
@@ -299,18 +468,34 @@ def synthesize(
         shard: generate for this shard of the sample only (:class:`obliq.shards.Shard`, resolved);
             every document's seeds are its own, so merged shards give a single run's rows (with a
             backend that seeds each chat: vLLM, or transformers with ``batch_size`` 1 or greedy).
+        fewshot: few-shot Stage B settings (:class:`FewShotConfig`; default none).
+        samples: candidates per document (best-of-n), at least 1.
 
     Returns:
         The :class:`SynthReport` of this run (also written to ``<out>.report.json`` by the command).
 
     Raises:
-        RowError, ValueError: a bad existing output file (see :func:`read_done`); a prompt file error.
+        RowError, ValueError: a bad existing output file (see :func:`read_done`); a prompt file error;
+            few-shot examples asked of a prompt without ``{examples}``; ``samples`` < 1; two candidates
+            with one row id.
+        FileNotFoundError: few-shot examples asked of a task without a development side.
     """
     cfg = generation or GenerationConfig()
+    fewshot = fewshot or FewShotConfig()
+    if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
+        raise ValueError(f"samples: must be an integer >= 1, got {samples!r}")
     prompt_a, prompt_b = (
         load_stage_prompt("A", prompt_dir=prompt_dir),
         load_stage_prompt("B", spec.lens, prompt_dir=prompt_dir),
     )
+    pool = None
+    if fewshot.k:
+        if not takes_examples(prompt_b):
+            raise ValueError(
+                f"{prompt_b.path}: fewshot.k is {fewshot.k} but the prompt cannot show examples "
+                "(it needs an `example` template and an {examples} field in user)"
+            )
+        pool = ExamplePool(task, fewshot.split, fewshot.max_doc_words)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     report = SynthReport(
@@ -319,84 +504,127 @@ def synthesize(
     order, report.empty_docs_excluded = sample_documents(task, n_docs, seed)
     order = shard.select(order)
     report.shard, report.documents = {"index": shard.index, "count": shard.count}, [task.doc_ids[i] for i in order]
-    report.sampled = len(order)
+    report.sampled, report.samples, report.candidates = len(order), samples, len(order) * samples
+    if pool is not None:
+        report.fewshot = {"k": fewshot.k, "split": fewshot.split, "queries": len(pool.queries), "short": 0}
+    keys = [candidate_key(task.doc_ids[i], s) for i in order for s in range(samples)]
+    if len(set(keys)) != len(keys):
+        clash = next(k for k in keys if keys.count(k) > 1)
+        raise ValueError(f"two candidates of the sample have the row key {clash!r} (a document id ending in :<n>)")
     done, report.dropped_partial_line = read_done(out, spec.name)
-    todo = [i for i in order if task.doc_ids[i] not in done]
-    report.already_done = len(order) - len(todo)
+    todo = [(i, s) for i in order for s in range(samples) if (task.doc_ids[i], s) not in done]
+    report.already_done = report.candidates - len(todo)
     tokens0, seconds0 = backend.new_tokens, backend.seconds
-    q_words, d_words, retried = [], [], set()
+    prompt_tokens0 = getattr(backend, "prompt_tokens", 0)
+    q_words, d_words, retried, truncated = [], [], set(), set()
     rejects_path = out.with_name(out.name + ".rejects.jsonl")
     with out.open("a", encoding="utf-8") as sink, rejects_path.open("a", encoding="utf-8") as rejects:
         stage_a = _Stage("A", backend, cfg, report, rejects, prompt_a)
         stage_b = _Stage("B", backend, cfg, report, rejects, prompt_b)
         for start in range(0, len(todo), cfg.batch_size):
             batch = todo[start : start + cfg.batch_size]
-            ids = [task.doc_ids[i] for i in batch]
+            ids = [candidate_key(task.doc_ids[i], s) for i, s in batch]
+            owners = [(task.doc_ids[i], s) for i, s in batch]
             docs = []
-            for i in batch:
+            for i, _ in batch:
                 text, cut = cut_words(task.doc_texts[i], cfg.max_doc_words)
                 docs.append(text)
-                report.truncated_docs += cut
-            descriptions, tries_a = stage_a.run(ids, [render_stage(prompt_a, spec, d) for d in docs], docs, seed)
+                if cut:
+                    truncated.add(i)
+            descriptions, tries_a = stage_a.run(
+                ids, [render_stage(prompt_a, spec, d) for d in docs], docs, seed, owners
+            )
             keep = [n for n, d in enumerate(ids) if d in descriptions]
-            b_ids = [ids[n] for n in keep]
+            shown = {
+                ids[n]: pool.choose(batch[n][0], fewshot.k, _seed(seed, "fewshot", 0, ids[n])) if pool else []
+                for n in keep
+            }
+            if pool is not None:
+                report.fewshot["short"] += sum(len(shown[ids[n]]) < fewshot.k for n in keep)
             queries, tries_b = stage_b.run(
-                b_ids,
-                [render_stage(prompt_b, spec, docs[n], descriptions[ids[n]]) for n in keep],
+                [ids[n] for n in keep],
+                [
+                    render_stage(
+                        prompt_b, spec, docs[n], descriptions[ids[n]], [(e.document, e.query) for e in shown[ids[n]]]
+                    )
+                    for n in keep
+                ],
                 [docs[n] for n in keep],
                 seed,
+                [owners[n] for n in keep],
+                [[t for e in shown[ids[n]] for t in (e.query, e.document)] for n in keep],
             )
             retried.update(d for d, t in tries_a.items() if t > 1)
             retried.update(d for d, t in tries_b.items() if t > 1)
             lines = []
-            for n, i in enumerate(batch):
-                doc_id = ids[n]
-                if doc_id not in queries:
+            for n, (i, sample) in enumerate(batch):
+                key, doc_id = ids[n], task.doc_ids[i]
+                if key not in queries:
                     continue
+                meta = {
+                    "description": descriptions[key],
+                    "generator": backend.name,
+                    "seed": seed,
+                    "sample": sample,
+                    "attempts": {"A": tries_a[key], "B": tries_b[key]},
+                }
+                if pool is not None:
+                    meta["fewshot"] = [{"query_id": e.query_id, "doc_id": e.doc_id} for e in shown[key]]
                 row = {
-                    "id": f"synth:{spec.name}:{doc_id}",
+                    "id": f"synth:{spec.name}:{key}",
                     "task": spec.name,
                     "source": "synthetic",
-                    "query": queries[doc_id],
+                    "query": queries[key],
                     "positive": {"id": doc_id, "text": task.doc_texts[i]},
                     "negatives": [],
                     "lens": spec.lens,
                     **({"instruction": spec.instruction} if spec.instruction else {}),
-                    "meta": {
-                        "description": descriptions[doc_id],
-                        "generator": backend.name,
-                        "seed": seed,
-                        "attempts": {"A": tries_a[doc_id], "B": tries_b[doc_id]},
-                    },
+                    "meta": meta,
                 }
                 line = json.dumps(row, ensure_ascii=False)
                 try:
                     parse_row(line, str(out), 0)
                 except RowError as err:  # a bug, not bad model output: every field was checked above
-                    raise RuntimeError(f"generated an invalid row for {doc_id}: {err}") from err
+                    raise RuntimeError(f"generated an invalid row for {key}: {err}") from err
                 lines.append(line + "\n")
-                q_words.append(len(words(queries[doc_id])))
-                d_words.append(len(words(descriptions[doc_id])))
+                q_words.append(len(words(queries[key])))
+                d_words.append(len(words(descriptions[key])))
             sink.write("".join(lines))
             sink.flush()
             rejects.flush()
             report.generated += len(lines)
             log.info(
-                "%s: %d/%d documents, %d rows written, %d skipped",
+                "%s: %d/%d candidates, %d rows written, %d skipped",
                 spec.name,
                 start + len(batch),
                 len(todo),
                 report.generated,
                 sum(report.skipped.values()),
             )
+    report.truncated_docs = len(truncated)
     report.docs_retried = len(retried)
     report.mean_query_words = sum(q_words) / len(q_words) if q_words else 0.0
     report.mean_description_words = sum(d_words) / len(d_words) if d_words else 0.0
     report.new_tokens = backend.new_tokens - tokens0
     report.generation_seconds = backend.seconds - seconds0
+    report.prompt_tokens = getattr(backend, "prompt_tokens", 0) - prompt_tokens0
     report.tokens_per_s = report.new_tokens / report.generation_seconds if report.generation_seconds > 0 else 0.0
+    if report.generated:
+        report.new_tokens_per_row = report.new_tokens / report.generated
+        report.seconds_per_row = report.generation_seconds / report.generated
     report.rejected = {k: report.rejected[k] for k in sorted(report.rejected)}
     return report
 
 
-__all__ = ["GenerationConfig", "REJECT_REASONS", "SynthReport", "read_done", "sample_documents", "synthesize"]
+__all__ = [
+    "Example",
+    "ExamplePool",
+    "FewShotConfig",
+    "GenerationConfig",
+    "REJECT_REASONS",
+    "SynthReport",
+    "candidate_key",
+    "read_done",
+    "sample_documents",
+    "synthesize",
+]

@@ -12,7 +12,10 @@ forms, in that order, and returns the cleaned text or the reason it was rejected
 - ``too-short`` / ``overlong``: fewer than ``min_words`` or more than ``max_words`` words, or (overlong)
   the reply was cut by the token limit inside the answer (an answer from an earlier paragraph, or the
   finished sentences kept from a cut description, are fine);
-- ``copied``: the text repeats ``copy_ngram`` or more consecutive words of the document;
+- ``copied``: the text repeats ``copy_ngram`` or more consecutive words of the document, or is the
+  document itself (the same normalised text, :func:`obliq.text.normalise_text`: a short document);
+- ``copied-example``: the same copy rule against a few-shot example the prompt showed (its query or
+  its document, as shown);
 - ``echo``: the text repeats the prompt's own instructions or only talks about the task
   (:func:`obliq.llm.reply.echoes_prompt`);
 - ``unclosed-reasoning``: a reasoning model's thoughts never closed, so the reply has no answer
@@ -25,12 +28,23 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from obliq.llm.reply import echoes_prompt
-from obliq.text import words
+from obliq.text import normalise_text, words
 
-REJECT_REASONS = ("empty", "malformed", "refusal", "too-short", "overlong", "copied", "echo", "unclosed-reasoning")
+REJECT_REASONS = (
+    "empty",
+    "malformed",
+    "refusal",
+    "too-short",
+    "overlong",
+    "copied",
+    "copied-example",
+    "echo",
+    "unclosed-reasoning",
+)
 """Why a reply was rejected (keys of the run report's reject counts)."""
 
 _REFUSAL = re.compile(
@@ -96,10 +110,15 @@ def _plain(text: str, tag: str) -> tuple[str, bool]:
     return _label(tag).sub("", first, count=1), len(paragraphs) == 1
 
 
-def _copies(text_words: list[str], document: str, n: int) -> bool:
+def copies(text: str, other: str, n: int) -> bool:
+    """Whether ``text`` copies ``other``: the same normalised text (:func:`obliq.text.normalise_text`),
+    or ``n`` consecutive ``\\w+`` words in common (``n`` = 0: only the first test)."""
+    if normalise_text(text) == normalise_text(other):
+        return True
+    text_words = words(text)
     if n <= 0 or len(text_words) < n:
         return False
-    doc = words(document)
+    doc = words(other)
     grams = {tuple(doc[i : i + n]) for i in range(len(doc) - n + 1)}
     return any(tuple(text_words[i : i + n]) in grams for i in range(len(text_words) - n + 1))
 
@@ -114,6 +133,7 @@ def parse_reply(
     whole_sentences: bool = False,
     truncated: bool = False,
     instructions: str | None = None,
+    examples: Sequence[str] = (),
 ) -> ParsedReply:
     """Extract the answer from one reply.
 
@@ -123,13 +143,16 @@ def parse_reply(
         tag: the expected tag / JSON key / label (``query`` or ``description``).
         min_words, max_words: accepted length in ``\\w+`` words, inclusive.
         document: the source document, for the copy check (none when omitted).
-        copy_ngram: a run of this many words shared with the document rejects the reply (0: no check).
+        copy_ngram: a run of this many words shared with the document rejects the reply (0: only a reply
+            equal to the document, normalised, is a copy).
         whole_sentences: drop an unfinished last sentence (a reply cut by the token limit) when at
             least one finished sentence comes before it (used for Stage A descriptions).
         truncated: the backend cut the reply at its token limit. The reply is then ``overlong``
             when the answer taken from it runs to its end (not when it came from an earlier paragraph,
             closed tags, or finished sentences kept by ``whole_sentences``).
         instructions: the prompt's fixed text, for the echo check (none when omitted).
+        examples: the texts of the few-shot examples the prompt showed (queries and documents), for
+            the ``copied-example`` check.
 
     Returns:
         :class:`ParsedReply`: the text (whitespace collapsed, wrapping quotes removed) or a reason.
@@ -164,8 +187,10 @@ def parse_reply(
         return ParsedReply(None, "too-short")
     if n > max_words or (truncated and at_end):
         return ParsedReply(None, "overlong")
-    if document is not None and _copies(words(text), document, copy_ngram):
+    if document is not None and copies(text, document, copy_ngram):
         return ParsedReply(None, "copied")
+    if any(copies(text, example, copy_ngram) for example in examples):
+        return ParsedReply(None, "copied-example")
     if instructions is not None and echoes_prompt(text, instructions):
         return ParsedReply(None, "echo")
     return ParsedReply(text)
