@@ -31,7 +31,9 @@ GOOD_B = "<query>problems where you count ways to arrange or split objects into 
 class ScriptedBackend:
     """A test double of the LLM (the only mock in these tests): replies come from a script keyed by
     document id and stage, one reply per attempt; the stage is read from the prompt's output tag.
-    A reply given as ``(text, False)`` is one cut by the token limit."""
+    A reply given as ``(text, False)`` is one cut by the token limit; a callable reply is called with
+    the prompt's user message (e.g. to copy a few-shot example it shows). The source document is the
+    one after the prompt's last "Here is" (few-shot examples come before it)."""
 
     name = "scripted"
 
@@ -40,22 +42,27 @@ class ScriptedBackend:
         self.script = {k: {s: list(v) for s, v in d.items()} for k, d in (script or {}).items()}
         self.default = dict(zip("AB", default))
         self.calls: list[tuple[str, str]] = []
+        self.prompts: list[tuple[str, str, str, int]] = []  # (document, stage, user message, seed)
         self.new_tokens, self.seconds, self.finished = 0, 0.0, []
 
     def _doc(self, content: str) -> str:
+        content = content[content.rfind("Here is ") :]
         hits = [d for d, t in self.texts.items() if " ".join(t.split()[:12]) in content]
-        assert len(hits) == 1, "the prompt must hold exactly one corpus document"
+        assert len(hits) == 1, "the prompt must hold exactly one corpus document after its examples"
         return hits[0]
 
     def generate(self, prompts, max_new_tokens, temperature, seed):
         out, self.finished = [], []
-        for messages in prompts:
+        seeds = [seed] * len(prompts) if isinstance(seed, int) else list(seed)
+        for messages, one_seed in zip(prompts, seeds):
             content = messages[-1]["content"]
-            stage = "B" if "<query>" in content else "A"
+            stage = "B" if "<query>" in content[content.rfind("Here is ") :] else "A"
             doc = self._doc(content)
             self.calls.append((doc, stage))
+            self.prompts.append((doc, stage, content, one_seed))
             queue = self.script.get(doc, {}).get(stage)
             reply = queue.pop(0) if queue else self.default[stage]
+            reply = reply(content) if callable(reply) else reply
             reply, done = reply if isinstance(reply, tuple) else (reply, True)
             self.finished.append(done)
             self.new_tokens += len(reply.split())
@@ -222,12 +229,17 @@ def test_vllm_backend_missing_names_the_extra():
 
 
 @pytest.mark.slow
-def test_real_generation_with_smollm2_on_two_documents(tasks_dir, tmp_path, smollm2_path):
-    """SmolLM2-135M-Instruct on the CPU, two documents, then BM25 negatives: every row validates."""
+def test_real_generation_with_smollm2_few_shot_and_two_samples(tasks_dir, tmp_path, smollm2_path):
+    """SmolLM2-135M-Instruct on the CPU with the task's config (few-shot from the development side), one
+    document, two samples, then BM25 negatives: every row validates and names the examples it was shown."""
+    import csv
+
     import torch
 
     from obliq.cli import main
+    from obliq.tasks import split_task
 
+    split_task(tasks_dir / "math-theoremqa", tmp_path / "task", 0.5, 0)
     threads = torch.get_num_threads()
     out = tmp_path / "synth.jsonl"
     main(
@@ -237,10 +249,12 @@ def test_real_generation_with_smollm2_on_two_documents(tasks_dir, tmp_path, smol
             "--config",
             str(REPO / "configs" / "synth" / "math-theoremqa.yaml"),
             "--task",
-            str(tasks_dir / "math-theoremqa"),
+            str(tmp_path / "task"),
             "--out",
             str(out),
             "--n_docs",
+            "1",
+            "--samples",
             "2",
             "--generation.max_new_tokens_a",
             "48",
@@ -256,15 +270,20 @@ def test_real_generation_with_smollm2_on_two_documents(tasks_dir, tmp_path, smol
     )  # robust on a CPU shared with other busy processes (see TransformersBackend)
     assert torch.get_num_threads() == threads  # the backend's thread setting is scoped to generation
     report = json.loads((tmp_path / "synth.jsonl.report.json").read_text())["report"]
-    assert report["sampled"] == 2 and report["generated"] + sum(report["skipped"].values()) == 2
-    assert report["new_tokens"] > 0 and report["tokens_per_s"] > 0
-    assert report["backend"] == "transformers:smollm2"
+    assert report["sampled"] == 1 and report["candidates"] == 2
+    assert report["generated"] + sum(report["skipped"].values()) == 2
+    assert report["new_tokens"] > 0 and report["tokens_per_s"] > 0 and report["prompt_tokens"] > 0
+    assert report["backend"] == "transformers:smollm2" and report["fewshot"]["k"] == 2
     rows = _rows(out) if out.stat().st_size else []
     assert len(rows) == report["generated"]
     if rows:
+        assert report["new_tokens_per_row"] == pytest.approx(report["new_tokens"] / len(rows))
+        with (tmp_path / "task" / "qrels" / "dev.tsv").open() as f:
+            dev = {(r["query-id"], r["corpus-id"]) for r in csv.DictReader(f, delimiter="\t")}
+        for r in rows:
+            assert len(r.meta["fewshot"]) == 2
+            assert all((e["query_id"], e["doc_id"]) in dev for e in r.meta["fewshot"])
         train = tmp_path / "train.jsonl"
-        main(
-            ["negatives", "mine", "--rows", str(out), "--task", str(tasks_dir / "math-theoremqa"), "--out", str(train)]
-        )
+        main(["negatives", "mine", "--rows", str(out), "--task", str(tmp_path / "task"), "--out", str(train)])
         for r in _rows(train):
             assert len(r.negatives) == 4 and r.meta["generator"] == "transformers:smollm2"

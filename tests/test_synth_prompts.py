@@ -85,3 +85,40 @@ def test_stage_b_needs_description_and_known_lens(tmp_path):
         render_stage(load_stage_prompt("B", "analogue"), _spec("math-theoremqa"), "doc")
     with pytest.raises(ValueError, match="spec.lens"):
         TaskSpec("t", "sideways", "a", "b", "c", "d")
+
+
+@pytest.mark.parametrize("lens", LENSES)
+def test_every_lens_can_show_few_shot_examples(lens):
+    from obliq.synth.prompts import takes_examples
+
+    prompt = load_stage_prompt("B", lens)
+    assert takes_examples(prompt) and prompt.user.startswith("{examples}Here is {unit}:")
+    spec = _spec("hearings-exchanges")
+    shown = [("a first document {with braces}", "a first query"), ("a second document", "a second query")]
+    user = render_stage(prompt, spec, "the document", "its description", shown)[-1]["content"]
+    assert user.count("Example ") == 2 and "Example 1:\na first document {with braces}" in user
+    assert "Query: <query>a second query</query>\n\nHere is an exchange" in user
+    assert render_stage(prompt, spec, "the document", "its description")[-1]["content"].startswith(
+        "Here is an exchange"
+    )
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        ("example: 'Example {number}: {example_document}'\n", r"example: must contain \{example_query\}"),
+        ("example: '{example_document} {example_query} {author}'\n", r"example: unknown field\(s\) \['author'\]"),
+        ("examples_intro: '{document}'\n", r"examples_intro: unknown field\(s\) \['document'\]"),
+        ("example: 7\n", "example: expected a non-empty string"),
+    ],
+)
+def test_bad_few_shot_keys_name_file_and_key(tmp_path, extra, message):
+    (tmp_path / "stage_b_analogue.yaml").write_text(
+        "stage: B\nlens: analogue\n" + extra + "user: '{examples}{document} {description}'\n"
+    )
+    with pytest.raises(ValueError, match=message) as err:
+        load_stage_prompt("B", "analogue", prompt_dir=tmp_path)
+    assert str(tmp_path / "stage_b_analogue.yaml") in str(err.value)
+    (tmp_path / "stage_a.yaml").write_text("stage: A\nuser: '{examples}{document}'\n")
+    with pytest.raises(ValueError, match=r"unknown field\(s\) \['examples'\]"):  # Stage A shows no examples
+        load_stage_prompt("A", prompt_dir=tmp_path)

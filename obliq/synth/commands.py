@@ -177,8 +177,8 @@ def merge(shards: list[Path], out: Path, overwrite: bool = False) -> dict:
                     raise ValueError(
                         f"{file}:{lineno}: a row for document {row.positive.id!r}, not one of this shard's"
                     )
-                sample = (row.meta or {}).get("sample", 0)
-                rows.setdefault(row.positive.id, {})[sample if isinstance(sample, int) else 0] = raw
+                number = (row.meta or {}).get("sample", 0)
+                rows.setdefault(row.positive.id, {})[number if isinstance(number, int) else 0] = raw
     with atomic_write(out, "wb") as f:
         for doc in sample:
             for _, raw in sorted(rows.get(doc, {}).items()):
