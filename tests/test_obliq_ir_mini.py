@@ -121,7 +121,19 @@ def test_stages_call_the_existing_commands_in_order(chain, tmp_path):
         for i in range(2)
     ]  # two shards side by side: both cores, one thread each
     assert synth.commands[0][3:5] == ["synth", "merge"] and synth.commands[0][-1] == rows
+    for t in chain.TASKS:  # generate, audit every candidate, filter, audit the kept rows, then mine negatives
+        at = [names.index(f"{s}-{t}") for s in ("synth", "audit", "filter", "audit-kept", "negatives")]
+        assert at == sorted(at) and at[-1] < names.index("train-mixture")
+    kept = f"{chain.ROOT}/filter/math-theoremqa.jsonl"
+    filtered = next(s for s in stages if s.name == "filter-math-theoremqa")
+    assert [argv[3:] for argv in filtered.commands] == [
+        ["synth", "filter", "--rows", rows, "--task", task, "--out", kept]
+    ]  # the split's task folder: its development side sets the thresholds
+    assert filtered.inputs == [Path(rows)] and filtered.stdout == chain.ROOT / "filter" / "math-theoremqa.txt"
+    audit_kept = next(s for s in stages if s.name == "audit-kept-math-theoremqa").commands[0]
+    assert audit_kept[3:] == ["synth", "audit", "--rows", kept, "--task", task]
     mine = next(s for s in stages if s.name == "negatives-math-theoremqa").commands[0]
+    assert mine[mine.index("--rows") + 1] == kept  # the kept rows, not every candidate
     assert mine[mine.index("--out") + 1] == f"{chain.ROOT}/rows/synthetic/math-theoremqa.jsonl"  # the recipe's glob
     for name, ablation in chain.RUNS.items():
         fit = next(s for s in stages if s.name == f"train-{chain.slug(name)}").commands[0]
@@ -151,6 +163,12 @@ def test_a_stage_is_done_only_when_its_outputs_are_newer_than_its_inputs(chain, 
     report["report"]["generated"] = 1  # killed before the end of the sample
     (tmp_path / "rows.jsonl.report.json").write_text(json.dumps(report))
     assert not chain.synth_complete(rows, 5)
+    report["report"].update(generated=2, samples=3, candidates=15)  # best-of-3: 15 candidates, 5 covered
+    (tmp_path / "rows.jsonl.report.json").write_text(json.dumps(report))
+    assert not chain.synth_complete(rows, 5)
+    report["report"].update(already_done=12)
+    (tmp_path / "rows.jsonl.report.json").write_text(json.dumps(report))
+    assert chain.synth_complete(rows, 5)
 
 
 def test_report_tables_every_system_and_compares_them_per_task(chain, split_tasks, tmp_path):

@@ -9,17 +9,22 @@ outputs are complete, so a killed chain resumes where it stopped:
 1. ``split-<task>``: ``obliq task split`` gives each of the four tasks a development side (the
    training callback's) and a test side (the final table's), under ``runs/obliq-ir-mini/tasks``.
 2. ``synth-<task>``: ``obliq synth generate`` with ``configs/synth/<task>.yaml`` (its lens, prompts,
-   budgets) on a seeded sample of ``--docs`` documents, as two shards side by side (one core each),
-   joined by ``obliq synth merge``; then ``obliq synth audit`` (saved as text). Generation resumes by
-   itself; the stage is complete when both shards' reports cover their whole share of the sample.
-3. ``negatives-<task>``: ``obliq negatives mine`` (4 BM25 hard negatives per synthetic row).
-4. ``knn``: ``obliq distill graph`` (stylometric teacher, k = 3) and ``obliq distill pairs`` on writing-news.
-5. ``train-<run>``: ``python train.py fit --config configs/obliq-ir-mini.yaml`` for the mixture, and
+   budgets, few-shot examples from the split's development side, ``samples`` candidates per document)
+   on a seeded sample of ``--docs`` documents, as two shards side by side (one core each), joined by
+   ``obliq synth merge``; then ``obliq synth audit`` of every candidate (saved as text). Generation
+   resumes by itself; the stage is complete when both shards' reports cover their whole share of the
+   candidates.
+3. ``filter-<task>``: ``obliq synth filter`` keeps the candidates worth training on (thresholds from the
+   development queries; best-of-n), its table saved as text; ``audit-kept-<task>`` audits the kept rows
+   against the real test queries as ``audit-<task>`` audits all of them (before / after).
+4. ``negatives-<task>``: ``obliq negatives mine`` (4 BM25 hard negatives per kept row).
+5. ``knn``: ``obliq distill graph`` (stylometric teacher, k = 3) and ``obliq distill pairs`` on writing-news.
+6. ``train-<run>``: ``python train.py fit --config configs/obliq-ir-mini.yaml`` for the mixture, and
    with ``--config configs/ablations/obliq-ir-mini-<source>-only.yaml`` stacked on it for the two
    single-source ablations, each then ``obliq export``-ed; a killed run resumes from its ``last.ckpt``.
-6. ``eval-<system>``: ``obliq evaluate`` of BM25, base MiniLM and the three trained models on the
+7. ``eval-<system>``: ``obliq evaluate`` of BM25, base MiniLM and the three trained models on the
    test side of the four tasks.
-7. ``report``: the Table-1-style comparison report (:mod:`obliq.eval.report`: paired significance per
+8. ``report``: the Table-1-style comparison report (:mod:`obliq.eval.report`: paired significance per
    task), which source carried each gain, the per-task dev NDCG@10 curves of the training callback
    (PNG) and the step checkpoints' scores.
 
@@ -115,14 +120,15 @@ def obliq(*args: str) -> list[str]:
 
 
 def synth_complete(rows: Path, docs: int) -> bool:
-    """Whether ``synth generate`` covered its whole sample of ``docs`` documents (its report says so)."""
+    """Whether ``synth generate`` covered every candidate of its sample of ``docs`` documents (its report
+    says so: each of its ``samples`` per document written or given up)."""
     report = rows.with_name(rows.name + ".report.json")
     if not report.is_file():
         return False
     saved = json.loads(report.read_text())
     r = saved["report"]
     covered = r["already_done"] + r["generated"] + sum(r["skipped"].values())
-    return saved["args"]["n_docs"] == docs and covered == r["sampled"]
+    return saved["args"]["n_docs"] == docs and covered == r.get("candidates", r["sampled"])
 
 
 def source_path(recipe: Path, name: str) -> Path:
@@ -144,7 +150,7 @@ def run_dir(recipe: Path, ablation: Path | None) -> Path:
 def stages(docs: int, data: Path, recipe: Path = RECIPE, overwrite: bool = False) -> list[Stage]:
     """The chain's stages for a sample of ``docs`` documents per task, reading the shared tasks in ``data``."""
     over = ["--overwrite", "true"] if overwrite else []
-    tasks, synth = ROOT / "tasks", ROOT / "synth"
+    tasks, synth, kept = ROOT / "tasks", ROOT / "synth", ROOT / "filter"
     synthetic = source_path(recipe, "synthetic").parent  # the recipe reads <this folder>/*.jsonl
     out: list[Stage] = []
     for t in TASKS:
@@ -215,11 +221,34 @@ def stages(docs: int, data: Path, recipe: Path = RECIPE, overwrite: bool = False
                 stdout=ROOT / "audit" / f"{t}.txt",
             )
         )
+        rows = kept / f"{t}.jsonl"
+        out.append(
+            Stage(
+                f"filter-{t}",
+                [
+                    obliq(
+                        "synth", "filter", "--rows", str(generated), "--task", str(tasks / t), "--out", str(rows), *over
+                    )
+                ],
+                inputs=[generated],
+                outputs=[rows, kept / f"{t}.txt"],
+                stdout=kept / f"{t}.txt",
+            )
+        )
+        out.append(
+            Stage(
+                f"audit-kept-{t}",
+                [obliq("synth", "audit", "--rows", str(rows), "--task", str(tasks / t))],
+                inputs=[rows],
+                outputs=[ROOT / "audit" / f"{t}-kept.txt"],
+                stdout=ROOT / "audit" / f"{t}-kept.txt",
+            )
+        )
         mine = obliq(
             "negatives",
             "mine",
             "--rows",
-            str(generated),
+            str(rows),
             "--task",
             str(tasks / t),
             "--out",
@@ -228,7 +257,7 @@ def stages(docs: int, data: Path, recipe: Path = RECIPE, overwrite: bool = False
             "4",
             *over,
         )
-        out.append(Stage(f"negatives-{t}", [mine], inputs=[generated], outputs=[synthetic / f"{t}.jsonl"]))
+        out.append(Stage(f"negatives-{t}", [mine], inputs=[rows], outputs=[synthetic / f"{t}.jsonl"]))
     graph, knn = ROOT / "knn" / "graph.json", source_path(recipe, "knn")
     out.append(
         Stage(
@@ -574,8 +603,8 @@ def main(argv: list[str] | None = None) -> None:
         "--docs",
         type=int,
         default=24,
-        help="documents sampled per task for synthetic queries "
-        "(the one setting that scales the chain; the synth configs say 100)",
+        help="documents sampled per task for synthetic queries, each with the synth configs' `samples` "
+        "candidates (the one setting that scales the chain; the synth configs say 100)",
     )
     parser.add_argument("--data", type=Path, default=Path("../shared/data/tasks"), help="the shared task folders")
     parser.add_argument("--recipe", type=Path, default=RECIPE, help="the training recipe")
