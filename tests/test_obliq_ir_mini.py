@@ -213,3 +213,39 @@ def test_report_tables_every_system_and_compares_them_per_task(chain, split_task
         assert same["diff"] == 0  # identical runs
         assert result["carried"][t].startswith("neither")
     assert result["curves"] == {}  # no training run in this folder
+    assert result["filter"] == {} and "the filter" not in table  # no filter run either
+
+    from obliq.synth.commands import filter_queries
+
+    math = load_task(split_tasks / "math-theoremqa")
+    rows = root / "synth" / "math-theoremqa.jsonl"
+    rows.parent.mkdir(parents=True)
+    rows.write_text(
+        "".join(
+            json.dumps(
+                {
+                    "id": f"synth:math-theoremqa:{math.doc_ids[i]}",
+                    "task": "math-theoremqa",
+                    "source": "synthetic",
+                    "query": q,
+                    "positive": {"id": math.doc_ids[i], "text": math.doc_texts[i]},
+                    "negatives": [],
+                }
+            )
+            + "\n"
+            for i, q in enumerate([math.doc_texts[0], "counting ordered partitions", "counting ordered partitions"])
+        )
+    )
+    kept = filter_queries(
+        rows, split_tasks / "math-theoremqa", root / "filter" / "math-theoremqa.jsonl", dense_quantile=None
+    )
+    result = chain.report(root, REPO / chain.RECIPE)
+    assert result["filter"]["math-theoremqa"] == kept and kept["dropped"]["duplicate"] == 1
+    line = next(x for x in (root / "report.md").read_text().splitlines() if x.startswith("| math-theoremqa | 3 |"))
+    cells = [c.strip() for c in line.strip("|").split("|")]
+    assert cells[2] == f"{kept['kept']} ({kept['documents_kept']} of 3)" and cells[3] == "1"
+    assert cells[-3:] == [
+        str(kept["thresholds"]["bm25_max_rank_dropped"]),
+        "–",
+        f"{100 * kept['thresholds']['leak_rate']:.1f} %",
+    ]

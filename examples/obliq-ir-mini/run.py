@@ -419,10 +419,20 @@ def carried(knn_only: dict, synthetic_only: dict, alpha: float = 0.05) -> str:
     return " and ".join(won) if won else "neither (no single-source model is significantly above base)"
 
 
+def filter_summary(root: Path = ROOT) -> dict[str, dict]:
+    """Per task, the ``synth filter`` report (``<root>/filter/<task>.jsonl.report.json``) of the tasks that have one."""
+    out = {}
+    for t in TASKS:
+        file = root / "filter" / f"{t}.jsonl.report.json"
+        if file.is_file():
+            out[t] = json.loads(file.read_text())["report"]
+    return out
+
+
 def report(root: Path = ROOT, recipe: Path = RECIPE) -> dict:
     """Write ``<root>/report.md`` / ``.json`` (the comparison report of :mod:`obliq.eval.report`, which
-    source carried each gain, the step checkpoints' dev scores) and ``<root>/curves.png`` from the chain's
-    evaluation and training folders; returns the JSON.
+    source carried each gain, the filter's counts per task and reason, the step checkpoints' dev scores)
+    and ``<root>/curves.png`` from the chain's evaluation, filter and training folders; returns the JSON.
 
     A system not evaluated yet (a chain stopped early) is listed as such, and the comparisons that
     need it are left out.
@@ -433,6 +443,7 @@ def report(root: Path = ROOT, recipe: Path = RECIPE) -> dict:
     """
     from obliq.eval.report import comparison, report_markdown, systems_report, write_systems_report
     from obliq.files import write_text
+    from obliq.synth.filter import DROP_REASONS
 
     folders = {s: root / "eval" / slug(s) for s in SYSTEMS}
     missing = [
@@ -472,6 +483,25 @@ def report(root: Path = ROOT, recipe: Path = RECIPE) -> dict:
         if knn is not None and synthetic is not None:
             result["carried"][t] = carried(knn, synthetic)
             lines.append(f"- {t}: the gain over base was carried by: {result['carried'][t]}")
+    result["filter"] = filter_summary(root)
+    if result["filter"]:
+        lines += [
+            "",
+            "## Synthetic queries: the filter (thresholds from each task's dev queries)",
+            "",
+            "| task | candidates | kept (documents) | " + " | ".join(DROP_REASONS) + " | BM25 rank dropped ≤ | "
+            "MiniLM top-K | leak rate ≤ |",
+            "|---|---:|---:|" + "---:|" * (len(DROP_REASONS) + 3),
+        ]
+        for t, r in result["filter"].items():
+            th = r["thresholds"]
+            leak = f"{100 * th['leak_rate']:.1f} %" if th["leak_rate"] is not None else "–"
+            lines.append(
+                f"| {t} | {r['candidates']} | {r['kept']} ({r['documents_kept']} of {r['documents']}) | "
+                + " | ".join(str(r["dropped"][k]) for k in DROP_REASONS)
+                + f" | {th['bm25_max_rank_dropped']} | {th['dense_top_k'] if th['dense_top_k'] is not None else '–'} | "
+                f"{leak} |"
+            )
     curves = _curves(root, recipe)
     result["curves"] = curves
     lines += [

@@ -80,7 +80,8 @@ class GenerationConfig:
         max_doc_words: documents are cut to this many whitespace words in the prompts.
         description_words: accepted length of a Stage A description, ``[min, max]`` words.
         query_words: accepted length of a Stage B query, ``[min, max]`` words.
-        copy_ngram: a reply sharing this many consecutive words with its document is rejected (0: off).
+        copy_ngram: a reply sharing this many consecutive words with its document (or with a few-shot
+            example) is rejected; so is one equal to it, normalised (0: only that).
     """
 
     max_new_tokens_a: int = 96
