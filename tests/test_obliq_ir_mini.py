@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from obliq.cli import main as obliq_main
 from obliq.tasks import load_query_split, load_task, split_queries, split_task
@@ -169,6 +170,21 @@ def test_a_stage_is_done_only_when_its_outputs_are_newer_than_its_inputs(chain, 
     report["report"].update(already_done=12)
     (tmp_path / "rows.jsonl.report.json").write_text(json.dumps(report))
     assert chain.synth_complete(rows, 5)
+    # against the synth config now: an output of other samples, few-shot settings or prompts is not complete
+    from obliq.synth.commands import prompts_digest
+    from obliq.synth.prompts import TaskSpec
+
+    config = REPO / "configs" / "synth" / "math-theoremqa.yaml"
+    cfg = yaml.safe_load(config.read_text())
+    report["args"].update(samples=cfg["samples"], fewshot=dict(cfg["fewshot"]))
+    report["prompts"] = prompts_digest(TaskSpec(**cfg["spec"]))
+    (tmp_path / "rows.jsonl.report.json").write_text(json.dumps(report))
+    assert chain.synth_complete(rows, 5, config)
+    for key, value in (("samples", cfg["samples"] + 1), ("fewshot", {**cfg["fewshot"], "k": 0})):
+        (tmp_path / "rows.jsonl.report.json").write_text(json.dumps({**report, "args": {**report["args"], key: value}}))
+        assert not chain.synth_complete(rows, 5, config)
+    (tmp_path / "rows.jsonl.report.json").write_text(json.dumps({**report, "prompts": "an older prompt"}))
+    assert not chain.synth_complete(rows, 5, config) and chain.synth_complete(rows, 5)
 
 
 def test_report_tables_every_system_and_compares_them_per_task(chain, split_tasks, tmp_path):

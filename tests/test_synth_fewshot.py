@@ -229,3 +229,20 @@ def test_sharded_samples_merge_into_the_single_runs_rows(split, tmp_path, monkey
     generate(out=tmp_path / "other.jsonl", shard=Shard(1, 2), **dict(common, samples=3))
     with pytest.raises(ValueError, match="different runs"):
         merge([shards[0], tmp_path / "other.shard-1-of-2.jsonl"], tmp_path / "mixed.jsonl")
+
+    # a rerun into an output extends it when only n_docs or samples grew, and refuses other settings
+    report = generate(out=tmp_path / "one.jsonl", **dict(common, n_docs=6, samples=3))
+    assert report["already_done"] == 10 and report["generated"] == 8
+    with pytest.raises(ValueError, match=r"one.jsonl: its rows were generated with other fewshot \("):
+        generate(out=tmp_path / "one.jsonl", **dict(common, fewshot=FewShotConfig(k=2)))
+    prompts = tmp_path / "prompts"
+    prompts.mkdir()
+    for name in ("stage_a.yaml", "stage_b_analogue.yaml"):
+        (prompts / name).write_text((REPO / "obliq/synth/prompts" / name).read_text())
+    generate(out=tmp_path / "p.jsonl", **dict(common, prompt_dir=prompts))
+    text = (prompts / "stage_b_analogue.yaml").read_text()
+    (prompts / "stage_b_analogue.yaml").write_text(text.replace("Write only the", "Now write only the"))
+    with pytest.raises(ValueError, match=r"p.jsonl: its rows were generated with other prompts \("):
+        generate(out=tmp_path / "p.jsonl", **dict(common, prompt_dir=prompts))
+    with pytest.raises(ValueError, match="other seed, prompt_dir, prompts"):
+        generate(out=tmp_path / "one.jsonl", **dict(common, seed=14, prompt_dir=prompts))

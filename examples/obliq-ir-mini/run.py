@@ -119,16 +119,33 @@ def obliq(*args: str) -> list[str]:
     return [sys.executable, "-m", "obliq.cli", *args]
 
 
-def synth_complete(rows: Path, docs: int) -> bool:
+def synth_complete(rows: Path, docs: int, config: Path | None = None) -> bool:
     """Whether ``synth generate`` covered every candidate of its sample of ``docs`` documents (its report
-    says so: each of its ``samples`` per document written or given up)."""
+    says so: each of its ``samples`` per document written or given up) with the settings of the synth
+    ``config`` now (its ``samples`` and ``fewshot``, and the prompts' text): an output an earlier
+    configuration wrote is not complete, and the stage is then stale."""
     report = rows.with_name(rows.name + ".report.json")
     if not report.is_file():
         return False
     saved = json.loads(report.read_text())
     r = saved["report"]
     covered = r["already_done"] + r["generated"] + sum(r["skipped"].values())
-    return saved["args"]["n_docs"] == docs and covered == r.get("candidates", r["sampled"])
+    if saved["args"]["n_docs"] != docs or covered != r.get("candidates", r["sampled"]):
+        return False
+    if config is None:
+        return True
+    import yaml
+
+    from obliq.synth.commands import prompts_digest
+    from obliq.synth.prompts import TaskSpec
+
+    cfg = yaml.safe_load(config.read_text())
+    fewshot = saved["args"].get("fewshot") or {}
+    return (
+        saved["args"].get("samples", 1) == cfg.get("samples", 1)
+        and all(fewshot.get(k) == v for k, v in (cfg.get("fewshot") or {}).items())
+        and saved.get("prompts") == prompts_digest(TaskSpec(**cfg["spec"]), cfg.get("prompt_dir"))
+    )
 
 
 def source_path(recipe: Path, name: str) -> Path:
@@ -205,9 +222,9 @@ def stages(docs: int, data: Path, recipe: Path = RECIPE, overwrite: bool = False
                 [merge],
                 parallel=generate,
                 outputs=[generated],
-                complete=lambda g=generated, s=shards: (
+                complete=lambda g=generated, s=shards, c=Path(f"configs/synth/{t}.yaml"): (
                     g.is_file()
-                    and all(synth_complete(x, docs) for x in s)
+                    and all(synth_complete(x, docs, c) for x in s)
                     and all(g.stat().st_mtime >= x.stat().st_mtime for x in s)
                 ),
             )

@@ -28,10 +28,44 @@ from obliq.shards import Shard, check_cover
 from obliq.synth.audit import audit_pairs, format_audit
 from obliq.synth.filter import DROP_REASONS, FilterConfig, audit_rows, filter_candidates
 from obliq.synth.generate import FewShotConfig, GenerationConfig, sample_documents, synthesize
-from obliq.synth.prompts import TaskSpec
+from obliq.synth.prompts import TaskSpec, load_stage_prompt
 from obliq.tasks import load_task
 
 log = logging.getLogger(__name__)
+
+RESUME_SETTINGS = ("task", "spec", "seed", "generation", "prompt_dir", "fewshot")
+"""What an output's rows were made with (``generate``'s arguments, plus the generator's model and the
+prompts' text): a rerun into the same output must agree, since it keeps the rows there. ``n_docs`` and
+``samples`` may grow (the sample and the candidates nest)."""
+
+
+def prompts_digest(spec: TaskSpec, prompt_dir: Path | None = None) -> str:
+    """SHA-256 of the two stages' prompt templates as loaded (system, user, few-shot keys): what a
+    resumed output must have been generated with."""
+    import hashlib
+
+    prompts = [load_stage_prompt("A", prompt_dir=prompt_dir), load_stage_prompt("B", spec.lens, prompt_dir=prompt_dir)]
+    text = json_text([[p.system, p.user, p.header] for p in prompts], indent=None)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _check_resume(out: Path, args: dict, digest: str) -> None:
+    """Refuse to extend an output that another setting or prompt wrote (see :data:`RESUME_SETTINGS`)."""
+    report_file = out.with_name(out.name + ".report.json")
+    if not (out.is_file() and out.stat().st_size and report_file.is_file()):
+        return
+    saved = json.loads(read_text(report_file))
+    before = saved.get("args", {})
+    differ = [k for k in RESUME_SETTINGS if before.get(k) != args.get(k)]
+    if (before.get("backend") or {}).get("model") != args["backend"]["model"]:
+        differ.append("backend.model")
+    if saved.get("prompts") != digest:
+        differ.append("prompts")
+    if differ:
+        raise ValueError(
+            f"{out}: its rows were generated with other {', '.join(differ)} ({report_file}); a rerun would mix "
+            "them with new ones: give another --out, or remove it with its .report.json and .rejects.jsonl"
+        )
 
 
 def generate(
@@ -53,9 +87,11 @@ def generate(
     task's lens (the OBLIQ-IR paper, §3.1), optionally shown ``fewshot.k`` real (document, query) pairs
     of the task's development side (Promptagator; never a test query). Rows are appended to ``out``
     (``samples`` candidates per document, docs/formats.md format, ``negatives`` empty); a rerun skips
-    candidates already there, so a killed run resumes. Rejected replies are retried, then the candidate
-    is skipped; they are logged in ``<out>.rejects.jsonl``. The report (with the cost: tokens, seconds,
-    per row) is returned and saved with these arguments as ``<out>.report.json``.
+    candidates already there, so a killed run resumes (or a larger ``n_docs`` or ``samples`` extends it;
+    an output written with other settings or prompts is refused). Rejected replies are retried, then the
+    candidate is skipped; they are logged in ``<out>.rejects.jsonl``. The report (with the cost: tokens,
+    seconds, per row) is returned and saved with these arguments and the prompts' digest as
+    ``<out>.report.json``.
 
     Args:
         task: the task folder (BEIR layout).
@@ -87,6 +123,8 @@ def generate(
         Path(out).with_name(Path(out).name + ".report.json"),
     ):
         refuse_input_as_output(written, task_files)
+    digest = prompts_digest(spec, prompt_dir)
+    _check_resume(Path(out), args, digest)
     data = load_task(task)
     engine = backend.build()
     report = asdict(
@@ -104,7 +142,7 @@ def generate(
             samples=samples,
         )
     )
-    write_json(out.with_name(out.name + ".report.json"), {"args": args, "report": report})
+    write_json(out.with_name(out.name + ".report.json"), {"args": args, "prompts": digest, "report": report})
     log.info(
         "%s: %d rows written (%d already done), skipped %s, %d retries, %.1f tokens/s",
         report["task"],
