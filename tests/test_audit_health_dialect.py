@@ -148,7 +148,7 @@ def test_bm25_and_minilm_side_by_side(tmp_path, tasks_dir, minilm_path):
     # MiniLM's RR@10 against sentence-transformers' own encode and a numpy search
     st = SentenceTransformer(minilm_path, device="cpu")
     st.max_seq_length = 32
-    (cache,) = (tmp_path / "cache").glob("*.npy")
+    (cache,) = (tmp_path / "cache").glob("*/shard-0-of-1.npy")  # the store evaluate wrote (docs/formats.md)
     corpus = np.load(cache)
     doc_ids = [json.loads(line)["_id"] for line in (task / "corpus.jsonl").read_text().splitlines()]
     texts = [json.loads(line)["text"] for line in (task / "corpus.jsonl").read_text().splitlines()[:8]]
