@@ -78,6 +78,7 @@ def test_every_config_loads_against_the_code(config):
 def _write_config(folder: Path, rows: Path, backbone: str, max_steps: int, **extra) -> Path:
     cfg = {
         "seed_everything": 0,
+        "run_dir": str(folder / "runs"),  # where the run's version folder is claimed (this config writes elsewhere)
         "trainer": {
             "accelerator": "cpu",
             "devices": 1,
