@@ -60,6 +60,22 @@ class LoraSettings:
             raise ValueError(f"LoRA dropout must be in [0, 1), got {self.dropout}")
 
 
+PRECUT_CHARS_PER_TOKEN = 8
+"""Characters per token of the first cut of a long text (:meth:`TextTokenizer.prefixes`); English averages
+about 4. A poor guess costs time, never tokens."""
+
+
+def _cut(text: str, chars: int) -> str:
+    """``text`` cut to at most ``chars`` characters, at the end of a word when the last half holds whitespace."""
+    if len(text) <= chars:
+        return text
+    half = chars // 2
+    space = max(text.rfind(c, half, chars + 1) for c in " \t\n\r")
+    if space > half and not text[space - 1].isspace():
+        return text[:space]
+    return text[:chars]
+
+
 class TextTokenizer:
     """Prefix, tokenize, truncate and pad texts for the encoder; picklable without the model, so
     data-loader workers can carry it.
@@ -98,6 +114,55 @@ class TextTokenizer:
         """``length`` cut to the backbone's positions."""
         return min(length, self.capacity) if self.capacity else length
 
+    def prefixes(self, texts: list[str], limit: int) -> tuple[list[str], dict]:
+        """For each text, a prefix that the tokenizer cuts at ``limit`` tokens exactly as it cuts the whole
+        text (``tokenizer(text, truncation=True, max_length=limit)``), and those ids: long texts are not
+        tokenized whole (a 300 MB row), yet no cut changes a kept token (C17, issue 24 §3).
+
+        A text of more than 2 · :data:`PRECUT_CHARS_PER_TOKEN` · ``limit`` characters is tried at two cuts,
+        the second twice as far, each at the end of a word (before whitespace) when the last half of the
+        cut holds one. Hugging Face tokenizers tokenize each pre-tokenized piece on its own and their
+        normalizers and pre-tokenizers look only a few characters ahead, so a cut can change only the
+        piece it falls in; a cut at a word's end changes none for whitespace-splitting pre-tokenizers.
+        The first cut is kept when it already gives ``limit`` tokens and the second cut gives the same
+        ids (then the text after the first cut changed none of them); otherwise the cuts move 4× further,
+        up to the whole text. Texts whose characters make few tokens (runs of whitespace or zero-width
+        marks, which tokenizers drop) or many characters per token (URLs, base64, SMILES that WordPiece
+        maps to one unknown token) get longer cuts, never fewer tokens. A tokenizer that truncates on
+        the left reads whole texts.
+
+        Returns:
+            ``(prefixes, encoding)``: the prefixes, and their ``input_ids`` / ``attention_mask`` lists
+            (unpadded) cut at ``limit``.
+        """
+        chars = PRECUT_CHARS_PER_TOKEN * limit + 64
+        prefix = list(texts)
+        pending = [i for i, t in enumerate(texts) if len(t) > 2 * chars]  # a shorter one is read whole
+        if getattr(self.tokenizer, "truncation_side", "right") == "left":
+            pending = []
+        found: dict[int, tuple[list[int], list[int]]] = {}
+        while pending:
+            first = [_cut(texts[i], chars) for i in pending]
+            second = [_cut(texts[i], 2 * chars) for i in pending]
+            a = self.tokenizer(first, truncation=True, max_length=limit, padding=False)
+            b = self.tokenizer(second, truncation=True, max_length=limit, padding=False)
+            still = []
+            for j, i in enumerate(pending):
+                if len(a["input_ids"][j]) == limit and a["input_ids"][j] == b["input_ids"][j]:
+                    prefix[i], found[i] = first[j], (a["input_ids"][j], a["attention_mask"][j])
+                elif second[j] == texts[i]:  # the whole text: exact
+                    prefix[i], found[i] = second[j], (b["input_ids"][j], b["attention_mask"][j])
+                else:
+                    still.append(i)
+            pending, chars = still, 4 * chars
+        rest = [i for i in range(len(texts)) if i not in found]
+        if rest:
+            enc = self.tokenizer([prefix[i] for i in rest], truncation=True, max_length=limit, padding=False)
+            for j, i in enumerate(rest):
+                found[i] = (enc["input_ids"][j], enc["attention_mask"][j])
+        ids = [found[i][0] for i in range(len(texts))]
+        return prefix, {"input_ids": ids, "attention_mask": [found[i][1] for i in range(len(texts))]}
+
     def format(self, texts: list[str], kind: Kind, instructions: list[str | None] | None = None) -> list[str]:
         """Prefix texts for ``kind`` (and, with ``use_instructions``, each query's instruction)."""
         if kind not in self.max_length:
@@ -133,14 +198,11 @@ class TextTokenizer:
         if max_length is not None and max_length < 1:
             raise ValueError(f"max_length must be positive, got {max_length}")
         limit = self.cap(max_length) if max_length is not None else self.max_length[kind]
-        # No real vocabulary has tokens of more than 100 characters, so the first limit + 1 tokens
-        # lie within this prefix: nothing kept changes, and a 300 MB row is not tokenized whole.
-        formatted = [t[: 100 * (limit + 1)] for t in formatted]
-        # One token over the limit tells which texts are cut, without tokenizing them in full.
-        enc = self.tokenizer(formatted, truncation=True, max_length=limit + 1, padding=False)
+        # One token over the limit tells which texts are cut; the prefixes give the tokenizer's own ids.
+        prefixes, enc = self.prefixes(formatted, limit + 1)
         over = [i for i, ids in enumerate(enc["input_ids"]) if len(ids) > limit]
         if over:
-            cut = self.tokenizer([formatted[i] for i in over], truncation=True, max_length=limit, padding=False)
+            cut = self.tokenizer([prefixes[i] for i in over], truncation=True, max_length=limit, padding=False)
             for j, i in enumerate(over):
                 enc["input_ids"][i] = cut["input_ids"][j]
                 enc["attention_mask"][i] = cut["attention_mask"][j]
