@@ -219,7 +219,7 @@ def retrieve_dense(
     timing["encode_queries"] = perf_counter() - t
 
     t = perf_counter()
-    index = DenseIndex(docs)
+    index = DenseIndex(docs, ids=task.doc_ids)  # ties by id: the ranking at top_k is every deeper one's prefix
     scores, indices = index.search(queries, settings.top_k)
     timing["search"] = perf_counter() - t
 
@@ -242,7 +242,9 @@ def retrieve_bm25(task: Task, settings: RetrievalSettings, latency_queries: int 
     """
     timing: dict[str, float] = {}
     t = perf_counter()
-    index = BM25(task.doc_texts, k1=settings.bm25_k1, b=settings.bm25_b, stemmer=settings.bm25_stemmer)
+    index = BM25(
+        task.doc_texts, k1=settings.bm25_k1, b=settings.bm25_b, stemmer=settings.bm25_stemmer, ids=task.doc_ids
+    )
     timing["encode_corpus"] = perf_counter() - t
     t = perf_counter()
     tokens = index.tokenize(task.query_texts)

@@ -85,11 +85,11 @@ def mine(
     report = MiningReport()
     start = time.perf_counter()
     if backend == "bm25s":
-        engine = Bm25sBackend(data.doc_texts, k1=k1, b=b, stemmer=stemmer)
+        engine = Bm25sBackend(data.doc_texts, k1=k1, b=b, stemmer=stemmer, ids=data.doc_ids)
     elif backend == "pyserini":
         from obliq.negatives.pyserini_backend import PyseriniBackend
 
-        engine = PyseriniBackend(data.doc_texts, k1=k1, b=b, stemmer=stemmer, threads=threads)
+        engine = PyseriniBackend(data.doc_texts, k1=k1, b=b, stemmer=stemmer, threads=threads, ids=data.doc_ids)
     else:
         raise ValueError(f"unknown backend {backend!r} (bm25s or pyserini)")
     report.index_seconds = time.perf_counter() - start

@@ -68,12 +68,19 @@ class Bm25sBackend:
         stemmer: PyStemmer language, or None (default ``english``, Snowball Porter2).
     """
 
-    def __init__(self, texts: Sequence[str], k1: float = K1, b: float = B, stemmer: str | None = BM25_STEMMER):
-        self.index = BM25(texts, k1=k1, b=b, stemmer=stemmer)
+    def __init__(
+        self,
+        texts: Sequence[str],
+        k1: float = K1,
+        b: float = B,
+        stemmer: str | None = BM25_STEMMER,
+        ids: Sequence[str] | None = None,
+    ):
+        self.index = BM25(texts, k1=k1, b=b, stemmer=stemmer, ids=ids)
         self.name = f"bm25s(k1={k1}, b={b}, stemmer={stemmer})"
 
     def search(self, queries: Sequence[str], depth: int) -> list[Hits]:
-        """Top ``depth`` documents per query (score > 0 only; equal scores by index)."""
+        """Top ``depth`` documents per query (score > 0 only; equal scores by id, descending)."""
         return [list(zip(idx.tolist(), sc.tolist())) for sc, idx in self.index.search(queries, depth)]
 
 
