@@ -419,7 +419,7 @@ def _logger_events(argv: list[str]) -> list[tuple]:
     """What each token of ``argv`` does to ``trainer.logger``, in order: ``("class", path, keys)`` sets
     its class (a config file's logger, ``--trainer.logger=X``, ``.class_path``, a JSON spec),
     ``("keys", keys)`` sets init args, ``("reset",)`` clears it (null, a bool, a list)."""
-    import yaml
+    from obliq.files import load_yaml
 
     def spec_event(spec) -> tuple | None:
         if isinstance(spec, dict):
@@ -439,8 +439,8 @@ def _logger_events(argv: list[str]) -> list[tuple]:
             continue
         if option == "--config":
             try:
-                data = yaml.safe_load(Path(value).read_text(encoding="utf-8-sig"))
-            except (OSError, yaml.YAMLError):
+                data = load_yaml(Path(value).read_text(encoding="utf-8-sig"), value)
+            except (OSError, ValueError):
                 continue  # the parser reports it
             data = data.get("fit", data) if isinstance(data, dict) else {}
             trainer = data.get("trainer") if isinstance(data, dict) else None
@@ -448,8 +448,8 @@ def _logger_events(argv: list[str]) -> list[tuple]:
                 events.append(spec_event(trainer["logger"]))
         elif option in (LOGGER, LOGGER + ".class_path"):
             try:
-                spec = yaml.safe_load(value) if value.lstrip().startswith("{") else value
-            except yaml.YAMLError:
+                spec = load_yaml(value, option) if value.lstrip().startswith("{") else value
+            except ValueError:
                 spec = value
             events.append(("reset",) if str(spec).lower() in ("null", "none", "true", "false") else spec_event(spec))
         elif option.startswith(LOGGER + "."):
@@ -571,7 +571,25 @@ class TrainCLI(LightningCLI):
         TrainingDataModule(**settings).prepare_data()
 
 
-def cli(args: list[str] | None = None, run: bool = True, cli_class: type[LightningCLI] = TrainCLI) -> LightningCLI:
+RECIPE_IMPORTS = ("obliq", "lightning.pytorch", "lightning.fabric", "torch.optim")
+"""The import paths a recipe's ``class_path`` (or any class a training command line names) may lie
+under: obliq's own classes (the encoder, callbacks, W&B logger, strategies), Lightning's (callbacks,
+loggers, strategies, plugins) and torch's optimisers and schedulers. ``$OBLIQ_RECIPE_IMPORTS`` adds
+more (comma-separated dot paths, e.g. ``bench,mylab.callbacks``) for code you trust."""
+
+
+def recipe_imports() -> list[str]:
+    """:data:`RECIPE_IMPORTS` and those of ``$OBLIQ_RECIPE_IMPORTS``."""
+    extra = [p.strip() for p in os.environ.get("OBLIQ_RECIPE_IMPORTS", "").split(",") if p.strip()]
+    return [*RECIPE_IMPORTS, *extra]
+
+
+def cli(
+    args: list[str] | None = None,
+    run: bool = True,
+    cli_class: type[LightningCLI] = TrainCLI,
+    prog: str | None = None,
+) -> LightningCLI:
     """Build (and by default run) ``train.py``'s CLI; ``args`` replaces ``sys.argv[1:]``.
 
     ``--print_config`` prints the resolved configuration, which is also saved next to the run and
@@ -585,9 +603,18 @@ def cli(args: list[str] | None = None, run: bool = True, cli_class: type[Lightni
 
     from jsonargparse import set_parsing_settings
 
+    from obliq.files import install_yaml_checks
+
     # A recipe's ${run_dir} is written as from the top of the config; under a subcommand (`fit`) the
     # config sits one level down, so jsonargparse turns such paths relative when it loads the file.
-    set_parsing_settings(omegaconf_absolute_to_relative_paths=True)
+    # A recipe names classes only under RECIPE_IMPORTS: jsonargparse imports a class_path's module (and
+    # runs its top-level code) before it checks the class's type, so anything else is refused unread.
+    set_parsing_settings(
+        omegaconf_absolute_to_relative_paths=True,
+        import_path_denylist=["*"],
+        import_path_allowlist=recipe_imports(),
+    )
+    install_yaml_checks()
     # Our checkpoints are taken after the optimizer step by design (the step count is the state).
     warnings.filterwarnings("ignore", message="Using ModelCheckpoint with manual optimization")
     # Deprecation notices between pinned third-party releases (torchdata / Lightning vs torch 2.13).
@@ -604,7 +631,7 @@ def cli(args: list[str] | None = None, run: bool = True, cli_class: type[Lightni
         TrainingDataModule,
         save_config_callback=LoggedConfig,
         save_config_kwargs={"overwrite": True},
-        parser_kwargs={"parser_mode": PARSER_MODE},
+        parser_kwargs={"parser_mode": PARSER_MODE, **({"prog": prog} if prog else {})},
         args=args,
         run=run,
     )
@@ -646,12 +673,14 @@ def recipe_config(recipe: str | os.PathLike, *more: str | os.PathLike, **overrid
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
-    from obliq.files import read_text
+    from obliq.files import check_yaml, read_text
 
     try:
         parts = []
         for file in (recipe, *more):
-            config = OmegaConf.create(read_text(file))
+            text = read_text(file)
+            check_yaml(text, file)  # a key given twice, a nested-alias bomb: refused before loading
+            config = OmegaConf.create(text)
             if not OmegaConf.is_dict(config):
                 raise ValueError(f"{file}: expected a mapping of settings")
             parts.append(config)
@@ -708,7 +737,8 @@ def fit_and_export(args: list[str], out: str | os.PathLike, overwrite: bool = Fa
     from obliq.export import export
     from obliq.files import claim_output
 
-    claim_output(out, overwrite, "an export")
+    configs = [a.split("=", 1)[1] if "=" in a else args[i + 1] for i, a in enumerate(args) if a.startswith("--config")]
+    claim_output(out, overwrite, "an export", command="export", inputs=configs)
     fitted = fit(args)
     adapter = Path(export(fitted.checkpoint, out, overwrite=True)["adapter"])
     return Fitted(fitted.run, fitted.checkpoint, adapter)

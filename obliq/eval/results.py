@@ -94,6 +94,8 @@ def evaluate_task(
         "metrics": {n: gold.aggregate[n] for n in panel},
         "n_queries": gold.n_queries,
         "n_excluded": gold.n_excluded,
+        # evaluated queries the ranking holds nothing for (a run file that misses them): they score 0
+        "n_without_results": sum(1 for q in gold.per_query if not retrieval.run.get(q)),
         "n_docs": len(task.doc_ids),
         "recall_curve": {str(k): gold.aggregate[name] for k, name in curve.items()},
         "timing_s": {k: round(v, 4) for k, v in timing.items()},

@@ -201,11 +201,14 @@ def retrieve_dense(
         if cache.is_file():
             try:
                 docs = np.load(cache, allow_pickle=False)
+                if not isinstance(docs, np.ndarray) or docs.dtype.kind != "f":  # an .npz, a pickle, ints …
+                    raise ValueError(f"not an array of floats ({type(docs).__name__})")
                 if docs.ndim != 2 or docs.shape[0] != len(task.doc_ids) or not np.isfinite(docs).all():
                     raise ValueError(f"shape {docs.shape} for {len(task.doc_ids)} documents, or non-finite values")
                 status = "hit"
-            except (ValueError, OSError, EOFError) as err:  # a corrupt or foreign cache file: rebuilt
-                log.warning("%s: unusable cached embeddings (%s); discarded and re-encoded", cache, err)
+            except Exception as err:  # a corrupt or foreign cache file, whatever numpy raises: rebuilt
+                first = (str(err).splitlines() or [type(err).__name__])[0]
+                log.warning("%s: unusable cached embeddings (%s); discarded and re-encoded", cache, first)
                 docs = None
     if docs is None:
         docs = unit_float32(encode(task.doc_texts, "passage", settings.batch_size), "corpus embeddings")

@@ -11,6 +11,8 @@ from __future__ import annotations
 import inspect
 import json
 import logging
+import os
+import pickle
 import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -300,7 +302,12 @@ class BiEncoder(nn.Module):
             kwargs["attn_implementation"] = attn_implementation
         if quantization:
             kwargs["quantization_config"] = _bnb_config(quantization, _DTYPES[dtype])
-        model = AutoModel.from_pretrained(path, **kwargs)
+        try:
+            model = AutoModel.from_pretrained(path, **kwargs)
+        except pickle.UnpicklingError as err:  # a pickled pytorch_model.bin holding more than tensors
+            from obliq.errors import weights_only_refusal
+
+            raise weights_only_refusal(err, f"{path} (its pytorch_model.bin or another pickle)") from None
         if getattr(model, "pooler", None) is not None:
             model.pooler = None  # BERT's CLS pooler is unused by mean pooling; drop it (and its LoRA)
         causal = _has_causal_attention(model)
@@ -487,6 +494,13 @@ class BiEncoder(nn.Module):
         if not saved.get("is_adapter"):
             settings["backbone"] = str(folder)
         settings.update(overrides)
+        base = str(settings["backbone"])
+        if saved.get("is_adapter") and _local_path(base) and not os.path.exists(os.path.expanduser(base)):
+            raise FileNotFoundError(
+                f"{cfg_file}: the adapter's base model {base!r} is a folder of the machine it was trained on, "
+                "not found here: copy that base here and pass it (backbone=…, `obliq export --base_model` for "
+                "a Hub id), or export from a base with a Hub id"
+            )
         return cls(
             **settings,
             adapter=str(folder) if saved.get("is_adapter") else None,
@@ -514,15 +528,28 @@ SETTINGS = (
 from such a file reaches the encoder (never ``trust_remote_code``)."""
 
 
+FILE_ATTENTION = (None, "eager", "sdpa", "flash_attention_2", "flash_attention_3", "flex_attention")
+"""The attention implementations a saved model or checkpoint may name: transformers' own. Anything else
+(a Hub kernel repository such as ``kernels-community/…``, fetched and run) is a choice of code that only
+the user's command line or config makes."""
+
+
 def stored_settings(saved, source: object) -> dict:
     """The encoder settings of a file being loaded (``obliq_encoder.json``, a checkpoint's ``obliq``
     section), keeping only :data:`SETTINGS`: a file is data and cannot ask for code to run.
 
     Raises:
-        ValueError: not a mapping, or no ``backbone`` (``source`` named).
+        ValueError: not a mapping, or no ``backbone``; an ``attn_implementation`` outside
+            :data:`FILE_ATTENTION` (``source`` named).
     """
     if not isinstance(saved, dict) or not isinstance(saved.get("backbone"), str):
         raise ValueError(f"{source}: not an obliq encoder's settings (no backbone)")
+    if saved.get("attn_implementation") not in FILE_ATTENTION:
+        raise ValueError(
+            f"{source}: asks for the attention kernel {saved['attn_implementation']!r}, which a file cannot "
+            f"choose (code to fetch and run; a file may name {', '.join(k for k in FILE_ATTENTION if k)}): give "
+            "attn_implementation yourself (e.g. --model.encoder.init_args.attn_implementation) or edit the file"
+        )
     ignored = sorted(set(saved) - set(SETTINGS) - {"lora", "is_adapter"})
     if ignored:
         log.warning(
@@ -532,6 +559,19 @@ def stored_settings(saved, source: object) -> dict:
             ", ".join(ignored),
         )
     return {k: saved[k] for k in SETTINGS if k in saved}
+
+
+def _local_path(name: str) -> bool:
+    """Whether a model name is a path on some machine rather than an alias or a Hub id (``owner/name``)."""
+    from obliq.aliases import check_model_name
+
+    if name.startswith(("/", ".", "~")) or os.sep in name.replace("/", "", 1) or name.count("/") > 1:
+        return True
+    try:
+        check_model_name(name)
+    except FileNotFoundError:
+        return "/" not in name
+    return False
 
 
 def model_capacity(path: str, config) -> int | None:

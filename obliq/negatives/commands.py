@@ -17,9 +17,9 @@ from typing import Literal
 
 from obliq.data.rows import parse_row, read_rows
 from obliq.eval.bm25 import BM25_STEMMER, K1, B
-from obliq.files import atomic_write, claim_output, files_in, json_text, read_text, refuse_input_as_output, write_json
+from obliq.files import atomic_write, claim_output, file_sha256, json_text, read_text, write_json
 from obliq.negatives.mine import Bm25sBackend, MiningReport, mine_negatives
-from obliq.shards import Shard, check_cover
+from obliq.shards import Shard, check_cover, check_same_run
 from obliq.tasks import load_task
 
 log = logging.getLogger(__name__)
@@ -71,9 +71,10 @@ def mine(
     shard = shard.resolved()
     out = shard.path(out)
     args = json.loads(json_text(locals()))
-    claim_output(out, overwrite, "rows")
-    refuse_input_as_output(out, [rows, *files_in(task)])
+    for written in (Path(out), Path(out).with_name(Path(out).name + ".report.json")):
+        claim_output(written, overwrite, "rows", command="negatives mine", inputs=[rows, task])
     data = load_task(task)
+    args.update(corpus_sha256=data.corpus_sha256, rows_sha256=file_sha256(rows))  # what a merge compares
     items = read_rows(rows)
     corpus = set(data.doc_ids)
     stray = [(n, r["positive"]["id"]) for n, r in enumerate(items, 1) if r["positive"]["id"] not in corpus]
@@ -129,18 +130,22 @@ def merge(rows: Path, shards: list[Path], out: Path, overwrite: bool = False) ->
 
     Raises:
         ValueError: a shard missing or given twice, a row in two shards or in none, or a shard row
-            that is not in ``rows``; ``out`` one of the inputs.
+            that is not in ``rows``; shards mined with other settings, against another corpus or from
+            other rows (their reports differ); ``out`` one of the inputs.
         FileNotFoundError: a shard's report is missing.
     """
-    claim_output(out, overwrite, "rows")
-    refuse_input_as_output(out, [rows, *shards])
+    claim_output(out, overwrite, "rows", command="negatives merge", inputs=[rows, *shards])
     order = [r["id"] for r in read_rows(rows)]
-    taken, mined = {}, {}
+    taken, mined, runs = {}, {}, []
     for file in map(Path, shards):
         report_file = file.with_name(file.name + ".report.json")
         if not report_file.is_file():
             raise FileNotFoundError(f"{report_file}: the shard's report is missing (written by negatives mine)")
-        shard = json.loads(read_text(report_file))["args"]["shard"]
+        args = json.loads(read_text(report_file))["args"]
+        runs.append((report_file, args))
+        if "rows_sha256" in args and args["rows_sha256"] != file_sha256(rows):
+            raise ValueError(f"{file}: mined from other rows than {rows} (its report's rows_sha256 differs)")
+        shard = args["shard"]
         if shard["count"] != len(shards):
             raise ValueError(f"{file}: a shard of a run of {shard['count']} shards, but {len(shards)} given")
         lines = {
@@ -150,6 +155,7 @@ def merge(rows: Path, shards: list[Path], out: Path, overwrite: bool = False) ->
         }
         taken[shard["index"]] = list(lines)
         mined.update(lines)
+    check_same_run(runs, ignore=("shard", "out", "overwrite", "threads", "rows", "task"))  # the same task and settings
     check_cover(order, taken, len(shards), "row")
     with atomic_write(out, "wb") as f:
         for row_id in order:

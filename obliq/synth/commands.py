@@ -17,9 +17,9 @@ from pathlib import Path
 
 from obliq.data.rows import parse_row, read_rows
 from obliq.eval.bm25 import BM25
-from obliq.files import atomic_write, claim_output, files_in, json_text, read_text, refuse_input_as_output, write_json
+from obliq.files import atomic_write, claim_output, json_text, read_text, write_json
 from obliq.llm.backends import BackendConfig
-from obliq.shards import Shard, check_cover
+from obliq.shards import Shard, check_cover, check_same_run
 from obliq.synth.audit import audit_pairs, format_audit
 from obliq.synth.generate import GenerationConfig, sample_documents, synthesize
 from obliq.synth.prompts import TaskSpec
@@ -66,14 +66,14 @@ def generate(
     shard = shard.resolved()
     out = shard.path(out)
     args = json.loads(json_text(locals()))
-    task_files = files_in(task)
     for written in (
         Path(out),
         Path(out).with_name(Path(out).name + ".rejects.jsonl"),
         Path(out).with_name(Path(out).name + ".report.json"),
-    ):
-        refuse_input_as_output(written, task_files)
+    ):  # appended to on a resume: its own files only (their rows are checked before any is touched)
+        claim_output(written, what="synthetic rows", command="synth generate", inputs=[task, prompt_dir], append=True)
     data = load_task(task)
+    args["corpus_sha256"] = data.corpus_sha256  # what a merge compares
     engine = backend.build()
     report = asdict(
         synthesize(
@@ -114,27 +114,22 @@ def merge(shards: list[Path], out: Path, overwrite: bool = False) -> dict:
             or in none, a row of a document its shard did not take; ``out`` one of the shards.
         FileNotFoundError: a shard's report is missing.
     """
-    claim_output(out, overwrite, "rows")
-    refuse_input_as_output(out, shards)
+    claim_output(out, overwrite, "rows", command="synth merge", inputs=shards)
     reports = []
     for file in map(Path, shards):
         report_file = file.with_name(file.name + ".report.json")
         if not report_file.is_file():
             raise FileNotFoundError(f"{report_file}: the shard's report is missing (written by synth generate)")
         reports.append(json.loads(read_text(report_file)))
-    runs = {
-        (
-            r["args"]["task"],
-            r["args"]["n_docs"],
-            r["args"]["seed"],
-            r["args"]["spec"]["name"],
-            r["report"]["shard"]["count"],
-        )
-        for r in reports
-    }
-    if len(runs) != 1:
-        raise ValueError(f"the shards come from different runs (task, n_docs, seed, spec, count): {sorted(runs)}")
-    task, n_docs, seed, _, count = runs.pop()
+    check_same_run(
+        [
+            (f.with_name(f.name + ".report.json"), {**r["args"], "count": r["report"]["shard"]["count"]})
+            for f, r in zip(map(Path, shards), reports)
+        ],
+        ignore=("shard", "out", "task"),
+    )  # the same corpus, sample, prompts, generator and settings
+    first = reports[0]["args"]
+    task, n_docs, seed, count = first["task"], first["n_docs"], first["seed"], reports[0]["report"]["shard"]["count"]
     data = load_task(task)
     order, _ = sample_documents(data, n_docs, seed)
     sample = [data.doc_ids[i] for i in order]
