@@ -230,9 +230,9 @@ def claim_output(
                 shutil.rmtree(child, ignore_errors=True)
             else:
                 child.unlink(missing_ok=True)
-    if command is not None:
+    if command is not None and not (append and taken and owner is None):  # a file of unknown origin is not
         write_text(_record_file(path), json_text({"command": command, "what": what, "pid": os.getpid()}) + "\n")
-    return path
+    return path  # made this command's by claiming it: its caller checks what it holds first
 
 
 def refuse_input_as_output(output: str | os.PathLike, inputs, what: str = "output") -> None:

@@ -21,7 +21,7 @@ from obliq.files import atomic_write, claim_output, json_text, read_text, write_
 from obliq.llm.backends import BackendConfig
 from obliq.shards import Shard, check_cover, check_same_run
 from obliq.synth.audit import audit_pairs, format_audit
-from obliq.synth.generate import GenerationConfig, sample_documents, synthesize
+from obliq.synth.generate import GenerationConfig, read_done, sample_documents, synthesize
 from obliq.synth.prompts import TaskSpec
 from obliq.tasks import load_task
 
@@ -74,6 +74,7 @@ def generate(
         claim_output(written, what="synthetic rows", command="synth generate", inputs=[task, prompt_dir], append=True)
     data = load_task(task)
     args["corpus_sha256"] = data.corpus_sha256  # what a merge compares
+    read_done(Path(out), spec.name)  # another command's file, or a bad row: refused before the model loads
     engine = backend.build()
     report = asdict(
         synthesize(
