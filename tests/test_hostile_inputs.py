@@ -11,7 +11,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import yaml
 from test_data_support import write_rows
 from test_tasks import make_task
 

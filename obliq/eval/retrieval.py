@@ -203,13 +203,14 @@ def retrieve_dense(
                 docs = np.load(cache, allow_pickle=False)
                 if not isinstance(docs, np.ndarray) or docs.dtype.kind != "f":  # an .npz, a pickle, ints …
                     raise ValueError(f"not an array of floats ({type(docs).__name__})")
+                status = "checked"  # an array of floats: what is wrong with it is said in full
                 if docs.ndim != 2 or docs.shape[0] != len(task.doc_ids) or not np.isfinite(docs).all():
                     raise ValueError(f"shape {docs.shape} for {len(task.doc_ids)} documents, or non-finite values")
                 status = "hit"
             except Exception as err:  # a corrupt or foreign cache file, whatever numpy raises: rebuilt
-                first = (str(err).splitlines() or [type(err).__name__])[0]
-                log.warning("%s: unusable cached embeddings (%s); discarded and re-encoded", cache, first)
-                docs = None
+                why = str(err) if status == "checked" else f"not a float array obliq wrote: {type(err).__name__}"
+                log.warning("%s: unusable cached embeddings (%s); discarded and re-encoded", cache, why)
+                docs, status = None, "miss"
     if docs is None:
         docs = unit_float32(encode(task.doc_texts, "passage", settings.batch_size), "corpus embeddings")
         if cache is not None:
