@@ -23,7 +23,6 @@ from obliq.eval.metrics import DEFAULT_MEASURES, check_depth
 from obliq.eval.results import evaluate_tasks
 from obliq.eval.retrieval import RetrievalSettings, is_run_file, make_retriever
 from obliq.files import claim_output, write_json
-from obliq.model.checkpoint import exported_from
 from obliq.tasks import find_tasks, load_task
 
 log = logging.getLogger(__name__)
@@ -75,7 +74,6 @@ def evaluate(
     model_file = Path(str(model)) if isinstance(model, (str, Path)) and Path(str(model)).exists() else None
     inputs = [*tasks, rerank, model_file]  # a run file or model folder inside the output would be rewritten
     output = claim_output(output, overwrite, "evaluation results", command="evaluate", inputs=inputs)
-    config["model_export"] = exported_from(model_file) if model_file is not None else None
     loaded = [load_task(p) for p in find_tasks(tasks)]
     if not is_run_file(model):  # fail before any encoding (a run file's depth is checked when it is read)
         for task in loaded:

@@ -264,25 +264,21 @@ def _evaluation(results: Path, digest: str) -> list[dict]:
 
     Raises:
         FileNotFoundError: the folder holds no ``<task>/summary.json``.
-        ValueError: the folder evaluated another model (its ``config.json`` names the model, and that
-            model's export record names the checkpoint's weights), or its summaries name several models.
+        ValueError: a task summary of another model (each summary holds the evaluated folder's export
+            record, :data:`~obliq.model.checkpoint.EXPORT_RECORD`, whose weights digest must be this
+            checkpoint's).
     """
     summaries = [json.loads(read_text(p)) for p in sorted(results.glob("*/summary.json"))]
     if not summaries:
         raise FileNotFoundError(f"{results}: no <task>/summary.json (an evaluate output folder)")
-    config = results / "config.json"
-    evaluated = json.loads(read_text(config)) if config.is_file() else {}
-    record = evaluated.get("model_export") or {}
-    if record.get("weights_sha256") != digest:
-        model = evaluated.get("model", "an unknown model")
-        raise ValueError(
-            f"{results}: evaluates {model!r}, which is not an export of this checkpoint (its export record "
-            f"{'names other weights' if record else 'is missing'}): evaluate this export's adapter or merged "
-            "folder and pass that folder"
-        )
-    models = sorted({str(s.get("model")) for s in summaries})
-    if len(models) > 1:
-        raise ValueError(f"{results}: the task summaries name several models ({', '.join(models)})")
+    for summary in summaries:
+        record = summary.get("model_export") or {}
+        if record.get("weights_sha256") != digest:
+            raise ValueError(
+                f"{results}/{summary.get('task')}: evaluates {summary.get('model')!r}, which is not an export of "
+                f"this checkpoint (its export record {'names other weights' if record else 'is missing'}): "
+                "evaluate this export's adapter or merged folder and pass that evaluation"
+            )
     return summaries
 
 

@@ -29,6 +29,7 @@ import numpy as np
 from obliq.eval.metrics import DEFAULT_MEASURES, RECALL_CURVE_K, check_depth, evaluate_run, parse_measures, write_run
 from obliq.eval.retrieval import Retrieval, Retriever
 from obliq.files import json_text, read_text, safe_name, write_json
+from obliq.model.checkpoint import exported_from
 from obliq.tasks import Task
 
 log = logging.getLogger(__name__)
@@ -103,6 +104,8 @@ def evaluate_task(
         "corpus_cache": retrieval.corpus_cache,
         "reads": retrieval.reads,
         "validation": task.report,
+        # an exported model's record of its checkpoint (what `obliq export --results` matches), else None
+        "model_export": exported_from(model) if isinstance(model, str) else None,
         **({"rerank": rerank} if rerank else {}),
     }
     if "pooled" in results:
