@@ -645,7 +645,7 @@ print(b.corpus_cache, b.run == a)
         "errors",
         "a corrupt embedding cache",
         None,
-        ok=done.stdout.strip() == "miss True" and "unusable cached" in done.stderr,
+        ok=done.stdout.strip().splitlines()[-1:] == ["miss True"] and "unusable cached" in done.stderr,
         detail=done.stdout + done.stderr,
     )
 
