@@ -62,7 +62,7 @@ def case(
         good = good and len(lines) == 1 and all(n in lines[0] for n in needles)
     else:
         good = good and all(n in err + done.stdout for n in needles)
-    RESULTS.append((kind, name, good, (lines[0] if lines else err.strip().splitlines()[-1:] or [""])[0][:160]))
+    RESULTS.append((kind, name, good, (lines or err.strip().splitlines()[-1:] or [""])[0][:160]))
 
 
 def checkpoint(path: Path, backbone: str, seed: int = 0) -> Path:
@@ -141,7 +141,7 @@ def cases(w: Path, data: Path) -> None:
         "outputs",
         "purity --out <task>/corpus.jsonl",
         run("distill", "purity", "--task", str(t), "--out", str(t / "corpus.jsonl"), cwd=w),
-        "inside the input",
+        "the input",
         ok=(t / "corpus.jsonl").read_bytes() == corpus,
     )
     run("distill", "graph", "--task", str(t), "--out", str(w / "g.json"), "--k", "2", cwd=w)
@@ -149,7 +149,7 @@ def cases(w: Path, data: Path) -> None:
         "outputs",
         "graph --out <task>/qrels/test.tsv",
         run("distill", "graph", "--task", str(t), "--out", str(t / "qrels" / "test.tsv"), "--overwrite", "true", cwd=w),
-        "inside the input",
+        "the input",
     )
     case(
         "outputs",
@@ -276,7 +276,7 @@ def cases(w: Path, data: Path) -> None:
         "outputs",
         "task split --out inside the task",
         run("task", "split", "--task", str(t), "--out", str(t / "split"), cwd=w),
-        "inside the input",
+        "the input",
     )
     case(
         "outputs",
@@ -311,7 +311,7 @@ def cases(w: Path, data: Path) -> None:
         "a pattern",
         ok=not list(w.rglob("[*].jsonl")),
     )
-    (w / "qs" / "rows").mkdir(parents=True)
+    (w / "qs" / "rows").mkdir(parents=True, exist_ok=True)
     (w / "qs" / "rows" / "knn.jsonl").write_text('{"mine": 1}\n')
     (w / "own.yaml").write_text(qs)
     case(
