@@ -156,6 +156,7 @@ def _start(config: Path, *extra: str) -> subprocess.Popen:
     tmp = config.parent / "tmp"
     tmp.mkdir(exist_ok=True)
     env = dict(os.environ, PYTHONHASHSEED="0", OMP_NUM_THREADS="1", PYTHONPATH=str(REPO), TMPDIR=str(tmp))
+    env["OBLIQ_RECIPE_IMPORTS"] = "bench.kill_resume"  # its SeenRows callback (obliq.trainer.RECIPE_IMPORTS)
     return subprocess.Popen(
         [sys.executable, str(REPO / "train.py"), "fit", "--config", str(config), *extra],
         cwd=REPO,

@@ -65,6 +65,17 @@ COMMANDS = {
 
 TRAIN = "train"
 """The subcommand handed whole to the training CLI (``obliq train fit --config …``)."""
+TRAIN_STAGES = ("fit", "validate", "test", "predict")
+"""The training CLI's own subcommands, which ``obliq`` alone does not have."""
+
+
+def _train_prog() -> str:
+    """What the training CLI's messages call it: ``train.py`` or ``obliq train`` (its tips then name a
+    command that exists: ``obliq train fit --help``, not ``obliq fit --help``)."""
+    import os
+
+    name = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "obliq"
+    return name if name.endswith(".py") else f"{name} {TRAIN}"
 
 
 def _is_list(annotation) -> bool:
@@ -128,13 +139,21 @@ def main(argv: list[str] | None = None):
     """Run ``obliq <command> …`` (``argv`` defaults to ``sys.argv[1:]``); returns the command's result."""
     from jsonargparse import auto_cli
 
+    from obliq.files import install_yaml_checks
+
     setup_logging()
+    install_yaml_checks()  # every --config and YAML value: no key twice, no alias bomb
     argv = list(sys.argv[1:] if argv is None else argv)
     with user_errors():
         if argv[:1] == [TRAIN]:
             from obliq.trainer import cli
 
-            return cli(argv[1:])
+            return cli(argv[1:], prog=_train_prog())
+        if argv[:1] and argv[0] in TRAIN_STAGES:
+            raise ValueError(
+                f"obliq {argv[0]}: not a command; training is `obliq train {argv[0]} --config …` "
+                f"(or `python train.py {argv[0]} …`); `obliq --help` lists the commands"
+            )
         result = auto_cli(
             COMMANDS,
             args=_expand(argv),

@@ -39,6 +39,19 @@ def user_errors():
         raise SystemExit(2) from None
 
 
+def weights_only_refusal(err: BaseException, source: object) -> ValueError:
+    """The one-line error for a file that ``torch.load(weights_only=True)`` refused (a pickle that holds
+    more than plain tensors): obliq never retries with ``weights_only=False``, whatever torch suggests."""
+    import re
+
+    found = re.search(r"Unsupported global: GLOBAL ([\w.]+)", str(err))
+    what = f"it names {found[1]!r}" if found else "not plain tensors"
+    return ValueError(
+        f"{source}: a pickle that holds more than weights ({what}): obliq reads weights as data only "
+        "(weights_only=True) and never runs a file's code; use a safetensors copy made where the file is trusted"
+    )
+
+
 def check_int(name: str, value, minimum: int) -> None:
     """Raise ``ValueError("<name>: …")`` unless ``value`` is an integer ≥ ``minimum``."""
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:

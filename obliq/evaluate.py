@@ -74,7 +74,9 @@ def evaluate(
     """
     config = {k: v for k, v in locals().items()}
     rank = _join_process_group()
-    output = claim_output(output, overwrite, "evaluation results")
+    model_file = Path(str(model)) if isinstance(model, (str, Path)) and Path(str(model)).exists() else None
+    inputs = [*tasks, rerank, model_file]  # a run file or model folder inside the output would be rewritten
+    output = claim_output(output, overwrite, "evaluation results", command="evaluate", inputs=inputs)
     loaded = [load_task(p) for p in find_tasks(tasks)]
     if not is_run_file(model):  # fail before any encoding (a run file's depth is checked when it is read)
         for task in loaded:

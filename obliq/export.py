@@ -16,6 +16,8 @@ merged folder is removed and the export refuses.
 from __future__ import annotations
 
 import json
+import os
+import re
 import shutil
 from pathlib import Path
 
@@ -24,7 +26,7 @@ import torch
 from obliq import __version__
 from obliq.aliases import portable_name
 from obliq.files import claim_output, read_text, write_json, write_text
-from obliq.model.checkpoint import load_checkpoint, read_checkpoint
+from obliq.model.checkpoint import EXPORT_RECORD, load_checkpoint, read_checkpoint, weights_digest
 from obliq.model.encoder import BiEncoder
 from obliq.tasks.obliq_bench import OBLIQ_BENCH
 
@@ -36,6 +38,10 @@ PROBE = [
     "The court adjourned; nobody expected the verdict, least of all the defendant's lawyers.",
     "Short.",
 ]
+
+
+TEXT_ONLY = {"text": {"method": "forward", "method_output_name": "last_hidden_state"}}
+"""The merged folder's ``modality_config``: plain text in, the last hidden states out (no ``message``)."""
 
 
 def _probe_embeddings(encode, texts: list[str]) -> torch.Tensor:
@@ -50,6 +56,7 @@ def export(
     probe_file: Path | None = None,
     results: Path | None = None,
     backbone: str | None = None,
+    base_model: str | None = None,
     trust_remote_code: bool = False,
     overwrite: bool = False,
 ) -> dict:
@@ -62,13 +69,16 @@ def export(
         out: output folder.
         merge: also write a merged sentence-transformers folder (prompts ``query`` / ``document``
             hold the prefixes, and per-task prompts for mteb's OBLIQ-Bench tasks, :func:`task_prompts`;
-            mean pooling; normalisation).
-        min_cosine: the least cosine between merged and adapter embeddings on the probe set.
-        probe_file: texts to probe with, one per line (default: a built-in set).
+            mean pooling; normalisation; plain text in, never a chat template).
+        min_cosine: the least cosine, in (0, 1], between merged and adapter embeddings on the probe
+            set, batched and one text at a time.
+        probe_file: texts to probe with, one per line (blank lines skipped; default: a built-in set).
         results: an ``evaluate`` output folder of this model (``<task>/summary.json``): its metrics go
-            into the model card.
+            into the model card. Refused unless it evaluated an export of this checkpoint.
         backbone: the backbone you expect the checkpoint to be trained on; refused if it names another
             (default: the checkpoint's own).
+        base_model: the base model's Hub id for the card's ``base_model`` (default: the backbone's, when
+            it is known to come from the Hub: an alias or a Hub id; a local folder gets none).
         trust_remote_code: let the backbone run its own code. Only ever from you: a checkpoint's stored
             settings cannot switch it on.
         overwrite: replace an earlier export in ``out`` (refused otherwise).
@@ -78,33 +88,85 @@ def export(
 
     Raises:
         FileExistsError: ``out`` holds an earlier export and ``overwrite`` is false.
-        ValueError: the merged model's embeddings drift below ``min_cosine`` (nothing merged is kept);
-            the checkpoint's backbone is not ``backbone``.
+        ValueError: the merged model's embeddings drift below ``min_cosine`` (nothing merged is kept;
+            the message names what differs); the checkpoint's backbone is not ``backbone``; an empty
+            probe file; ``min_cosine`` outside (0, 1]; ``base_model`` not a Hub id; ``results`` of
+            another model.
     """
     out = Path(out)
+    if not 0 < min_cosine <= 1:
+        raise ValueError(f"min_cosine: a cosine lies in [-1, 1] and the check needs (0, 1], got {min_cosine}")
+    probe = PROBE
+    if probe_file is not None:
+        probe = [line for line in read_text(probe_file).splitlines() if line.strip()]
+        if not probe:
+            raise ValueError(f"{probe_file}: no probe text (one per line): nothing would check the merge")
     ckpt = read_checkpoint(checkpoint)
-    evaluation = _evaluation(Path(results)) if results is not None else []
-    claim_output(out, overwrite, "an export")
+    base = card_base_model(ckpt["obliq"]["encoder"]["backbone"], base_model)
+    digest = weights_digest(ckpt)
+    evaluation = _evaluation(Path(results), digest) if results is not None else []
+    claim_output(out, overwrite, "an export", command="export", inputs=[checkpoint, probe_file, results])
     trust = dict(backbone=backbone, trust_remote_code=trust_remote_code)
     encoder = load_checkpoint(checkpoint, ckpt, **trust)
     adapter_dir = out / "adapter"
-    for stale in (adapter_dir, out / "merged"):  # a previous export's (overwrite asked): never mix two checkpoints
-        shutil.rmtree(stale, ignore_errors=True)
+    record = {"checkpoint": Path(checkpoint).name, "step": ckpt.get("global_step"), "weights_sha256": digest}
     encoder.save_pretrained(adapter_dir)
-    write_text(adapter_dir / "README.md", model_card(ckpt, encoder, "adapter", evaluation))
-    report = {"checkpoint": str(checkpoint), "adapter": str(adapter_dir)}
+    write_json(adapter_dir / EXPORT_RECORD, record)
+    write_text(adapter_dir / "README.md", model_card(ckpt, encoder, "adapter", evaluation, base))
+    report = {"checkpoint": str(checkpoint), "adapter": str(adapter_dir), "base_model": base}
     if merge:
-        probe = read_text(probe_file).splitlines() if probe_file else PROBE
         report.update(merge_to_sentence_transformers(checkpoint, ckpt, out / "merged", probe, min_cosine, trust))
-        write_text(out / "merged" / "README.md", model_card(ckpt, encoder, "merged", evaluation))
+        write_json(out / "merged" / EXPORT_RECORD, record)
+        write_text(out / "merged" / "README.md", model_card(ckpt, encoder, "merged", evaluation, base))
     write_json(out / "export.json", report)
     return report
+
+
+def _is_hub_id(name: str) -> bool:
+    """Whether ``name`` is a Hub model id (``owner/name``) and not a path on this machine."""
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    if name.count("/") != 1 or name.startswith((".", "~", "/")) or os.path.exists(os.path.expanduser(name)):
+        return False
+    try:
+        validate_repo_id(name)
+    except HFValidationError:
+        return False
+    return True
+
+
+def card_base_model(backbone: str, given: str | None = None) -> str | None:
+    """The card's ``base_model`` (C35): ``given`` (checked), else the backbone's Hub id when it is known —
+    an alias or a packaged model (:func:`obliq.aliases.portable_name`), a Hub id, or a folder of the Hub
+    cache (``…/models--<owner>--<name>/snapshots/<revision>``) — else None: a local folder (a copy, a
+    locally fine-tuned model) has no Hub id, and its config's ``_name_or_path`` names the model *it*
+    came from, not it. The Hub rejects a card whose base model is a path, and a path tells the world
+    about the trainer's disk.
+
+    Raises:
+        ValueError: ``given`` is not a Hub model id.
+    """
+    if given is not None:
+        if not _is_hub_id(given):
+            raise ValueError(f"base_model {given!r} is not a Hub model id (owner/name)")
+        return given
+    name = portable_name(backbone)
+    if _is_hub_id(name):
+        return name
+    cached = re.search(r"models--([\w.-]+)--([\w.-]+)[/\\]snapshots[/\\]", name)
+    if cached and _is_hub_id(f"{cached[1]}/{cached[2]}"):
+        return f"{cached[1]}/{cached[2]}"
+    return None
 
 
 def merge_to_sentence_transformers(
     checkpoint: Path, ckpt: dict, folder: Path, probe: list[str], min_cosine: float, trust: dict
 ) -> dict:
-    """Merge LoRA in float32, cast once to the training dtype, save and verify a sentence-transformers folder."""
+    """Merge LoRA in float32, cast once to the training dtype, save and verify a sentence-transformers
+    folder: loaded fresh with plain ``SentenceTransformer(folder)``, its embeddings of the probe texts
+    (queries and passages, batched and one at a time) must have cosine ≥ ``min_cosine`` with the
+    adapter's in float32. On failure the folder is removed and the message names what differs
+    (:func:`_differences`)."""
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.models import Normalize, Pooling, Transformer
 
@@ -123,7 +185,12 @@ def merge_to_sentence_transformers(
         # The model's capacity (as obliq's own encoder caps it), not the training length: a merged
         # folder then encodes the text an adapter would under the same evaluation settings.
         capacity = encoder.text.capacity or s["passage_max_length"]
-        transformer = Transformer(str(hf_dir), max_seq_length=capacity)
+        # Text only (C33): sentence-transformers gives a tokenizer with a chat template a "message"
+        # modality and then wraps every plain string in the template, system prompt and all. The
+        # chat template stays in the folder for whoever wants it; plain strings stay plain.
+        transformer = Transformer(
+            str(hf_dir), max_seq_length=capacity, modality_config=TEXT_ONLY, module_output_name="token_embeddings"
+        )
         st = SentenceTransformer(
             modules=[transformer, Pooling(encoder.hidden_size, "mean"), Normalize()],
             prompts=task_prompts(encoder),
@@ -133,22 +200,30 @@ def merge_to_sentence_transformers(
         st.save(str(folder))
     finally:
         shutil.rmtree(hf_dir, ignore_errors=True)
+    try:
+        loaded = SentenceTransformer(str(folder), device="cpu")
 
-    loaded = SentenceTransformer(str(folder), device="cpu")
+        def st_encode(texts, kind, one_at_a_time=False):
+            fn = loaded.encode_query if kind == "query" else loaded.encode_document
+            loaded.max_seq_length = encoder.settings[f"{kind}_max_length"]
+            if one_at_a_time:
+                return torch.cat([st_encode([t], kind) for t in texts])
+            return fn(texts, convert_to_tensor=True, normalize_embeddings=True).float().cpu()
 
-    def st_encode(texts, kind):
-        fn = loaded.encode_query if kind == "query" else loaded.encode_document
-        loaded.max_seq_length = encoder.settings[f"{kind}_max_length"]
-        return fn(texts, convert_to_tensor=True, normalize_embeddings=True).float().cpu()
-
-    got = _probe_embeddings(st_encode, probe)
-    cosine = float((got * expect).sum(-1).min())
-    if cosine < min_cosine:
+        batched = float((_probe_embeddings(st_encode, probe) * expect).sum(-1).min())
+        single = float((_probe_embeddings(lambda t, k: st_encode(t, k, True), probe) * expect).sum(-1).min())
+        cosine = min(batched, single)
+        if cosine < min_cosine:
+            found = _differences(loaded, encoder, probe, dtype)
+            raise ValueError(
+                f"{folder}: the merged model drifts from the adapter in sentence-transformers: min cosine "
+                f"{cosine:.5f} < {min_cosine} on {len(probe)} probe texts (batched {batched:.5f}, one at a time "
+                f"{single:.5f}); {'; '.join(found) if found else 'no setting differs, the weights do'}. "
+                "Nothing merged is kept; the adapter export stands"
+            )
+    except BaseException:
         shutil.rmtree(folder, ignore_errors=True)
-        raise ValueError(
-            f"merged model drifts from the adapter: min cosine {cosine:.5f} < {min_cosine} on {len(probe)} probe "
-            "texts; use the adapter export (or merge to float32)"
-        )
+        raise
     return {"merged": str(folder), "merged_dtype": str(dtype).removeprefix("torch."), "probe_min_cosine": cosine}
 
 
@@ -166,43 +241,99 @@ def task_prompts(encoder: BiEncoder) -> dict[str, str]:
     return prompts
 
 
-def _evaluation(results: Path) -> list[dict]:
-    """The per-task summaries of an ``evaluate`` output folder.
+def _differences(loaded, encoder: BiEncoder, probe: list[str], dtype: torch.dtype) -> list[str]:
+    """What makes a sentence-transformers folder read texts otherwise than the adapter: the chat
+    template (a ``message`` modality), the prompts, the lengths, the tokens fed to the model, the
+    pooling, the attention, the weights' dtype."""
+    found = []
+    transformer = loaded[0]
+    if "message" in (getattr(transformer, "modality_config", None) or {}):
+        found.append(
+            "sentence_bert_config.json has a 'message' modality: sentence-transformers wraps every text in the "
+            "tokenizer's chat template (system prompt included) before encoding"
+        )
+    for kind, key in (("query", "query"), ("passage", "document")):
+        want = encoder.settings[f"{kind}_prefix"]
+        if (loaded.prompts or {}).get(key, "") != want:
+            found.append(f"the {key!r} prompt is {(loaded.prompts or {}).get(key)!r}, the adapter's prefix {want!r}")
+    text = encoder.settings["query_prefix"] + probe[0]
+    ours = encoder.tokenize([probe[0]], "query")["input_ids"][0].tolist()
+    try:
+        theirs = loaded.tokenize([text])["input_ids"][0].tolist()
+    except Exception as err:  # an API this version lacks: say so rather than guess
+        theirs = None
+        found.append(f"could not compare tokens ({type(err).__name__})")
+    if theirs is not None and theirs != ours:
+        tok = encoder.tokenizer
+        found.append(
+            f"the model is fed other tokens: {tok.decode(theirs)[:120]!r} instead of {tok.decode(ours)[:120]!r}"
+        )
+    pooling = [m for m in loaded if type(m).__name__ == "Pooling"]
+    if not pooling or getattr(pooling[0], "pooling_mode", "mean") != "mean":
+        found.append("the pooling is not a mean over the tokens")
+    if not any(type(m).__name__ == "Normalize" for m in loaded):
+        found.append("the embeddings are not L2-normalised")
+    config = getattr(getattr(transformer, "model", None), "config", None)
+    if encoder.bidirectional and getattr(config, "is_causal", None) is not False and config.model_type != "bert":
+        found.append("the folder's decoder attends causally (config.is_causal is not False)")
+    if dtype != torch.float32:
+        found.append(f"the merged weights are stored in {str(dtype).removeprefix('torch.')} (the check is float32)")
+    return found
+
+
+def _evaluation(results: Path, digest: str) -> list[dict]:
+    """The per-task summaries of an ``evaluate`` output folder of an export of this checkpoint.
 
     Raises:
         FileNotFoundError: the folder holds no ``<task>/summary.json``.
+        ValueError: a task summary of another model (each summary holds the evaluated folder's export
+            record, :data:`~obliq.model.checkpoint.EXPORT_RECORD`, whose weights digest must be this
+            checkpoint's).
     """
     summaries = [json.loads(read_text(p)) for p in sorted(results.glob("*/summary.json"))]
     if not summaries:
         raise FileNotFoundError(f"{results}: no <task>/summary.json (an evaluate output folder)")
+    for summary in summaries:
+        record = summary.get("model_export") or {}
+        if record.get("weights_sha256") != digest:
+            raise ValueError(
+                f"{results}/{summary.get('task')}: evaluates {summary.get('model')!r}, which is not an export of "
+                f"this checkpoint (its export record {'names other weights' if record else 'is missing'}): "
+                "evaluate this export's adapter or merged folder and pass that evaluation"
+            )
     return summaries
 
 
-def model_card(ckpt: dict, encoder: BiEncoder, kind: str, evaluation: list[dict]) -> str:
+def model_card(ckpt: dict, encoder: BiEncoder, kind: str, evaluation: list[dict], base: str | None) -> str:
     """A Hugging Face model card (``README.md``) for an exported adapter (``kind="adapter"``) or merged
     sentence-transformers folder (``"merged"``), built from the checkpoint's own record of its training:
-    the base model by its portable name, the encoder's settings, LoRA, the loss and optimiser settings,
-    the training sources with their rows per epoch (the doses), and the evaluation table when given."""
+    the base model by its Hub id (``base``, :func:`card_base_model`; None: no ``base_model`` line, a local
+    base), the encoder's settings, LoRA, the loss and optimiser settings, the training sources with their
+    rows per epoch (the doses), and the evaluation table when given. No path of this machine appears in
+    it: sources are named by their file names, and the usage code names the base by its Hub id or a
+    placeholder."""
     settings, lora = encoder.settings, ckpt["obliq"]["lora"]
-    base = portable_name(settings["backbone"])
     hp = ckpt.get("hyper_parameters", {})
     stats = (ckpt.get("TrainingDataModule") or {}).get("stats") or {}
     library = "peft" if kind == "adapter" else "sentence-transformers"
-    lines = [
-        "---",
-        f"base_model: {base}",
-        f"library_name: {library}",
-        "pipeline_tag: sentence-similarity",
-        "tags:",
-        "- obliq",
-        "- dense-retrieval",
-        "- sentence-transformers",
-        "- feature-extraction",
-    ]
+    lines = (
+        ["---"]
+        + ([f"base_model: {base}"] if base else [])
+        + [
+            f"library_name: {library}",
+            "pipeline_tag: sentence-similarity",
+            "tags:",
+            "- obliq",
+            "- dense-retrieval",
+            "- sentence-transformers",
+            "- feature-extraction",
+        ]
+    )
     lines += (["- lora"] if lora else []) + [
         "---",
         "",
-        f"# {base.split('/')[-1]} fine-tuned for oblique queries ({'LoRA adapter' if kind == 'adapter' else 'merged'})",
+        f"# {base.split('/')[-1] if base else 'A bi-encoder'} fine-tuned for oblique queries "
+        f"({'LoRA adapter' if kind == 'adapter' else 'merged'})",
         "",
         "A bi-encoder for retrieval by a latent attribute of the document (stance, technique, style, a lossy "
         f"recollection), trained with obliq {__version__} (the OBLIQ-IR recipe: InfoNCE with GradCache on "
@@ -212,7 +343,7 @@ def model_card(ckpt: dict, encoder: BiEncoder, kind: str, evaluation: list[dict]
         "",
         "| setting | value |",
         "|---|---|",
-        f"| base model | `{base}` |",
+        f"| base model | {f'`{base}`' if base else 'a local model, not on the Hub'} |",
         f"| architecture | {encoder.backbone_config.model_type}, "
         f"{'bidirectional' if encoder.bidirectional else 'causal'} attention |",
         "| pooling | mean over non-padding tokens, then L2 normalisation |",
@@ -308,20 +439,28 @@ def model_card(ckpt: dict, encoder: BiEncoder, kind: str, evaluation: list[dict]
             "from peft import PeftModel",
             "from transformers import AutoModel, AutoTokenizer",
             "",
-            f'tokenizer = AutoTokenizer.from_pretrained("{base}")',
-            f'model = PeftModel.from_pretrained(AutoModel.from_pretrained("{base}"), "path/to/this/folder").eval()',
-            f'batch = tokenizer([{settings["query_prefix"]!r} + "your query"], return_tensors="pt", padding=True)',
-            "hidden = model(**batch).last_hidden_state",
+            f'tokenizer = AutoTokenizer.from_pretrained("{base or "path/to/the/base/model"}")',
+            "tokenizer.pad_token = tokenizer.pad_token or tokenizer.eos_token",
+            f'base = AutoModel.from_pretrained("{base or "path/to/the/base/model"}")',
+        ]
+        if encoder.bidirectional and getattr(encoder.backbone_config, "is_causal", None) is False:
+            lines += [
+                "base.config.is_causal = False  # a decoder made bidirectional: the config and every attention module",
+                "for module in base.modules():",
+                "    if getattr(module, 'is_causal', None) is True:",
+                "        module.is_causal = False",
+            ]
+        lines += [
+            'model = PeftModel.from_pretrained(base, "path/to/this/folder").eval()',
+            f'texts = [{settings["query_prefix"]!r} + "your query"]  # plain text: no chat template',
+            f'batch = tokenizer(texts, return_tensors="pt", padding=True, truncation=True, '
+            f"max_length={encoder.text.max_length['query']})",
+            "with torch.no_grad():",
+            "    hidden = model(**batch).last_hidden_state",
             'mask = batch["attention_mask"].unsqueeze(-1).float()',
             "embedding = torch.nn.functional.normalize((hidden * mask).sum(1) / mask.sum(1), dim=-1)",
             "```",
         ]
-        if encoder.bidirectional and getattr(encoder.backbone_config, "is_causal", None) is False:
-            lines += [
-                "",
-                "The backbone is a decoder made bidirectional: set `config.is_causal = False` and each "
-                "attention module's `is_causal = False` before use (obliq's loader does).",
-            ]
     return "\n".join(lines) + "\n"
 
 

@@ -9,11 +9,16 @@
 - :func:`read_id_table` reads the ``id<TAB>value`` tables tasks carry (attributes, sources).
 - :func:`safe_name` turns a name found in a file (a task's name) into a folder name that cannot
   leave the output folder.
-- :func:`claim_output` and :func:`refuse_input_as_output`: no command overwrites earlier results unless
-  asked, and no output path is one of the command's inputs.
+- :func:`claim_output`: the one claim of every command's outputs: never an input (nor inside an input
+  folder), never a pattern, never replaced without ``--overwrite``, never another command's output (a
+  record beside each output names the command that wrote it).
 - :func:`json_text` / :func:`write_json` are how obliq writes JSON: strict (a NaN or infinity
   becomes ``null``), so any JSON reader can read it back; paths and dataclasses become plain values.
 - :func:`cache_dir` is where obliq caches what it computes (``$OBLIQ_CACHE``, default ``~/.cache/obliq``).
+- :func:`check_yaml` / :func:`load_yaml`: every YAML obliq reads (configs, recipes, policies, prompt
+  files) is refused when a key is given twice in one mapping (a plain loader keeps the last silently)
+  or when its aliases expand past :data:`MAX_YAML_NODES` (a nested-alias "billion laughs" would run
+  until killed); :func:`install_yaml_checks` puts the check in front of jsonargparse's loaders.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import json
 import math
 import os
 import re
+import shutil
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -110,44 +116,150 @@ def json_text(obj, indent: int | None = 2) -> str:
     return json.dumps(_plain(obj), indent=indent, ensure_ascii=False, allow_nan=False)
 
 
+def file_sha256(path: str | os.PathLike) -> str:
+    """SHA-256 of a file's bytes (what a merge compares to know its shards read the same input)."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
 def write_json(path: str | os.PathLike, obj) -> None:
     """Write ``obj`` as strict JSON (:func:`json_text`), atomically, with a final newline."""
     write_text(path, json_text(obj) + "\n")
 
 
-def claim_output(path: str | os.PathLike, overwrite: bool = False, what: str = "results") -> Path:
-    """``path`` as an output a command may write: refused when it already holds something (a file, or
-    a folder that is not empty) unless ``overwrite``.
+OUTPUT_RECORD = ".{name}.obliq"
+"""The record beside every output a command claims (``<folder>/.<name>.obliq``, JSON): which command
+wrote it. What ``--overwrite`` may replace is decided from it."""
+_GLOB = re.compile(r"[*?\[]")
+
+
+def _record_file(path: Path) -> Path:
+    return path.parent / OUTPUT_RECORD.format(name=path.name)
+
+
+def output_owner(path: str | os.PathLike) -> str | None:
+    """The command recorded as having written ``path`` (:func:`claim_output`), or None (no record: not
+    written by an obliq command, or by a version before the records)."""
+    try:
+        record = json.loads(_record_file(Path(path)).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return record.get("command") if isinstance(record, dict) else None
+
+
+def _overlap(output: Path, given: Path) -> str | None:
+    """How ``output`` would write over the input ``given`` (the same file, inside it, or around it), or None."""
+    out, source = os.path.realpath(output), os.path.realpath(given)
+    if out == source or (output.exists() and given.exists() and os.path.samefile(output, given)):
+        return "is"
+    if out.startswith(source.rstrip(os.sep) + os.sep):
+        return "is inside"
+    if source.startswith(out.rstrip(os.sep) + os.sep):
+        return "holds"
+    return None
+
+
+def check_output_name(path: str | os.PathLike) -> Path:
+    """``path``, unless its name is a pattern (``*``, ``?``, ``[``: a glob data source), which no output can be.
 
     Raises:
-        FileExistsError: it holds something and ``overwrite`` is false (the message says how to proceed).
+        ValueError: naming the path.
     """
     path = Path(path)
-    taken = path.is_file() or (path.is_dir() and any(path.iterdir()))
-    if taken and not overwrite:
-        raise FileExistsError(
-            f"{path} already holds {what}: pass --overwrite true to replace them, or give another path"
-        )
+    if _GLOB.search(path.name):
+        raise ValueError(f"{path}: an output cannot be a pattern (it has * ? or [); name one file or folder")
     return path
 
 
-def refuse_input_as_output(output: str | os.PathLike, inputs, what: str = "output") -> None:
-    """Refuse an output path that is one of the inputs (the same file after resolving links).
+def claim_output(
+    path: str | os.PathLike,
+    overwrite: bool = False,
+    what: str = "results",
+    *,
+    command: str | None = None,
+    inputs=(),
+    append: bool = False,
+) -> Path:
+    """``path`` as an output of ``command``: the one claim every command's outputs go through.
+
+    - never an input: refused when it is one of ``inputs``, lies inside an input folder (a task's
+      ``corpus.jsonl``) or holds an input (a run file inside an output folder);
+    - never a pattern: a name with ``*``, ``?`` or ``[`` (a glob data source) is refused;
+    - never replaced without being asked: a file, or a folder that is not empty, is refused unless
+      ``overwrite`` (or ``append``, for a command that resumes into its own output);
+    - never another command's: a path recorded as written by another command is refused even with
+      ``overwrite``; a folder is replaced only when it was recorded as this command's (it is emptied
+      first, so no earlier result is left beside the new ones), never a folder of unknown origin.
+
+    The claim is recorded beside the path (:data:`OUTPUT_RECORD`) when ``command`` is given.
+
+    Args:
+        path: the file or folder to write.
+        overwrite: replace what is there (the command's ``--overwrite``).
+        what: what the output holds, for messages.
+        command: the command claiming it (``evaluate``, ``distill pairs``…).
+        inputs: every file and folder the command reads (None entries are skipped).
+        append: the command continues its own earlier output (``synth generate``): an existing file
+            recorded as this command's, or without a record, is kept (the caller checks its content).
 
     Raises:
-        ValueError: ``output`` is one of ``inputs`` (both named).
+        FileExistsError: it holds something and neither ``overwrite`` nor ``append`` allows it (the
+            message says how to proceed).
+        ValueError: an input, a pattern, or another command's output (both named).
+    """
+    path = check_output_name(path)
+    for given in inputs:
+        if given is None:
+            continue
+        how = _overlap(path, Path(given))
+        if how is not None:
+            raise ValueError(
+                f"output {path} {how} the input {given}: writing it would destroy the input; choose another path"
+            )
+    owner = output_owner(path)
+    if command is not None and owner is not None and owner != command and path.exists():
+        raise ValueError(f"{path} holds {owner!r} output, not {what} of {command!r}: choose another path")
+    taken = path.is_file() or (path.is_dir() and any(path.iterdir()))
+    if taken and not (overwrite or append):
+        raise FileExistsError(
+            f"{path} already holds {what}: pass --overwrite true to replace them, or give another path"
+        )
+    if taken and path.is_dir() and overwrite:
+        if command is None or owner != command:
+            raise ValueError(
+                f"{path} is a folder that obliq did not record as {what} of {command!r}: it is not emptied; "
+                "give a new or empty folder"
+            )
+        for child in path.iterdir():  # ranks of one launch may clear at once
+            if child.is_dir() and not child.is_symlink():
+                shutil.rmtree(child, ignore_errors=True)
+            else:
+                child.unlink(missing_ok=True)
+    if command is not None and not (append and taken and owner is None):  # a file of unknown origin is not
+        write_text(_record_file(path), json_text({"command": command, "what": what, "pid": os.getpid()}) + "\n")
+    return path  # made this command's by claiming it: its caller checks what it holds first
+
+
+def refuse_input_as_output(output: str | os.PathLike, inputs, what: str = "output") -> None:
+    """Refuse an output path that is one of the inputs, lies inside an input folder or holds an input
+    (the check of :func:`claim_output`, for an output claimed elsewhere).
+
+    Raises:
+        ValueError: naming both.
     """
     out = Path(output)
     for given in inputs:
         if given is None:
             continue
-        source = Path(given)
-        same = os.path.realpath(out) == os.path.realpath(source)
-        if not same and out.exists() and source.exists():
-            same = os.path.samefile(out, source)
-        if same:
+        how = _overlap(out, Path(given))
+        if how is not None:
             raise ValueError(
-                f"{what} {out} is the input {source}: writing it would destroy the input; choose another path"
+                f"{what} {out} {how} the input {given}: writing it would destroy the input; choose another path"
             )
 
 
@@ -172,6 +284,100 @@ def refuse_shared_outputs(outputs) -> None:
         if key in seen:
             raise ValueError(f"outputs {seen[key]} and {given} are the same file: one would overwrite the other")
         seen[key] = Path(given)
+
+
+MAX_YAML_NODES = 200_000
+"""The most nodes a YAML document may hold once its aliases are expanded (a recipe holds a few hundred)."""
+
+
+def check_yaml(text: str, source: object = "YAML") -> None:
+    """Refuse a YAML document that a loader would read wrongly or forever, before it is loaded.
+
+    Raises:
+        ValueError: a key given twice in one mapping (file, line and key named); aliases that expand
+            to more than :data:`MAX_YAML_NODES` nodes (refused in time linear in the document's size).
+        yaml.YAMLError: not YAML at all.
+    """
+    import yaml
+
+    root = yaml.compose(text, Loader=yaml.SafeLoader)
+    if root is None:
+        return
+    size: dict[int, int] = {}
+    visiting: set[int] = set()
+    stack = [(root, False)]
+    while stack:  # expanded sizes bottom-up over the node graph (aliases are shared nodes)
+        node, done = stack.pop()
+        if id(node) in size:
+            continue
+        if not done and id(node) in visiting:
+            raise ValueError(f"{source}: an alias refers to a node that holds it (a recursive YAML structure)")
+        if isinstance(node, yaml.MappingNode):
+            children = [n for pair in node.value for n in pair]
+        elif isinstance(node, yaml.SequenceNode):
+            children = list(node.value)
+        else:
+            size[id(node)] = 1
+            continue
+        if done:
+            visiting.discard(id(node))
+            size[id(node)] = 1 + sum(size[id(c)] for c in children)
+            if size[id(node)] > MAX_YAML_NODES:
+                raise ValueError(
+                    f"{source}: its aliases expand to more than {MAX_YAML_NODES:,} nodes (a nested-alias bomb?); "
+                    "refused before loading"
+                )
+            continue
+        if isinstance(node, yaml.MappingNode):
+            seen: dict[str, int] = {}
+            for key, _ in node.value:
+                if isinstance(key, yaml.ScalarNode) and key.tag != "tag:yaml.org,2002:merge":
+                    line = key.start_mark.line + 1
+                    if key.value in seen:
+                        raise ValueError(
+                            f"{source}:{line}: key {key.value!r} given twice in one mapping (first on line "
+                            f"{seen[key.value]}); a loader would keep the last silently: remove one"
+                        )
+                    seen[key.value] = line
+        visiting.add(id(node))
+        stack.append((node, True))
+        stack.extend((c, False) for c in children if id(c) not in size)
+
+
+def load_yaml(text: str, source: object = "YAML"):
+    """``yaml.safe_load`` of ``text`` after :func:`check_yaml`.
+
+    Raises:
+        ValueError: see :func:`check_yaml`, and a YAML syntax error (``source`` named).
+    """
+    import yaml
+
+    try:
+        check_yaml(text, source)
+        return yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise ValueError(f"{source}: not valid YAML ({str(err).splitlines()[0]})") from None
+
+
+def install_yaml_checks() -> None:
+    """Put :func:`check_yaml` in front of jsonargparse's YAML loaders (modes ``yaml`` and ``omegaconf+``),
+    so ``obliq --config``, ``train.py --config`` and every YAML value on a command line are checked."""
+    from jsonargparse import _loaders_dumpers as loaders
+
+    for mode in ("yaml", "omegaconf+"):
+        if mode not in loaders.loaders and mode.startswith("omegaconf"):
+            loaders.set_omegaconf_loader(mode)
+        base = loaders.loaders[mode]
+        if getattr(base, "_obliq_checked", False):
+            continue
+
+        def checked(text, *args, _base=base, **kwargs):
+            if isinstance(text, str):
+                check_yaml(text, "config")
+            return _base(text, *args, **kwargs)
+
+        checked._obliq_checked = True
+        loaders.loaders[mode] = checked
 
 
 def read_id_table(path: str | os.PathLike, value: str = "attribute") -> dict[str, str]:

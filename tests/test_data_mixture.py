@@ -160,7 +160,10 @@ def test_counts_are_exact_every_epoch_and_the_dose_is_fixed_and_nested(files, to
     bigger.setup()
     assert dose[0] < {rid for rid in _epoch_ids(bigger, 0) if task(rid) == "stance-tweets"}  # doses nest
 
-    over = TrainingDataModule([Source(str(b), count=2 * n_b + 5)], batch_size=16, index_dir=str(tmp_path))
+    too_many = TrainingDataModule([Source(str(b), count=n_b + 1)], batch_size=16, index_dir=str(tmp_path))
+    with pytest.raises(ValueError, match=f"count {n_b + 1} is more than its {n_b} valid rows"):
+        too_many.setup()  # a dose above the rows available is an error (docs/distill.md)
+    over = TrainingDataModule([Source(str(b), count=2 * n_b + 5, repeat=True)], batch_size=16, index_dir=str(tmp_path))
     over.setup()
     for epoch in (0, 1):
         times = Counter(Counter(_epoch_ids(over, epoch)).values())
@@ -256,6 +259,9 @@ def test_resume_refuses_a_different_setup(files, tokenize, tmp_path):
     rows = [json.loads(line) for line in files["stance60"].read_text().splitlines()]
     other_rows = tmp_path / "other.jsonl"  # as many rows, other ones: the same count is not the same data
     other_rows.write_text("".join(json.dumps(dict(r, id=r["id"] + "-b")) + "\n" for r in rows))
+    other_texts = tmp_path / "texts.jsonl"  # the same ids in the same order, one query changed (issue 24)
+    edited = [dict(r, query=r["query"] + " (edited)") if i == 7 else r for i, r in enumerate(rows)]
+    other_texts.write_text("".join(json.dumps(r) + "\n" for r in edited))
     first = loader(2)
     next(iter(first))
     state = first.state_dict()
@@ -263,6 +269,7 @@ def test_resume_refuses_a_different_setup(files, tokenize, tmp_path):
         (loader(1), "world_size"),
         (loader(2, batch_size=4), "batch_size"),
         (loader(2, path=other_rows), "sources"),
+        (loader(2, path=other_texts), "sources"),
     ):
         other.load_state_dict(state)
         with pytest.raises(ValueError, match=f"different data setup \\({what}"):

@@ -83,7 +83,8 @@ def test_all_identical_vectors():
     g = knn_graph(x, ["a", "b", "c", "d"], 3)
     for i, row in enumerate(g.neighbours):
         assert sorted(row) == sorted(set(range(4)) - {i})
-    assert g.neighbours[0] == [1, 2, 3]  # ties by corpus position
+    assert g.neighbours[0] == [3, 2, 1]  # ties by id, descending (trec_eval), decided before the cut
+    assert knn_graph(x, ["a", "b", "c", "d"], 1).neighbours[0] == [3]  # the same at any k
 
 
 @pytest.mark.parametrize("k", [4, 5, 50])

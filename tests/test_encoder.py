@@ -253,3 +253,53 @@ def test_a_huge_text_is_cut_before_the_tokenizer_sees_it_whole(minilm_path):
     assert time.perf_counter() - start < 5
     assert torch.equal(huge["input_ids"], enc.tokenize(["word " * 100], "query")["input_ids"])
     assert huge["input_ids"].shape[1] == 16 and enc.truncated["query"] == 2
+
+
+def _hostile_texts() -> dict[str, str]:
+    """Texts on which a character estimate of a token's length fails (issue 24 §3)."""
+    import base64
+    import random
+
+    rng = random.Random(0)
+    words = " ".join(rng.choice(["style", "voice", "the", "witness", "policy", "Committee"]) for _ in range(400))
+    blob = base64.b64encode(bytes(rng.randrange(256) for _ in range(30_000))).decode()
+    return {
+        "whitespace-run": "start" + " " * 60_000 + words,
+        "newline-run": "start" + "\n\t" * 30_000 + words,
+        "zero-width-run": "\u200b" * 40_000 + words,
+        "zero-width-inside": "\u200b\u200c".join(words[:3000]),
+        "long-url": "see https://example.org/" + "a1b2c3/" * 5_000 + " " + words,
+        "base64": "data:" + blob + " " + words,
+        "smiles": "CC(=O)Oc1ccccc1C(=O)O." * 800,
+        "combining": "e\u0301" * 20_000 + " " + words,
+        "cjk": "中文文本没有空格" * 3_000,
+        "plain-long": words * 20,
+        "short": "Short.",
+        "exactly-words": words[:200],
+    }
+
+
+@pytest.mark.parametrize("model", ["minilm", "smollm2"])
+def test_ids_are_the_tokenizers_own_truncation_of_the_whole_text(model, minilm_path, smollm2_path):
+    """§3: the ids of every text are `tokenizer(text, truncation=True, max_length=L)` of the whole text,
+    and the truncated count is the number of texts whose whole tokenization is longer than L."""
+    from transformers import AutoTokenizer
+
+    from obliq.model.encoder import TextTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(minilm_path if model == "minilm" else smollm2_path)
+    tokenizer.pad_token = tokenizer.pad_token or tokenizer.eos_token
+    texts = _hostile_texts()
+    whole = {name: len(tokenizer("passage: " + t)["input_ids"]) for name, t in texts.items()}
+    for limit in (8, 33, 128):
+        text = TextTokenizer(tokenizer, passage_max_length=limit)
+        batch = text(list(texts.values()), "passage")
+        for row, (name, t) in enumerate(texts.items()):
+            want = tokenizer("passage: " + t, truncation=True, max_length=limit)["input_ids"]
+            got = batch["input_ids"][row][batch["attention_mask"][row].bool()].tolist()
+            assert got == want, (model, limit, name)
+        assert text.truncated["passage"] == sum(n > limit for n in whole.values()), (model, limit)
+        one = TextTokenizer(tokenizer, passage_max_length=limit)  # one text at a time: the same ids
+        for name, t in texts.items():
+            ids = one([t], "passage")["input_ids"][0].tolist()
+            assert ids == tokenizer("passage: " + t, truncation=True, max_length=limit)["input_ids"], name

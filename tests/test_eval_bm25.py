@@ -23,7 +23,11 @@ def test_c17_lucene_scores():
     assert expected == pytest.approx(0.293570, abs=1e-6)
     np.testing.assert_allclose(index.scores(["quick"]), [0, 0, 0, expected, expected], atol=1e-6)
     scores, idx = index.search_tokens(["quick"], k=10)
-    assert idx.tolist() == [3, 4]  # only matching docs; equal scores by index
+    assert idx.tolist() == [4, 3]  # only matching docs; equal scores by id descending (trec_eval), here the row
+    _, idx = BM25(["foo", "dog", "baz", "quick god", "quick fox"], k1=1.5, b=0.75, ids=list("abczy")).search_tokens(
+        ["quick"], k=10
+    )
+    assert idx.tolist() == [3, 4]  # ids z (row 3), y (row 4)
 
 
 def test_stemming_repeated_query_terms_and_defaults_by_hand():

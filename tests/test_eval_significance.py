@@ -128,15 +128,40 @@ def test_obliq_compare_command(tmp_path, capsys):
             str(tmp_path / "q.tsv"),
             "--resamples",
             "1000",
+            "--missing",
+            "zero",  # q3, missing from a.trec, scores 0 (trec_eval -c)
         ]
     )
     out = json.loads(capsys.readouterr().out)
+    assert out["missing_from_a"] == ["q3"] and out["missing_from_b"] == [] and out["queries_compared"] == 3
     a_q2 = 1 / np.log2(3)
     assert out["n_queries"] == 3  # q4 has no relevant document
     assert out["mean_a"] == pytest.approx((1 + a_q2 + 0) / 3) and out["mean_b"] == pytest.approx(1.0)
     assert out["diff"] == pytest.approx((0 + (1 - a_q2) + 1) / 3)
     assert (out["helped"], out["hurt"], out["tied"], out["zero_both"]) == (2, 0, 1, 0)
     assert out["measure"] == "NDCG@10" and out["resamples"] == 1000
+
+
+def test_compare_refuses_runs_that_miss_judged_queries_unless_told_what_to_do(tmp_path, capsys):
+    """Issue 24: a run that misses most queries is not "significantly worse"; the comparison says which
+    queries it compares."""
+    from obliq.eval.significance import compare_files
+
+    runs, qrels = _c20_files(tmp_path, 12)
+    full = tmp_path / runs[0]
+    lines = full.read_text().splitlines()
+    kept = [line for line in lines if line.split()[0] in {line.split()[0] for line in lines[:2]}]
+    sparse = tmp_path / "sparse.trec"
+    sparse.write_text("\n".join(kept) + "\n")
+    with pytest.raises(ValueError, match=r"has no result for \d+ of the 12 judged queries"):
+        compare_files(full, sparse, tmp_path / qrels)
+    dropped = compare_files(full, sparse, tmp_path / qrels, missing="drop")
+    held = {line.split()[0] for line in kept}
+    assert dropped["queries_compared"] == dropped["n_queries"] == len(held) < 12
+    assert len(dropped["missing_from_b"]) == 12 - len(held)
+    with pytest.raises(SystemExit):
+        obliq_main(["compare", str(full), str(sparse), "--qrels", str(tmp_path / qrels)])
+    assert "--missing zero" in capsys.readouterr().err
 
 
 def test_compare_refuses_an_empty_run_or_one_of_another_task(tmp_path):

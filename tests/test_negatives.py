@@ -76,8 +76,8 @@ def test_c17_empty_documents_never_negatives_and_empty_corpus_ok():
 
 def test_c17_scores_of_the_case_file():
     texts = ["foo", "dog", "baz", "quick god", "quick fox"]
-    hits = Bm25sBackend(texts, k1=1.5, b=0.75, stemmer=None).search(["quick"], 10)[0]
-    assert [i for i, _ in hits] == [3, 4]
+    hits = Bm25sBackend(texts, k1=1.5, b=0.75, stemmer=None, ids=list("abcde")).search(["quick"], 10)[0]
+    assert [i for i, _ in hits] == [4, 3]  # equal scores by id, descending (trec_eval's order)
     assert [s for _, s in hits] == pytest.approx(
         [0.293570, 0.293570], abs=1e-6
     )  # ln 2.4 / (1 + 1.5 (0.25 + 0.75 · 2/1.4))
@@ -278,8 +278,10 @@ def test_bm25s_and_pyserini_agree_on_a_real_task(pyserini_backend, tasks_dir):
         assert len(a) == 10, q
         _same_top(a, b)
     mined_default, _ = mine_negatives(rows, task.doc_ids, task.doc_texts, default, k=4)
-    assert [[n["id"] for n in r["negatives"]] for r in mined_lucene] == [
-        [n["id"] for n in r["negatives"]] for r in mined_default
+    # the same negatives; their order may differ among documents whose scores tie in bm25s (ordered by
+    # id, descending) and differ by Lucene's rounding (< 1e-4) in pyserini
+    assert [sorted(n["id"] for n in r["negatives"]) for r in mined_lucene] == [
+        sorted(n["id"] for n in r["negatives"]) for r in mined_default
     ]
 
 

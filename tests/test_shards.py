@@ -70,7 +70,7 @@ def test_two_generation_shards_merge_into_one_runs_rows(tasks_dir, tmp_path, mon
     with pytest.raises(ValueError, match=r"shards \[0\] given, a run of 2 shards"):
         merge(shards[:1], tmp_path / "half.jsonl")
     generate(out=tmp_path / "other.jsonl", shard=Shard(1, 2), **dict(common, seed=14))
-    with pytest.raises(ValueError, match="different runs"):
+    with pytest.raises(ValueError, match="the shards are not one run: seed is 13"):
         merge([shards[0], tmp_path / "other.shard-1-of-2.jsonl"], tmp_path / "mixed.jsonl")
 
 

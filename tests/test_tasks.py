@@ -144,5 +144,5 @@ def test_subset_and_split_errors(tmp_path):
     one = load_task(
         make_task(tmp_path / "one", [{"_id": "d1", "text": "a"}], [{"_id": "q1", "text": "x"}], [("q1", "d1", 1)])
     )
-    with pytest.raises(ValueError, match="cannot be split"):
+    with pytest.raises(ValueError, match="rounds to 0 development queries"):
         split_queries(one)

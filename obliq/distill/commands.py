@@ -24,15 +24,7 @@ from obliq.distill.graph import KnnGraph, load_graph, teacher_graph
 from obliq.distill.pairs import knn_pairs, random_control
 from obliq.distill.purity import format_purity, graph_purity, labels_for
 from obliq.eval.teachers import TEACHER_MAX_LENGTH, StylometricConfig, load_teacher
-from obliq.files import (
-    atomic_write,
-    claim_output,
-    files_in,
-    read_id_table,
-    refuse_input_as_output,
-    refuse_shared_outputs,
-    write_json,
-)
+from obliq.files import atomic_write, claim_output, read_id_table, refuse_shared_outputs, write_json
 from obliq.tasks import Task, load_task
 
 log = logging.getLogger(__name__)
@@ -92,8 +84,7 @@ def graph(
         A summary: graph file, corpus size, k, edges, identical twins, teacher, seconds.
     """
     t0 = perf_counter()
-    claim_output(out, overwrite, "a graph")
-    refuse_input_as_output(out, files_in(task))
+    claim_output(out, overwrite, "a graph", command="distill graph", inputs=[task])
     t = load_task(task)
     model = load_teacher(teacher, stylometric, batch_size, max_length, trust_remote_code)
     g = teacher_graph(model, t.doc_ids, t.doc_texts, k, _groups(t, by_source))
@@ -185,12 +176,12 @@ def pairs(
         ValueError: the graph was built on another corpus, or see :func:`obliq.distill.pairs.knn_pairs`.
     """
     t0 = perf_counter()
-    outputs = [out, control_out, report]
+    report = Path(report) if report is not None else Path(out).with_suffix(".report.json")
+    outputs = [out, control_out, report]  # every output named before any is claimed: none is another's
     refuse_shared_outputs(outputs)
     for path in outputs:
         if path is not None:
-            claim_output(path, overwrite, "rows")
-            refuse_input_as_output(path, [*files_in(task), graph])
+            claim_output(path, overwrite, "rows", command="distill pairs", inputs=[task, graph])
     t = load_task(task)
     g: KnnGraph = load_graph(graph)
     digest = g.meta.get("corpus_sha256")
@@ -233,7 +224,6 @@ def pairs(
         _write_jsonl(Path(control_out), control)
         result["control_file"], result["control_rows"] = str(control_out), len(control)
     result["seconds"] = round(perf_counter() - t0, 3)
-    report = Path(report) if report is not None else out.with_suffix(".report.json")
     write_json(report, result)
     result["report"] = str(report)
     return result
@@ -250,6 +240,7 @@ def purity(
     max_length: int = TEACHER_MAX_LENGTH,
     trust_remote_code: bool = False,
     out: Path | None = None,
+    overwrite: bool = False,
 ) -> list[dict]:
     """Purity diagnostic (paper §6.5): how often a teacher's kNN edges join documents with the same attribute.
 
@@ -269,11 +260,14 @@ def purity(
         batch_size: texts per forward pass of an encoder teacher.
         max_length: token limit of an encoder teacher.
         trust_remote_code: let an encoder teacher run its own code from the hub (off by default).
-        out: optional JSON file for the results.
+        out: optional JSON file for the results (refused when it exists, unless ``overwrite``).
+        overwrite: replace an existing ``out``.
 
     Returns:
         One dict per teacher: task, teacher, docs, k, edges, same_attribute_rate, base_rate, lift, seconds.
     """
+    if out is not None:
+        claim_output(out, overwrite, "purity results", command="distill purity", inputs=[task])
     t = load_task(task)
     path = t.path / ATTRIBUTES
     if not path.is_file():
@@ -296,6 +290,5 @@ def purity(
         )
     print(format_purity(results))
     if out is not None:
-        Path(out).parent.mkdir(parents=True, exist_ok=True)
         write_json(out, results)
     return results

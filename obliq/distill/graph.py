@@ -134,7 +134,8 @@ def knn_graph(
         use_gpu: passed to :class:`obliq.eval.index.DenseIndex`.
 
     Returns:
-        The graph; document i's neighbours are ordered by cosine descending, ties by corpus position.
+        The graph; document i's neighbours are ordered by cosine descending, ties by id descending
+        (trec_eval's order, decided before the cut: :mod:`obliq.eval.index`).
 
     Raises:
         ValueError: ``k < 1``, lengths that disagree, a duplicate id (named), or bad vectors.
@@ -158,13 +159,11 @@ def knn_graph(
     # Fetch enough candidates that k remain after removing the anchor (and its own group).
     extra = 1 if groups is None else max(Counter(groups).values())
     want = min(k + extra, n)
-    scores, idx = DenseIndex(x, use_gpu=use_gpu).search(x, want)
+    _, idx = DenseIndex(x, use_gpu=use_gpu, ids=ids).search(x, want)  # ties by id, before the cut
     neighbours: list[list[int]] = []
     for i in range(n):
-        row_idx, row_scores = idx[i], scores[i]
-        order = np.lexsort((row_idx, -row_scores))  # score descending, then corpus position
         row = []
-        for j in row_idx[order]:
+        for j in idx[i]:
             j = int(j)
             if ids[j] == ids[i] or (groups is not None and groups[j] == groups[i]):
                 continue

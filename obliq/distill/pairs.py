@@ -130,7 +130,7 @@ def knn_pairs(
         if negative_source == "bm25":
             from obliq.eval.bm25 import BM25
 
-            bm25 = BM25(texts)
+            bm25 = BM25(texts, ids=graph.ids)
         elif negative_source != "random":
             raise ValueError(f"negative_source must be 'random' or 'bm25', got {negative_source!r}")
         for e, (i, j, _) in enumerate(edges):

@@ -13,6 +13,10 @@ Parameters: k1 = 0.9, b = 0.4 — the Anserini / Pyserini defaults, and the READ
 
 Only documents that share a term with the query are returned (Lucene returns no others), so an
 empty document is never a hit, never a hard negative (C17); an all-empty corpus does not raise.
+
+Equal scores (the same text under two ids) are ordered by document id, descending — trec_eval's
+order — before the cut at ``k`` (:func:`obliq.eval.index.ranked`), so the top ``k`` is the same
+whatever depth was asked for (issue 24 §2).
 """
 
 from __future__ import annotations
@@ -21,6 +25,8 @@ import re
 from collections.abc import Sequence
 
 import numpy as np
+
+from obliq.eval.index import ranked, tie_keys
 
 TOKEN = re.compile(r"\w+")
 K1 = 0.9
@@ -37,12 +43,21 @@ class BM25:
         k1: term-frequency saturation (default 0.9).
         b: length normalisation (default 0.4).
         stemmer: a PyStemmer language (default ``english``) or None for no stemming.
+        ids: the documents' ids, which break ties (id descending); None: the row number stands for the id.
     """
 
-    def __init__(self, texts: Sequence[str], k1: float = K1, b: float = B, stemmer: str | None = BM25_STEMMER):
+    def __init__(
+        self,
+        texts: Sequence[str],
+        k1: float = K1,
+        b: float = B,
+        stemmer: str | None = BM25_STEMMER,
+        ids: Sequence[str] | None = None,
+    ):
         import bm25s
 
         self.k1, self.b, self.n_docs = k1, b, len(texts)
+        self._keys = tie_keys(ids, len(texts))
         if stemmer:
             import Stemmer
 
@@ -74,17 +89,18 @@ class BM25:
         """Top-``k`` documents for one tokenized query, best first (score > 0 only).
 
         Returns:
-            ``(scores, indices)``: 1-D float32 scores (descending; equal scores by index) and
+            ``(scores, indices)``: 1-D float32 scores (descending; equal scores by id, descending) and
             int64 document indices; at most ``k`` long, empty when nothing matches.
         """
         if k < 1:
             raise ValueError(f"k must be at least 1, got {k}")
         s = self.scores(tokens)
         hits = np.flatnonzero(s > 0)
-        if len(hits) > k:
-            hits = hits[np.argpartition(-s[hits], k - 1)[:k]]
-        hits = hits[np.lexsort((hits, -s[hits]))]
-        return s[hits], hits.astype(np.int64)
+        if len(hits) > k:  # keep the whole tie group at the k-th score, then order and cut
+            kth = np.partition(s[hits], len(hits) - k)[len(hits) - k]
+            hits = hits[s[hits] >= kth]
+        scores, hits = ranked(s[hits], hits, self._keys)
+        return scores[:k], hits[:k]
 
     def search(self, queries: Sequence[str], k: int) -> list[tuple[np.ndarray, np.ndarray]]:
         """Top-``k`` documents of each query: a list of ``(scores, indices)``, see :meth:`search_tokens`."""

@@ -71,7 +71,8 @@ def encode(
         "seconds", "complete", "missing"}}}``: ``missing`` are the shards still to encode.
 
     Raises:
-        ValueError: the store was split into another number of shards (without ``overwrite``), bad vectors.
+        ValueError: the store was split into another number of shards (without ``overwrite``), bad vectors;
+            a store that would lie inside (or hold) a task or the model folder, or another command's output.
         FileNotFoundError / OSError: the model or a task cannot be found.
     """
     shard = shard.resolved()
@@ -83,11 +84,18 @@ def encode(
 
         if torch.cuda.is_available():
             torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
-    encoder = load_encoder(model, retrieval.encoder, retrieval.trust_remote_code)
-    report = {}
-    for task in loaded:
+    model_file = Path(model) if Path(model).exists() else None
+    stores = []
+    for task in loaded:  # every store through the one claim, before any encoding: never an input
         made = corpus_fingerprint(model, retrieval, task)
         store = store_folder(retrieval.store_root(), task.name, made)
+        stores.append((task, made, store))
+        claim_output(
+            store, what="corpus embeddings", command="encode", inputs=[task.path, model_file], append=True
+        )  # a store is resumed shard by shard, never emptied (``overwrite`` re-encodes this shard only)
+    encoder = load_encoder(model, retrieval.encoder, retrieval.trust_remote_code)
+    report = {}
+    for task, made, store in stores:
         t0 = perf_counter()
         record = None if overwrite else shard_done(store, made, shard)
         status = "done" if record is not None else "encoded"
@@ -145,10 +153,12 @@ def search(
 
     Raises:
         FileExistsError: ``output`` holds something and ``overwrite`` is false.
+        ValueError: ``output`` is (or holds, or lies inside) an input, or another command's output.
         IncompleteStore: a store with shards still to encode.
     """
     config = dict(locals())
-    output = claim_output(output, overwrite, "search results")
+    model_file = Path(model) if Path(model).exists() else None  # a model folder inside the output is an input
+    output = claim_output(output, overwrite, "search results", command="search", inputs=[*tasks, model_file])
     loaded = [load_task(p) for p in find_tasks(tasks)]
     if model.lower() == "bm25" or model.endswith(".trec"):
         raise ValueError(f"obliq search searches dense embeddings; {model!r} is not a dense encoder (use evaluate)")

@@ -178,6 +178,17 @@ def load_encoder(model: str, encoder: EncoderKind = "auto", trust_remote_code: b
         ValueError: a Lightning checkpoint file (export it first).
         FileNotFoundError / OSError: from the loaders when the model cannot be found offline.
     """
+    import pickle
+
+    from obliq.errors import weights_only_refusal
+
+    try:
+        return _load_encoder(model, encoder, trust_remote_code)
+    except pickle.UnpicklingError as err:  # a pickled pytorch_model.bin holding more than tensors
+        raise weights_only_refusal(err, f"{model} (its pytorch_model.bin or another pickle)") from None
+
+
+def _load_encoder(model: str, encoder: EncoderKind, trust_remote_code: bool) -> Encoder:
     path = Path(model)
     kwargs = dict(trust_remote_code=trust_remote_code)
     if encoder == "sentence-transformers":

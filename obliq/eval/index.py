@@ -1,8 +1,9 @@
 """Nearest-neighbour search by inner product over unit vectors: obliq's one place of vector search.
 
-Every caller (evaluation, ``obliq search``, the training callback, kNN-graph distillation) searches
-through this module, and every result leaves it through :func:`ranked` (best first, ``-1`` padding
-last), so a rule about the order of results is applied in one place. Vectors are cast to float32 and
+Every caller (evaluation, ``obliq search``, the training callback, kNN-graph distillation, dense
+negative mining) searches through this module, and every result leaves it through :func:`ranked`
+(trec_eval's order, ``-1`` padding last), so the rule about the order of results is applied in one
+place; BM25, Lucene and candidate sets order their rankings through it too. Vectors are cast to float32 and
 L2-renormalised before indexing (C13): an inner-product index over vectors that are not unit length
 ranks by length as much as by direction, and vectors stored in bf16 come back off unit length by up
 to ~2e-3. So the score is the cosine similarity.
@@ -27,6 +28,19 @@ to ~2e-3. So the score is the cosine similarity.
 - **Matryoshka truncation** (Kusupati et al., 2022): ``dim`` keeps the first components of every
   vector and re-normalises them (:func:`truncate`), before any index or search.
 - :func:`recall_vs_exact`: the share of exact search's top-k an approximate search found.
+
+**Ties and the cut** (issue 24 §2). The same text under two ids is common in real corpora, and gives
+two documents the same score. faiss keeps an arbitrary subset of a tie group that straddles the cut
+at ``k``, so NDCG@k and Recall@k used to change with ``k``. Here every ranking is ordered by score
+descending, then by document id descending — trec_eval's order, :func:`ranked` with the corpus's
+:func:`tie_keys` — *before* the cut, so the top ``k`` of a deeper ranking is the ranking at ``k``,
+whatever the depth. Exact search (:class:`DenseIndex`, :func:`exact_search`, a flat
+:class:`VectorIndex`) asks faiss for more than ``k`` candidates, recomputes each candidate's cosine
+exactly (float64 over the stored float32 vectors, the same arithmetic for every document, so equal
+vectors tie exactly on any device and at any depth, then rounded to float32), and searches deeper
+while a document not returned could still tie the ``k``-th score (within faiss's float32 rounding
+bound). An approximate index orders what it found the same way (rescored in float64 with
+``rescore``); which documents it finds is its own approximation, reported as recall against exact.
 
 faiss runs with ``distance_compute_blas_threshold`` = 20 (its former default): at 1.15's 128000 a
 batch of fewer than 128000 / d queries is searched without BLAS, 9× slower at 100 queries × 384.
@@ -53,7 +67,7 @@ NORM_TOLERANCE = 1e-3
 """Largest | ‖v‖ − 1 | accepted after renormalisation (C13)."""
 
 BLOCK_BYTES = 1 << 28
-"""Bytes of float32 vectors scanned, read back or added at a time (256 MiB)."""
+"""Bytes of float32 vectors scanned or added at a time (256 MiB)."""
 
 _GPU_MAX_K = 2048  # faiss GPU flat search returns at most 2048 neighbours
 
@@ -129,22 +143,85 @@ def truncate(x, dim: int | None, what: str = "vectors") -> np.ndarray:
     return unit_float32(x, what)
 
 
-def ranked(scores: np.ndarray, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The one exit of every search here: each row sorted by score, best first (a stable sort, so
-    faiss's order is kept among equal scores), padding (index ``-1``, score ``-inf``) last.
+def tie_keys(ids, n: int) -> np.ndarray:
+    """Each document's place in id order, (n,) int64: what :func:`ranked` breaks ties by. ``ids``
+    None: the row number stands for the id.
+
+    Raises:
+        ValueError: ``ids`` of another length than ``n``.
+    """
+    if ids is None:
+        return np.arange(n, dtype=np.int64)
+    ids = [str(d) for d in ids]
+    if len(ids) != n:
+        raise ValueError(f"{len(ids)} ids for {n} documents")
+    keys = np.empty(n, dtype=np.int64)
+    keys[sorted(range(n), key=ids.__getitem__)] = np.arange(n)
+    return keys
+
+
+def ranked(scores: np.ndarray, indices: np.ndarray, keys: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """The one exit of every search here, and the one place the order of a ranking is decided:
+    trec_eval's order — score descending, then document id descending — with padding (index ``-1``,
+    score ``-inf``) last. Cut a ranking only after it (see the module notes).
 
     Args:
-        scores: (n_queries, k) similarities; indices: (n_queries, k) corpus rows, ``-1`` = no result.
+        scores: (n_queries, m) similarities, or (m,) for one query; indices: the same shape of corpus
+            rows, ``-1`` = no result.
+        keys: :func:`tie_keys` of the corpus (one per corpus row); None: the row number stands for the id.
 
     Returns:
-        ``(scores float32, indices int64)`` of the same shape.
+        ``(scores, indices int64)`` of the same shape; scores keep a float64 dtype, anything else
+        becomes float32.
     """
-    scores = np.asarray(scores, dtype=np.float32).copy()
-    indices = np.asarray(indices, dtype=np.int64).copy()
-    scores[indices < 0] = -np.inf
-    indices[~np.isfinite(scores)] = -1
-    order = np.argsort(-scores, axis=1, kind="stable")
-    return np.take_along_axis(scores, order, axis=1), np.take_along_axis(indices, order, axis=1)
+    scores = np.array(scores, dtype=np.float64 if np.asarray(scores).dtype == np.float64 else np.float32)
+    indices = np.array(indices, dtype=np.int64)
+    empty = (indices < 0) | ~np.isfinite(scores)
+    scores[empty], indices[empty] = -np.inf, -1
+    ties = indices if keys is None else np.where(empty, -1, np.asarray(keys)[np.maximum(indices, 0)])
+    order = np.lexsort((-ties, -scores), axis=-1)
+    return np.take_along_axis(scores, order, axis=-1), np.take_along_axis(indices, order, axis=-1)
+
+
+def _cosines(queries: np.ndarray, found: np.ndarray, take) -> np.ndarray:
+    """The cosine of each query with each of its candidates, (n, m) float32 from float64 sums (``-inf``
+    where ``found`` is ``-1``); ``take(rows)`` gives the (len(rows), d) float32 vectors of corpus rows."""
+    out = np.full(found.shape, -np.inf, dtype=np.float32)
+    step = max(1, 2**22 // max(1, found.shape[1] * queries.shape[1]))  # about 32 MB of float64 at a time
+    for start in range(0, len(found), step):
+        rows = found[start : start + step]
+        which, slot = np.nonzero(rows >= 0)  # (query, candidate) pairs that hold a document
+        docs = take(rows[which, slot]).astype(np.float64)
+        out[start + which, slot] = (docs * queries[start + which].astype(np.float64)).sum(-1)
+    return out
+
+
+def _cut_clear_of_ties(queries, k: int, n: int, search_at, take, keys) -> tuple[np.ndarray, np.ndarray]:
+    """Exact top-``k`` in trec_eval's order decided before the cut (see the module notes): ``search_at``
+    (float32 faiss search of (queries, depth), best first) is asked for ``2k + 16`` candidates, they are
+    rescored in float64 (:func:`_cosines`) and ordered by :func:`ranked`, and queries whose deepest
+    candidate could still tie the ``k``-th score are searched again twice as deep.
+
+    Args:
+        queries: (n_queries, d) unit float32 vectors; k: at most ``n``; n: documents in the corpus;
+        take: corpus rows → their float32 vectors; keys: :func:`tie_keys` of the corpus or None.
+
+    Returns:
+        ``(scores, indices)`` (n_queries, k) float32 and int64.
+    """
+    scores = np.empty((len(queries), k), dtype=np.float32)
+    indices = np.empty((len(queries), k), dtype=np.int64)
+    tolerance = 2.0 * queries.shape[1] * 2.0**-24  # faiss's float32 dot of unit vectors is off by at most d·u
+    pending, depth = np.arange(len(queries)), min(n, 2 * k + 16)
+    while len(pending):
+        rough, found = search_at(queries[pending], depth)
+        found = np.asarray(found, dtype=np.int64)
+        exact, found = ranked(_cosines(queries[pending], found, take), found, keys)
+        # complete: nothing faiss left out can reach the k-th score
+        done = (depth == n) | (rough[:, -1] < exact[:, k - 1] - tolerance)
+        scores[pending[done]], indices[pending[done]] = exact[done, :k], found[done, :k]
+        pending, depth = pending[~done], min(n, 2 * depth)
+    return scores, indices
 
 
 class DenseIndex:
@@ -153,17 +230,21 @@ class DenseIndex:
     Args:
         docs: (n_docs, d) vectors, any float dtype; renormalised in float32 (C13).
         use_gpu: None picks the GPU when faiss has one; False forces the CPU.
+        ids: the documents' ids, which break ties (trec_eval's order: id descending); None: the row
+            number stands for the id.
 
     Raises:
-        ValueError: see :func:`unit_float32`.
+        ValueError: see :func:`unit_float32`; ``ids`` of another length.
     """
 
-    def __init__(self, docs, use_gpu: bool | None = None):
+    def __init__(self, docs, use_gpu: bool | None = None, ids=None):
         faiss = _faiss()
         docs = unit_float32(docs, "docs")
         self.n_docs, self.dim = docs.shape
         self._cpu = faiss.IndexFlatIP(self.dim)
         self._cpu.add(docs)
+        self._docs = faiss.rev_swig_ptr(self._cpu.get_xb(), self.n_docs * self.dim).reshape(self.n_docs, self.dim)
+        self._keys = tie_keys(ids, self.n_docs)
         gpus = faiss.get_num_gpus() if hasattr(faiss, "get_num_gpus") else 0
         self._gpu = None
         if (use_gpu is None or use_gpu) and gpus > 0:
@@ -176,15 +257,17 @@ class DenseIndex:
         return self._gpu is not None
 
     def search(self, queries, k: int) -> tuple[np.ndarray, np.ndarray]:
-        """The ``k`` most similar documents of each query, best first.
+        """The ``k`` most similar documents of each query, in trec_eval's order (see the module notes:
+        ties broken by id before the cut, so every ``k`` gives a prefix of every deeper ranking).
 
         Args:
             queries: (n_queries, d) vectors, any float dtype; renormalised in float32.
             k: neighbours wanted; more than ``n_docs`` returns all ``n_docs`` (no -1 padding).
 
         Returns:
-            ``(scores, indices)``: (n_queries, min(k, n_docs)) float32 cosine similarities in
-            descending order and int64 row indices into ``docs``.
+            ``(scores, indices)``: (n_queries, min(k, n_docs)) float32 cosine similarities (computed
+            in float64, rounded once) in descending order, equal scores by id descending, and int64
+            row indices into ``docs``.
 
         Raises:
             ValueError: bad vectors, a dimension mismatch, or ``k < 1``.
@@ -195,11 +278,14 @@ class DenseIndex:
         if k < 1:
             raise ValueError(f"k must be at least 1, got {k}")
         k = min(k, self.n_docs)
-        index = self._gpu if self._gpu is not None and k <= _GPU_MAX_K else self._cpu
-        return ranked(*index.search(queries, k))
+
+        def search_at(q: np.ndarray, depth: int):
+            return (self._gpu if self._gpu is not None and depth <= _GPU_MAX_K else self._cpu).search(q, depth)
+
+        return _cut_clear_of_ties(queries, k, self.n_docs, search_at, self._docs.__getitem__, self._keys)
 
 
-def search(queries, docs, k: int, use_gpu: bool | None = None) -> tuple[np.ndarray, np.ndarray]:
+def search(queries, docs, k: int, use_gpu: bool | None = None, ids=None) -> tuple[np.ndarray, np.ndarray]:
     """Exact top-``k`` inner-product search of unit-normalised ``queries`` against ``docs`` in memory.
 
     Args:
@@ -207,15 +293,16 @@ def search(queries, docs, k: int, use_gpu: bool | None = None) -> tuple[np.ndarr
             in float32 (C13).
         k: neighbours per query; capped at ``n_docs``.
         use_gpu: None uses the GPU when faiss has one.
+        ids: the documents' ids, for ties (see :class:`DenseIndex`).
 
     Returns:
         ``(scores, indices)`` of shape (n_queries, min(k, n_docs)): float32 cosine similarities,
-        descending, and int64 document rows.
+        descending (ties by id, descending), and int64 document rows.
 
     Raises:
         ValueError: see :class:`DenseIndex`.
     """
-    return DenseIndex(docs, use_gpu=use_gpu).search(queries, k)
+    return DenseIndex(docs, use_gpu=use_gpu, ids=ids).search(queries, k)
 
 
 # ---------------------------------------------------------------------------------------------- corpus
@@ -235,13 +322,21 @@ class Corpus:
             ``0 … n - 1``).
         dim: Matryoshka truncation (None: the full dimension).
         token: a string that changes whenever the vectors may have (saved indexes record it).
+        ids: the document id of each corpus row, which breaks ties (:func:`tie_keys`); None: the row
+            number stands for the id.
 
     Raises:
         ValueError: a part's shape or dtype is wrong, parts of different dimensions, the rows are not
-            a permutation of the corpus, ``dim`` larger than the vectors.
+            a permutation of the corpus, ``dim`` larger than the vectors, ``ids`` of another length.
     """
 
-    def __init__(self, parts: Sequence[tuple[np.ndarray | Path, np.ndarray]], dim: int | None = None, token: str = ""):
+    def __init__(
+        self,
+        parts: Sequence[tuple[np.ndarray | Path, np.ndarray]],
+        dim: int | None = None,
+        token: str = "",
+        ids: Sequence[str] | None = None,
+    ):
         self.parts = []
         widths = set()
         for vectors, rows in parts:
@@ -274,12 +369,14 @@ class Corpus:
             self._local[rows] = np.arange(len(rows))
         if (self._part < 0).any():
             raise ValueError("corpus parts: some corpus rows are in no part")
+        self.ids = ids
+        self.keys = tie_keys(ids, self.n)
 
     @classmethod
-    def from_array(cls, x, dim: int | None = None) -> Corpus:
+    def from_array(cls, x, dim: int | None = None, ids: Sequence[str] | None = None) -> Corpus:
         """A corpus held in memory: ``x`` (n, d), any float dtype, renormalised (:func:`unit_float32`)."""
         x = unit_float32(x, "docs")
-        return cls([(x, np.arange(len(x)))], dim, token=f"memory:{id(x)}")
+        return cls([(x, np.arange(len(x)))], dim, token=f"memory:{id(x)}", ids=ids)
 
     def prepare(self, x, what: str = "queries") -> np.ndarray:
         """Queries (or any vectors) as this corpus is searched: truncated to ``dim``, unit float32.
@@ -367,8 +464,9 @@ def exact_search(queries, corpus: Corpus, k: int) -> tuple[np.ndarray, np.ndarra
         k: neighbours per query; capped at the corpus size.
 
     Returns:
-        ``(scores, indices)``: (n_queries, min(k, n)) float32 cosine similarities, best first, and int64
-        corpus rows — the same as :class:`DenseIndex` over the whole matrix.
+        ``(scores, indices)``: (n_queries, min(k, n)) float32 cosine similarities (float64, rounded
+        once), best first in trec_eval's order (ties by ``corpus.ids``, descending, decided before the
+        cut), and int64 corpus rows — the same as :class:`DenseIndex` over the whole matrix.
 
     Raises:
         ValueError: ``k`` < 1, or bad queries (:meth:`Corpus.prepare`).
@@ -378,12 +476,16 @@ def exact_search(queries, corpus: Corpus, k: int) -> tuple[np.ndarray, np.ndarra
         raise ValueError(f"k must be at least 1, got {k}")
     q = corpus.prepare(queries)
     k = min(k, corpus.n)
-    heap = faiss.ResultHeap(len(q), k, keep_max=True)
-    for block, rows in corpus.blocks():
-        scores, local = faiss.knn(q, block, min(k, len(block)), metric=faiss.METRIC_INNER_PRODUCT)
-        heap.add_result(scores, rows[local])
-    heap.finalize()
-    return ranked(heap.D, heap.I)
+
+    def scan(q: np.ndarray, depth: int):
+        heap = faiss.ResultHeap(len(q), depth, keep_max=True)
+        for block, rows in corpus.blocks():
+            scores, local = faiss.knn(q, block, min(depth, len(block)), metric=faiss.METRIC_INNER_PRODUCT)
+            heap.add_result(scores, rows[local])
+        heap.finalize()
+        return heap.D, heap.I
+
+    return _cut_clear_of_ties(q, k, corpus.n, scan, corpus.take, corpus.keys)
 
 
 def recall_vs_exact(found: np.ndarray, exact: np.ndarray, ks: Sequence[int]) -> dict[str, float]:
@@ -519,7 +621,7 @@ class VectorIndex:
             self.info.update(factory="Flat", exact=True)
             faiss = _faiss()
             if use_gpu is not False and getattr(faiss, "get_num_gpus", lambda: 0)() > 0:
-                self._dense = DenseIndex(corpus.take(np.arange(corpus.n)), use_gpu=use_gpu)
+                self._dense = DenseIndex(corpus.take(np.arange(corpus.n)), use_gpu=use_gpu, ids=corpus.ids)
             return
         factory = factory_string(spec, corpus.n, corpus.dim)
         build = {"factory": factory, "dim": corpus.dim, "train_size": spec.train_size, "seed": spec.seed}
@@ -643,10 +745,11 @@ class VectorIndex:
             k: documents per query (capped at the corpus size).
 
         Returns:
-            ``(scores, indices)`` (n_queries, min(k, n)): float32 scores, best first, and int64 corpus
-            rows; an approximate index may find fewer than k (index ``-1``, score ``-inf``). Scores are
-            cosine similarities (flat, rescored), faiss's approximate inner products (HNSW, IVF, PQ,
-            SQ8), or 1 − 2·Hamming / bits (binary, without rescoring).
+            ``(scores, indices)`` (n_queries, min(k, n)): float32 scores, best first in trec_eval's
+            order (:func:`ranked`, ties by ``corpus.ids``), and int64 corpus rows; an approximate index
+            may find fewer than k (index ``-1``, score ``-inf``). Scores are cosine similarities (flat,
+            rescored: float64, rounded once), faiss's approximate inner products (HNSW, IVF, PQ, SQ8),
+            or 1 − 2·Hamming / bits (binary, without rescoring).
 
         Raises:
             ValueError: ``k`` < 1, bad queries.
@@ -666,23 +769,10 @@ class VectorIndex:
         else:
             scores, found = self.index.search(q, wide)
         found = np.where(found >= 0, self.labels[np.maximum(found, 0)], -1)
-        if self.spec.rescore:
-            scores = self._rescore(q, found)
-        scores, found = ranked(scores, found)
+        if self.spec.rescore:  # cosines with the float32 vectors read back from the corpus
+            scores = _cosines(q, found, self.corpus.take)
+        scores, found = ranked(scores, found, self.corpus.keys)
         return scores[:, :k], found[:, :k]
-
-    def _rescore(self, q: np.ndarray, found: np.ndarray) -> np.ndarray:
-        """Cosine similarities of each query with its candidates, their float32 vectors read back from
-        the corpus a few queries at a time (at most :data:`BLOCK_BYTES` of them)."""
-        scores = np.full(found.shape, -np.inf, dtype=np.float32)
-        per = max(1, BLOCK_BYTES // (4 * self.corpus.dim * max(1, found.shape[1])))
-        for start in range(0, len(q), per):
-            rows = found[start : start + per]
-            which, slot = np.nonzero(rows >= 0)  # (query, candidate) pairs that hold a document
-            vectors = self.corpus.take(rows[which, slot])
-            part = scores[start : start + per]
-            part[which, slot] = np.einsum("nd,nd->n", vectors, q[start + which])
-        return scores
 
     def describe(self) -> dict:
         """What was searched with, for a summary: the index name and factory string, dimension, search

@@ -135,6 +135,8 @@ def systems_report(
             b = read_per_query(found[baseline][task][1], measure)
             s = read_per_query(found[system][task][1], measure)
             c = compare(b, s, measure, seed=seed)
+            lacking = {n: found[n][task][0].get("n_without_results", 0) for n in (system, baseline)}
+            said = [f"{n} has no results for {k} of {c.n_queries} queries (scored 0)" for n, k in lacking.items() if k]
             report["comparisons"].append(
                 {
                     "system": system,
@@ -142,7 +144,8 @@ def systems_report(
                     "label": label,
                     "task": task,
                     **c.as_dict(),
-                    "text": c.text(label),
+                    "without_results": lacking,
+                    "text": c.text(label) + "".join(f"; {line}" for line in said),
                 }
             )
     return report

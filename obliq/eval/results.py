@@ -31,6 +31,7 @@ import numpy as np
 from obliq.eval.metrics import DEFAULT_MEASURES, RECALL_CURVE_K, check_depth, evaluate_run, parse_measures, write_run
 from obliq.eval.retrieval import Retrieval, Retriever
 from obliq.files import json_text, read_text, safe_name, write_json
+from obliq.model.checkpoint import exported_from
 from obliq.tasks import Task
 
 log = logging.getLogger(__name__)
@@ -110,6 +111,8 @@ def evaluate_task(
         "metrics": {n: gold.aggregate[n] for n in panel},
         "n_queries": gold.n_queries,
         "n_excluded": gold.n_excluded,
+        # evaluated queries the ranking holds nothing for (a run file that misses them): they score 0
+        "n_without_results": sum(1 for q in gold.per_query if not retrieval.run.get(q)),
         "n_docs": len(task.doc_ids),
         "recall_curve": {str(k): gold.aggregate[name] for k, name in curve.items()},
         "timing_s": {k: round(v, 4) for k, v in timing.items()},
@@ -118,6 +121,8 @@ def evaluate_task(
         "reads": retrieval.reads,
         **({"index": retrieval.index} if retrieval.index else {}),
         "validation": task.report,
+        # an exported model's record of its checkpoint (what `obliq export --results` matches), else None
+        "model_export": exported_from(model) if isinstance(model, str) else None,
         **({"rerank": rerank} if rerank else {}),
     }
     if "pooled" in results:

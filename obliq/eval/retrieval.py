@@ -20,6 +20,12 @@ quantized faiss index saved beside the embeddings; an approximate search also ru
 the same queries and reports its recall@k against it (:attr:`Retrieval.index`). ``dim`` evaluates the
 first ``dim`` components of every vector, re-normalised (Matryoshka).
 
+**Ties.** Every ranking made here (dense, BM25, candidate sets) is in trec_eval's order — score
+descending, then document id descending — decided before the cut at ``top_k``
+(:func:`obliq.eval.index.ranked` with the task's :func:`~obliq.eval.index.tie_keys`), so a metric at
+depth k is the same whatever ``top_k`` was (issue 24 §2); a run file's lines are ordered so by the
+metrics.
+
 **Candidate sets.** A task with per-query candidate sets (``Task.candidates``, mteb's ``top_ranked``:
 OBLIQ-Bench Math and Writing exclude each query's same-source documents) is ranked over each query's
 candidates only, by every kind of model, here and nowhere else: a dense encoder scores the candidates
@@ -58,7 +64,17 @@ import numpy as np
 from obliq.distributed import world
 from obliq.eval.bm25 import BM25, BM25_STEMMER, K1, B
 from obliq.eval.encoders import Encoder, EncoderKind, fingerprint, load_encoder
-from obliq.eval.index import Corpus, IndexSpec, VectorIndex, exact_search, recall_vs_exact, set_threads, unit_float32
+from obliq.eval.index import (
+    Corpus,
+    IndexSpec,
+    VectorIndex,
+    exact_search,
+    ranked,
+    recall_vs_exact,
+    set_threads,
+    tie_keys,
+    unit_float32,
+)
 from obliq.eval.metrics import Run, read_run, run_from_search
 from obliq.eval.store import IncompleteStore, clear_store, open_store, store_folder, write_shard
 from obliq.files import cache_dir
@@ -274,7 +290,7 @@ def _stored_corpus(store: Path, fingerprint_: dict, task: Task) -> Corpus | None
         if err.count > 1:
             raise
         log.warning("%s: unusable cached embeddings (%s); discarded and re-encoded", store, err.problems[0])
-    except (ValueError, OSError, EOFError) as err:  # a corrupt or foreign store: rebuilt
+    except Exception as err:  # a corrupt or foreign store, whatever numpy raises: rebuilt
         log.warning("%s: unusable cached embeddings (%s); discarded and re-encoded", store, err)
     clear_store(store)
     return None
@@ -335,30 +351,22 @@ def candidate_rows(task: Task) -> list[np.ndarray] | None:
     return [np.array([row[d] for d in task.candidates.get(q, ())], dtype=np.int64) for q in task.query_ids]
 
 
-def _id_rank(task: Task) -> np.ndarray:
-    """Each document's position among the task's ids sorted as strings (trec_eval's tie order)."""
-    rank = np.empty(len(task.doc_ids), dtype=np.int64)
-    rank[np.array(sorted(range(len(task.doc_ids)), key=task.doc_ids.__getitem__), dtype=np.int64)] = np.arange(
-        len(task.doc_ids)
-    )
-    return rank
-
-
-def best_candidates(scores: np.ndarray, rows: np.ndarray, k: int, id_rank: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The ``k`` best of one query's scored candidates, best first.
+def best_candidates(scores: np.ndarray, rows: np.ndarray, k: int, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The ``k`` best of one query's scored candidates, in trec_eval's order
+    (:func:`obliq.eval.index.ranked`), cut after the order is decided.
 
     Args:
         scores: (n,) scores of the candidates.
         rows: (n,) their row indices into the task's documents.
         k: how many to keep.
-        id_rank: :func:`_id_rank` of the task: equal scores are ordered by document id, descending, as
-            trec_eval orders them, so which tied candidates pass the cut never depends on file order.
+        keys: :func:`obliq.eval.index.tie_keys` of the task's document ids: equal scores are ordered by
+            document id, descending, so which tied candidates pass the cut never depends on file order.
 
     Returns:
         ``(scores, rows)`` of at most ``k`` candidates.
     """
-    order = np.lexsort((-id_rank[rows], -scores))[:k]
-    return scores[order], rows[order]
+    scores, rows = ranked(scores, rows, keys)
+    return scores[:k], rows[:k]
 
 
 def candidate_scores(queries: np.ndarray, docs: np.ndarray, rows: Sequence[np.ndarray]) -> list[np.ndarray]:
@@ -427,7 +435,8 @@ def corpus_embeddings(
         if store is not None and rank == 0:
             write_shard(store, fingerprint_, Shard(0, 1), task.doc_ids, [docs], overwrite=True)
         corpus = Corpus.from_array(docs)
-    return Corpus(corpus.parts, settings.dim, corpus.token), status  # Matryoshka: the first dim components
+    # Matryoshka: the first dim components; ties by the task's document ids (trec_eval's order)
+    return Corpus(corpus.parts, settings.dim, corpus.token, ids=task.doc_ids), status
 
 
 def retrieve_dense(
@@ -486,8 +495,8 @@ def retrieve_dense(
     if rows is not None:  # each query over its candidates, exactly: no index
         queries = corpus.prepare(queries)
         docs = corpus.take(np.arange(corpus.n))
-        id_rank = _id_rank(task)
-        best = lambda s, i: best_candidates(s, rows[i], settings.top_k, id_rank)  # noqa: E731
+        keys = tie_keys(task.doc_ids, len(task.doc_ids))
+        best = lambda s, i: best_candidates(s, rows[i], settings.top_k, keys)  # noqa: E731
         search_one = lambda q, i: best(candidate_scores(corpus.prepare(q), docs, [rows[i]])[0], i)  # noqa: E731
         scores, indices = zip(*(best(s, i) for i, s in enumerate(candidate_scores(queries, docs, rows))))
         timing["search"] = perf_counter() - t
@@ -535,7 +544,9 @@ def retrieve_bm25(task: Task, settings: RetrievalSettings, latency_queries: int 
     """
     timing: dict[str, float] = {}
     t = perf_counter()
-    index = BM25(task.doc_texts, k1=settings.bm25_k1, b=settings.bm25_b, stemmer=settings.bm25_stemmer)
+    index = BM25(
+        task.doc_texts, k1=settings.bm25_k1, b=settings.bm25_b, stemmer=settings.bm25_stemmer, ids=task.doc_ids
+    )
     timing["encode_corpus"] = perf_counter() - t
     t = perf_counter()
     tokens = index.tokenize(task.query_texts)
@@ -545,12 +556,12 @@ def retrieve_bm25(task: Task, settings: RetrievalSettings, latency_queries: int 
     if rows is None:
         search_one = lambda q, i: index.search_tokens(q, settings.top_k)
     else:
-        id_rank = _id_rank(task)
+        keys = tie_keys(task.doc_ids, len(task.doc_ids))
 
         def search_one(q, i):
             s = index.scores(q)[rows[i]]
             hit = s > 0  # as over the corpus: only documents sharing a term with the query
-            return best_candidates(s[hit], rows[i][hit], settings.top_k, id_rank)
+            return best_candidates(s[hit], rows[i][hit], settings.top_k, keys)
 
     hits = [search_one(q, i) for i, q in enumerate(tokens)]
     timing["search"] = perf_counter() - t

@@ -28,6 +28,7 @@ import math
 import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 from scipy import stats
@@ -437,12 +438,15 @@ def compare_files(
     task: str | None = None,
     subset: str | None = None,
     split: str | None = None,
+    missing: Literal["refuse", "zero", "drop"] = "refuse",
 ) -> dict:
     """Run B against run A on one qrels file: mean difference, its paired-bootstrap interval and the
     sign-flip test's p-value with its method and n (the ``obliq compare`` command).
 
     Both runs are scored per query with :func:`obliq.eval.metrics.evaluate_run` (trec_eval's
-    conventions; queries without relevant documents excluded, a query missing from a run scores 0).
+    conventions; queries without relevant documents excluded). A judged query that one run holds no
+    result for is refused by default: a run that misses most queries would look "significantly" worse.
+    ``missing`` says what to do instead, and the result names the queries compared and those missing.
     A run is a TREC run file or mteb's saved predictions (``<task>_predictions.json`` or the prediction
     folder, :func:`obliq.eval.metrics.read_mteb_predictions`): two models evaluated by mteb are
     compared per query, which mteb itself does not offer.
@@ -459,21 +463,50 @@ def compare_files(
         tie: per-query differences within this count as ties.
         task: for mteb prediction folders holding several tasks: the mteb task name.
         subset / split: for mteb predictions holding several: which (default: the only one).
+        missing: judged queries a run holds nothing for: ``refuse`` (the default), ``zero`` (they score
+            0, trec_eval ``-c``) or ``drop`` (compare only the queries both runs hold).
 
     Returns:
-        The :class:`Comparison` as a dict (differences are B − A), with ``p_text``.
+        The :class:`Comparison` as a dict (differences are B − A), with ``p_text``, ``missing``,
+        ``queries_compared`` and, per run, the judged queries it has no result for (``missing_from_a``,
+        ``missing_from_b``).
 
     Raises:
         ValueError: a run that is empty or holds no query of the qrels (a run of another task:
-            :func:`obliq.eval.metrics.check_run`).
+            :func:`obliq.eval.metrics.check_run`); judged queries a run lacks with ``missing="refuse"``;
+            ``resamples`` or ``permutations`` below 1.
     """
+    from obliq.errors import check_int
     from obliq.eval.metrics import check_run, evaluate_run, read_ranking
     from obliq.tasks import read_qrels
 
+    check_int("resamples", resamples, 1)
+    check_int("permutations", permutations, 1)
+    if missing not in ("refuse", "zero", "drop"):
+        raise ValueError(f"missing: 'refuse', 'zero' or 'drop', got {missing!r}")
     judged = read_qrels(qrels)
-    values = []
+    values, lacking = [], []
     for run in (run_a, run_b):
         ranked = check_run(read_ranking(run, task, subset, split), judged, run, qrels)
         ev = evaluate_run(judged, ranked, [measure])
         values.append({q: v[measure] for q, v in ev.per_query.items()})
-    return compare(values[0], values[1], measure, resamples, permutations, seed, tie).as_dict()
+        lacking.append(sorted(q for q in ev.per_query if not ranked.get(q)))
+    n = len(values[0])
+    if any(lacking) and missing == "refuse":
+        said = "; ".join(
+            f"{run} has no result for {len(lack)} of the {n} judged queries (e.g. {lack[0]!r})"
+            for run, lack in zip((run_a, run_b), lacking)
+            if lack
+        )
+        raise ValueError(
+            f"{said}: pass --missing zero to score them 0 (trec_eval -c) or --missing drop to compare only the "
+            "queries both runs hold"
+        )
+    if missing == "drop":
+        keep = set(values[0]) - set(lacking[0]) - set(lacking[1])
+        if not keep:
+            raise ValueError(f"{run_a} and {run_b} hold no judged query in common")
+        values = [{q: v for q, v in vals.items() if q in keep} for vals in values]
+    out = compare(values[0], values[1], measure, resamples, permutations, seed, tie).as_dict()
+    out.update(missing=missing, queries_compared=len(values[0]), missing_from_a=lacking[0], missing_from_b=lacking[1])
+    return out

@@ -269,7 +269,7 @@ def open_store(folder: str | os.PathLike, fingerprint: dict, doc_ids: Sequence[s
             parts.append((npy, rows))
     check_cover(list(doc_ids), taken, count, "document")
     token = hashlib.sha256(json.dumps(records, sort_keys=True).encode()).hexdigest()[:16]
-    corpus = Corpus(parts, dim, token=f"{folder.name}:{token}")
+    corpus = Corpus(parts, dim, token=f"{folder.name}:{token}", ids=list(doc_ids))
     if corpus.n != len(doc_ids):
         raise ValueError(f"{folder}: {corpus.n} vectors for {len(doc_ids)} documents")
     return corpus

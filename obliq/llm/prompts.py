@@ -21,7 +21,7 @@ from pathlib import Path
 
 import yaml
 
-from obliq.files import read_text
+from obliq.files import check_yaml, read_text
 
 Messages = list[dict[str, str]]
 """A chat: ``[{"role": "system" | "user", "content": ...}, ...]``, as chat templates and vLLM take it."""
@@ -107,6 +107,7 @@ def read_prompt(
     """
     keys = (*keys, "system", "user")
     try:
+        check_yaml(text, path)  # a key given twice, a nested-alias bomb: refused before loading
         data = yaml.safe_load(text)
     except yaml.YAMLError as err:
         raise ValueError(f"{path}: not valid YAML: {err}") from None

@@ -64,6 +64,38 @@ def checkpoint_info(path: str | Path, ckpt: dict | None = None) -> CheckpointInf
     )
 
 
+EXPORT_RECORD = "obliq_export.json"
+"""What an exported folder records of its checkpoint (``obliq export``): the checkpoint's name, step and
+:func:`weights_digest`, so results evaluated on the folder can be matched to a checkpoint."""
+
+
+def weights_digest(ckpt: dict) -> str:
+    """SHA-256 of a checkpoint's trained weights (every tensor of its ``state_dict``, by name) and encoder
+    settings: two checkpoints with the same digest hold the same trained model."""
+    import hashlib
+    import json
+
+    digest = hashlib.sha256(json.dumps(ckpt["obliq"].get("encoder"), sort_keys=True, default=str).encode())
+    for name in sorted(ckpt["state_dict"]):
+        tensor = ckpt["state_dict"][name]
+        digest.update(name.encode() + str(tuple(tensor.shape)).encode() + str(tensor.dtype).encode())
+        digest.update(tensor.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def exported_from(folder: str | Path) -> dict | None:
+    """The record of the checkpoint an exported folder was made from (:data:`EXPORT_RECORD`), or None
+    (not an obliq export, or not a folder)."""
+    import json
+
+    file = Path(folder) / EXPORT_RECORD
+    try:
+        record = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) else None
+
+
 def read_checkpoint(path: str | Path) -> dict:
     """Read a training checkpoint as data (``weights_only=True``: no pickled code runs).
 
@@ -72,12 +104,25 @@ def read_checkpoint(path: str | Path) -> dict:
         ValueError: not a readable checkpoint.
         KeyError: not an obliq training checkpoint (no ``obliq`` section).
     """
+    import pickle
+    import zipfile
+
+    from obliq.errors import weights_only_refusal
+
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such checkpoint")
+    with path.open("rb") as f:
+        head = f.read(24)
+    if not zipfile.is_zipfile(path) and not head.startswith((b"PK", b"\x80")):  # neither a (cut) zip nor a pickle
+        raise ValueError(
+            f"{path}: not a readable checkpoint (a .ckpt is a zip archive written by torch.save; it starts {head!r})"
+        )
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:  # truncated, not a zip, a foreign pickle …: whatever torch.load raises
+    except pickle.UnpicklingError as err:
+        raise weights_only_refusal(err, path) from None
+    except Exception as err:  # truncated, a foreign archive …: whatever torch.load raises
         first = (str(err).splitlines() or [""])[0]
         raise ValueError(f"{path}: not a readable checkpoint ({type(err).__name__}: {first})") from None
     if not isinstance(ckpt, dict) or "obliq" not in ckpt:

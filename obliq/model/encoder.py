@@ -11,6 +11,8 @@ from __future__ import annotations
 import inspect
 import json
 import logging
+import os
+import pickle
 import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -60,6 +62,22 @@ class LoraSettings:
             raise ValueError(f"LoRA dropout must be in [0, 1), got {self.dropout}")
 
 
+PRECUT_CHARS_PER_TOKEN = 8
+"""Characters per token of the first cut of a long text (:meth:`TextTokenizer.prefixes`); English averages
+about 4. A poor guess costs time, never tokens."""
+
+
+def _cut(text: str, chars: int) -> str:
+    """``text`` cut to at most ``chars`` characters, at the end of a word when the last half holds whitespace."""
+    if len(text) <= chars:
+        return text
+    half = chars // 2
+    space = max(text.rfind(c, half, chars + 1) for c in " \t\n\r")
+    if space > half and not text[space - 1].isspace():
+        return text[:space]
+    return text[:chars]
+
+
 class TextTokenizer:
     """Prefix, tokenize, truncate and pad texts for the encoder; picklable without the model, so
     data-loader workers can carry it.
@@ -98,6 +116,55 @@ class TextTokenizer:
         """``length`` cut to the backbone's positions."""
         return min(length, self.capacity) if self.capacity else length
 
+    def prefixes(self, texts: list[str], limit: int) -> tuple[list[str], dict]:
+        """For each text, a prefix that the tokenizer cuts at ``limit`` tokens exactly as it cuts the whole
+        text (``tokenizer(text, truncation=True, max_length=limit)``), and those ids: long texts are not
+        tokenized whole (a 300 MB row), yet no cut changes a kept token (C17, issue 24 §3).
+
+        A text of more than 2 · :data:`PRECUT_CHARS_PER_TOKEN` · ``limit`` characters is tried at two cuts,
+        the second twice as far, each at the end of a word (before whitespace) when the last half of the
+        cut holds one. Hugging Face tokenizers tokenize each pre-tokenized piece on its own and their
+        normalizers and pre-tokenizers look only a few characters ahead, so a cut can change only the
+        piece it falls in; a cut at a word's end changes none for whitespace-splitting pre-tokenizers.
+        The first cut is kept when it already gives ``limit`` tokens and the second cut gives the same
+        ids (then the text after the first cut changed none of them); otherwise the cuts move 4× further,
+        up to the whole text. Texts whose characters make few tokens (runs of whitespace or zero-width
+        marks, which tokenizers drop) or many characters per token (URLs, base64, SMILES that WordPiece
+        maps to one unknown token) get longer cuts, never fewer tokens. A tokenizer that truncates on
+        the left reads whole texts.
+
+        Returns:
+            ``(prefixes, encoding)``: the prefixes, and their ``input_ids`` / ``attention_mask`` lists
+            (unpadded) cut at ``limit``.
+        """
+        chars = PRECUT_CHARS_PER_TOKEN * limit + 64
+        prefix = list(texts)
+        pending = [i for i, t in enumerate(texts) if len(t) > 2 * chars]  # a shorter one is read whole
+        if getattr(self.tokenizer, "truncation_side", "right") == "left":
+            pending = []
+        found: dict[int, tuple[list[int], list[int]]] = {}
+        while pending:
+            first = [_cut(texts[i], chars) for i in pending]
+            second = [_cut(texts[i], 2 * chars) for i in pending]
+            a = self.tokenizer(first, truncation=True, max_length=limit, padding=False)
+            b = self.tokenizer(second, truncation=True, max_length=limit, padding=False)
+            still = []
+            for j, i in enumerate(pending):
+                if len(a["input_ids"][j]) == limit and a["input_ids"][j] == b["input_ids"][j]:
+                    prefix[i], found[i] = first[j], (a["input_ids"][j], a["attention_mask"][j])
+                elif second[j] == texts[i]:  # the whole text: exact
+                    prefix[i], found[i] = second[j], (b["input_ids"][j], b["attention_mask"][j])
+                else:
+                    still.append(i)
+            pending, chars = still, 4 * chars
+        rest = [i for i in range(len(texts)) if i not in found]
+        if rest:
+            enc = self.tokenizer([prefix[i] for i in rest], truncation=True, max_length=limit, padding=False)
+            for j, i in enumerate(rest):
+                found[i] = (enc["input_ids"][j], enc["attention_mask"][j])
+        ids = [found[i][0] for i in range(len(texts))]
+        return prefix, {"input_ids": ids, "attention_mask": [found[i][1] for i in range(len(texts))]}
+
     def format(self, texts: list[str], kind: Kind, instructions: list[str | None] | None = None) -> list[str]:
         """Prefix texts for ``kind`` (and, with ``use_instructions``, each query's instruction)."""
         if kind not in self.max_length:
@@ -133,14 +200,11 @@ class TextTokenizer:
         if max_length is not None and max_length < 1:
             raise ValueError(f"max_length must be positive, got {max_length}")
         limit = self.cap(max_length) if max_length is not None else self.max_length[kind]
-        # No real vocabulary has tokens of more than 100 characters, so the first limit + 1 tokens
-        # lie within this prefix: nothing kept changes, and a 300 MB row is not tokenized whole.
-        formatted = [t[: 100 * (limit + 1)] for t in formatted]
-        # One token over the limit tells which texts are cut, without tokenizing them in full.
-        enc = self.tokenizer(formatted, truncation=True, max_length=limit + 1, padding=False)
+        # One token over the limit tells which texts are cut; the prefixes give the tokenizer's own ids.
+        prefixes, enc = self.prefixes(formatted, limit + 1)
         over = [i for i, ids in enumerate(enc["input_ids"]) if len(ids) > limit]
         if over:
-            cut = self.tokenizer([formatted[i] for i in over], truncation=True, max_length=limit, padding=False)
+            cut = self.tokenizer([prefixes[i] for i in over], truncation=True, max_length=limit, padding=False)
             for j, i in enumerate(over):
                 enc["input_ids"][i] = cut["input_ids"][j]
                 enc["attention_mask"][i] = cut["attention_mask"][j]
@@ -238,7 +302,12 @@ class BiEncoder(nn.Module):
             kwargs["attn_implementation"] = attn_implementation
         if quantization:
             kwargs["quantization_config"] = _bnb_config(quantization, _DTYPES[dtype])
-        model = AutoModel.from_pretrained(path, **kwargs)
+        try:
+            model = AutoModel.from_pretrained(path, **kwargs)
+        except pickle.UnpicklingError as err:  # a pickled pytorch_model.bin holding more than tensors
+            from obliq.errors import weights_only_refusal
+
+            raise weights_only_refusal(err, f"{path} (its pytorch_model.bin or another pickle)") from None
         if getattr(model, "pooler", None) is not None:
             model.pooler = None  # BERT's CLS pooler is unused by mean pooling; drop it (and its LoRA)
         causal = _has_causal_attention(model)
@@ -433,6 +502,13 @@ class BiEncoder(nn.Module):
         if not saved.get("is_adapter"):
             settings["backbone"] = str(folder)
         settings.update(overrides)
+        base = str(settings["backbone"])
+        if saved.get("is_adapter") and _local_path(base) and not os.path.exists(os.path.expanduser(base)):
+            raise FileNotFoundError(
+                f"{cfg_file}: the adapter's base model {base!r} is a folder of the machine it was trained on, "
+                "not found here: copy that base here and pass it (backbone=…, `obliq export --base_model` for "
+                "a Hub id), or export from a base with a Hub id"
+            )
         return cls(
             **settings,
             adapter=str(folder) if saved.get("is_adapter") else None,
@@ -460,15 +536,28 @@ SETTINGS = (
 from such a file reaches the encoder (never ``trust_remote_code``)."""
 
 
+FILE_ATTENTION = (None, "eager", "sdpa", "flash_attention_2", "flash_attention_3", "flex_attention")
+"""The attention implementations a saved model or checkpoint may name: transformers' own. Anything else
+(a Hub kernel repository such as ``kernels-community/…``, fetched and run) is a choice of code that only
+the user's command line or config makes."""
+
+
 def stored_settings(saved, source: object) -> dict:
     """The encoder settings of a file being loaded (``obliq_encoder.json``, a checkpoint's ``obliq``
     section), keeping only :data:`SETTINGS`: a file is data and cannot ask for code to run.
 
     Raises:
-        ValueError: not a mapping, or no ``backbone`` (``source`` named).
+        ValueError: not a mapping, or no ``backbone``; an ``attn_implementation`` outside
+            :data:`FILE_ATTENTION` (``source`` named).
     """
     if not isinstance(saved, dict) or not isinstance(saved.get("backbone"), str):
         raise ValueError(f"{source}: not an obliq encoder's settings (no backbone)")
+    if saved.get("attn_implementation") not in FILE_ATTENTION:
+        raise ValueError(
+            f"{source}: asks for the attention kernel {saved['attn_implementation']!r}, which a file cannot "
+            f"choose (code to fetch and run; a file may name {', '.join(k for k in FILE_ATTENTION if k)}): give "
+            "attn_implementation yourself (e.g. --model.encoder.init_args.attn_implementation) or edit the file"
+        )
     ignored = sorted(set(saved) - set(SETTINGS) - {"lora", "is_adapter"})
     if ignored:
         log.warning(
@@ -478,6 +567,19 @@ def stored_settings(saved, source: object) -> dict:
             ", ".join(ignored),
         )
     return {k: saved[k] for k in SETTINGS if k in saved}
+
+
+def _local_path(name: str) -> bool:
+    """Whether a model name is a path on some machine rather than an alias or a Hub id (``owner/name``)."""
+    from obliq.aliases import check_model_name
+
+    if name.startswith(("/", ".", "~")) or os.sep in name.replace("/", "", 1) or name.count("/") > 1:
+        return True
+    try:
+        check_model_name(name)
+    except FileNotFoundError:
+        return "/" not in name
+    return False
 
 
 def model_capacity(path: str, config) -> int | None:

@@ -19,16 +19,7 @@ from typing import Literal
 
 from obliq.data.rows import parse_row, read_rows
 from obliq.eval.bm25 import BM25_STEMMER, K1, B
-from obliq.files import (
-    atomic_write,
-    claim_output,
-    files_in,
-    json_text,
-    read_id_table,
-    read_text,
-    refuse_input_as_output,
-    write_json,
-)
+from obliq.files import atomic_write, claim_output, file_sha256, json_text, read_id_table, read_text, write_json
 from obliq.negatives.mine import (
     AttributeVeto,
     Bm25sBackend,
@@ -38,7 +29,7 @@ from obliq.negatives.mine import (
     filter_negatives,
     mine_negatives,
 )
-from obliq.shards import Shard, check_cover
+from obliq.shards import Shard, check_cover, check_same_run
 from obliq.tasks import load_task
 
 log = logging.getLogger(__name__)
@@ -53,16 +44,18 @@ def _backend(
     stemmer: str | None,
     threads: int,
     trust_remote_code: bool = False,
+    ids: list[str] | None = None,
 ):
-    """The search backend a command asked for (module docs of :mod:`obliq.negatives.mine`)."""
+    """The search backend a command asked for (module docs of :mod:`obliq.negatives.mine`); ``ids``
+    break ties (id descending, trec_eval's order)."""
     if kind == "bm25s":
-        return Bm25sBackend(texts, k1=k1, b=b, stemmer=stemmer)
+        return Bm25sBackend(texts, k1=k1, b=b, stemmer=stemmer, ids=ids)
     if kind == "pyserini":
         from obliq.negatives.pyserini_backend import PyseriniBackend
 
-        return PyseriniBackend(texts, k1=k1, b=b, stemmer=stemmer, threads=threads)
+        return PyseriniBackend(texts, k1=k1, b=b, stemmer=stemmer, threads=threads, ids=ids)
     if kind == "dense":
-        return DenseBackend(texts, model, trust_remote_code=trust_remote_code)
+        return DenseBackend(texts, model, trust_remote_code=trust_remote_code, ids=ids)
     raise ValueError(f"unknown backend {kind!r} (bm25s, pyserini or dense)")
 
 
@@ -76,7 +69,7 @@ def _veto(kind: str, task: Path, data, teacher: str, teacher_k: int):
             raise FileNotFoundError(f"{table}: --veto attribute needs the task's attributes.tsv (corpus-id, attribute)")
         return AttributeVeto(read_id_table(table, "attribute"), data.doc_ids)
     if kind == "teacher":
-        return TeacherVeto(data.doc_texts, teacher, teacher_k)
+        return TeacherVeto(data.doc_texts, teacher, teacher_k, ids=data.doc_ids)
     raise ValueError(f"unknown veto {kind!r} (none, attribute or teacher)")
 
 
@@ -150,11 +143,12 @@ def mine(
     shard = shard.resolved()
     out = shard.path(out)
     args = json.loads(json_text(locals()))
-    claim_output(out, overwrite, "rows")
-    refuse_input_as_output(out, [rows, *files_in(task)])
     if max_score_ratio is not None and backend == "pyserini":
         raise ValueError("--max_score_ratio needs a backend that scores a given document: bm25s or dense")
+    for written in (Path(out), Path(out).with_name(Path(out).name + ".report.json")):
+        claim_output(written, overwrite, "rows", command="negatives mine", inputs=[rows, task])
     data = load_task(task)
+    args.update(corpus_sha256=data.corpus_sha256, rows_sha256=file_sha256(rows))  # what a merge compares
     items = read_rows(rows)
     corpus = set(data.doc_ids)
     stray = [(n, r["positive"]["id"]) for n, r in enumerate(items, 1) if r["positive"]["id"] not in corpus]
@@ -166,7 +160,7 @@ def mine(
     ruled_out = _veto(veto, Path(task), data, teacher, teacher_k)
     report = MiningReport()
     start = time.perf_counter()
-    engine = _backend(backend, data.doc_texts, model, k1, b, stemmer, threads, trust_remote_code)
+    engine = _backend(backend, data.doc_texts, model, k1, b, stemmer, threads, trust_remote_code, data.doc_ids)
     report.index_seconds = time.perf_counter() - start
     try:
         mined, report = mine_negatives(
@@ -245,14 +239,18 @@ def filter_rows(
             that is not in the task's corpus.
     """
     args = json.loads(json_text(locals()))
-    claim_output(out, overwrite, "rows")
-    refuse_input_as_output(out, [rows, *files_in(task)])
     if max_score_ratio is None and veto == "none":
         raise ValueError("nothing to filter with: give --max_score_ratio or --veto")
+    for written in (Path(out), Path(out).with_name(Path(out).name + ".report.json")):
+        claim_output(written, overwrite, "rows", command="negatives filter", inputs=[rows, task])
     data = load_task(task)
     items = read_rows(rows)
     ruled_out = _veto(veto, Path(task), data, teacher, teacher_k)
-    scorer = DenseBackend(data.doc_texts, model, trust_remote_code=trust_remote_code) if max_score_ratio else None
+    scorer = (
+        DenseBackend(data.doc_texts, model, trust_remote_code=trust_remote_code, ids=data.doc_ids)
+        if max_score_ratio
+        else None
+    )
     filtered, counts = filter_negatives(items, data.doc_ids, scorer, max_score_ratio, ruled_out)
     _write_rows(out, filtered)
     write_json(Path(out).with_name(Path(out).name + ".report.json"), {"args": args, "report": counts})
@@ -269,18 +267,22 @@ def merge(rows: Path, shards: list[Path], out: Path, overwrite: bool = False) ->
 
     Raises:
         ValueError: a shard missing or given twice, a row in two shards or in none, or a shard row
-            that is not in ``rows``; ``out`` one of the inputs.
+            that is not in ``rows``; shards mined with other settings, against another corpus or from
+            other rows (their reports differ); ``out`` one of the inputs.
         FileNotFoundError: a shard's report is missing.
     """
-    claim_output(out, overwrite, "rows")
-    refuse_input_as_output(out, [rows, *shards])
+    claim_output(out, overwrite, "rows", command="negatives merge", inputs=[rows, *shards])
     order = [r["id"] for r in read_rows(rows)]
-    taken, mined = {}, {}
+    taken, mined, runs = {}, {}, []
     for file in map(Path, shards):
         report_file = file.with_name(file.name + ".report.json")
         if not report_file.is_file():
             raise FileNotFoundError(f"{report_file}: the shard's report is missing (written by negatives mine)")
-        shard = json.loads(read_text(report_file))["args"]["shard"]
+        args = json.loads(read_text(report_file))["args"]
+        runs.append((report_file, args))
+        if "rows_sha256" in args and args["rows_sha256"] != file_sha256(rows):
+            raise ValueError(f"{file}: mined from other rows than {rows} (its report's rows_sha256 differs)")
+        shard = args["shard"]
         if shard["count"] != len(shards):
             raise ValueError(f"{file}: a shard of a run of {shard['count']} shards, but {len(shards)} given")
         lines = {
@@ -290,6 +292,7 @@ def merge(rows: Path, shards: list[Path], out: Path, overwrite: bool = False) ->
         }
         taken[shard["index"]] = list(lines)
         mined.update(lines)
+    check_same_run(runs, ignore=("shard", "out", "overwrite", "threads", "rows", "task"))  # the same task and settings
     check_cover(order, taken, len(shards), "row")
     with atomic_write(out, "wb") as f:
         for row_id in order:

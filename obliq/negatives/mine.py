@@ -98,14 +98,23 @@ class Bm25sBackend:
         texts: the corpus, in index order.
         k1, b: BM25 parameters (default 0.9, 0.4: Anserini's defaults).
         stemmer: PyStemmer language, or None (default ``english``, Snowball Porter2).
+        ids: the documents' ids, which break ties (trec_eval's order: id descending); None: the row
+            number stands for the id.
     """
 
-    def __init__(self, texts: Sequence[str], k1: float = K1, b: float = B, stemmer: str | None = BM25_STEMMER):
-        self.index = BM25(texts, k1=k1, b=b, stemmer=stemmer)
+    def __init__(
+        self,
+        texts: Sequence[str],
+        k1: float = K1,
+        b: float = B,
+        stemmer: str | None = BM25_STEMMER,
+        ids: Sequence[str] | None = None,
+    ):
+        self.index = BM25(texts, k1=k1, b=b, stemmer=stemmer, ids=ids)
         self.name = f"bm25s(k1={k1}, b={b}, stemmer={stemmer})"
 
     def search(self, queries: Sequence[str], depth: int) -> list[Hits]:
-        """Top ``depth`` documents per query (score > 0 only; equal scores by index)."""
+        """Top ``depth`` documents per query (score > 0 only; equal scores by id, descending)."""
         return [list(zip(idx.tolist(), sc.tolist())) for sc, idx in self.index.search(queries, depth)]
 
     def score(self, queries: Sequence[str], docs: Sequence[int]) -> list[float]:
@@ -124,6 +133,8 @@ class DenseBackend:
         batch_size: texts per forward pass.
         query_max_length, passage_max_length: the reading lengths (tokens; the evaluation's defaults).
         trust_remote_code: let a hub model run its own code (only for models you trust).
+        ids: the documents' ids, which break ties (trec_eval's order: id descending, decided before the
+            cut at ``depth``); None: the row number stands for the id.
     """
 
     def __init__(
@@ -134,6 +145,7 @@ class DenseBackend:
         query_max_length: int | None = None,
         passage_max_length: int | None = None,
         trust_remote_code: bool = False,
+        ids: Sequence[str] | None = None,
     ):
         from obliq.eval.encoders import load_encoder
         from obliq.eval.index import DenseIndex, unit_float32
@@ -154,7 +166,7 @@ class DenseBackend:
             encode_texts(self.encoder, list(t), kind, batch_size, self.lengths[kind]), f"{kind} embeddings"
         )
         self.docs = self._encode(texts, "passage")
-        self.index = DenseIndex(self.docs)
+        self.index = DenseIndex(self.docs, ids=ids)
         self._queries: dict[str, np.ndarray] = {}
         self.name = f"dense({model}, query ≤ {self.lengths['query']} tokens, passage ≤ {self.lengths['passage']})"
 
@@ -165,7 +177,7 @@ class DenseBackend:
         return np.stack([self._queries[q] for q in queries])
 
     def search(self, queries: Sequence[str], depth: int) -> list[Hits]:
-        """Top ``depth`` documents per query by cosine."""
+        """Top ``depth`` documents per query by cosine (equal scores by id, descending)."""
         scores, indices = self.index.search(self._vectors(queries), min(depth, len(self.docs)))
         return [list(zip(i.tolist(), s.tolist())) for s, i in zip(scores, indices)]
 
@@ -211,16 +223,18 @@ class TeacherVeto:
         texts: the corpus, in index order.
         teacher: ``stylometric`` (fitted on the corpus) or an encoder name (:func:`obliq.eval.teachers.load_teacher`).
         k: neighbours ruled out per positive.
+        ids: the documents' ids, which decide which of tied neighbours are ruled out (id descending, as
+            every ranking); None: the row number stands for the id.
     """
 
-    def __init__(self, texts: Sequence[str], teacher: str = "stylometric", k: int = 10):
+    def __init__(self, texts: Sequence[str], teacher: str = "stylometric", k: int = 10, ids=None):
         from obliq.eval.index import DenseIndex
         from obliq.eval.teachers import load_teacher
 
         if k < 1:
             raise ValueError(f"k must be >= 1, got {k}")
         vectors = load_teacher(teacher).encode(list(texts))
-        _, self.neighbours = DenseIndex(vectors).search(vectors, min(k + 1, len(texts)))
+        _, self.neighbours = DenseIndex(vectors, ids=ids).search(vectors, min(k + 1, len(texts)))
         self.name = f"teacher({teacher}, k={k})"
 
     def __call__(self, positive: int) -> set[int]:

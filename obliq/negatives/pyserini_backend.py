@@ -38,7 +38,10 @@ from collections.abc import Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
+import numpy as np
+
 from obliq.eval.bm25 import BM25, BM25_STEMMER, K1, B
+from obliq.eval.index import ranked, tie_keys
 from obliq.negatives.mine import Hits
 
 log = logging.getLogger(__name__)
@@ -142,6 +145,8 @@ class PyseriniBackend:
         stemmer: the analyzer's stemmer, as for :class:`obliq.eval.bm25.BM25`.
         index_dir: where to write the Lucene index; default a temporary folder removed by :meth:`close`.
         threads: search threads (``batch_search``).
+        ids: the documents' ids: equal scores are ordered by id, descending, before the cut at the
+            depth, as the default backend orders them (Lucene's own order is by index position).
 
     Raises:
         ImportError: the ``pyserini`` extra is missing.
@@ -155,8 +160,10 @@ class PyseriniBackend:
         stemmer: str | None = BM25_STEMMER,
         index_dir: str | os.PathLike | None = None,
         threads: int = 1,
+        ids: Sequence[str] | None = None,
     ):
         LuceneSearcher, LuceneIndexer, JWhiteSpaceAnalyzer = import_pyserini()
+        self._keys = tie_keys(ids, len(texts))
         self._analyzer = BM25([], stemmer=stemmer)  # only its tokenize()
         self._tmp = None if index_dir else tempfile.mkdtemp(prefix="obliq-lucene-")
         self.index_dir = str(index_dir or self._tmp)
@@ -173,16 +180,27 @@ class PyseriniBackend:
         self.name = f"pyserini(k1={k1}, b={b}, stemmer={stemmer}, pre-tokenized)"
 
     def search(self, queries: Sequence[str], depth: int) -> list[Hits]:
-        """Top ``depth`` documents per query from Lucene (only documents sharing a term)."""
+        """Top ``depth`` documents per query from Lucene (only documents sharing a term; equal scores by
+        id, descending)."""
         tokens = [" ".join(t) for t in self._analyzer.tokenize(queries)]
         qids = [str(i) for i in range(len(queries))]
         asked = [(q, t) for q, t in zip(qids, tokens) if t]  # Lucene cannot parse an empty query
-        results = (
-            self.searcher.batch_search([t for _, t in asked], [q for q, _ in asked], k=depth, threads=self.threads)
-            if asked
-            else {}
-        )
-        return [[(int(h.docid), float(h.score)) for h in results.get(q, [])] for q in qids]
+        out: dict[str, list[tuple[int, float]]] = {}
+        deeper = 2 * depth + 16
+        while asked:  # deep enough that the tie group at the cut is whole, then trec_eval's order
+            results = self.searcher.batch_search(
+                [t for _, t in asked], [q for q, _ in asked], k=deeper, threads=self.threads
+            )
+            still = []
+            for q, t in asked:
+                hits = [(int(h.docid), float(h.score)) for h in results.get(q, [])]
+                if len(hits) == deeper and hits[-1][1] >= hits[depth - 1][1]:
+                    still.append((q, t))
+                    continue
+                scores, rows = ranked(np.array([s for _, s in hits]), np.array([i for i, _ in hits]), self._keys)
+                out[q] = list(zip(rows[:depth].tolist(), scores[:depth].tolist()))
+            asked, deeper = still, 4 * deeper
+        return [out.get(q, []) for q in qids]
 
     def close(self) -> None:
         """Close the searcher and remove a temporary index."""

@@ -21,7 +21,7 @@ from typing import Literal
 
 from obliq.errors import check_int
 from obliq.eval.metrics import evaluate_run, parse_measures, read_run, write_run
-from obliq.files import claim_output, files_in, refuse_input_as_output, safe_name, write_json
+from obliq.files import claim_output, safe_name, write_json
 from obliq.rerank.config import RerankConfig, dump_policy, load_policy
 from obliq.rerank.reranker import Reranker, queries_to_rerank
 from obliq.tasks import find_tasks, load_task
@@ -64,8 +64,9 @@ def run(
     Returns:
         The report.
     """
-    refuse_input_as_output(out, [run, policy, *files_in(task)])  # never the task's qrels, corpus …
-    claim_output(out, overwrite, "a run")
+    report_file = Path(out).with_name(Path(out).name + ".report.json")
+    for path in (out, report_file):  # never the run, the policy, the task's qrels, corpus …
+        claim_output(path, overwrite, "a reranked run", command="rerank run", inputs=[run, policy, task])
     cfg = load_policy(policy) if policy is not None else RerankConfig()
     parse_measures(measures)
     if queries is not None:
@@ -99,7 +100,7 @@ def run(
         "cost": stats.as_dict(),
         "args": {"task": str(task), "run": str(run), "policy": str(policy) if policy else None, "queries": queries},
     }
-    write_json(out.with_name(out.name + ".report.json"), report)
+    write_json(report_file, report)
     return report
 
 
@@ -205,8 +206,7 @@ def policy(
     Returns:
         The ``dev`` record: per task, the choice and the numbers.
     """
-    claim_output(out, overwrite, "a policy")
-    refuse_input_as_output(out, [base])
+    claim_output(out, overwrite, "a policy", command="rerank policy", inputs=[base, runs, *find_tasks(tasks)])
     cfg = load_policy(base) if base is not None else RerankConfig()
     parse_measures([metric])
     check_int("dev_queries", dev_queries, 1)

@@ -38,7 +38,7 @@ from pathlib import Path
 import yaml
 
 from obliq.errors import check_int
-from obliq.files import read_text
+from obliq.files import check_yaml, read_text
 from obliq.llm.backends import BackendConfig
 from obliq.llm.prompts import PromptTemplate
 from obliq.rerank.prompts import load_rerank_prompt
@@ -173,6 +173,7 @@ def load_policy(path: str | Path) -> RerankConfig:
     path = Path(path)
     text = read_text(path)
     try:
+        check_yaml(text, path)  # a key given twice, a nested-alias bomb: refused before loading
         data, lines = yaml.safe_load(text), _key_lines(yaml.compose(text))
     except yaml.YAMLError as err:
         raise ValueError(f"{path}: not valid YAML: {err}") from None

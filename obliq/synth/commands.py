@@ -22,12 +22,12 @@ from typing import Literal
 from obliq.data.rows import parse_row, read_rows
 from obliq.eval.bm25 import BM25
 from obliq.eval.retrieval import RetrievalSettings
-from obliq.files import atomic_write, claim_output, files_in, json_text, read_text, refuse_input_as_output, write_json
+from obliq.files import atomic_write, claim_output, json_text, read_text, write_json
 from obliq.llm.backends import BackendConfig
-from obliq.shards import Shard, check_cover
+from obliq.shards import Shard, check_cover, check_same_run
 from obliq.synth.audit import audit_pairs, format_audit
 from obliq.synth.filter import DROP_REASONS, FilterConfig, audit_rows, filter_candidates
-from obliq.synth.generate import FewShotConfig, GenerationConfig, sample_documents, synthesize
+from obliq.synth.generate import FewShotConfig, GenerationConfig, read_done, sample_documents, synthesize
 from obliq.synth.prompts import TaskSpec, load_stage_prompt
 from obliq.tasks import load_task
 
@@ -116,16 +116,17 @@ def generate(
     shard = shard.resolved()
     out = shard.path(out)
     args = json.loads(json_text(locals()))
-    task_files = files_in(task)
     for written in (
         Path(out),
         Path(out).with_name(Path(out).name + ".rejects.jsonl"),
         Path(out).with_name(Path(out).name + ".report.json"),
-    ):
-        refuse_input_as_output(written, task_files)
+    ):  # appended to on a resume: its own files only (their rows are checked before any is touched)
+        claim_output(written, what="synthetic rows", command="synth generate", inputs=[task, prompt_dir], append=True)
     digest = prompts_digest(spec, prompt_dir)
     _check_resume(Path(out), args, digest)
     data = load_task(task)
+    args["corpus_sha256"] = data.corpus_sha256  # what a merge compares
+    read_done(Path(out), spec.name)  # another command's file, or a bad row: refused before the model loads
     engine = backend.build()
     report = asdict(
         synthesize(
@@ -176,31 +177,25 @@ def merge(shards: list[Path], out: Path, overwrite: bool = False) -> dict:
             or in none, a row of a document its shard did not take; ``out`` one of the shards.
         FileNotFoundError: a shard's report is missing.
     """
-    claim_output(out, overwrite, "rows")
-    refuse_input_as_output(out, shards)
+    claim_output(out, overwrite, "rows", command="synth merge", inputs=shards)
     reports = []
     for file in map(Path, shards):
         report_file = file.with_name(file.name + ".report.json")
         if not report_file.is_file():
             raise FileNotFoundError(f"{report_file}: the shard's report is missing (written by synth generate)")
         reports.append(json.loads(read_text(report_file)))
-    runs = {
-        (
-            r["args"]["task"],
-            r["args"]["n_docs"],
-            r["args"]["seed"],
-            r["args"]["spec"]["name"],
-            r["report"]["shard"]["count"],
-            r["args"].get("samples", 1),
-            json.dumps(r["args"].get("fewshot", {}), sort_keys=True),
-        )
-        for r in reports
-    }
-    if len(runs) != 1:
-        raise ValueError(
-            f"the shards come from different runs (task, n_docs, seed, spec, count, samples, fewshot): {sorted(runs)}"
-        )
-    task, n_docs, seed, _, count, _, _ = runs.pop()
+    check_same_run(
+        [
+            (
+                f.with_name(f.name + ".report.json"),
+                {**r["args"], "count": r["report"]["shard"]["count"], "prompts": r.get("prompts")},
+            )
+            for f, r in zip(map(Path, shards), reports)
+        ],
+        ignore=("shard", "out", "task"),
+    )  # the same corpus, sample, prompts, generator and settings (samples, few-shot examples)
+    first = reports[0]["args"]
+    task, n_docs, seed, count = first["task"], first["n_docs"], first["seed"], reports[0]["report"]["shard"]["count"]
     data = load_task(task)
     order, _ = sample_documents(data, n_docs, seed)
     sample = [data.doc_ids[i] for i in order]
@@ -333,11 +328,10 @@ def filter_queries(
         retrieval: how it reads and caches (the embedding store ``evaluate`` shares).
         overwrite: replace an existing ``out``.
     """
-    claim_output(out, overwrite, "rows")
+    args = json.loads(json_text(locals()))
     written = [Path(out), *(Path(out).with_name(Path(out).name + x) for x in (".decisions.jsonl", ".report.json"))]
     for path in written:
-        refuse_input_as_output(path, [rows, *files_in(task)])
-    args = json.loads(json_text(locals()))
+        claim_output(path, overwrite, "rows", command="synth filter", inputs=[rows, task])
     config = FilterConfig(split, lexical_quantile, dense_quantile, leaks, pick, per_document)
     data = load_task(task)
     candidates, report = filter_candidates(read_rows(rows), data, config, model, retrieval)

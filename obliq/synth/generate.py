@@ -304,9 +304,12 @@ def sample_documents(task: Task, n_docs: int | None, seed: int) -> tuple[list[in
 def read_done(out: Path, task_name: str) -> tuple[set[tuple[str, int]], bool]:
     """Candidates already in an output file, cutting a half-written last line.
 
-    A last line without its newline is either complete (a valid row: the newline is added and the row
-    kept) or a killed run's partial write (cut off; its document is generated again). Every complete
-    line must be a valid row of the same task.
+    Every complete line must be a synthetic row (``source: synthetic``) of the same task, checked before
+    the file is touched: another command's file (kNN rows, a report) is refused, never appended to or
+    cut. A last line without its newline is then either complete (a valid row: the newline is added
+    and the row kept) or a killed run's partial write (cut off; its document is generated again) —
+    cut only when the file is evidently this command's (rows before it, or recorded as written by
+    ``synth generate``).
 
     Returns:
         ``({(document id, sample)} done, whether a partial line was removed)``; a row without
@@ -314,37 +317,50 @@ def read_done(out: Path, task_name: str) -> tuple[set[tuple[str, int]], bool]:
 
     Raises:
         obliq.data.rows.RowError: a complete line is not a valid row (file:line:field).
-        ValueError: a row belongs to another task.
+        ValueError: a row of another task or source; a lone unreadable line in a file of unknown origin.
     """
+    from obliq.files import output_owner
+
     if not out.is_file():
         return set(), False
     data = out.read_bytes()
-    cut = False
-    if data and not data.endswith(b"\n"):
-        keep = data.rfind(b"\n") + 1
-        try:
-            parse_row(data[keep:], str(out), data.count(b"\n") + 1)
-        except RowError:  # a partial write: cut it, its document is generated again
-            with out.open("r+b") as f:
-                f.truncate(keep)
-            log.warning("%s: removed a half-written last line (%d bytes) left by a killed run", out, len(data) - keep)
-            data, cut = data[:keep], True
-        else:  # complete but for its newline: keep it
-            with out.open("ab") as f:
-                f.write(b"\n")
-            data += b"\n"
-    done = set()
-    for lineno, raw in enumerate(data.split(b"\n")[:-1], 1):
-        if not raw.strip():
-            continue
+
+    def check(raw: bytes, lineno: int) -> tuple[str, int]:
         row = parse_row(raw, str(out), lineno)
         if row.task != task_name:
             raise ValueError(
                 f"{out}:{lineno}:task: row of task {row.task!r}, this run is {task_name!r}; "
                 "use one output file per task"
             )
+        if row.source != "synthetic":
+            raise ValueError(
+                f"{out}:{lineno}:source: a {row.source!r} row: {out} is not synthetic rows (another command's "
+                "file); give synth generate its own output"
+            )
         sample = (row.meta or {}).get("sample", 0)
-        done.add((row.positive.id, sample if isinstance(sample, int) else 0))
+        return row.positive.id, sample if isinstance(sample, int) else 0
+
+    lines = data.split(b"\n")
+    complete, last = lines[:-1], lines[-1]
+    done = {check(raw, n) for n, raw in enumerate(complete, 1) if raw.strip()}
+    cut = False
+    if last.strip():
+        try:
+            done.add(check(last, len(complete) + 1))
+        except RowError:  # a partial write: cut it, its document is generated again
+            if not done and output_owner(out) != "synth generate":
+                raise ValueError(
+                    f"{out}:{len(complete) + 1}: not a training row, and nothing shows {out} is synth "
+                    "generate's output: refusing to cut it"
+                ) from None
+            keep = len(data) - len(last)
+            with out.open("r+b") as f:
+                f.truncate(keep)
+            log.warning("%s: removed a half-written last line (%d bytes) left by a killed run", out, len(last))
+            cut = True
+        else:  # complete but for its newline: keep it
+            with out.open("ab") as f:
+                f.write(b"\n")
     return done, cut
 
 

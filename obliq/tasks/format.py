@@ -124,7 +124,8 @@ def read_jsonl(path: str | Path, required: tuple[str, ...] = ("_id", "text")) ->
 def read_qrels(path: str | Path) -> Qrels:
     """Read relevance judgements in BEIR TSV or TREC qrels format.
 
-    - BEIR: ``query-id<TAB>corpus-id<TAB>score``, with an optional header line.
+    - BEIR: ``query-id<TAB>corpus-id<TAB>score``, with an optional header line (a first line whose
+      score is no number); a grade written ``1.0`` is the integer 1.
     - TREC (what trec_eval reads): ``qid iteration docid grade``, whitespace separated.
 
     Identical repeated rows are dropped with a warning (C08: counting them twice inflates the
@@ -158,11 +159,14 @@ def read_qrels(path: str | Path) -> Qrels:
             else:
                 raise ValueError(f"{path}:{lineno}: expected 3 (BEIR) or 4 (TREC) columns, got {len(cols)}")
             try:
-                g = int(grade)
+                value = float(grade)
             except ValueError:
-                if header:  # `query-id corpus-id score`
+                if header:  # `query-id corpus-id score`: a grade that is no number at all
                     continue
                 raise ValueError(f"{path}:{lineno}: field 'score' must be an integer, got {grade!r}") from None
+            if not value.is_integer():  # "1.0" (BEIR exports) is the grade 1, as trec_eval reads it
+                raise ValueError(f"{path}:{lineno}: field 'score' must be an integer, got {grade!r}")
+            g = int(value)
             if not -(2**31) <= g < 2**31:
                 raise ValueError(f"{path}:{lineno}: field 'score' {g} is outside trec_eval's integer range")
             check_id(qid, f"{path}:{lineno}: field 'query-id'")

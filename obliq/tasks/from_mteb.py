@@ -30,7 +30,7 @@ import json
 import logging
 from pathlib import Path
 
-from obliq.files import atomic_write, claim_output, refuse_input_as_output, write_json
+from obliq.files import atomic_write, claim_output, write_json
 from obliq.tasks.format import check_id
 from obliq.tasks.obliq_bench import OBLIQ_BENCH
 
@@ -155,9 +155,8 @@ def from_mteb(
         dataset_path = Path(dataset_path).resolve()
         if not dataset_path.is_dir():
             raise FileNotFoundError(f"--dataset_path {dataset_path}: no such folder (a local copy in hub layout)")
-        refuse_input_as_output(out, [dataset_path], "task folder")
         task.metadata = task.metadata.model_copy(update={"dataset": {**dataset, "path": str(dataset_path)}})
-    out = claim_output(out, overwrite, "a task")
+    out = claim_output(out, overwrite, "a task", command="task from-mteb", inputs=[dataset_path])
     source = task.metadata.dataset["path"]
     try:
         task.load_data()

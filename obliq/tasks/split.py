@@ -73,6 +73,11 @@ def split_queries(task: Task, dev_fraction: float = 0.5, seed: int = 0) -> tuple
         groups.setdefault(frozenset(d for d, g in gold.get(q, {}).items() if g > 0), []).append(q)
     order = [list(groups.values())[i] for i in np.random.default_rng(seed).permutation(len(groups))]
     target = round(dev_fraction * len(task.query_ids))
+    if target < 1:
+        raise ValueError(
+            f"task {task.name}: dev_fraction {dev_fraction} of its {len(task.query_ids)} queries rounds to 0 "
+            f"development queries: use at least {0.5 / len(task.query_ids):.4g}"
+        )
     dev: list[str] = []
     for members in order[:-1]:  # the last group always stays on the test side
         if len(dev) >= target:
@@ -136,13 +141,10 @@ def split_task(task: Path, out: Path, dev_fraction: float = 0.5, seed: int = 0, 
     """
     import shutil
 
-    from obliq.files import atomic_write, claim_output, refuse_input_as_output, write_json
+    from obliq.files import atomic_write, claim_output, write_json
 
     task, out = Path(task), Path(out)
-    refuse_input_as_output(out, [task], "task folder")
-    if out.resolve().is_relative_to(task.resolve()):
-        raise ValueError(f"task folder {out} is inside the input {task}: choose a folder outside it")
-    claim_output(out, overwrite, "a task")
+    claim_output(out, overwrite, "a task", command="task split", inputs=[task])
     data = load_task(task)
     dev, test = split_queries(data, dev_fraction, seed)
     for name in SPLIT_COPIED:

@@ -1,0 +1,168 @@
+"""Exports a user can publish (issue 24): an instruct decoder's merged folder reads plain text as the
+adapter does (C33), a card without a machine path whose base model is a Hub id or absent (C35), an
+evaluation table only from this checkpoint's own evaluation, and probe settings that can check."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+
+def make_checkpoint(path: Path, backbone: str, r: int = 4, alpha: int = 8, length: int = 64, seed: int = 0, **kw):
+    """A training checkpoint in obliq's format (what RetrieverModule.on_save_checkpoint writes) for a LoRA
+    whose B matrices are drawn from N(0, 0.02) (seeded), so the merge changes the weights."""
+    from obliq.model.encoder import BiEncoder, LoraSettings
+
+    encoder = BiEncoder(
+        backbone,
+        lora=LoraSettings(r=r, alpha=alpha, dropout=0.0),
+        query_max_length=length,
+        passage_max_length=length,
+        **kw,
+    )
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in encoder.named_parameters():
+            if "lora_B" in name:
+                p.copy_(torch.randn(p.shape, generator=generator) * 0.02)
+    ckpt = {
+        "obliq": {
+            "encoder": encoder.settings,
+            "lora": vars(encoder.lora),
+            "loss": {"loss": "InfoNCE", "temperature": 0.02, "scale": 50.0},
+        },
+        "state_dict": {f"encoder.{n}": p.detach().clone() for n, p in encoder.named_parameters() if p.requires_grad},
+        "hyper_parameters": {"lr": 2e-4, "weight_decay": 0.0, "warmup_ratio": 0.03, "max_grad_norm": 1.0},
+        "global_step": 7,
+        "epoch": 0,
+    }
+    torch.save(ckpt, path)
+    return path
+
+
+def _python_blocks(card: str) -> list[str]:
+    return re.findall(r"```python\n(.*?)```", card, flags=re.S)
+
+
+@pytest.mark.slow
+def test_c33_an_exported_instruct_decoder_reads_plain_text_as_the_adapter(tmp_path, smollm2_path):
+    """C33: SmolLM2-135M-Instruct LoRA (r 4, alpha 8, lora_B ~ N(0, 0.02), seed 0, prefixes "query: " /
+    "passage: ", lengths 64). In plain sentence-transformers the merged folder gives cosine >= 0.999 with
+    the adapter for every probe text, batched and one at a time (before: 0.74, every input wrapped in
+    SmolLM2's chat template); so does the adapter card's transformers + peft snippet."""
+    from sentence_transformers import SentenceTransformer
+
+    from obliq.export import PROBE, export
+    from obliq.model.checkpoint import load_checkpoint
+
+    ckpt = make_checkpoint(tmp_path / "smol.ckpt", "smollm2")
+    report = export(ckpt, tmp_path / "out", merge=True)
+    assert report["probe_min_cosine"] >= 0.999
+    merged = tmp_path / "out" / "merged"
+    config = json.loads((merged / "sentence_bert_config.json").read_text())
+    assert "message" not in config.get("modality_config", {})
+    assert (merged / "chat_template.jinja").is_file() or "chat_template" in (
+        merged / "tokenizer_config.json"
+    ).read_text()
+
+    adapter = load_checkpoint(ckpt, dtype="float32")
+    model = SentenceTransformer(str(merged), device="cpu")  # plain sentence-transformers, no obliq
+    for kind, fn in (("query", model.encode_query), ("passage", model.encode_document)):
+        want = adapter.encode(PROBE, kind)
+        batched = fn(PROBE, convert_to_tensor=True).float()
+        single = torch.stack([fn([t], convert_to_tensor=True)[0].float() for t in PROBE])
+        assert (batched * want).sum(-1).min() >= 0.999, kind
+        assert (single * want).sum(-1).min() >= 0.999, kind
+
+    # the adapter card's transformers + peft snippet, run as a user would (the Hub id is the local copy here)
+    card = (tmp_path / "out" / "adapter" / "README.md").read_text()
+    [snippet] = [b for b in _python_blocks(card) if "PeftModel" in b]
+    code = snippet.replace("HuggingFaceTB/SmolLM2-135M-Instruct", smollm2_path)
+    code = code.replace("path/to/this/folder", str(tmp_path / "out" / "adapter"))
+    scope: dict = {}
+    exec(compile(code, "card-snippet", "exec"), scope)
+    want = adapter.encode(["your query"], "query")
+    assert float((scope["embedding"].float() * want).sum()) >= 0.999
+
+
+@pytest.mark.slow
+def test_c33_a_failed_verification_names_the_chat_template(tmp_path, monkeypatch):
+    """Without the text-only modality the check fails, removes the merged folder and says why."""
+    import obliq.export
+
+    ckpt = make_checkpoint(tmp_path / "smol.ckpt", "smollm2")
+    monkeypatch.setattr(obliq.export, "TEXT_ONLY", None)  # what sentence-transformers infers by itself
+    with pytest.raises(ValueError, match="'message' modality: sentence-transformers wraps every text in the") as err:
+        obliq.export.export(ckpt, tmp_path / "out", merge=True)
+    assert "chat template" in str(err.value) and "float32" not in str(err.value).split("chat template")[0][-40:]
+    assert not (tmp_path / "out" / "merged").exists() and (tmp_path / "out" / "adapter").is_dir()
+
+
+@pytest.mark.slow
+def test_c35_a_local_copy_of_minilm_as_backbone_gives_a_card_without_a_machine_path(tmp_path, minilm_path):
+    """C35: with a local folder as backbone the card has no base_model line (given one, it is that Hub id)
+    and no path of this machine anywhere; the usage code names a placeholder."""
+    from huggingface_hub import ModelCard
+    from huggingface_hub.utils import validate_repo_id
+
+    from obliq.export import export
+
+    local = tmp_path / "models" / "my-minilm"
+    shutil.copytree(minilm_path, local)
+    ckpt = make_checkpoint(tmp_path / "m.ckpt", str(local), length=32)
+    export(ckpt, tmp_path / "out", merge=True)
+    machine = [str(tmp_path), str(local), str(Path.home()), minilm_path]
+    for kind in ("adapter", "merged"):
+        card = (tmp_path / "out" / kind / "README.md").read_text()
+        assert not any(m in card for m in machine), kind
+        assert "base_model" not in ModelCard(card).data.to_dict()
+        assert "/tmp" not in card and "/work" not in card and "site-packages" not in card
+    export(ckpt, tmp_path / "named", base_model="sentence-transformers/all-MiniLM-L6-v2")
+    card = (tmp_path / "named" / "adapter" / "README.md").read_text()
+    base = ModelCard(card).data.to_dict()["base_model"]
+    validate_repo_id(base)
+    assert base == "sentence-transformers/all-MiniLM-L6-v2" and str(local) not in card
+    with pytest.raises(ValueError, match="not a Hub model id"):
+        export(ckpt, tmp_path / "bad", base_model=str(local))
+    # the packaged model (an alias): its Hub id, recorded by obliq's alias table
+    alias = make_checkpoint(tmp_path / "a.ckpt", "minilm", length=32)
+    export(alias, tmp_path / "alias")
+    card = (tmp_path / "alias" / "adapter" / "README.md").read_text()
+    assert ModelCard(card).data.to_dict()["base_model"] == "sentence-transformers/all-MiniLM-L6-v2"
+    assert minilm_path not in card
+
+
+@pytest.mark.slow
+def test_the_card_takes_only_this_checkpoints_evaluation_and_probes_must_check(tmp_path, tasks_dir, minilm_path):
+    from obliq.evaluate import evaluate
+    from obliq.export import export
+
+    ckpt = make_checkpoint(tmp_path / "m.ckpt", "minilm", length=32)
+    other = make_checkpoint(tmp_path / "o.ckpt", "minilm", length=32, seed=1)
+    export(ckpt, tmp_path / "mine")
+    export(other, tmp_path / "theirs")
+    task = str(tasks_dir / "math-theoremqa")
+    settings = dict(retrieval={"top_k": 100, "batch_size": 64, "cache": False}, latency_queries=0)
+    from obliq.eval.retrieval import RetrievalSettings
+
+    settings["retrieval"] = RetrievalSettings(**settings["retrieval"])
+    measures = ["NDCG@10", "Recall@100"]
+    evaluate(str(tmp_path / "theirs" / "adapter"), [task], tmp_path / "eval-theirs", measures=measures, **settings)
+    with pytest.raises(ValueError, match="not an export of this checkpoint"):
+        export(ckpt, tmp_path / "card", results=tmp_path / "eval-theirs")
+    evaluate(str(tmp_path / "mine" / "adapter"), [task], tmp_path / "eval-mine", measures=measures, **settings)
+    export(ckpt, tmp_path / "card", results=tmp_path / "eval-mine")
+    assert "| math-theoremqa |" in (tmp_path / "card" / "adapter" / "README.md").read_text()
+
+    empty = tmp_path / "probe.txt"
+    empty.write_text("\n  \n")
+    with pytest.raises(ValueError, match="no probe text"):
+        export(ckpt, tmp_path / "p", merge=True, probe_file=empty)
+    with pytest.raises(ValueError, match="min_cosine"):
+        export(ckpt, tmp_path / "p", merge=True, min_cosine=1.5)
+    assert not (tmp_path / "p").exists()  # refused before anything is written
