@@ -398,7 +398,7 @@ def test_c34_the_quickstarts_own_plan(tmp_path):
     found = {}
     for no_duplicates in (False, None):  # None: the default, on for kNN rows
         dm = TrainingDataModule(
-            [Source(str(tmp_path / "knn.jsonl"), count=2000, name="knn")],
+            [Source(str(tmp_path / "knn.jsonl"), count=2000, name="knn", repeat=True)],  # as the recipe says
             batch_size=32,
             max_negatives=0,
             seed=0,
