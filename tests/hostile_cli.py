@@ -660,7 +660,7 @@ from obliq.eval.retrieval import RetrievalSettings, make_retriever
 from obliq.tasks import load_task
 t = load_task({str(t)!r}); s = RetrievalSettings(top_k=5, cache_dir={str(w / "cache")!r})
 a = make_retriever("minilm", s)(t).run
-[f] = __import__("pathlib").Path({str(w / "cache")!r}).glob("*.npy"); f.write_bytes(b"garbage")
+[f] = __import__("pathlib").Path({str(w / "cache")!r}).glob("*/shard-0-of-1.npy"); f.write_bytes(b"garbage")
 b = make_retriever("minilm", s)(t)
 print(b.corpus_cache, b.run == a)
 """

@@ -227,7 +227,7 @@ def test_sharded_samples_merge_into_the_single_runs_rows(split, tmp_path, monkey
     assert merge(shards, tmp_path / "merged.jsonl")["rows"] == 10
     assert (tmp_path / "merged.jsonl").read_bytes() == (tmp_path / "one.jsonl").read_bytes()
     generate(out=tmp_path / "other.jsonl", shard=Shard(1, 2), **dict(common, samples=3))
-    with pytest.raises(ValueError, match="different runs"):
+    with pytest.raises(ValueError, match="not one run: samples is 2 .* but 3"):  # the setting that differs, named
         merge([shards[0], tmp_path / "other.shard-1-of-2.jsonl"], tmp_path / "mixed.jsonl")
 
     # a rerun into an output extends it when only n_docs or samples grew, and refuses other settings

@@ -229,10 +229,10 @@ def test_synth_resume_keeps_a_complete_last_line_and_cuts_a_partial_one(tmp_path
     }
     out = tmp_path / "rows.jsonl"
     out.write_text(json.dumps(row) + "\n" + json.dumps(dict(row, id="synth:t:d2", positive={"id": "d2", "text": "y"})))
-    assert read_done(out, "t") == ({"d1", "d2"}, False)  # complete but for its newline: kept
+    assert read_done(out, "t") == ({("d1", 0), ("d2", 0)}, False)  # complete but for its newline: kept
     assert out.read_text().endswith("}\n")
     out.write_text(out.read_text() + '{"id": "synth:t:d3", "task": "t", "sou')
-    assert read_done(out, "t") == ({"d1", "d2"}, True)  # a half-written line: cut
+    assert read_done(out, "t") == ({("d1", 0), ("d2", 0)}, True)  # a half-written line: cut (sample 0 each)
     assert out.read_text().count("\n") == 2
 
 
