@@ -245,30 +245,6 @@ def claim_output(
     return path  # made this command's by claiming it: its caller checks what it holds first
 
 
-def refuse_input_as_output(output: str | os.PathLike, inputs, what: str = "output") -> None:
-    """Refuse an output path that is one of the inputs, lies inside an input folder or holds an input
-    (the check of :func:`claim_output`, for an output claimed elsewhere).
-
-    Raises:
-        ValueError: naming both.
-    """
-    out = Path(output)
-    for given in inputs:
-        if given is None:
-            continue
-        how = _overlap(out, Path(given))
-        if how is not None:
-            raise ValueError(
-                f"{what} {out} {how} the input {given}: writing it would destroy the input; choose another path"
-            )
-
-
-def files_in(folder: str | os.PathLike) -> list[Path]:
-    """Every file under ``folder`` (none when it is not a folder): a task folder's files, which no
-    output may be (:func:`refuse_input_as_output`)."""
-    return [p for p in Path(folder).rglob("*") if p.is_file()] if Path(folder).is_dir() else []
-
-
 def refuse_shared_outputs(outputs) -> None:
     """Refuse two outputs of one command that are the same file (after resolving links): one would
     overwrite the other.
