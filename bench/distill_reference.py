@@ -218,6 +218,12 @@ def main() -> None:
         help="a run of bench/distill_ablation.py (its --name) trained on this recipe: "
         "take its model and timings instead of training obliq again",
     )
+    parser.add_argument(
+        "--reuse_st",
+        help="the --out folder of an earlier run of this bench on the same recipe and budget: evaluate its "
+        "sentence-transformers model instead of training it again (training reads no query, so a dev run's "
+        "model is the test run's)",
+    )
     parser.add_argument("--child", choices=["obliq", "st"], help=argparse.SUPPRESS)
     parser.add_argument("--epochs", type=float, help=argparse.SUPPRESS)
     parser.add_argument("--wall_budget", type=float, help=argparse.SUPPRESS)
@@ -247,7 +253,10 @@ def main() -> None:
         if args.budget == "wall"
         else ["--cpu_budget", str(obliq["cpu_s"])]
     )
-    st = _child("st", args, out, ["--epochs", str(epochs), *budget])
+    if args.reuse_st:
+        st = json.loads((Path(args.reuse_st) / "st.json").read_text()) | {"reused": args.reuse_st}
+    else:
+        st = _child("st", args, out, ["--epochs", str(epochs), *budget])
 
     task = task_split(args.task, args.split)
     systems = baselines(args.task, args.split)
