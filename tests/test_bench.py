@@ -232,7 +232,7 @@ def test_vector_search_bench(tasks_dir, tmp_path):
     out = bench(
         "bench/vector_search.py",
         "--n", "1500",
-        "--dims", "384", "512",
+        "--dims", "512",
         "--queries", "10",
         "--k", "20",
         "--single", "2",
@@ -243,7 +243,7 @@ def test_vector_search_bench(tasks_dir, tmp_path):
         "--workdir", str(tmp_path),
     )  # fmt: skip
     results = json.loads((tmp_path / "results.json").read_text())
-    for dim in ("384", "512"):
+    for dim in ("512",):  # lifted from MiniLM's 384: the lifting and every index type in one dimension
         rows = {r["config"]: r for r in results["dims"][dim]["indexes"]}
         assert not [r for r in rows.values() if "error" in r], rows
         assert rows["flat"]["Recall@10"] == 1.0 and 0 <= rows["binary:rescore=10"]["Recall@10"] <= 1
