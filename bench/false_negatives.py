@@ -97,6 +97,9 @@ def measure(folder: Path, k: int, model: str) -> dict:
         "rows": len(rows),
         "docs": len(task.doc_ids),
         "encode_s": round(encode_s, 1),
+        # relevant documents besides each row's positive: with none (one relevant per query) no negative can
+        # be seen to be a false negative, and a rate of 0 would be a claim the qrels cannot make
+        "other_relevant": sum(sum(g > 0 for g in gold.get(r["id"], {}).values()) - 1 for r in rows),
         "methods": {},
     }
     for name, (engine, ratio, veto) in methods.items():
@@ -108,7 +111,7 @@ def measure(folder: Path, k: int, model: str) -> dict:
         out["methods"][name] = {
             "negatives": len(negatives),
             "false_negatives": false,
-            "rate": false / len(negatives) if negatives else None,
+            "rate": false / len(negatives) if negatives and out["other_relevant"] else None,
             "short_rows": report.short_rows,
             "dropped": report.dropped,
         }
@@ -128,11 +131,12 @@ def table(results: list[dict]) -> str:
         cells = []
         for r in results:
             x = r["methods"].get(m)
-            cells.append(
-                "–"
-                if x is None or x["rate"] is None
-                else f"{100 * x['rate']:.1f}% ({x['false_negatives']}/{x['negatives']})"
-            )
+            if x is not None and not r["other_relevant"]:
+                cells.append("n/a (1 relevant per query)")
+            elif x is None or x["rate"] is None:
+                cells.append("–")
+            else:
+                cells.append(f"{100 * x['rate']:.1f}% ({x['false_negatives']}/{x['negatives']})")
         lines.append(f"| {m} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
