@@ -75,7 +75,9 @@ def dose_sweep(
     )
     index = named_source(base["data"]["sources"], source, recipe)
     loaded = [load_task(p) for p in find_tasks(tasks)]
-    out = claim_output(out, overwrite, "a dose sweep", command="dose-sweep", inputs=[recipe, *find_tasks(tasks)])
+    out = claim_output(
+        out, overwrite, "a dose sweep", command="dose-sweep", inputs=[recipe, *find_tasks(tasks)], folder=True
+    )
     systems = {}
     for dose in doses:
         folder = out / f"dose-{dose}"

@@ -76,7 +76,6 @@ def evaluate(
     rank = _join_process_group()
     model_file = Path(str(model)) if isinstance(model, (str, Path)) and Path(str(model)).exists() else None
     inputs = [*tasks, rerank, model_file]  # a run file or model folder inside the output would be rewritten
-    output = claim_output(output, overwrite, "evaluation results", command="evaluate", inputs=inputs)
     loaded = [load_task(p) for p in find_tasks(tasks)]
     if not is_run_file(model):  # fail before any encoding (a run file's depth is checked when it is read)
         for task in loaded:
@@ -91,6 +90,8 @@ def evaluate(
         unknown = sorted(set(policy.tasks) - {t.name for t in loaded})
         if unknown:
             log.warning("%s names tasks not evaluated here: %s", rerank, ", ".join(unknown))
+    # claimed (made and marked) only once the inputs were read and checked: a refused call leaves nothing
+    output = claim_output(output, overwrite, "evaluation results", command="evaluate", inputs=inputs, folder=True)
     retrieve = make_retriever(model, retrieval, latency_queries)
     if rank != 0:  # the same retrievals, in the same order: this rank's share of the encoding
         for task in loaded:

@@ -105,7 +105,7 @@ def export(
     base = card_base_model(ckpt["obliq"]["encoder"]["backbone"], base_model)
     digest = weights_digest(ckpt)
     evaluation = _evaluation(Path(results), digest) if results is not None else []
-    claim_output(out, overwrite, "an export", command="export", inputs=[checkpoint, probe_file, results])
+    claim_output(out, overwrite, "an export", command="export", inputs=[checkpoint, probe_file, results], folder=True)
     trust = dict(backbone=backbone, trust_remote_code=trust_remote_code)
     encoder = load_checkpoint(checkpoint, ckpt, **trust)
     adapter_dir = out / "adapter"

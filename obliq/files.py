@@ -135,11 +135,24 @@ def write_json(path: str | os.PathLike, obj) -> None:
 OUTPUT_RECORD = ".{name}.obliq"
 """The record beside every output a command claims (``<folder>/.<name>.obliq``, JSON): which command
 wrote it. What ``--overwrite`` may replace is decided from it."""
+FOLDER_MARK = ".obliq-output"
+"""The file inside an output folder that ``claim_output(folder=True)`` made, naming its command."""
 _GLOB = re.compile(r"[*?\[]")
 
 
 def _record_file(path: Path) -> Path:
     return path.parent / OUTPUT_RECORD.format(name=path.name)
+
+
+def claimed_folder(folder: Path) -> bool:
+    """Whether ``folder`` is one ``claim_output(folder=True)`` made: it holds :data:`FOLDER_MARK` naming
+    the command its record beside it names (a record alone may be a failed command's, or the folder a
+    user's new one of that name)."""
+    owner = output_owner(folder)
+    try:
+        return owner is not None and (folder / FOLDER_MARK).read_text(encoding="utf-8").strip() == owner
+    except OSError:
+        return False
 
 
 def output_owner(path: str | os.PathLike) -> str | None:
@@ -184,6 +197,7 @@ def claim_output(
     command: str | None = None,
     inputs=(),
     append: bool = False,
+    folder: bool = False,
 ) -> Path:
     """``path`` as an output of ``command``: the one claim every command's outputs go through.
 
@@ -193,8 +207,11 @@ def claim_output(
     - never replaced without being asked: a file, or a folder that is not empty, is refused unless
       ``overwrite`` (or ``append``, for a command that resumes into its own output);
     - never another command's: a path recorded as written by another command is refused even with
-      ``overwrite``; a folder is replaced only when it was recorded as this command's (it is emptied
-      first, so no earlier result is left beside the new ones), never a folder of unknown origin.
+      ``overwrite``; a folder is replaced only when it is the very folder this command made (it is
+      emptied first, so no earlier result is left beside the new ones), never a folder of unknown
+      origin: a record beside the path is not enough (a failed command leaves one, and a user may
+      delete the folder and make another of that name), the folder must also hold the mark
+      (:data:`FOLDER_MARK`) that only ``claim_output(folder=True)`` writes, into the folder it makes.
 
     The claim is recorded beside the path (:data:`OUTPUT_RECORD`) when ``command`` is given.
 
@@ -206,6 +223,7 @@ def claim_output(
         inputs: every file and folder the command reads (None entries are skipped).
         append: the command continues its own earlier output (``synth generate``): an existing file
             recorded as this command's, or without a record, is kept (the caller checks its content).
+        folder: the output is a folder: it is made here, marked as this claim's.
 
     Raises:
         FileExistsError: it holds something and neither ``overwrite`` nor ``append`` allows it (the
@@ -224,13 +242,13 @@ def claim_output(
     owner = output_owner(path)
     if command is not None and owner is not None and owner != command and path.exists():
         raise ValueError(f"{path} holds {owner!r} output, not {what} of {command!r}: choose another path")
-    taken = path.is_file() or (path.is_dir() and any(path.iterdir()))
+    taken = path.is_file() or (path.is_dir() and any(c.name != FOLDER_MARK for c in path.iterdir()))
     if taken and not (overwrite or append):
         raise FileExistsError(
             f"{path} already holds {what}: pass --overwrite true to replace them, or give another path"
         )
     if taken and path.is_dir() and overwrite:
-        if command is None or owner != command:
+        if command is None or owner != command or not claimed_folder(path):
             raise ValueError(
                 f"{path} is a folder that obliq did not record as {what} of {command!r}: it is not emptied; "
                 "give a new or empty folder"
@@ -241,7 +259,11 @@ def claim_output(
             else:
                 child.unlink(missing_ok=True)
     if command is not None and not (append and taken and owner is None):  # a file of unknown origin is not
-        write_text(_record_file(path), json_text({"command": command, "what": what, "pid": os.getpid()}) + "\n")
+        record = {"command": command, "what": what, "pid": os.getpid()}
+        if folder:  # every rank of a launch writes the same mark
+            path.mkdir(parents=True, exist_ok=True)
+            write_text(path / FOLDER_MARK, command + "\n")
+        write_text(_record_file(path), json_text(record) + "\n")
     return path  # made this command's by claiming it: its caller checks what it holds first
 
 

@@ -22,7 +22,7 @@ import json
 import time
 from pathlib import Path
 
-from obliq.files import check_output_name, claim_output, output_owner, write_json
+from obliq.files import FOLDER_MARK, check_output_name, claim_output, claimed_folder, output_owner, write_json
 
 RECIPE = Path("configs/quickstart.yaml")
 
@@ -34,8 +34,8 @@ def _own_or_absent(path: Path, command: str) -> None:
     Raises:
         ValueError: naming the path and how to proceed.
     """
-    empty = path.is_dir() and not any(path.iterdir())
-    if path.exists() and not empty and output_owner(path) != command:
+    empty = path.is_dir() and not any(c.name != FOLDER_MARK for c in path.iterdir())
+    if path.exists() and not empty and (output_owner(path) != command or (path.is_dir() and not claimed_folder(path))):
         raise ValueError(
             f"{path} holds something the quickstart did not write (no record of {command!r} there): move it, "
             "or give the recipe a new work_dir"
@@ -116,7 +116,7 @@ def quickstart(
         _own_or_absent(path, command)
         check_output_name(path)
     for path, command in outputs:
-        claim_output(path, True, "the quickstart's output", command=command, inputs=[recipe])
+        claim_output(path, True, "the quickstart's output", command=command, inputs=[recipe], folder=not path.suffix)
     started = time.perf_counter()
     timings: dict[str, float] = {}
 

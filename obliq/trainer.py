@@ -742,7 +742,7 @@ def fit_and_export(args: list[str], out: str | os.PathLike, overwrite: bool = Fa
     from obliq.files import claim_output
 
     configs = [a.split("=", 1)[1] if "=" in a else args[i + 1] for i, a in enumerate(args) if a.startswith("--config")]
-    claim_output(out, overwrite, "an export", command="export", inputs=configs)
+    claim_output(out, overwrite, "an export", command="export", inputs=configs, folder=True)
     fitted = fit(args)
     adapter = Path(export(fitted.checkpoint, out, overwrite=True)["adapter"])
     return Fitted(fitted.run, fitted.checkpoint, adapter)

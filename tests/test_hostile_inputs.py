@@ -207,6 +207,21 @@ def test_evaluate_overwrite_replaces_the_whole_earlier_result(task, tmp_path, ca
         "did not record",
     )
     assert (folder / "keep.txt").read_text() == "x"
+    # the record beside a folder is not enough: a user who deleted obliq's folder and made a new one of
+    # that name, or a failed command that left a record, never has the new folder emptied
+    shutil.rmtree(out)
+    out.mkdir()
+    (out / "thesis.tex").write_text("precious")
+    assert (tmp_path / ".eval.obliq").is_file()  # evaluate's record of the folder it had made
+    _fails(["evaluate", "--tasks", str(other), *common, "--overwrite", "true"], capsys, "did not record")
+    assert (out / "thesis.tex").read_text() == "precious"
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    fresh = tmp_path / "fresh"
+    with pytest.raises(SystemExit):  # a task folder without corpus.jsonl: refused in one line, before any claim
+        obliq_main(["evaluate", "--tasks", str(empty), *common[:3], str(fresh), *common[4:]])
+    capsys.readouterr()
+    assert not fresh.exists() and not (tmp_path / ".fresh.obliq").exists()
 
 
 # --- inputs that change under a merge; qrels ------------------------------------------------------

