@@ -21,7 +21,7 @@ from pathlib import Path
 from obliq.distributed import world
 from obliq.eval.metrics import DEFAULT_MEASURES, check_depth
 from obliq.eval.results import evaluate_tasks
-from obliq.eval.retrieval import RetrievalSettings, is_run_file, make_retriever
+from obliq.eval.retrieval import RetrievalSettings, is_run_file, make_retriever, retrieve_run_file
 from obliq.files import claim_output, write_json
 from obliq.tasks import find_tasks, load_task
 
@@ -77,8 +77,10 @@ def evaluate(
     model_file = Path(str(model)) if isinstance(model, (str, Path)) and Path(str(model)).exists() else None
     inputs = [*tasks, rerank, model_file]  # a run file or model folder inside the output would be rewritten
     loaded = [load_task(p) for p in find_tasks(tasks)]
-    if not is_run_file(model):  # fail before any encoding (a run file's depth is checked when it is read)
-        for task in loaded:
+    for task in loaded:  # fail before any encoding or claim
+        if is_run_file(model):
+            retrieve_run_file(model, task)  # a run of another task is refused here (its depth when scored)
+        else:
             check_depth(measures, retrieval.top_k, task.max_ranked)
     policy = None
     if rerank is not None:

@@ -228,7 +228,8 @@ def claim_output(
     Raises:
         FileExistsError: it holds something and neither ``overwrite`` nor ``append`` allows it (the
             message says how to proceed).
-        ValueError: an input, a pattern, or another command's output (both named).
+        ValueError: an input, a pattern, another command's output (both named), or a file where the
+            output is a folder.
     """
     path = check_output_name(path)
     for given in inputs:
@@ -242,6 +243,8 @@ def claim_output(
     owner = output_owner(path)
     if command is not None and owner is not None and owner != command and path.exists():
         raise ValueError(f"{path} holds {owner!r} output, not {what} of {command!r}: choose another path")
+    if folder and path.is_file():
+        raise ValueError(f"{path} is a file, and {what} go in a folder: give a folder path")
     taken = path.is_file() or (path.is_dir() and any(c.name != FOLDER_MARK for c in path.iterdir()))
     if taken and not (overwrite or append):
         raise FileExistsError(

@@ -222,6 +222,14 @@ def test_evaluate_overwrite_replaces_the_whole_earlier_result(task, tmp_path, ca
         obliq_main(["evaluate", "--tasks", str(empty), *common[:3], str(fresh), *common[4:]])
     capsys.readouterr()
     assert not fresh.exists() and not (tmp_path / ".fresh.obliq").exists()
+    notes = tmp_path / "notes.txt"  # a user's file given as the output folder: named, kept
+    notes.write_text("mine")
+    _fails(
+        ["evaluate", "--tasks", str(other), *common[:3], str(notes), *common[4:], "--overwrite", "true"],
+        capsys,
+        "is a file",
+    )
+    assert notes.read_text() == "mine" and not (tmp_path / ".notes.txt.obliq").exists()
 
 
 # --- inputs that change under a merge; qrels ------------------------------------------------------

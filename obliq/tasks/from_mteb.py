@@ -156,7 +156,6 @@ def from_mteb(
         if not dataset_path.is_dir():
             raise FileNotFoundError(f"--dataset_path {dataset_path}: no such folder (a local copy in hub layout)")
         task.metadata = task.metadata.model_copy(update={"dataset": {**dataset, "path": str(dataset_path)}})
-    out = claim_output(out, overwrite, "a task", command="task from-mteb", inputs=[dataset_path], folder=True)
     source = task.metadata.dataset["path"]
     try:
         task.load_data()
@@ -176,6 +175,8 @@ def from_mteb(
             f"({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}); run once where the hub is "
             f"reachable, or {where}"
         ) from None
+    # claimed (made and marked) once the dataset is loaded: a refused call leaves nothing
+    out = claim_output(out, overwrite, "a task", command="task from-mteb", inputs=[dataset_path], folder=True)
     task.convert_v1_dataset_format_to_v2(num_proc=None)
     data = task.dataset[subset][split]
     top_ranked = data.get("top_ranked")
