@@ -84,7 +84,7 @@ def test_trainer_fit_stopped_and_resumed_sees_the_same_batches(tasks_dir, tokeni
         ckpt_dir = tmp_path / f"ckpt{k}"
         head, _ = _fit(tokenize, sources, index, ckpt_dir=ckpt_dir, max_steps=k)
         ckpt = ckpt_dir / f"step={k}.ckpt"
-        state = torch.load(ckpt, weights_only=False)
+        state = torch.load(ckpt, weights_only=True)
         loader_state = state["loops"]["fit_loop"]["state_dict"]["combined_loader"]
         assert len(loader_state) == 1  # Lightning saved the StatefulDataLoader's state ...
         assert state["TrainingDataModule"]["stats"]["rows_per_epoch"] == 125  # ... and the DataModule's counts

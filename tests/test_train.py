@@ -198,8 +198,8 @@ def test_sigkill_and_resume_ends_bit_identical(tiny_llama_dir, rows_file, tmp_pa
     b = _lora(tmp_path / "broken" / "ckpt" / "last.ckpt")
     assert a.keys() == b.keys()
     assert all(torch.equal(a[k], b[k]) for k in a)
-    sched_a = torch.load(tmp_path / "whole" / "ckpt" / "last.ckpt", weights_only=False)["lr_schedulers"][0]
-    sched_b = torch.load(tmp_path / "broken" / "ckpt" / "last.ckpt", weights_only=False)["lr_schedulers"][0]
+    sched_a = torch.load(tmp_path / "whole" / "ckpt" / "last.ckpt", weights_only=True)["lr_schedulers"][0]
+    sched_b = torch.load(tmp_path / "broken" / "ckpt" / "last.ckpt", weights_only=True)["lr_schedulers"][0]
     assert sched_a["last_epoch"] == sched_b["last_epoch"] == steps
     assert sched_a["_last_lr"] == sched_b["_last_lr"]
 
@@ -493,7 +493,7 @@ def test_nan_steps_are_skipped_counted_and_too_many_stop_with_a_checkpoint(tiny_
     with pytest.raises(FloatingPointError, match="2 consecutive steps"):
         run.trainer.fit(run.model, datamodule=run.datamodule)
     assert all(torch.equal(v, run.model.state_dict()[k]) for k, v in before.items())  # nothing applied
-    saved = torch.load(tmp_path / "all" / "checkpoints" / "bad-steps.ckpt", weights_only=False)
+    saved = torch.load(tmp_path / "all" / "checkpoints" / "bad-steps.ckpt", weights_only=True)
     assert saved["obliq"]["bad_steps"] == 2 and saved["global_step"] == 0
 
 

@@ -136,10 +136,10 @@ class LoraModelParallelStrategy(ModelParallelStrategy):
     def load_checkpoint(self, checkpoint_path, weights_only=None) -> dict:
         """Load as the parent does, after checking that the file holds every trainable weight (the
         parent loads non-strictly, since the frozen base is not in the file)."""
-        import torch
+        from obliq.model.checkpoint import read_checkpoint
 
-        state = torch.load(checkpoint_path, map_location="cpu", mmap=True, weights_only=weights_only)["state_dict"]
+        state = read_checkpoint(checkpoint_path)["state_dict"]  # as data: weights_only, whatever was asked
         check = getattr(self.lightning_module, "check_checkpoint_state", None)
         if check is not None:
             check(state)
-        return super().load_checkpoint(checkpoint_path, weights_only=weights_only)
+        return super().load_checkpoint(checkpoint_path, weights_only=True)
