@@ -468,7 +468,10 @@ def main(argv: list[str] | None = None) -> None:
         results["dims"][dim] = {"prepared": prepared, "indexes": rows, "evaluate": evaluated}
         print(table(dim, args.n, prepared["n_real"], rows), flush=True)
         if evaluated:
-            print(f"\n`obliq evaluate` on {args.n:,} × {dim} (peak RSS, wait4):\n")
+            print(
+                f"\n`obliq evaluate` on {args.n:,} × {dim} (peak RSS, wait4; its queries are the random model's"
+                " encodings of the task's texts, not the real queries above, so its recall is not comparable):\n"
+            )
             print("| index | factory | index built here (s) | corpus cache | peak RSS GB | wall s | recall vs exact |")
             print("|---|---|---|---|---:|---:|---|")
             for e in evaluated:

@@ -88,6 +88,15 @@ def test_blocks_of_a_file_are_memory_mapped_views_not_copies(sharded):
     assert isinstance(base, mmap.mmap) and not block.flags.owndata and rows[:3].tolist() == [0, 3, 6]
 
 
+def test_take_reads_rows_in_chunks_in_any_order_with_repeats(sharded, monkeypatch):
+    x, parts, rng = sharded
+    monkeypatch.setattr(index_module, "BLOCK_BYTES", 7 * index_module.FAULT_AROUND_BYTES)  # 7 rows a mapping
+    rows = rng.integers(0, 1000, size=200)  # unsorted, repeated, every shard
+    np.testing.assert_array_equal(Corpus(parts).take(rows), x[rows])
+    drawn = np.sort(np.random.default_rng(3).choice(1000, size=50, replace=False))  # the documented draw
+    np.testing.assert_array_equal(Corpus(parts).sample(50, seed=3), x[drawn])
+
+
 def test_truncation_renormalises_and_search_at_a_dimension_equals_brute_force(sharded):
     x, parts, rng = sharded
     q = rng.standard_normal((10, 64)).astype(np.float32)
