@@ -186,7 +186,7 @@ def _worker(rank, path, init_file, out_dir):
 @pytest.mark.slow
 def test_matryoshka_across_two_processes_equals_one_process(tiny_llama_dir, tmp_path):
     mp.spawn(_worker, args=(tiny_llama_dir, str(tmp_path / "init"), str(tmp_path)), nprocs=2, join=True)
-    ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
+    ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(2)]
     enc = _encoder(tiny_llama_dir).eval()
     q = enc(enc.tokenize(SHARDS[0]["q"] + SHARDS[1]["q"], "query"))
     d = enc(enc.tokenize(SHARDS[0]["d"] + SHARDS[1]["d"], "passage"))

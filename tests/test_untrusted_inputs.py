@@ -55,11 +55,11 @@ def trained(tiny_llama_dir, rows_file, tmp_path_factory) -> Path:
 @pytest.mark.slow
 def test_a_crafted_checkpoint_runs_no_code_on_export_or_resume(trained, tiny_llama_dir, rows_file, tmp_path):
     from obliq.export import export
-    from obliq.model.checkpoint import load_checkpoint
+    from obliq.model.checkpoint import load_checkpoint, read_checkpoint
     from obliq.trainer import cli
 
     evil = _evil_backbone(tmp_path / "evil-model", tiny_llama_dir)
-    ckpt = torch.load(trained / "ckpt" / "last.ckpt", weights_only=False)
+    ckpt = read_checkpoint(trained / "ckpt" / "last.ckpt")  # as data, as obliq reads it
     ckpt["obliq"]["encoder"].update(backbone=str(evil), trust_remote_code=True)
     ckpt["hyper_parameters"]["encoder"] = {
         "class_path": "obliq.model.BiEncoder",
