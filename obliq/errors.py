@@ -16,7 +16,8 @@ def _user_error(err: BaseException) -> BaseException | None:
     after ours and hide it: Lightning's teardown after a failed resume, for one)."""
     seen = set()
     while err is not None and id(err) not in seen:
-        if isinstance(err, USER_ERRORS):
+        # Lightning's MisconfigurationException (a bad trainer setting, e.g. max_steps -5) is the user's too
+        if isinstance(err, USER_ERRORS) or type(err).__name__ == "MisconfigurationException":
             return err
         seen.add(id(err))
         err = err.__cause__ or err.__context__

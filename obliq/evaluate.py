@@ -21,7 +21,7 @@ from pathlib import Path
 from obliq.distributed import world
 from obliq.eval.metrics import DEFAULT_MEASURES, check_depth
 from obliq.eval.results import evaluate_tasks
-from obliq.eval.retrieval import RetrievalSettings, is_run_file, make_retriever, retrieve_run_file
+from obliq.eval.retrieval import RetrievalSettings, check_index, is_run_file, make_retriever, retrieve_run_file
 from obliq.files import claim_output, write_json
 from obliq.tasks import find_tasks, load_task
 
@@ -82,6 +82,8 @@ def evaluate(
             retrieve_run_file(model, task)  # a run of another task is refused here (its depth when scored)
         else:
             check_depth(measures, retrieval.top_k, task.max_ranked)
+            if str(model).lower() != "bm25":
+                check_index(retrieval, task)  # C42: an index faiss cannot train on this corpus
     policy = None
     if rerank is not None:
         from obliq.rerank.config import dump_policy, load_policy

@@ -104,12 +104,21 @@ def export(
     ckpt = read_checkpoint(checkpoint)
     base = card_base_model(ckpt["obliq"]["encoder"]["backbone"], base_model)
     digest = weights_digest(ckpt)
+    for name, tensor in ckpt["state_dict"].items():  # a diverged run's weights are not a model to publish
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            raise ValueError(f"{checkpoint}: weight {name!r} holds NaN or infinite values; nothing exported")
     evaluation = _evaluation(Path(results), digest) if results is not None else []
-    claim_output(out, overwrite, "an export", command="export", inputs=[checkpoint, probe_file, results], folder=True)
     trust = dict(backbone=backbone, trust_remote_code=trust_remote_code)
-    encoder = load_checkpoint(checkpoint, ckpt, **trust)
+    encoder = load_checkpoint(checkpoint, ckpt, **trust)  # a malformed checkpoint is refused before any claim
+    claim_output(out, overwrite, "an export", command="export", inputs=[checkpoint, probe_file, results], folder=True)
     adapter_dir = out / "adapter"
-    record = {"checkpoint": Path(checkpoint).name, "step": ckpt.get("global_step"), "weights_sha256": digest}
+    record = {
+        "checkpoint": Path(checkpoint).name,
+        "step": ckpt.get("global_step"),
+        "weights_sha256": digest,
+        # the dimensions the Matryoshka loss trained (none: only the full one); evaluate warns at another dim
+        "matryoshka_dims": (ckpt.get("hyper_parameters") or {}).get("matryoshka_dims") or [],
+    }
     encoder.save_pretrained(adapter_dir)
     write_json(adapter_dir / EXPORT_RECORD, record)
     write_text(adapter_dir / "README.md", model_card(ckpt, encoder, "adapter", evaluation, base))
@@ -213,7 +222,7 @@ def merge_to_sentence_transformers(
         batched = float((_probe_embeddings(st_encode, probe) * expect).sum(-1).min())
         single = float((_probe_embeddings(lambda t, k: st_encode(t, k, True), probe) * expect).sum(-1).min())
         cosine = min(batched, single)
-        if cosine < min_cosine:
+        if not cosine >= min_cosine:  # NaN fails too (NaN < min_cosine is False)
             found = _differences(loaded, encoder, probe, dtype)
             raise ValueError(
                 f"{folder}: the merged model drifts from the adapter in sentence-transformers: min cosine "
@@ -274,7 +283,7 @@ def _differences(loaded, encoder: BiEncoder, probe: list[str], dtype: torch.dtyp
     if not any(type(m).__name__ == "Normalize" for m in loaded):
         found.append("the embeddings are not L2-normalised")
     config = getattr(getattr(transformer, "model", None), "config", None)
-    if encoder.bidirectional and getattr(config, "is_causal", None) is not False and config.model_type != "bert":
+    if encoder.made_bidirectional and getattr(config, "is_causal", None) is not False:
         found.append("the folder's decoder attends causally (config.is_causal is not False)")
     if dtype != torch.float32:
         found.append(f"the merged weights are stored in {str(dtype).removeprefix('torch.')} (the check is float32)")

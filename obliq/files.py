@@ -25,11 +25,13 @@ from __future__ import annotations
 
 import codecs
 import dataclasses
+import hashlib
 import json
 import math
 import os
 import re
 import shutil
+import socket
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -144,6 +146,34 @@ def _record_file(path: Path) -> Path:
     return path.parent / OUTPUT_RECORD.format(name=path.name)
 
 
+def process_start(pid: int) -> str | None:
+    """A process's start time (Linux ``/proc``), which a reused pid does not share; None when it has ended."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def process_record() -> dict:
+    """This process as a record names it: ``{"host", "pid", "process_start"}`` (:func:`running` reads it)."""
+    return {"host": socket.gethostname(), "pid": os.getpid(), "process_start": process_start(os.getpid())}
+
+
+def running(record: dict) -> bool:
+    """Whether another process a record names (:func:`process_record`) still runs on this machine (another
+    machine's cannot be known: False)."""
+    pid = record.get("pid")
+    if record.get("host") != socket.gethostname() or not isinstance(pid, int) or pid == os.getpid():
+        return False
+    start = process_start(pid)
+    return start is not None and start == record.get("process_start")
+
+
+def _in_launch() -> bool:
+    """Whether this process is one rank of a multi-process launch (its ranks claim the same outputs)."""
+    return int(os.environ.get("WORLD_SIZE", "1") or 1) > 1
+
+
 def claimed_folder(folder: Path) -> bool:
     """Whether ``folder`` is one ``claim_output(folder=True)`` made: it holds :data:`FOLDER_MARK` naming
     the command its record beside it names (a record alone may be a failed command's, or the folder a
@@ -213,7 +243,13 @@ def claim_output(
       delete the folder and make another of that name), the folder must also hold the mark
       (:data:`FOLDER_MARK`) that only ``claim_output(folder=True)`` writes, into the folder it makes.
 
-    The claim is recorded beside the path (:data:`OUTPUT_RECORD`) when ``command`` is given.
+    - never two commands' at once: the claim record is created exclusively (:func:`_take_claim`), so
+      of two commands claiming one output at the same moment one wins and the other refuses, and a
+      claim held by a running process is not taken over; the ranks of one launch (``WORLD_SIZE`` > 1)
+      and the shards of an ``append`` output (``obliq encode``'s store) share their output.
+
+    The claim is recorded beside the path (:data:`OUTPUT_RECORD`) when ``command`` is given, with the
+    claiming process (host, pid, start time).
 
     Args:
         path: the file or folder to write.
@@ -228,8 +264,8 @@ def claim_output(
     Raises:
         FileExistsError: it holds something and neither ``overwrite`` nor ``append`` allows it (the
             message says how to proceed).
-        ValueError: an input, a pattern, another command's output (both named), or a file where the
-            output is a folder.
+        ValueError: an input, a pattern, another command's output (both named), a file where the
+            output is a folder, or an output a running command holds.
     """
     path = check_output_name(path)
     for given in inputs:
@@ -250,24 +286,67 @@ def claim_output(
         raise FileExistsError(
             f"{path} already holds {what}: pass --overwrite true to replace them, or give another path"
         )
+    if taken and path.is_dir() and overwrite and (command is None or owner != command or not claimed_folder(path)):
+        raise ValueError(
+            f"{path} is a folder that obliq did not record as {what} of {command!r}: it is not emptied; "
+            "give a new or empty folder"
+        )
+    record = None
+    if command is not None and not (append and taken and owner is None):  # a file of unknown origin is not
+        record = {"command": command, "what": what, **process_record()}
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if _in_launch() or append:  # every rank of a launch, every shard of an append (encode), shares it
+            write_text(_record_file(path), json_text(record) + "\n")
+        else:  # of two commands claiming one output, one wins before anything is emptied or written
+            _take_claim(path, record)
     if taken and path.is_dir() and overwrite:
-        if command is None or owner != command or not claimed_folder(path):
-            raise ValueError(
-                f"{path} is a folder that obliq did not record as {what} of {command!r}: it is not emptied; "
-                "give a new or empty folder"
-            )
         for child in path.iterdir():  # ranks of one launch may clear at once
             if child.is_dir() and not child.is_symlink():
                 shutil.rmtree(child, ignore_errors=True)
             else:
                 child.unlink(missing_ok=True)
-    if command is not None and not (append and taken and owner is None):  # a file of unknown origin is not
-        record = {"command": command, "what": what, "pid": os.getpid()}
-        if folder:  # every rank of a launch writes the same mark
-            path.mkdir(parents=True, exist_ok=True)
-            write_text(path / FOLDER_MARK, command + "\n")
-        write_text(_record_file(path), json_text(record) + "\n")
+    if record is not None and folder:
+        path.mkdir(parents=True, exist_ok=True)
+        write_text(path / FOLDER_MARK, command + "\n")
     return path  # made this command's by claiming it: its caller checks what it holds first
+
+
+def _take_claim(path: Path, record: dict) -> None:
+    """Write ``path``'s claim record (:data:`OUTPUT_RECORD`) so that of two processes claiming it at once
+    exactly one succeeds: the record is created with ``os.link`` (which fails when it exists); an earlier
+    claim is taken over only when its process has ended (:func:`running`), by renaming it away first,
+    which one process alone can do.
+
+    Raises:
+        ValueError: a running process holds the claim (its command and pid named).
+    """
+    file = _record_file(path)
+    for _ in range(4):
+        fd, tmp = tempfile.mkstemp(dir=file.parent, prefix=f"{file.name}.", suffix=".tmp")
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(json_text(record) + "\n")
+        try:
+            os.link(tmp, file)
+            return
+        except FileExistsError:
+            pass
+        finally:
+            os.unlink(tmp)
+        try:
+            holder = json.loads(file.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            holder = None
+        if isinstance(holder, dict) and running(holder):  # a record is whole when linked: unreadable is stale
+            raise ValueError(
+                f"{path}: {holder.get('command')!r} in process {holder.get('pid')} is writing it now: "
+                "wait for it, or give another path"
+            )
+        try:  # a finished claim: taken over by whoever renames it away first
+            os.rename(file, f"{file}.{os.getpid()}.old")
+            os.unlink(f"{file}.{os.getpid()}.old")
+        except FileNotFoundError:
+            continue
+    raise ValueError(f"{path}: claimed by other commands at the same moment: give another path")
 
 
 def refuse_shared_outputs(outputs) -> None:
@@ -343,6 +422,38 @@ def check_yaml(text: str, source: object = "YAML") -> None:
         visiting.add(id(node))
         stack.append((node, True))
         stack.extend((c, False) for c in children if id(c) not in size)
+    if isinstance(root, yaml.MappingNode):
+        _check_dotted_keys(root, source)
+
+
+def _check_dotted_keys(root, source: object) -> None:
+    """Refuse a setting given twice through a dotted key and a nested one (``trainer.max_steps: 5`` beside
+    ``trainer: {max_steps: 10}``): jsonargparse reads both as one key and keeps one silently."""
+    import yaml
+
+    seen: dict[tuple[str, ...], int] = {}  # leaf path → line
+    below: set[tuple[str, ...]] = set()  # the proper prefixes of the leaf paths
+    stack = [(root, ())]
+    while stack:
+        node, prefix = stack.pop()
+        for key, value in node.value:
+            if not isinstance(key, yaml.ScalarNode) or key.tag == "tag:yaml.org,2002:merge":
+                continue
+            path = prefix + tuple(str(key.value).split("."))
+            line = key.start_mark.line + 1
+            if isinstance(value, yaml.MappingNode) and value.value:
+                stack.append((value, path))
+                continue
+            clash = [path] if path in seen or path in below else []
+            clash += [path[:i] for i in range(1, len(path)) if path[:i] in seen]
+            if clash:
+                other = next((o for o in seen if o[: len(path)] == path or path[: len(o)] == o), clash[0])
+                raise ValueError(
+                    f"{source}:{line}: {'.'.join(path)!r} is also set on line {seen[other]} "
+                    f"(as {'.'.join(other)!r}, dotted or nested): a loader would keep one silently: remove one"
+                )
+            seen[path] = line
+            below.update(path[:i] for i in range(1, len(path)))
 
 
 def load_yaml(text: str, source: object = "YAML"):
@@ -420,13 +531,17 @@ def read_id_table(path: str | os.PathLike, value: str = "attribute") -> dict[str
 
 
 _UNSAFE = re.compile(r"[^\w.\-]+")
+MAX_NAME_BYTES = 200
+"""The longest folder name :func:`safe_name` makes, in UTF-8 bytes: a longer one is cut and ends in a
+digest of the whole name, so two long names stay two folders."""
 
 
 def safe_name(name: str, what: str = "name") -> str:
     """A folder name made from ``name``: runs of characters other than letters, digits, ``_``, ``.``
     and ``-`` (path separators among them) and runs of two or more dots become ``_``, and leading or
     trailing ``.``, ``_`` and ``-`` go, so the folder can never leave the folder it is made in
-    (``../../x`` → ``x``, ``a/b`` → ``a_b``).
+    (``../../x`` → ``x``, ``a/b`` → ``a_b``); a name over :data:`MAX_NAME_BYTES` is cut and given
+    a digest of the whole name.
 
     Raises:
         ValueError: nothing usable is left (``..``, ``/``; the message names ``what``).
@@ -434,4 +549,8 @@ def safe_name(name: str, what: str = "name") -> str:
     out = re.sub(r"_+", "_", re.sub(r"\.{2,}", "_", _UNSAFE.sub("_", str(name)))).strip("._-")
     if not out:
         raise ValueError(f"{what} {name!r} cannot be used as a folder name")
+    if len(out.encode()) > MAX_NAME_BYTES:  # a file name holds 255 bytes ([Errno 36] beyond)
+        digest = hashlib.sha256(str(name).encode()).hexdigest()[:12]
+        cut = out.encode()[: MAX_NAME_BYTES - 13].decode(errors="ignore").rstrip("._-")
+        out = f"{cut}-{digest}"
     return out

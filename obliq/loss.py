@@ -165,8 +165,12 @@ def teacher_distillation(
             continue
         s = docs[cols].double() @ queries[i].double()  # (1 + k,) the student's cosines
         if kind == "kl":
-            p = torch.softmax(t / teacher_temperature, 0)
-            terms.append((p * (torch.log(p) - torch.log_softmax(s / temperature, 0))).sum())
+            # from log-probabilities: a teacher probability that underflows to 0 (scores 0–100 at a small
+            # teacher temperature) adds 0, as 0 · log 0 = 0 says, not 0 · −inf = NaN
+            log_p = torch.log_softmax(t / teacher_temperature, 0)
+            p = log_p.exp()
+            gap = torch.where(p > 0, log_p - torch.log_softmax(s / temperature, 0), torch.zeros_like(log_p))
+            terms.append((p * gap).sum())
         else:
             terms.append((((s[0] - s[1:]) - (t[0] - t[1:])) ** 2).mean())
     if not terms:

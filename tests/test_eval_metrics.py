@@ -127,6 +127,10 @@ def test_qrels_errors_name_file_and_line(tmp_path):
         read_qrels(_write(tmp_path / "q.tsv", "query-id\tcorpus-id\tscore\nq1\td1\t1\nq1\td1\t2\n"))
     with pytest.raises(ValueError, match=r"b\.tsv:2: field 'score' must be an integer"):
         read_qrels(_write(tmp_path / "b.tsv", "q1\td1\t1\nq1\td2\tyes\n"))
+    # a headerless file whose first grade is no number: refused at line 1, not skipped as a header (issue 32 §3)
+    with pytest.raises(ValueError, match=r"h\.tsv:1: field 'score' must be an integer, got 'yes'"):
+        read_qrels(_write(tmp_path / "h.tsv", "q1\td1\tyes\nq1\td2\t1\n"))
+    assert read_qrels(_write(tmp_path / "g.tsv", "qid\tdocid\tGrade\nq1\td2\t1\n")) == {"q1": {"d2": 1}}
     with pytest.raises(ValueError, match=r"c\.tsv:1: expected 3 \(BEIR\) or 4 \(TREC\) columns, got 2"):
         read_qrels(_write(tmp_path / "c.tsv", "q1\td1\n"))
     # TREC qrels format, as trec_eval reads it

@@ -218,6 +218,9 @@ def test_bad_index_settings_are_refused_with_their_name():
         VectorIndex(corpus, IndexSpec(index="Bogus42"))
     with pytest.raises(ValueError, match="multiple of 8"):
         VectorIndex(Corpus.from_array(np.eye(12, dtype=np.float32)), IndexSpec(index="binary"))
+    # an HNSW candidate list longer than the corpus only costs time (ef_search 2e9: hour-long searches)
+    hnsw = VectorIndex(corpus, IndexSpec(index="hnsw", ef_search=2_000_000_000))
+    assert hnsw.describe()["params"]["ef_search"] == 8
 
 
 # ---------------------------------------------------------------------------------------------- the store
@@ -247,6 +250,29 @@ def test_a_store_of_strided_shards_reads_back_in_corpus_order(tmp_path):
         open_store(tmp_path, {**FP, "model": "other"}, ids)
     with pytest.raises(ValueError, match="cover 10 documents of 11"):
         open_store(tmp_path, FP, [*ids, "d10"])
+
+
+def test_more_shards_than_documents_read_back_and_a_damaged_shard_deletes_nothing(tmp_path, caplog):
+    """Issue 32 §3: with more shards than documents the empty shard was a 0-byte file (its data under a stray
+    name), and the next evaluate deleted every shard and re-encoded. Empty shards read back; a damaged shard of a
+    store of several is named, and no other shard's file is deleted."""
+    from obliq.eval.retrieval import _stored_corpus
+
+    x = _unit(np.random.default_rng(5).standard_normal((2, 8)))
+    ids = ["d0", "d1"]
+    _write(tmp_path, x, ids, 3)
+    assert not list(tmp_path.glob("*.tmp*")) and (tmp_path / "shard-2-of-3.npy").stat().st_size > 0
+    np.testing.assert_allclose(read_store_vectors(tmp_path, FP, ids), x, atol=1e-7)
+
+    class _Task:
+        doc_ids = ids
+
+    damaged = tmp_path / "shard-1-of-3.npy"
+    damaged.write_bytes(b"\0" * damaged.stat().st_size)  # the same size: only reading it tells
+    before = sorted(p.name for p in tmp_path.iterdir())
+    with pytest.raises(ValueError, match="a store of 3 shards is unusable"):
+        _stored_corpus(tmp_path, FP, _Task())
+    assert sorted(p.name for p in tmp_path.iterdir()) == before  # nothing deleted
 
 
 def test_an_incomplete_or_damaged_store_names_its_shards(tmp_path):
@@ -308,3 +334,131 @@ def test_evaluate_reports_an_approximate_search_with_its_recall_and_drops_paddin
     assert summary["index"]["factory"] == "IVF16,Flat" and summary["index"]["params"] == {"nlist": 16, "nprobe": 1}
     table = (tmp_path / "out" / "results.md").read_text()
     assert "| t | IVF16,Flat | IVF16,Flat | 16 | nlist 16, nprobe 1 | – |" in table and "Recall@10 vs exact" in table
+
+
+def test_c42_an_index_faiss_cannot_train_on_the_corpus_is_refused_before_encoding(tmp_path):
+    """shared/cases/C42 (faiss #237, #2513): on 60 vectors faiss itself cannot train IVF64,Flat nor
+    IVF1,PQ24 (256 centroids per sub-quantizer) and can train IVF1,PQ24x4. obliq refuses the first two in
+    one line naming the setting and the size before encoding anything; the ivf-pq preset uses fewer bits
+    and says so in the results."""
+    import faiss
+    from test_tasks import make_task
+
+    from obliq.eval.index import factory_string
+    from obliq.eval.retrieval import make_retriever
+    from obliq.tasks import load_task
+
+    x = _lowrank(np.random.default_rng(3), 60, 384)
+    for factory, trains in (("IVF64,Flat", False), ("IVF1,PQ24", False), ("IVF1,PQ24x4", True)):  # faiss's word
+        index = faiss.index_factory(384, factory, faiss.METRIC_INNER_PRODUCT)
+        if trains:
+            index.train(x)
+        else:
+            with pytest.raises(RuntimeError):
+                index.train(x)
+        if trains:
+            assert factory_string(IndexSpec(index=factory), 60, 384) == (factory, None)
+        else:
+            with pytest.raises(ValueError, match=rf"retrieval.index '{factory}'.*the corpus gives 60 \(60 documents"):
+                factory_string(IndexSpec(index=factory), 60, 384)
+    built = VectorIndex(Corpus.from_array(x), IndexSpec(index="ivf-pq"))
+    assert built.describe()["factory"] == "IVF1,PQ24x5" and "5-bit codes" in built.describe()["adjusted"]
+    assert factory_string(IndexSpec(index="ivf-pq"), 20000, 384) == ("IVF512,PQ24", None)  # untouched when it trains
+
+    topics = ["red", "blue", "green", "gold"]
+    docs = [{"_id": f"d{i}", "text": f"{topics[i % 4]} document {i}"} for i in range(60)]
+    queries = [{"_id": f"q{i}", "text": f"{topics[i % 4]} query {i}"} for i in range(4)]
+    task = load_task(make_task(tmp_path / "t", docs, queries, [(f"q{i}", f"d{i}", 1) for i in range(4)]))
+    encoder, calls = _HashEncoder(), []
+    encode = encoder.encode
+    encoder.encode = lambda texts, *a, **k: calls.append(len(texts)) or encode(texts, *a, **k)
+    with pytest.raises(ValueError, match="64 inverted lists need at least 64 training vectors"):
+        make_retriever(encoder, RetrievalSettings(index="IVF64,Flat", cache=False))(task)
+    assert calls == []  # refused before the corpus was encoded
+
+
+def test_the_store_fingerprint_covers_what_is_loaded_behind_a_name(tmp_path, monkeypatch):
+    """Issue 32's kept-back kind (b): a store found by a model's name must not survive a change of the model
+    behind it. A weight file rewritten in place to the same size and mtime, an adapter's local base edited in
+    place, and a hub id whose cached revision moved (huggingface_hub's own resolution of refs/main) each give
+    another fingerprint, so another store."""
+    import os
+    import time
+
+    from obliq.eval.encoders import fingerprint
+
+    model = tmp_path / "base"
+    model.mkdir()
+    weights = model / "model.safetensors"
+    weights.write_bytes(b"A" * 64)
+    before = fingerprint(str(model))
+    st = weights.stat()
+    time.sleep(0.01)
+    weights.write_bytes(b"B" * 64)  # same size
+    os.utime(weights, ns=(st.st_atime_ns, st.st_mtime_ns))  # and the same mtime
+    assert fingerprint(str(model)) != before
+
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": str(model)}))
+    (adapter / "adapter_model.safetensors").write_bytes(b"L" * 8)
+    with_base = fingerprint(str(adapter))
+    assert fingerprint(str(model)) in with_base
+    (model / "config.json").write_text("{}")  # the base edited in place
+    assert fingerprint(str(adapter)) != with_base
+
+    cache = tmp_path / "hub"
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(cache))
+    repo = cache / "models--owner--name"
+    for commit in ("a" * 40, "b" * 40):
+        (repo / "snapshots" / commit).mkdir(parents=True)
+        (repo / "snapshots" / commit / "config.json").write_text(commit)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("a" * 40)
+    first = fingerprint("owner/name")
+    assert "a" * 40 in first
+    (repo / "refs" / "main").write_text("b" * 40)  # the revision behind the name moved
+    assert "b" * 40 in fingerprint("owner/name") and fingerprint("owner/name") != first
+    assert fingerprint("owner/not-cached") == "owner/not-cached"
+
+
+def test_a_store_checks_its_rows_and_an_index_is_never_reused_over_other_vectors(tmp_path):
+    """Issue 32 §3: rows edited in place (a NaN), ids in another order, and a saved index copied from another
+    store of the same settings were searched as valid (NDCG@10 0.92 → 0.14). A shard is checked against the
+    checksum written with it whenever its files changed; a copied store is read once and accepted; an index
+    is keyed by the rows' checksums."""
+    import shutil
+
+    rng = np.random.default_rng(6)
+    ids = [f"d{i}" for i in range(40)]
+    a, b = _unit(rng.standard_normal((40, 16))), _unit(rng.standard_normal((40, 16)))
+    A, B = tmp_path / "one" / "store", tmp_path / "two" / "store"  # one name: the index key differs by the rows only
+    _write(A, a, ids, 2)
+    _write(B, b, ids, 2)
+    np.testing.assert_allclose(read_store_vectors(A, FP, ids), a, atol=1e-7)
+    shutil.copytree(A, tmp_path / "copy")  # new files (inodes, times): read once, same checksum
+    np.testing.assert_allclose(read_store_vectors(tmp_path / "copy", FP, ids), a, atol=1e-7)
+
+    spec = IndexSpec(index="IVF2,Flat", nprobe=2, train_size=40)
+    VectorIndex(open_store(A, FP, ids), spec, folder=A)
+    for f in (A).glob("index-*"):
+        shutil.copy(f, B / f.name)  # another store's index, same settings
+    index = VectorIndex(open_store(B, FP, ids), spec, folder=B)
+    assert index.describe()["reused"] is False
+    _, found = index.search(b[:5], 1)
+    assert found[:, 0].tolist() == [0, 1, 2, 3, 4]  # b's own vectors, not a's
+
+    edited = tmp_path / "copy" / "shard-0-of-2.npy"
+    x = np.load(edited)
+    x[3] = np.nan
+    np.save(edited, x)
+    with pytest.raises(ValueError, match=r"shard-0-of-2.npy: row 3 is not a finite unit vector"):
+        open_store(tmp_path / "copy", FP, ids)
+    ids_file = B / "shard-1-of-2.ids"
+    lines = ids_file.read_text().splitlines()
+    ids_file.write_text("\n".join([lines[1], lines[0], *lines[2:]]) + "\n")  # two rows' ids swapped
+    with pytest.raises(ValueError, match=r"shard-1-of-2.npy: its rows or ids are not the ones written"):
+        open_store(B, FP, ids)

@@ -166,3 +166,74 @@ def test_the_card_takes_only_this_checkpoints_evaluation_and_probes_must_check(t
     with pytest.raises(ValueError, match="min_cosine"):
         export(ckpt, tmp_path / "p", merge=True, min_cosine=1.5)
     assert not (tmp_path / "p").exists()  # refused before anything is written
+
+
+def test_nan_weights_are_refused_before_anything_is_written(tmp_path, minilm_path):
+    """Issue 32 §3: a diverged run's NaN weights were exported (and a merge passed its probe check, since
+    NaN < 0.999 is false). The export refuses in one line naming the weight, and writes nothing."""
+    from obliq.export import export
+
+    ckpt_path = make_checkpoint(tmp_path / "m.ckpt", "minilm", length=32)
+    ckpt = torch.load(ckpt_path, weights_only=True)
+    name = next(n for n in ckpt["state_dict"] if "lora_B" in n)
+    ckpt["state_dict"][name][0, 0] = float("nan")
+    torch.save(ckpt, ckpt_path)
+    with pytest.raises(ValueError, match=rf"weight '{re.escape(name)}' holds NaN"):
+        export(ckpt_path, tmp_path / "out", merge=True)
+    assert not (tmp_path / "out").exists()
+
+
+def test_c47_a_roberta_lora_merges_and_its_check_names_no_wrong_cause(tmp_path):
+    """C47: a merged export of a LoRA on a RoBERTa-family backbone was refused because "the folder's decoder
+    attends causally" (it is no decoder). It now merges, and the merged folder read by plain
+    sentence-transformers gives the adapter's embeddings (the export's own probe check, min cosine 0.999)."""
+    from test_encoder import _roberta_dir
+
+    from obliq.export import export
+
+    folder, _ = _roberta_dir(tmp_path / "roberta")
+    ckpt = make_checkpoint(tmp_path / "r.ckpt", str(folder), length=512)
+    report = export(ckpt, tmp_path / "out", merge=True)
+    assert report["probe_min_cosine"] >= 0.999 and (tmp_path / "out" / "merged").is_dir()
+
+
+def test_a_resized_or_foreign_checkpoint_is_refused_in_one_line(tmp_path, minilm_path):
+    """Issue 32 §3: a checkpoint with a resized weight gave a traceback, one with a weight the encoder lacks was
+    loaded with the weight silently dropped (strict=False). Both are refused, naming the weight; nothing written."""
+    from obliq.export import export
+
+    ckpt_path = make_checkpoint(tmp_path / "m.ckpt", "minilm", length=32)
+    ckpt = torch.load(ckpt_path, weights_only=True)
+    name = next(n for n in ckpt["state_dict"] if "lora_B" in n)
+    resized = dict(ckpt, state_dict={**ckpt["state_dict"], name: ckpt["state_dict"][name][:, :2]})
+    torch.save(resized, tmp_path / "resized.ckpt")
+    with pytest.raises(ValueError, match=rf"weight '{re.escape(name.removeprefix('encoder.'))}' has shape"):
+        export(tmp_path / "resized.ckpt", tmp_path / "out")
+    foreign = dict(ckpt, state_dict={**ckpt["state_dict"], "encoder.extra.weight": torch.zeros(2)})
+    torch.save(foreign, tmp_path / "foreign.ckpt")
+    with pytest.raises(KeyError, match="weights the encoder does not have"):
+        export(tmp_path / "foreign.ckpt", tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_dimension_the_model_was_not_trained_at_is_warned_about(tmp_path, minilm_path, caplog):
+    """Issue 32 §3: ``--retrieval.dim`` that is not a trained Matryoshka dimension was accepted in silence. The
+    export records the checkpoint's matryoshka_dims; evaluating it at another dimension warns."""
+    import logging
+
+    from obliq.eval.retrieval import RetrievalSettings, make_retriever
+    from obliq.export import export
+
+    ckpt_path = make_checkpoint(tmp_path / "m.ckpt", "minilm", length=32)
+    ckpt = torch.load(ckpt_path, weights_only=True)
+    ckpt["hyper_parameters"]["matryoshka_dims"] = [384, 96]
+    torch.save(ckpt, ckpt_path)
+    export(ckpt_path, tmp_path / "out")
+    adapter = str(tmp_path / "out" / "adapter")
+    assert json.loads((tmp_path / "out" / "adapter" / "obliq_export.json").read_text())["matryoshka_dims"] == [384, 96]
+    with caplog.at_level(logging.WARNING):
+        make_retriever(adapter, RetrievalSettings(dim=96, cache=False))
+    assert "not a dimension it was trained at" not in caplog.text
+    with caplog.at_level(logging.WARNING):
+        make_retriever(adapter, RetrievalSettings(dim=64, cache=False))
+    assert "retrieval.dim 64 is not a dimension it was trained at (matryoshka_dims: [384, 96])" in caplog.text

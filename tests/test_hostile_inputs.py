@@ -311,6 +311,15 @@ def test_a_key_given_twice_is_an_error_everywhere_a_config_is_read(task, tmp_pat
     policy.write_text("depth: 10\ndepth: 20\n")
     with pytest.raises(ValueError, match="p.yaml:2: key 'depth' given twice"):
         load_policy(policy)
+    # issue 32 §3: a dotted key beside the nested one it names, and the second of two stacked configs named
+    dotted = tmp_path / "d.yaml"
+    dotted.write_text("trainer:\n  max_steps: 10\ntrainer.max_steps: 5\n")
+    with pytest.raises(ValueError, match=r"d.yaml:[0-9]+: 'trainer.max_steps' is also set on line [0-9]"):
+        recipe_config(dotted)
+    good = tmp_path / "g.yaml"
+    good.write_text("trainer:\n  max_steps: 10\n")
+    _fails(["train", "fit", "--config", str(good), "--config", str(dotted)], capsys, f"{dotted}:")
+    _fails(["train", "fit", "--config", str(good), "--config", str(recipe)], capsys, f"{recipe}:")
 
 
 def test_a_nested_alias_bomb_is_refused_quickly_everywhere(task, tmp_path, capsys):

@@ -164,10 +164,17 @@ def test_the_public_names_check_can_fail(tmp_path):
 
 
 def test_every_package_is_installed():
-    """pyproject lists its packages one by one (callbacks/ installs as obliq.callbacks): none is missing."""
+    """pyproject lists its packages one by one (callbacks/ installs as obliq.callbacks), and the folders of
+    data files (prompts, function words) too, which setuptools otherwise warns about at every install: none
+    is missing."""
     listed = set(tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
     found = {".".join(p.parent.relative_to(REPO).parts) for p in PACKAGE.rglob("__init__.py")} | {"obliq.callbacks"}
-    assert listed == found
+    data = {
+        ".".join(d.relative_to(REPO).parts)
+        for d in PACKAGE.rglob("*")
+        if d.is_dir() and not (d / "__init__.py").exists() and any(d.glob("*.yaml")) | any(d.glob("*.txt"))
+    }
+    assert data and listed == found | data
 
 
 def test_defaults_are_defined_once_and_every_entry_point_reads_them():

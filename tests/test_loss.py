@@ -131,6 +131,28 @@ def test_masks_and_the_symmetric_loss_match_a_brute_force_reference(symmetric):
         assert got == pytest.approx(_reference(q, d, pos, keys.tolist(), qkeys.tolist(), 0.1, symmetric), rel=1e-5)
 
 
+def test_teacher_kl_stays_finite_when_a_teacher_probability_underflows():
+    """Issue 32's kept-back kind (a): teacher scores on a 0–100 scale at teacher τ 0.05 give exp(−2000) = 0 for
+    the low grades in float64. The KL is finite and equals scipy's (rel_entr: 0 · log 0 = 0), and so is its
+    gradient; written as p · (log p − log q) it was NaN."""
+    import numpy as np
+    from scipy.special import log_softmax, rel_entr, softmax
+
+    from obliq.loss import teacher_distillation
+
+    q = torch.nn.functional.normalize(torch.tensor([[1.0, 0.3]]), dim=-1).requires_grad_()
+    d = torch.nn.functional.normalize(torch.tensor([[1.0, 0.0], [0.6, 1.0], [0.0, 1.0]]), dim=-1)
+    grades = torch.tensor([[100.0, 0.0, 35.0]])
+    got = teacher_distillation(q, d, torch.tensor([0]), torch.tensor([0, 0, 0]), grades, "kl", 0.05, 0.05)
+    p = softmax(grades[0].double().numpy() / 0.05)
+    assert (p == 0).any()  # the teacher's probability underflows
+    s = (d.double() @ q[0].detach().double()).numpy()
+    expected = rel_entr(p, np.exp(log_softmax(s / 0.05))).sum()
+    assert math.isfinite(got.item()) and got.item() == pytest.approx(expected, rel=1e-6)
+    got.backward()
+    assert torch.isfinite(q.grad).all()
+
+
 def test_teacher_distillation_against_hand_computed_values():
     """Listwise KL and MarginMSE over each row's own candidates (its positive, then its negatives), written out
     with math: a row without scores is left out; NaN marks the negatives a row does not have."""

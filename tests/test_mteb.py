@@ -124,6 +124,20 @@ def test_candidate_sets_lost_on_loading_are_refused(tmp_path):
         from_mteb("OBLIQBenchMathRetrieval", tmp_path / "math", dataset_path=ds)
 
 
+def test_a_task_refused_midway_leaves_nothing_that_evaluates(tmp_path):
+    """Issue 32 §3: a from-mteb refused after writing corpus, queries and qrels (a candidate not in the corpus)
+    left a folder without task.json or candidate sets, which evaluate scored over the whole corpus as gold.
+    The task is written aside and moved in whole: the refused folder holds no task."""
+    from obliq.evaluate import evaluate
+
+    ds = hub_folder(tmp_path / "hub", "math", CORPUS, QUERIES, QRELS, {**TOP_RANKED, "qb": ["m1", "m9"]})
+    with pytest.raises(ValueError, match="candidate 'm9' of query 'qb' is not in the corpus"):
+        from_mteb("OBLIQBenchMathRetrieval", tmp_path / "math", dataset_path=ds)
+    assert {p.name for p in (tmp_path / "math").iterdir()} <= {".obliq-output"}
+    with pytest.raises((FileNotFoundError, ValueError)):
+        evaluate("bm25", [str(tmp_path / "math")], tmp_path / "bm25", measures=["NDCG@10"])
+
+
 def test_unknown_or_non_retrieval_tasks_are_refused(tmp_path):
     with pytest.raises(ValueError, match="NoSuchTask: not an mteb task"):
         from_mteb("NoSuchTask", tmp_path / "x")

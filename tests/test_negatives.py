@@ -480,3 +480,37 @@ def test_attribute_and_teacher_vetoes_and_the_filter_command(tasks_dir, tmp_path
                 "null",
             ]
         )
+
+
+@pytest.mark.slow
+def test_c40_the_positive_aware_limit_lies_below_a_negative_positive(tasks_dir, minilm_path):
+    """shared/cases/C40 (sentence-transformers #3819): stance-tweets, q-atheism-against, gold tw-01130 at base
+    MiniLM cosine −0.048900. ``0.95 · s`` = −0.046455 lies above the positive, so tw-00088 (−0.046858),
+    tw-00600 (−0.047157) and tw-00610 (−0.047246) — closer to the query than its positive — passed as
+    negatives. The limit is s − |s| · 0.05 = −0.051345: mining and `negatives filter` drop all three."""
+    import numpy as np
+
+    from obliq.negatives.mine import DenseBackend, filter_negatives, positive_limit
+    from obliq.tasks import load_task
+
+    assert positive_limit(0.8, 0.95) == pytest.approx(0.76) and positive_limit(-0.0489, 0.95) == pytest.approx(
+        -0.051345
+    )
+    task = load_task(tasks_dir / "stance-tweets")
+    text = dict(zip(task.doc_ids, task.doc_texts))
+    query = dict(zip(task.query_ids, task.query_texts))["q-atheism-against"]
+    between = ["tw-00088", "tw-00600", "tw-00610"]
+    ids = ["tw-01130", *between, *[d for d in task.doc_ids[:40] if d not in {"tw-01130", *between}]]
+    backend = DenseBackend([text[d] for d in ids], "minilm")
+    s = backend.score([query] * 4, [0, 1, 2, 3])
+    np.testing.assert_allclose(s, [-0.048900, -0.046858, -0.047157, -0.047246], atol=2e-6)  # the case's cosines
+    row = _row(query, "tw-01130", text["tw-01130"])
+    kept, rep = mine_negatives([row], ids, [text[d] for d in ids], backend, k=10, max_score_ratio=0.95)
+    got = {n["id"] for n in kept[0]["negatives"]}
+    assert not got & set(between) and rep.dropped["above_positive"] >= 3
+    assert kept[0]["meta"]["mined_negatives"]["positive_score"] == pytest.approx(-0.0489, abs=2e-6)
+    scores = dict(zip(ids, backend.score([query] * len(ids), list(range(len(ids))))))
+    assert all(scores[d] <= -0.051345 + 1e-6 for d in got)
+    given = [{**row, "negatives": [{"id": d, "text": text[d]} for d in between + sorted(got)]}]
+    filtered, counts = filter_negatives(given, ids, backend, 0.95)
+    assert {n["id"] for n in filtered[0]["negatives"]} == got and counts["dropped"]["above_positive"] == 3

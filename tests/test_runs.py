@@ -191,7 +191,7 @@ def test_last_resumes_only_this_jobs_run(tmp_path, monkeypatch):
     assert run_folder(base, "last") == (base / "version_3", "last")  # no scheduler: no scheduler job's run
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
-        from obliq.trainer import _process_start
+        from obliq.files import process_start as _process_start
 
         time.sleep(0.2)
         live = _version(base, 4, None, pid=sleeper.pid, start=_process_start(sleeper.pid))
@@ -200,7 +200,40 @@ def test_last_resumes_only_this_jobs_run(tmp_path, monkeypatch):
         (ended / "ckpt" / "last.ckpt").unlink()
         for f in (ended / "ckpt").iterdir():
             f.unlink()
-        assert run_folder(base, "last")[0] not in (live, ended)  # a run whose process still runs: never
+        # a run whose process still runs is never resumed, and never silently replaced by a run from step 0
+        with pytest.raises(ValueError, match=f"{live}: still trained by process {sleeper.pid}"):
+            run_folder(base, "last")
+    finally:
+        sleeper.kill()
+
+
+def test_of_two_resumes_of_one_run_at_once_one_wins_and_the_other_refuses(tmp_path):
+    """Issue 32 §3: of two simultaneous ``--ckpt_path last`` resumes the loser trained from step 0 in silence.
+    Each resume point is claimed once (os.mkdir): a claim held by a running process refuses the other resume in
+    one line; a claim left by a process that has ended is taken over."""
+    from obliq.files import process_start as _process_start
+    from obliq.trainer import run_folder
+
+    base = tmp_path / "runs"
+    v0 = _version(base, 0, None, pid=1, start="1")  # its process has ended: resumable
+    last = v0 / "ckpt" / "last.ckpt"
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        time.sleep(0.2)
+        assert run_folder(base, "last", claim=False) == (v0, str(last))  # named, nothing claimed
+        assert not any(p.name.startswith(".resume-") for p in v0.iterdir())
+        assert run_folder(base, "last") == (v0, str(last))  # this process wins the claim
+        [lock] = [p for p in v0.iterdir() if p.name.startswith(".resume-")]
+        record = json.loads((lock / "owner.json").read_text())
+        record.update(pid=sleeper.pid, process_start=_process_start(sleeper.pid))  # as if the other one had won
+        (lock / "owner.json").write_text(json.dumps(record))
+        (v0 / "owner.json").write_text(json.dumps({**record, "pid": 1, "process_start": "1"}))
+        with pytest.raises(ValueError, match=f"process {sleeper.pid} is resuming it from last.ckpt already"):
+            run_folder(base, "last")
+        sleeper.kill()
+        sleeper.wait()
+        assert run_folder(base, "last") == (v0, str(last))  # the claimer has ended: taken over
+        assert json.loads((lock / "owner.json").read_text())["pid"] == os.getpid()
     finally:
         sleeper.kill()
 

@@ -103,3 +103,6 @@ def test_two_mining_shards_merge_into_one_runs_rows(tasks_dir, tmp_path):
     (tmp_path / "cut.jsonl.report.json").write_text(shards[2].with_name(shards[2].name + ".report.json").read_text())
     with pytest.raises(ValueError, match=r"cut\.jsonl:\d+"):  # the file and line named
         merge(source, [*shards[:2], tmp_path / "cut.jsonl"], tmp_path / "bad.jsonl")
+    reports = [s.with_name(s.name + ".report.json") for s in shards]  # issue 32 §3: the reports given as shards
+    with pytest.raises(ValueError, match="a shard's report; give the shard files themselves"):
+        merge(source, reports, tmp_path / "bad.jsonl")

@@ -226,3 +226,11 @@ def test_entity_leaks_stay_within_the_real_rate_and_the_test_side_is_never_read(
     with pytest.raises(SystemExit) as exit_:
         main(args + settings)
     assert exit_.value.code == 2 and "kept.jsonl already holds rows: pass --overwrite true" in capsys.readouterr().err
+    # issue 32 §3: a development side that is a copy of the test side gives no thresholds (synth generate's rule)
+    leaky = tmp_path / "leaky"
+    shutil.copytree(folder, leaky)
+    shutil.copy(leaky / "queries.jsonl", leaky / "queries-dev.jsonl")
+    shutil.copy(leaky / "qrels" / "test.tsv", leaky / "qrels" / "dev.tsv")
+    with pytest.raises(SystemExit) as exit_:
+        main(args[:5] + [str(leaky), "--out", str(tmp_path / "leak.jsonl"), *settings])
+    assert exit_.value.code == 2 and "is also a test query" in capsys.readouterr().err

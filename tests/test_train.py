@@ -354,7 +354,9 @@ def test_a_sweep_trial_logs_the_sweeps_metric_on_development_queries(tmp_path):
 
 
 @pytest.mark.slow
-def test_wandb_offline_run_holds_metrics_and_a_resume_continues_it(tiny_llama_dir, rows_file, tmp_path, monkeypatch):
+def test_wandb_offline_run_holds_metrics_and_a_resume_continues_it(
+    tiny_llama_dir, rows_file, tmp_path, monkeypatch, capfd
+):
     import wandb
 
     from obliq.trainer import cli
@@ -387,6 +389,24 @@ def test_wandb_offline_run_holds_metrics_and_a_resume_continues_it(tiny_llama_di
     assert first.count(b"train/loss") >= 3 and b"trainer/global_step" in first
     assert b"train/loss" in second
     assert b"seed_everything" in first  # the resolved config was logged (LoggedConfig)
+    out, err = capfd.readouterr()
+    assert "wandb:" not in out and "offline" in err  # W&B's banner on stderr, not in the program's output
+
+
+def test_the_progress_line_of_a_max_steps_run_is_not_epoch_minus_two():
+    """Issue 32 §1: Lightning describes a run limited by max_steps (max_epochs -1) as "Epoch 0/-2"."""
+    from lightning.pytorch import Trainer
+    from lightning.pytorch.callbacks import RichProgressBar
+    from obliq.callbacks.progress import StepProgressBar
+
+    for bar, steps, epochs, expected in (
+        (RichProgressBar(), 40, -1, "Epoch 0/-2"),  # Lightning's own, as a max_steps run has it (max_epochs -1)
+        (StepProgressBar(), 40, -1, "epoch 0 (max_steps 40)"),
+        (StepProgressBar(), -1, 3, "epoch 0 of 3"),
+    ):
+        trainer = Trainer(max_steps=steps, max_epochs=epochs, callbacks=[bar], logger=False, enable_checkpointing=False)
+        bar.setup(trainer, None, "fit")
+        assert bar._get_train_description(0).strip() == expected
 
 
 @pytest.mark.slow

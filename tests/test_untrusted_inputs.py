@@ -135,6 +135,15 @@ def test_each_run_of_a_recipe_gets_its_own_folder_and_last_finds_the_newest(tiny
     assert (tmp_path / "runs" / "version_0" / "ckpt" / "last.ckpt").is_file()  # the first run's, kept
     resumed = cli(["fit", "--config", str(config), "--trainer.max_steps=3", "--ckpt_path", "last"])
     assert Path(resumed.trainer.default_root_dir).name == "version_1" and resumed.trainer.global_step == 3
+    # issue 32 §3: a refused fit (a data source that matches no file; max_steps -5) leaves no empty version_2
+    missing = json.dumps([{"name": "x", "path": str(tmp_path / "nothing.jsonl")}])
+    with pytest.raises((FileNotFoundError, ValueError)):
+        cli(["fit", "--config", str(config), f"--data.sources={missing}"])
+    with pytest.raises(Exception, match="max_steps"):
+        cli(["fit", "--config", str(config), "--trainer.max_steps=-5"])
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["version_0", "version_1"], [
+        str(p) for p in (tmp_path / "runs").rglob("*") if "version_2" in str(p)
+    ]
 
 
 def test_a_sweep_trial_gets_a_folder_named_by_its_wandb_run(tmp_path, monkeypatch):
@@ -271,7 +280,13 @@ def test_a_task_name_never_leaves_the_output_folder(tmp_path):
     task = make_task(
         tmp_path / "t", [{"_id": "d1", "text": "apple pie"}], [{"_id": "q1", "text": "apple"}], [("q1", "d1", 1)]
     )
-    for name, folder in (("../../escaped", "escaped"), ("a/b", "a_b")):
+    long = "long-" + "x" * 300  # issue 32 §3: [Errno 36] before; a control character broke results.md's table
+    for name, folder in (
+        ("../../escaped", "escaped"),
+        ("a/b", "a_b"),
+        (long, "long-" + "x" * 182 + "-" + __import__("hashlib").sha256(long.encode()).hexdigest()[:12]),
+        ("tab\tand|pipe\nline", "tab_and_pipe_line"),
+    ):
         (task / "task.json").write_text(json.dumps({"name": name}))
         out = tmp_path / f"out-{folder}"
         obliq_main(
@@ -291,6 +306,8 @@ def test_a_task_name_never_leaves_the_output_folder(tmp_path):
         )
         assert (out / folder / "summary.json").is_file()
         assert all(p.parent.parent.name.startswith("out-") for p in tmp_path.rglob("summary.json"))
+        rows = [line for line in (out / "results.md").read_text().splitlines() if line.startswith("| ")]
+        assert all(line.replace("\\|", "").count("|") == rows[0].count("|") for line in rows[:2])  # one cell each
     from obliq.evaluate import evaluate
 
     (task / "task.json").write_text(json.dumps({"name": ".."}))
@@ -389,3 +406,56 @@ def test_a_corrupt_embedding_cache_is_named_discarded_and_rebuilt(tmp_path, capl
     )
     assert all(again.run[q] == pytest.approx(first.run[q]) for q in first.run) and cache.stat().st_size > 100
     assert corpus_store("minilm", settings, task) == cache.parent
+
+
+def _claim_at_once(path, barrier, done, results):
+    from obliq.files import claim_output
+
+    barrier.wait()
+    try:
+        claim_output(path, folder=True, command="evaluate", what="evaluation results")
+        results.put("ok")
+    except ValueError as err:
+        results.put(str(err))
+    done.wait()  # alive until both have tried: a claim is held while its process runs
+
+
+def test_of_two_commands_claiming_one_output_at_once_one_wins(tmp_path):
+    """Issue 32 §3: two evaluates into one new output could both succeed and leave a mixed folder. The claim is
+    made with os.link and taken over only from a process that has ended: one wins, the other refuses in one
+    line, whatever the timing; a finished command's claim is taken over."""
+    import multiprocessing
+    import os
+    import subprocess
+    import sys
+
+    from obliq.files import claim_output, process_start
+
+    ctx = multiprocessing.get_context("fork")
+    for trial in range(6):
+        barrier, done, results = ctx.Barrier(2), ctx.Barrier(2), ctx.Queue()
+        path = tmp_path / f"out{trial}"
+        procs = [ctx.Process(target=_claim_at_once, args=(path, barrier, done, results)) for _ in range(2)]
+        for proc in procs:
+            proc.start()
+        got = [results.get(timeout=60) for _ in procs]
+        for proc in procs:
+            proc.join(60)
+        assert got.count("ok") == 1 and any("is writing it now" in g for g in got), got
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        import time
+
+        time.sleep(0.2)
+        path = tmp_path / "held"
+        claim_output(path, folder=True, command="evaluate")
+        record = tmp_path / ".held.obliq"
+        held = json.loads(record.read_text())
+        record.write_text(json.dumps({**held, "pid": sleeper.pid, "process_start": process_start(sleeper.pid)}))
+        with pytest.raises(ValueError, match=f"'evaluate' in process {sleeper.pid} is writing it now"):
+            claim_output(path, True, folder=True, command="evaluate")
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    assert claim_output(path, True, folder=True, command="evaluate") == path  # its process ended: taken over
+    assert json.loads(record.read_text())["pid"] == os.getpid()

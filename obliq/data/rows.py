@@ -21,6 +21,7 @@ negative-vs-positive check here, the document keys of a batch (the loss masks eq
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -225,11 +226,22 @@ def parse_row(raw: bytes | str, path: str, line: int) -> TrainingRow:
     meta = obj.get("meta")
     if meta is not None and not isinstance(meta, dict):
         raise check.fail("meta", "type", f"expected an object, got {type(meta).__name__}")
+    scores = (meta or {}).get("teacher_scores")
+    if scores is not None:  # the positive's score, then one per negative (obliq distill pairs --teacher_scores)
+        if not isinstance(scores, list) or len(scores) != 1 + len(negatives):
+            got = f"{len(scores)} scores" if isinstance(scores, list) else type(scores).__name__
+            raise check.fail(
+                "meta.teacher_scores", "value", f"expected a list of {1 + len(negatives)} numbers, got {got}"
+            )
+        for i, value in enumerate(scores):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise check.fail(f"meta.teacher_scores[{i}]", "value", f"expected a finite number, got {value!r}")
     return TrainingRow(row_id, task, source, query, positive, tuple(negatives), lens, instruction, meta, check.repairs)
 
 
 def read_rows(path: str | Path) -> list[dict]:
-    """Read a JSONL file of training rows, each validated with :func:`obliq.data.rows.parse_row`.
+    """Read a JSONL file of training rows, each validated with :func:`obliq.data.rows.parse_row`, their
+    strings repaired as it repairs them (lone surrogates, NUL).
 
     Blank lines are skipped.
 
@@ -245,5 +257,17 @@ def read_rows(path: str | Path) -> list[dict]:
             if not raw.strip():
                 continue
             parse_row(raw, str(path), lineno)
-            rows.append(json.loads(raw.decode("utf-8"), strict=False))
+            rows.append(_repaired(json.loads(raw.decode("utf-8"), strict=False)))
     return rows
+
+
+def _repaired(value):
+    """``value`` (a JSON-loaded row) with every string repaired as :func:`parse_row` repairs its fields
+    (:func:`obliq.text.repair_text`: a lone surrogate would fail when the row is written out again)."""
+    if isinstance(value, str):
+        return repair_text(value)[0]
+    if isinstance(value, list):
+        return [_repaired(v) for v in value]
+    if isinstance(value, dict):
+        return {_repaired(k): _repaired(v) for k, v in value.items()}
+    return value

@@ -31,6 +31,7 @@ from obliq.eval.metrics import write_run
 from obliq.eval.retrieval import (
     ENCODE_BLOCK,
     RetrievalSettings,
+    check_index,
     corpus_fingerprint,
     encode_shard,
     make_retriever,
@@ -158,12 +159,14 @@ def search(
     """
     config = dict(locals())
     model_file = Path(model) if Path(model).exists() else None  # a model folder inside the output is an input
+    if model.lower() == "bm25" or model.endswith(".trec"):
+        raise ValueError(f"obliq search searches dense embeddings; {model!r} is not a dense encoder (use evaluate)")
+    loaded = [load_task(p) for p in find_tasks(tasks)]
+    for task in loaded:  # C42: an index faiss cannot train on a corpus is refused before any encoding or claim
+        check_index(retrieval, task)
     output = claim_output(
         output, overwrite, "search results", command="search", inputs=[*tasks, model_file], folder=True
     )
-    loaded = [load_task(p) for p in find_tasks(tasks)]
-    if model.lower() == "bm25" or model.endswith(".trec"):
-        raise ValueError(f"obliq search searches dense embeddings; {model!r} is not a dense encoder (use evaluate)")
     retrieve = make_retriever(model, retrieval, latency_queries)
     out = {}
     for task in loaded:

@@ -144,18 +144,58 @@ class SentenceTransformerEncoder:
 
 
 def fingerprint(model: str) -> str:
-    """A string that changes when the model's files change (for the corpus-embedding cache).
+    """A string that changes when what ``model`` loads changes (the corpus-embedding store is found by it).
 
-    A local file or folder: its absolute path plus every file's relative path, size and mtime.
-    Anything else (a hub id): the name itself.
+    - A local file or folder: its absolute path plus every file's relative path, size, mtime, ctime and
+      inode (a file rewritten in place, even to the same size and mtime, gets a new ctime).
+    - An adapter folder (obliq's ``obliq_encoder.json`` with ``is_adapter``, or peft's
+      ``adapter_config.json``): also its base model's fingerprint, since the base is loaded too.
+    - A hub id: the snapshot the Hugging Face cache resolves it to (``snapshots/<commit>``, whose files are
+      fingerprinted as a folder's), so a moved revision is another model; the bare name only when nothing
+      is cached (nothing can be loaded offline then).
     """
     path = Path(resolve_model(model))
     if not path.exists():
-        return model
+        path = _hub_snapshot(model)
+        if path is None:
+            return model
     files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
-    stats = [(str(p.relative_to(path)) if p != path else p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in files]
+    stats = []
+    for p in files:
+        st = p.stat()
+        stats.append(
+            (str(p.relative_to(path)) if p != path else p.name, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
+        )
     digest = hashlib.sha256(json.dumps(stats).encode()).hexdigest()[:16]
-    return f"{path.resolve()}@{digest}"
+    base = _adapter_base(path)
+    return f"{path.resolve()}@{digest}" + (f" on {fingerprint(base)}" if base else "")
+
+
+def _adapter_base(path: Path) -> str | None:
+    """The base model an adapter folder loads, or None (not an adapter, or unreadable: then no base)."""
+    if not path.is_dir():
+        return None
+    try:
+        if (path / OBLIQ_CONFIG).is_file():
+            saved = json.loads(read_text(path / OBLIQ_CONFIG))
+            return str(saved["backbone"]) if saved.get("is_adapter") else None
+        if (path / "adapter_config.json").is_file():
+            return str(json.loads(read_text(path / "adapter_config.json"))["base_model_name_or_path"])
+    except (ValueError, KeyError, TypeError):
+        return None
+    return None
+
+
+def _hub_snapshot(model: str) -> Path | None:
+    """The folder the Hugging Face cache resolves a hub id to (its ``refs/main`` commit), or None."""
+    if "/" not in model or model.count("/") > 1:
+        return None
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(model, local_files_only=True))
+    except Exception:  # not cached, not a valid id: nothing to fingerprint
+        return None
 
 
 def load_encoder(model: str, encoder: EncoderKind = "auto", trust_remote_code: bool = False) -> Encoder:

@@ -63,9 +63,6 @@ import numpy as np
 
 log = logging.getLogger(__name__)
 
-NORM_TOLERANCE = 1e-3
-"""Largest | ‖v‖ − 1 | accepted after renormalisation (C13)."""
-
 BLOCK_BYTES = 1 << 28
 """Bytes of float32 vectors scanned or added at a time (256 MiB)."""
 
@@ -103,26 +100,37 @@ def unit_float32(x, what: str = "vectors") -> np.ndarray:
         what: a name for error messages.
 
     Returns:
-        (n, d) float32 array, each row with | ‖v‖ − 1 | ≤ :data:`NORM_TOLERANCE`.
+        (n, d) float32 array of unit rows (to float32 rounding).
 
     Raises:
         ValueError: ``x`` is not 2-D, has a non-finite value or a zero row.
+
+    The norms and the division are computed in float64 and rounded to float32 once, so the result
+    does not depend on which of numpy's vector kernels sums the squares (a float32 norm differs in
+    its last bit between CPUs, and a kNN cut near a tie with it; issue 31 §0). Float64 input (e.g. a
+    teacher's features) is read in float64; rows are done in blocks, so memory stays at the output.
     """
     if hasattr(x, "detach"):  # a torch tensor
         x = x.detach().float().cpu().numpy()
-    x = np.ascontiguousarray(x, dtype=np.float32)
+    x = np.asarray(x)
+    if x.dtype != np.float64:
+        x = np.asarray(x, dtype=np.float32)
     if x.ndim != 2:
         raise ValueError(f"{what}: expected a 2-D array (n, d), got shape {x.shape}")
-    if not np.isfinite(x).all():
-        raise ValueError(f"{what}: contains NaN or infinite values")
-    norms = np.linalg.norm(x, axis=1, keepdims=True)
-    if (norms == 0).any():
-        raise ValueError(f"{what}: row {int(np.flatnonzero(norms[:, 0] == 0)[0])} is all zeros (no direction)")
-    x = x / norms
-    worst = float(np.abs(np.linalg.norm(x, axis=1) - 1).max()) if len(x) else 0.0
-    if worst > NORM_TOLERANCE:  # e.g. a float32 overflow in the norm (|v| ~ 1e20)
-        raise ValueError(f"{what}: a row is off unit length by {worst:.2e} after renormalisation")
-    return x
+    out = np.empty(x.shape, dtype=np.float32)
+    step = max(1, (1 << 22) // max(1, x.shape[1]))  # about 32 MB of float64 at a time
+    for start in range(0, len(x), step):
+        block = x[start : start + step].astype(np.float64)
+        if not np.isfinite(block).all():
+            raise ValueError(f"{what}: contains NaN or infinite values")
+        norms = np.sqrt(np.einsum("ij,ij->i", block, block))[:, None]
+        if not np.isfinite(norms).all():  # e.g. a float64 overflow in the norm (|v| ~ 1e160)
+            raise ValueError(f"{what}: a row is too long to normalise (|v| overflows)")
+        if (norms == 0).any():
+            row = start + int(np.flatnonzero(norms[:, 0] == 0)[0])
+            raise ValueError(f"{what}: row {row} is all zeros (no direction)")
+        out[start : start + step] = block / norms
+    return out
 
 
 def truncate(x, dim: int | None, what: str = "vectors") -> np.ndarray:
@@ -581,21 +589,58 @@ def _nlist(n: int, train: int) -> int:
     return int(min(nlist, cap))
 
 
-def factory_string(spec: IndexSpec, n: int, dim: int) -> str:
+def _untrainable(factory: str, n_train: int) -> str | None:
+    """Why faiss cannot train ``factory`` on ``n_train`` vectors (its ``'nx >= k' failed`` assertion), or
+    None: an IVF, IMI or binary IVF quantizer needs a vector per list, a PQ or OPQ codebook one per
+    centroid (2^bits, 8 bits unless ``PQ<m>x<bits>``; C42, faiss #237 / #2513)."""
+    for lists in re.findall(r"IVF(\d+)", factory):
+        if int(lists) > n_train:
+            return f"{lists} inverted lists need at least {lists} training vectors"
+    for bits in re.findall(r"IMI2x(\d+)", factory):
+        if 2 ** int(bits) > n_train:
+            return f"IMI2x{bits} needs at least {2 ** int(bits)} training vectors"
+    for kind, bits in re.findall(r"(?<![A-Za-z])(O?PQ)\d+(?:x(\d+))?", factory):
+        centroids = 2 ** int(bits or 8)
+        if centroids > n_train:
+            return f"{kind} with {int(bits or 8)}-bit codes trains {centroids} centroids per sub-vector"
+    return None
+
+
+def factory_string(spec: IndexSpec, n: int, dim: int | None = None) -> tuple[str, str | None]:
     """The faiss factory string an index name stands for, at ``n`` vectors of ``dim`` components
-    (``ivf-*``: :func:`_nlist` lists; ``ivf-pq``: dim / 16 bytes per vector, 16-d sub-vectors).
+    (``ivf-*``: :func:`_nlist` lists; ``ivf-pq``: dim / 16 bytes per vector, 16-d sub-vectors, 8-bit
+    codes, fewer bits when the corpus is too small to train 256 centroids), checked against what faiss
+    can train on the corpus (C42). ``dim`` None checks only what the corpus size decides (before encoding).
+
+    Returns:
+        ``(factory, adjusted)``: ``adjusted`` says what was changed to make a preset trainable, or None.
 
     Raises:
-        ValueError: ``ivf-pq`` with a dimension that is not a multiple of 16, or a binary index over a
-            dimension that is not a multiple of 8.
+        ValueError: an index faiss cannot train on ``n`` vectors (the setting and the size named);
+            ``ivf-pq`` with a dimension that is not a multiple of 16; a binary index over a dimension
+            that is not a multiple of 8.
     """
     name = spec.index.strip()
     factory = PRESETS.get(name.lower(), name)
-    if "{m}" in factory and dim % 16:
+    if dim is not None and "{m}" in factory and dim % 16:
         raise ValueError(f"retrieval.index ivf-pq: the dimension {dim} is not a multiple of 16; give a factory string")
-    if spec.binary and dim % 8:
+    if dim is not None and spec.binary and dim % 8:
         raise ValueError(f"retrieval.index {name}: binary codes need a dimension that is a multiple of 8, got {dim}")
-    return factory.format(nlist=_nlist(n, spec.train_size), m=dim // 16)
+    n_train = min(n, spec.train_size)
+    factory = factory.format(nlist=_nlist(n, spec.train_size), m=(dim or 16) // 16)
+    adjusted = None
+    if name.lower() == "ivf-pq" and n_train < 256:
+        bits = int(np.log2(max(1, n_train)))
+        if bits >= 1:
+            factory = f"{factory}x{bits}"
+            adjusted = f"ivf-pq with {bits}-bit codes: {n_train} training vectors cannot train 256 centroids"
+    why = _untrainable(factory, n_train)
+    if why:
+        raise ValueError(
+            f"retrieval.index {name!r} ({factory}): {why}, and the corpus gives {n_train} "
+            f"({n} documents, retrieval.train_size {spec.train_size}); use flat or hnsw, or a smaller index"
+        )
+    return factory, adjusted
 
 
 def _parts(index, faiss) -> list:
@@ -636,7 +681,9 @@ class VectorIndex:
             if use_gpu is not False and getattr(faiss, "get_num_gpus", lambda: 0)() > 0:
                 self._dense = DenseIndex(corpus.take(np.arange(corpus.n)), use_gpu=use_gpu, ids=corpus.ids)
             return
-        factory = factory_string(spec, corpus.n, corpus.dim)
+        factory, adjusted = factory_string(spec, corpus.n, corpus.dim)
+        if adjusted:
+            log.warning("%s (a corpus of %d documents)", adjusted, corpus.n)
         build = {"factory": factory, "dim": corpus.dim, "train_size": spec.train_size, "seed": spec.seed}
         if "HNSW" in factory:
             build["ef_construction"] = spec.ef_construction
@@ -652,6 +699,7 @@ class VectorIndex:
         self._set_search_parameters()
         self.info.update(
             factory=factory,
+            **({"adjusted": adjusted} if adjusted else {}),
             exact=False,
             binary=spec.binary,
             params=self._search_parameters(),
@@ -683,7 +731,11 @@ class VectorIndex:
             index.hnsw.efConstruction = spec.ef_construction
         code = _sign_bits if spec.binary else (lambda x: x)
         if not index.is_trained:
-            index.train(code(corpus.sample(spec.train_size, spec.seed)))
+            try:
+                index.train(code(corpus.sample(spec.train_size, spec.seed)))
+            except RuntimeError as err:  # what factory_string's check does not foresee
+                why = _first_line(err)
+                raise ValueError(f"retrieval.index {spec.index!r}: faiss cannot train {factory!r} ({why})") from None
         labels = []
         for block, rows in corpus.blocks():
             index.add(code(block))
@@ -738,8 +790,8 @@ class VectorIndex:
         ivf = self._ivf()
         if ivf is not None:
             ivf.nprobe = min(self.spec.nprobe, ivf.nlist)
-        if getattr(self.index, "hnsw", None) is not None:
-            self.index.hnsw.efSearch = self.spec.ef_search
+        if getattr(self.index, "hnsw", None) is not None:  # a list longer than the corpus adds only time
+            self.index.hnsw.efSearch = min(self.spec.ef_search, max(1, self.corpus.n))
 
     def _search_parameters(self) -> dict:
         out = {}

@@ -19,7 +19,7 @@ import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from obliq.eval.results import read_per_query, reads_text
+from obliq.eval.results import environment_text, read_per_query, reads_text
 from obliq.eval.significance import compare
 from obliq.files import read_text, write_json, write_text
 
@@ -101,6 +101,7 @@ def systems_report(
                 "n_excluded": first.get("n_excluded", 0),
                 "n_docs": first.get("n_docs"),
             }
+    environments: dict[str, list[str]] = {}
     for name, by_task in found.items():
         entry = {"folder": str(systems[name]), "model": None, "metrics": {}, "reads": {}, "n_queries": {}}
         for task in names:
@@ -116,7 +117,11 @@ def systems_report(
             entry["metrics"][task] = {m: summary["metrics"][m] for m in measures}
             entry["reads"][task] = summary.get("reads")
             entry["n_queries"][task] = summary["n_queries"]
+            if summary.get("environment"):
+                environments.setdefault(json.dumps(summary["environment"], sort_keys=True), []).append(name)
         report["systems"][name] = entry
+    # what the figures were made with: one environment, or each with the systems evaluated in it
+    report["environment"] = [{"systems": sorted(set(n)), **json.loads(e)} for e, n in environments.items()]
     for task in names:
         readings = {n: found[n][task][0].get("reads") for n in same_reading if task in found[n]}
         if len({json.dumps(r, sort_keys=True) for r in readings.values()}) > 1:
@@ -207,6 +212,10 @@ def report_markdown(report: dict) -> str:
             found = [c for c in report["comparisons"] if c["task"] == task]
             if found:
                 lines += [""] + ([f"**{task}**"] if len(tasks) > 1 else []) + [f"- {c['text']}" for c in found]
+    envs = report.get("environment") or []
+    if envs:
+        lines += ["", "Made with:"]
+        lines += [f"- {environment_text(e)}" + (f" ({', '.join(e['systems'])})" if len(envs) > 1 else "") for e in envs]
     if report["skipped"]:
         lines += [
             "",

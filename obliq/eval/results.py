@@ -20,8 +20,11 @@ the dense metrics and cost in the summary's ``rerank`` entry, and ``results.md``
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
+import platform
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from time import perf_counter
@@ -37,6 +40,11 @@ from obliq.tasks import Task
 log = logging.getLogger(__name__)
 
 SPLIT_NAMES = {"test": "gold", "pooled": "pooled"}
+
+
+def _cell(text: str) -> str:
+    """``text`` as one markdown table cell: ``|`` escaped, control characters (a newline) shown as ``?``."""
+    return re.sub(r"[\x00-\x1f\x7f]", "?", str(text)).replace("|", "\\|")
 
 
 def _percentiles(samples: list[float]) -> dict:
@@ -121,6 +129,7 @@ def evaluate_task(
         "reads": retrieval.reads,
         **({"index": retrieval.index} if retrieval.index else {}),
         "validation": task.report,
+        "environment": environment(),
         # an exported model's record of its checkpoint (what `obliq export --results` matches), else None
         "model_export": exported_from(model) if isinstance(model, str) else None,
         **({"rerank": rerank} if rerank else {}),
@@ -200,14 +209,14 @@ def write_report(summaries: list[dict], output: Path) -> None:
         rows = [(s.get("judgements", "gold"), s)] + ([("pooled", s["pooled"])] if "pooled" in s else [])
         for label, r in rows:
             lines.append(
-                f"| {s['task']} | {s['mechanism'] or ''} | {label} | {r['n_queries']} | {r['n_excluded']} | "
+                f"| {_cell(s['task'])} | {s['mechanism'] or ''} | {label} | {r['n_queries']} | {r['n_excluded']} | "
                 + " | ".join(fmt(r["metrics"][n]) for n in panel)
                 + " |"
             )
     ranked = [s for s in summaries if s.get("ranking", {}).get("over") == "candidates"]
     if ranked:
         lines += [""] + [
-            f"{s['task']}: each query ranked over its candidate set only ({r['file']}; {r['min']}–{r['max']} "
+            f"{_cell(s['task'])}: each query ranked over its candidate set only ({r['file']}; {r['min']}–{r['max']} "
             f"documents, mean {r['mean']}); judged documents outside it still count in the ideal DCG and recall."
             for s in ranked
             for r in [s["ranking"]]
@@ -225,7 +234,7 @@ def write_report(summaries: list[dict], output: Path) -> None:
         pct = lambda k: f"{lat[k]['p50']} / {lat[k]['p95']}" if lat.get(k, {}).get("n") else "–"  # noqa: E731
         sec = lambda k: f"{t[k]:.2f}" if k in t else "–"  # noqa: E731  (a run read from a file has no stages)
         lines.append(
-            f"| {s['task']} | {s['n_docs']} | {sec('encode_corpus')} | {sec('encode_queries')} | "
+            f"| {_cell(s['task'])} | {s['n_docs']} | {sec('encode_corpus')} | {sec('encode_queries')} | "
             f"{sec('search')} | {sec('metrics')} | {s['corpus_cache']} | {pct('query_encoding')} | {pct('search')} |"
         )
     searched = [s for s in summaries if "recall_vs_exact" in s.get("index", {})]
@@ -245,7 +254,7 @@ def write_report(summaries: list[dict], output: Path) -> None:
             params = ", ".join(f"{k} {v}" for k, v in ix.get("params", {}).items()) or "–"
             rescore = ix.get("rescore") or "–"
             lines.append(
-                f"| {s['task']} | {ix['index']} | {ix['factory']} | {ix['dim']} | {params} | {rescore} | "
+                f"| {_cell(s['task'])} | {ix['index']} | {ix['factory']} | {ix['dim']} | {params} | {rescore} | "
                 + " | ".join(fmt(r.get(k)) for k in ks)
                 + f" | {r['n_queries']} |"
             )
@@ -265,7 +274,7 @@ def write_report(summaries: list[dict], output: Path) -> None:
             r, c, q = s["rerank"], s["rerank"]["cost"], s["rerank"]["cost"]["per_query"]
             thought = {True: f"on ({c['reasoning_unclosed']} unclosed)", False: "off"}.get(c.get("reasoning"), "–")
             lines.append(
-                f"| {s['task']} | {r['method']} | {r['depth']} | {fmt(r['dense_metrics'][m])} | "
+                f"| {_cell(s['task'])} | {r['method']} | {r['depth']} | {fmt(r['dense_metrics'][m])} | "
                 f"{fmt(s['metrics'][m])} | {c['queries']} | {thought} | {q['calls']:.1f} | {q['prompt_tokens']:.0f} | "
                 f"{q['new_tokens']:.0f} | {q['seconds']:.2f} | {c['failed_calls']} / {c['calls']} | "
                 f"{c['repaired_calls']} / {c['calls']} |"
@@ -282,6 +291,36 @@ def write_report(summaries: list[dict], output: Path) -> None:
     ax.legend(fontsize="small")
     fig.tight_layout()
     fig.savefig(output / "recall_at_k.png", dpi=120)
+
+
+@functools.cache
+def environment() -> dict:
+    """What a figure was made with: ``{"python", "machine", "obliq", "packages": {name: version}}``, the
+    packages being obliq's declared dependencies (extras included) as installed (``importlib.metadata``);
+    ``make install`` installs the versions locked in ``constraints.txt``."""
+    from importlib import metadata
+
+    from packaging.requirements import Requirement
+
+    names = sorted({Requirement(r).name for r in metadata.requires("obliq") or []}, key=str.lower)
+    packages = {}
+    for name in names:
+        try:
+            packages[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:  # an extra not installed
+            continue
+    return {
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "obliq": metadata.version("obliq"),
+        "packages": packages,
+    }
+
+
+def environment_text(env: dict) -> str:
+    """One line naming an :func:`environment`: ``Python 3.11.7 (x86_64); obliq 0.1.0, torch 2.13.0, …``."""
+    packages = ", ".join(f"{k} {v}" for k, v in env.get("packages", {}).items())
+    return f"Python {env.get('python')} ({env.get('machine')}); obliq {env.get('obliq')}, {packages}"
 
 
 def evaluate_tasks(

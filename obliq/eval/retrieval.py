@@ -53,6 +53,7 @@ store), and search and metrics are the one-process ones. Latency is measured onl
 from __future__ import annotations
 
 import inspect
+import json
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -69,6 +70,7 @@ from obliq.eval.index import (
     IndexSpec,
     VectorIndex,
     exact_search,
+    factory_string,
     ranked,
     recall_vs_exact,
     set_threads,
@@ -76,7 +78,7 @@ from obliq.eval.index import (
     unit_float32,
 )
 from obliq.eval.metrics import Run, read_run, run_from_search
-from obliq.eval.store import IncompleteStore, clear_store, open_store, store_folder, write_shard
+from obliq.eval.store import STORE_FILE, IncompleteStore, clear_store, open_store, store_folder, write_shard
 from obliq.files import cache_dir
 from obliq.model.encoder import PASSAGE_MAX_LENGTH, QUERY_MAX_LENGTH
 from obliq.shards import Shard
@@ -146,6 +148,10 @@ class RetrievalSettings:
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"retrieval.{key}: must be an integer >= 1, got {value!r}")
+        for key, high in (("bm25_k1", 1e6), ("bm25_b", 1.0)):  # Robertson's k1 >= 0, b in [0, 1]
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= high:
+                raise ValueError(f"retrieval.{key}: must be a number in [0, {high:g}], got {value!r}")
         for key in ("dim", "threads"):
             value = getattr(self, key)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
@@ -290,10 +296,24 @@ def _stored_corpus(store: Path, fingerprint_: dict, task: Task) -> Corpus | None
         if err.count > 1:
             raise
         log.warning("%s: unusable cached embeddings (%s); discarded and re-encoded", store, err.problems[0])
-    except Exception as err:  # a corrupt or foreign store, whatever numpy raises: rebuilt
+    except Exception as err:  # a corrupt or foreign store, whatever numpy raises: rebuilt when it is one shard
+        shards = _shard_count(store)
+        if shards > 1:  # other shards are other processes' finished work: never deleted here
+            raise ValueError(
+                f"{store}: a store of {shards} shards is unusable ({err}); re-encode the damaged shard "
+                "(obliq encode --shard.index …, --overwrite) or remove the store"
+            ) from None
         log.warning("%s: unusable cached embeddings (%s); discarded and re-encoded", store, err)
     clear_store(store)
     return None
+
+
+def _shard_count(store: Path) -> int:
+    """The shard count a store's ``store.json`` records (1 when it cannot be read)."""
+    try:
+        return int(json.loads((store / STORE_FILE).read_text())["shards"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return 1
 
 
 def takes_task(fn: Callable) -> bool:
@@ -439,6 +459,18 @@ def corpus_embeddings(
     return Corpus(corpus.parts, settings.dim, corpus.token, ids=task.doc_ids), status
 
 
+def check_index(settings: RetrievalSettings, task: Task) -> None:
+    """Refuse, before any encoding, an index that faiss cannot train on ``task``'s corpus (C42); a task
+    with candidate sets is searched exactly and needs none.
+
+    Raises:
+        ValueError: naming ``retrieval.index``, what it needs and the corpus size (:func:`factory_string`).
+    """
+    spec = settings.index_spec()
+    if not spec.exact and candidate_rows(task) is None:
+        factory_string(spec, len(task.doc_ids))
+
+
 def retrieve_dense(
     encoder: Encoder,
     task: Task,
@@ -481,6 +513,8 @@ def retrieve_dense(
 
     rank, size = world()
     set_threads(settings.threads)
+    check_index(settings, task)
+    rows, spec = candidate_rows(task), settings.index_spec()
     timing: dict[str, float] = {}
     t = perf_counter()
     corpus, status = corpus_embeddings(encoder, task, settings, store, fingerprint_)
@@ -491,7 +525,6 @@ def retrieve_dense(
     timing["encode_queries"] = perf_counter() - t
 
     t = perf_counter()
-    rows = candidate_rows(task)
     if rows is not None:  # each query over its candidates, exactly: no index
         queries = corpus.prepare(queries)
         docs = corpus.take(np.arange(corpus.n))
@@ -502,7 +535,6 @@ def retrieve_dense(
         timing["search"] = perf_counter() - t
         searched = {"name": "exact over candidates", "dim": corpus.dim}
     else:
-        spec = settings.index_spec()
         index = VectorIndex(corpus, spec, folder=store if rank == 0 else None)
         if not spec.exact:
             timing["index"] = perf_counter() - t  # built, or loaded
@@ -603,6 +635,26 @@ def retrieve_run_file(path: str | Path, task: Task) -> Retrieval:
     return Retrieval(run, max((len(docs) for docs in run.values()), default=0), {}, {"run_file": str(path)})
 
 
+def _check_dim(model: str, dim: int | None) -> None:
+    """Warn when ``--retrieval.dim`` truncates an obliq export at a dimension it was not trained at
+    (its ``obliq_export.json`` records the checkpoint's ``matryoshka_dims``; Kusupati et al., 2022):
+    the first ``dim`` components of such a model were never trained to stand alone."""
+    from obliq.model.checkpoint import exported_from
+
+    record = exported_from(model) if dim is not None else None
+    if record is None or "matryoshka_dims" not in record:
+        return
+    trained = record["matryoshka_dims"] or []
+    if dim not in trained:
+        log.warning(
+            "%s: retrieval.dim %d is not a dimension it was trained at (matryoshka_dims: %s); its truncated "
+            "embeddings are untrained",
+            model,
+            dim,
+            trained or "none",
+        )
+
+
 def make_retriever(
     model: str | Encoder, settings: RetrievalSettings | None = None, latency_queries: int = 0
 ) -> Retriever:
@@ -626,6 +678,7 @@ def make_retriever(
         return lambda task: retrieve_run_file(model, task)
     if isinstance(model, str):
         encoder = load_encoder(model, settings.encoder, settings.trust_remote_code)
+        _check_dim(model, settings.dim)
     else:
         encoder = model  # an encoder in memory (training): its weights change, nothing is cached
 

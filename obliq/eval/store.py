@@ -7,8 +7,11 @@ A store is a folder (Tevatron's ``(reps, lookup)`` shard contract, as files that
   made (model and its files, encoder kind, passage length, corpus digest and size);
 - per shard ``i`` of ``n``: ``shard-<i>-of-<n>.npy`` ((rows, d) float32, unit rows, C order: what
   ``np.load(mmap_mode="r")`` maps without reading it), ``shard-<i>-of-<n>.ids`` (the rows' document
-  ids, one a line), and ``shard-<i>-of-<n>.json`` (index, count, rows, dimension, bytes, seconds, the
-  fingerprint), written last: a shard is complete when its ``.json`` is there.
+  ids, one a line), and ``shard-<i>-of-<n>.json`` (index, count, rows, dimension, bytes, the SHA-256 of
+  its ids and rows, the files' state when written, seconds, the fingerprint), written last: a shard is
+  complete when its ``.json`` is there. A shard whose files changed since is read once and checked
+  against its checksum (and for finite unit rows) before it is searched; an index built over the store
+  is keyed by those checksums, so it is never reused over other vectors.
 
 Shard ``i`` of ``n`` holds documents ``i, i + n, i + 2n, …`` of the corpus (:meth:`obliq.shards.Shard.select`).
 Its ``.npy`` is written through a temporary file renamed into place at the end, so a killed shard
@@ -175,6 +178,7 @@ def write_shard(
     t0 = time.perf_counter()
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{npy.name}.", suffix=".tmp")
     os.close(fd)
+    digest = _rows_digest(ids)
     try:
         out, at = None, 0
         for block in blocks:
@@ -184,11 +188,13 @@ def write_shard(
             if at + len(block) > len(ids):
                 raise ValueError(f"{folder}: shard {shard.index}: more vectors than its {len(ids)} documents")
             out[at : at + len(block)] = block
+            digest.update(np.ascontiguousarray(block, dtype="<f4").tobytes())
             at += len(block)
         if at != len(ids):
             raise ValueError(f"{folder}: shard {shard.index}: {at} vectors for {len(ids)} documents")
         if out is None:  # a shard without documents (more shards than documents)
-            np.save(tmp, np.zeros((0, 0), dtype=np.float32))
+            with open(tmp, "wb") as f:  # np.save to a name would add ".npy" and leave tmp empty
+                np.save(f, np.zeros((0, 0), dtype=np.float32))
             dim = 0
         else:
             dim = out.shape[1]
@@ -205,11 +211,52 @@ def write_shard(
         "rows": len(ids),
         "dim": dim,
         "bytes": npy.stat().st_size,
+        "sha256": digest.hexdigest(),
+        "written": _file_state(npy, ids_file),
         "seconds": round(time.perf_counter() - t0, 3),
         "fingerprint": plain(fingerprint),
     }
     write_json(done, record)
     return record
+
+
+def _rows_digest(ids: Sequence[str]):
+    """A SHA-256 over a shard's ids (in order), to be updated with its rows as little-endian float32."""
+    digest = hashlib.sha256()
+    digest.update("".join(f"{i}\n" for i in ids).encode())
+    return digest
+
+
+def _file_state(*files: Path) -> list:
+    """What changes when a file is rewritten, copied or moved: size, mtime, ctime and inode of each."""
+    return [[f.stat().st_size, f.stat().st_mtime_ns, f.stat().st_ctime_ns, f.stat().st_ino] for f in files]
+
+
+def _verify_shard(npy: Path, ids: list[str], ids_file: Path, record: dict) -> None:
+    """Check a shard's rows against its record before they are searched: unchanged files since they were
+    written (size, times, inode), else a full read whose checksum of ids and rows must equal the record's
+    and whose rows must be finite unit vectors (a copied store is read once, an edited one refused).
+
+    Raises:
+        ValueError: no checksum in the record (a store of an older format), another checksum, or a row
+            that is not a finite unit vector (the file and row named).
+    """
+    if "sha256" not in record:
+        raise ValueError(f"{npy}: its record has no checksum of the rows (an older store format)")
+    if record.get("written") == _file_state(npy, ids_file):
+        return
+    digest = _rows_digest(ids)
+    x = np.load(npy, mmap_mode="r")
+    for start in range(0, len(x), 4096):
+        block = np.asarray(x[start : start + 4096], dtype="<f4")
+        norms = np.sqrt(np.einsum("ij,ij->i", block.astype(np.float64), block.astype(np.float64)))
+        bad = np.flatnonzero(~np.isfinite(norms) | (np.abs(norms - 1) > 1e-3))
+        if len(bad):
+            raise ValueError(f"{npy}: row {start + int(bad[0])} is not a finite unit vector (norm {norms[bad[0]]})")
+        digest.update(block.tobytes())
+    del x
+    if digest.hexdigest() != record["sha256"]:
+        raise ValueError(f"{npy}: its rows or ids are not the ones written (checksum differs from its record)")
 
 
 def store_status(folder: str | os.PathLike, fingerprint: dict) -> tuple[int, dict[int, str]]:
@@ -246,7 +293,8 @@ def open_store(folder: str | os.PathLike, fingerprint: dict, doc_ids: Sequence[s
     Raises:
         FileNotFoundError: no store there.
         IncompleteStore: shards not written.
-        ValueError: another fingerprint, a shard file cut short or of the wrong shape, ids that do not
+        ValueError: another fingerprint, a shard file cut short or of the wrong shape, a shard whose rows
+            or ids are not the ones written or hold a row that is no finite unit vector, ids that do not
             cover ``doc_ids`` once each (the file named).
     """
     folder = Path(folder)
@@ -263,7 +311,8 @@ def open_store(folder: str | os.PathLike, fingerprint: dict, doc_ids: Sequence[s
         shape, dtype = npy_header(npy)
         if dtype != np.float32 or shape[0] != len(ids) or shape[0] != record.get("rows"):
             raise ValueError(f"{npy}: shape {shape} {dtype} for {len(ids)} ids (its record: {record.get('rows')} rows)")
-        records.append(record)
+        _verify_shard(npy, ids, ids_file, record)
+        records.append({k: v for k, v in record.items() if k not in ("seconds", "written")})
         if ids:
             rows = np.array([position.get(d, -1) for d in ids], dtype=np.int64)
             parts.append((npy, rows))

@@ -27,6 +27,7 @@ from typing import Literal, Protocol
 
 import numpy as np
 
+from obliq.errors import check_int
 from obliq.eval.index import unit_float32
 from obliq.text import load_function_words
 
@@ -126,8 +127,9 @@ class StylometricConfig:
     ngram_max: int = 4
     """Longest character n-gram."""
     max_features: int | None = 20000
-    """Character n-gram vocabulary size: the most frequent n-grams over the corpus (None: all).
-    Memory is n_texts × (max_features + function words) × 4 bytes."""
+    """Character n-gram vocabulary size: the most frequent n-grams over the corpus, a tie at the cut
+    decided by the n-gram itself (None: all). Memory is n_texts × (max_features + function words) × 4
+    bytes."""
     min_df: int = 2
     """Drop n-grams found in fewer documents than this (1 keeps all)."""
     lowercase: bool = False
@@ -154,6 +156,20 @@ class StylometricConfig:
             raise ValueError(f"function_word_weight must lie in [0, 1], got {self.function_word_weight}")
         if self.function_word_weight > 0 and not self.function_words:
             raise ValueError("function_word_weight > 0 needs a function-word list")
+
+
+def _top_terms(terms: np.ndarray, counts: np.ndarray, limit: int | None) -> list[str]:
+    """The ``limit`` most frequent of ``terms`` (corpus counts ``counts``), in term order, chosen by a
+    rule without ties: count descending, then the term itself ascending.
+
+    scikit-learn's ``max_features`` keeps the top terms by an unstable ``argsort`` of the counts, so
+    when many n-grams share the count at the cut (811 at rank 20,000 on the quickstart corpus) the ones
+    it keeps depend on numpy's vector kernels, i.e. on the CPU (issue 31 §0).
+    """
+    if limit is None or limit >= len(terms):
+        return list(terms)
+    keep = np.lexsort((terms, -counts))[:limit]  # last key first: count descending, then the term
+    return [str(t) for t in np.sort(terms[keep])]
 
 
 def _unit_rows(x: np.ndarray) -> np.ndarray:
@@ -213,21 +229,24 @@ class StylometricTeacher:
         Raises:
             ValueError: no texts, or no n-gram survives ``min_df`` / the vocabulary is empty.
         """
-        from sklearn.feature_extraction.text import TfidfVectorizer
+        from sklearn.feature_extraction.text import CountVectorizer, TfidfVectorizer
 
         texts = list(texts)
         if not texts:
             raise ValueError("no texts to fit the stylometric teacher on")
         c = self.config
         min_df = c.min_df if len(texts) >= c.min_df else 1
+        reading = dict(analyzer=c.analyzer, ngram_range=(c.ngram_min, c.ngram_max), lowercase=c.lowercase)
+        counter = CountVectorizer(**reading, min_df=min_df, dtype=np.int64)
+        try:
+            counts = np.asarray(counter.fit_transform(texts).sum(axis=0)).ravel()
+        except ValueError as e:  # scikit-learn: "empty vocabulary" / "After pruning, no terms remain"
+            raise ValueError(f"stylometric teacher: {e}") from None
         self._vectorizer = TfidfVectorizer(
-            analyzer=c.analyzer,
-            ngram_range=(c.ngram_min, c.ngram_max),
-            max_features=c.max_features,
-            min_df=min_df,
-            lowercase=c.lowercase,
+            **reading,
+            vocabulary=_top_terms(counter.get_feature_names_out(), counts, c.max_features),
             sublinear_tf=c.sublinear_tf,
-            dtype=np.float32,
+            dtype=np.float64,
         )
         self._vectorizer.fit(texts)
         if self.function_words:
@@ -263,15 +282,22 @@ class StylometricTeacher:
                 f"{len(zero)} texts have no stylometric signal (no known character n-gram), "
                 f"e.g. text {int(zero[0])}: {texts[int(zero[0])][:60]!r}"
             )
-        char = _unit_rows(raw.toarray().astype(np.float32))
-        blocks = [np.sqrt(1.0 - w, dtype=np.float32) * char]
+        fw = None
         if self.function_words and w > 0:
             z = self._function_word_frequencies(texts) - self._fw_mean
             std = self._fw_std
-            z = np.divide(z, std, out=np.zeros_like(z), where=std > 0)
-            blocks.append(np.sqrt(w, dtype=np.float32) * _unit_rows(z).astype(np.float32))
-        x = np.hstack(blocks) if len(blocks) > 1 else blocks[0]
-        return unit_float32(x, "stylometric vectors")
+            fw = np.sqrt(w) * _unit_rows(np.divide(z, std, out=np.zeros_like(z), where=std > 0))
+        # float64 throughout, rounded to float32 once (unit_float32), a block of rows at a time: the
+        # vectors then do not depend on the CPU's vector kernels (issue 31 §0)
+        out = np.empty((len(texts), raw.shape[1] + (0 if fw is None else fw.shape[1])), dtype=np.float32)
+        step = max(1, (1 << 22) // out.shape[1])
+        for start in range(0, len(texts), step):
+            rows = slice(start, start + step)
+            block = np.sqrt(1.0 - w) * _unit_rows(raw[rows].toarray())
+            if fw is not None:
+                block = np.hstack([block, fw[rows]])
+            out[rows] = unit_float32(block, "stylometric vectors")
+        return out
 
     def describe(self) -> dict:
         return {"kind": "stylometric", **asdict(self.config), "n_function_words": len(self.function_words)}
@@ -321,10 +347,12 @@ def load_teacher(
         batch_size, max_length, trust_remote_code: encoder settings (see :class:`EncoderTeacher`).
 
     Raises:
-        ValueError: a near miss of ``stylometric`` (a typo, not a model).
+        ValueError: a near miss of ``stylometric`` (a typo, not a model); ``max_length`` or ``batch_size`` < 1.
         FileNotFoundError: a bare name that is no alias or folder (:func:`obliq.aliases.resolve_model`).
         See also :class:`EncoderTeacher` and :class:`StylometricConfig`.
     """
+    check_int("max_length", max_length, 1)
+    check_int("batch_size", batch_size, 1)
     if name.lower() == STYLOMETRIC:
         return StylometricTeacher(stylometric)
     if difflib.get_close_matches(name.lower(), [STYLOMETRIC], cutoff=0.75):

@@ -153,8 +153,9 @@ def load_checkpoint(
 
     Raises:
         FileNotFoundError: no such file.
-        ValueError: not a readable checkpoint; a backbone other than ``backbone``.
-        KeyError: the file is not an obliq checkpoint, or lacks trained weights.
+        ValueError: not a readable checkpoint; a backbone other than ``backbone``; a weight of another shape.
+        KeyError: the file is not an obliq checkpoint, lacks trained weights, or holds weights the encoder
+            does not have.
     """
     ckpt = ckpt if ckpt is not None else read_checkpoint(path)
     settings = stored_settings(ckpt["obliq"].get("encoder"), path)
@@ -169,5 +170,15 @@ def load_checkpoint(
     missing = sorted(trainable - state.keys())
     if missing:
         raise KeyError(f"{path}: {len(missing)} trained weights missing, e.g. {missing[:3]}")
-    encoder.load_state_dict(state, strict=False)
+    own = encoder.state_dict()
+    unknown = sorted(state.keys() - own.keys())
+    if unknown:  # not dropped silently: weights of another model or LoRA layout
+        raise KeyError(f"{path}: {len(unknown)} weights the encoder does not have, e.g. {unknown[:3]}")
+    for name, tensor in state.items():
+        if tuple(tensor.shape) != tuple(own[name].shape):
+            raise ValueError(
+                f"{path}: weight {name!r} has shape {tuple(tensor.shape)}, the encoder's {tuple(own[name].shape)} "
+                "(a resized or other model)"
+            )
+    encoder.load_state_dict(state, strict=False)  # the frozen base weights come from the backbone
     return encoder.eval()

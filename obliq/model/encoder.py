@@ -314,7 +314,14 @@ class BiEncoder(nn.Module):
         if causal and bidirectional is not False:
             make_bidirectional(model)
         self.bidirectional = not causal or bidirectional is not False
-        self._position_ids = "position_ids" in inspect.signature(model.forward).parameters
+        self.made_bidirectional = causal and self.bidirectional
+        # positions that follow the attention mask (first real token at 0), so either padding side gives the
+        # same vectors; the RoBERTa family numbers positions from padding_idx + 1 from the input ids itself
+        # (padding-aware): left to the model (C47)
+        offset = getattr(model.config, "model_type", None) in POSITION_OFFSET_MODELS or (
+            getattr(getattr(model, "embeddings", None), "padding_idx", None) is not None
+        )
+        self._position_ids = not offset and "position_ids" in inspect.signature(model.forward).parameters
 
         if quantization:
             from peft import prepare_model_for_kbit_training
@@ -322,12 +329,14 @@ class BiEncoder(nn.Module):
             model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=gradient_checkpointing)
         elif gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        if adapter is not None:
-            from peft import PeftModel
+        with warnings.catch_warnings():  # peft reads transformers' deprecated is_gradient_checkpointing
+            warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing", category=FutureWarning)
+            if adapter is not None:
+                from peft import PeftModel
 
-            model = PeftModel.from_pretrained(model, adapter, is_trainable=lora is not None)
-        elif lora is not None:
-            model = _apply_lora(model, lora)
+                model = PeftModel.from_pretrained(model, adapter, is_trainable=lora is not None)
+            elif lora is not None:
+                model = _apply_lora(model, lora)
         self.lora = lora
         self.model = model
         check_bidirectional(self, expect=self.bidirectional)
@@ -369,7 +378,8 @@ class BiEncoder(nn.Module):
         """Encode a tokenized batch.
 
         Position ids follow the attention mask (first real token at 0), so left and right padding
-        give the same vectors; all-padding columns are trimmed first.
+        give the same vectors (the RoBERTa family numbers them itself from its padding id, C47);
+        all-padding columns are trimmed first.
 
         Args:
             batch: ``input_ids`` and ``attention_mask`` of shape (n, L).
@@ -582,11 +592,36 @@ def _local_path(name: str) -> bool:
     return False
 
 
+POSITION_OFFSET_MODELS = frozenset(
+    {
+        "roberta",
+        "xlm-roberta",
+        "xlm-roberta-xl",
+        "camembert",
+        "mpnet",
+        "roberta-prelayernorm",
+        "data2vec-text",
+        "xmod",
+        "ibert",
+        "longformer",
+        "luke",
+        "markuplm",
+        "layoutlmv3",
+    }
+)
+"""transformers model types whose position ids start at ``padding_idx + 1`` (``create_position_ids_from_input_ids``):
+a table of 514 position embeddings holds 512 tokens (C47; transformers #14243, #9116, #15292, #1363)."""
+
+
 def model_capacity(path: str, config) -> int | None:
-    """How many tokens a backbone reads: its position embeddings, or a sentence-transformers folder's
-    own ``max_seq_length`` when that is shorter (all-MiniLM-L6-v2: 256 of 512 positions, the length
-    it was trained at), so that obliq's encoder and sentence-transformers read the same text."""
-    limits = [getattr(config, "max_position_embeddings", None)]
+    """How many tokens a backbone reads: its position embeddings (less the ``padding_idx + 1`` rows the
+    RoBERTa family skips, :data:`POSITION_OFFSET_MODELS`), or a sentence-transformers folder's own
+    ``max_seq_length`` when that is shorter (all-MiniLM-L6-v2: 256 of 512 positions, the length it
+    was trained at), so that obliq's encoder and sentence-transformers read the same text."""
+    positions = getattr(config, "max_position_embeddings", None)
+    if positions and getattr(config, "model_type", None) in POSITION_OFFSET_MODELS:
+        positions -= (getattr(config, "pad_token_id", None) or 0) + 1
+    limits = [positions]
     st_config = Path(path) / "sentence_bert_config.json"
     if st_config.is_file():
         limits.append(json.loads(read_text(st_config)).get("max_seq_length"))

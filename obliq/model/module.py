@@ -92,6 +92,10 @@ class RetrieverModule(L.LightningModule):
             raise ValueError(f"chunk_size must be >= 1 or null, got {chunk_size}")
         if teacher_loss not in ("none", "kl", "margin-mse"):
             raise ValueError(f"teacher_loss must be none, kl or margin-mse, got {teacher_loss!r}")
+        if not (teacher_weight >= 0 and math.isfinite(teacher_weight)):  # NaN fails too
+            raise ValueError(f"model.teacher_weight must be a finite number >= 0, got {teacher_weight}")
+        if not (teacher_temperature > 0 and math.isfinite(teacher_temperature)):
+            raise ValueError(f"model.teacher_temperature must be a finite number > 0, got {teacher_temperature}")
         self.save_hyperparameters(ignore=["encoder"])
         self.automatic_optimization = False
         self.strict_loading = False  # checkpoints hold only the trainable weights
@@ -250,6 +254,8 @@ class RetrieverModule(L.LightningModule):
             self.hparams.temperature,
             self.hparams.teacher_temperature,
         )
+        if not torch.isfinite(term):  # named here, not blamed on the contrastive loss or the lr
+            raise FloatingPointError(f"non-finite teacher-score loss ({self.hparams.teacher_loss}): {term.item()}")
         return self.hparams.teacher_weight * term / self.loss.backward_scale
 
     def on_before_optimizer_step(self, optimizer) -> None:

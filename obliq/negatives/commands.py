@@ -271,6 +271,12 @@ def merge(rows: Path, shards: list[Path], out: Path, overwrite: bool = False) ->
             other rows (their reports differ); ``out`` one of the inputs.
         FileNotFoundError: a shard's report is missing.
     """
+    reports = [str(f) for f in shards if str(f).endswith(".report.json")]
+    if reports:
+        raise ValueError(
+            f"--shards {reports[0]}: a shard's report; give the shard files themselves "
+            "(their reports are read beside them)"
+        )
     claim_output(out, overwrite, "rows", command="negatives merge", inputs=[rows, *shards])
     order = [r["id"] for r in read_rows(rows)]
     taken, mined, runs = {}, {}, []

@@ -19,7 +19,8 @@ For each row the query is searched against the task corpus and the best-ranked d
   definition of relevance;
 - ``above_positive``: positive-aware filtering (NV-Retriever's TopK-PercPos, Moreira et al. 2024, the
   default of sentence-transformers' ``mine_hard_negatives`` and of NeMo): a candidate that scores above
-  ``max_score_ratio`` × the positive's own score (0.95: 95% of it) is likely a false negative;
+  ``max_score_ratio`` × the positive's own score s (0.95: 95% of it; s − |s| · (1 − ratio), so also
+  below s when s < 0: :func:`positive_limit`) is likely a false negative;
 - ``beyond_range``: ranked below ``range_max`` (the candidates are drawn from ranks ≤ ``range_max``);
 - ``skipped_rank``: the first ``skip`` candidates that survive the checks above, left out on purpose
   because the very top of a ranking often holds unlabelled positives (sentence-transformers'
@@ -182,8 +183,10 @@ class DenseBackend:
         return [list(zip(i.tolist(), s.tolist())) for s, i in zip(scores, indices)]
 
     def score(self, queries: Sequence[str], docs: Sequence[int]) -> list[float]:
-        """The cosine of document ``docs[i]`` and ``queries[i]``."""
-        return [float(v @ self.docs[d]) for v, d in zip(self._vectors(queries), docs)]
+        """The cosine of document ``docs[i]`` and ``queries[i]``, summed in float64 and rounded to float32
+        as :meth:`search` scores it (so a threshold and a ranking agree, on any CPU)."""
+        vectors = self._vectors(queries).astype(np.float64)
+        return [float(np.float32(v @ self.docs[d].astype(np.float64))) for v, d in zip(vectors, docs)]
 
 
 class AttributeVeto:
@@ -345,9 +348,10 @@ def mine_negatives(
     if (veto is not None or max_score_ratio is not None) and None in positives:
         n = positives.index(None)
         raise ValueError(f"row {rows[n]['id']!r}: positive {rows[n]['positive']['id']!r} is not a corpus document")
-    limit = [None] * len(rows)
+    positive_scores = [None] * len(rows)
     if max_score_ratio is not None:
-        limit = [max_score_ratio * s for s in backend.score([r["query"] for r in rows], positives)]
+        positive_scores = list(backend.score([r["query"] for r in rows], positives))
+    limit = [None if s is None else positive_limit(s, max_score_ratio) for s in positive_scores]
 
     # Positives of every row with the same normalised query are excluded for all of them.
     by_query: dict[int, tuple[set[str], set[int]]] = {}
@@ -411,7 +415,7 @@ def mine_negatives(
             chosen[i] = sorted(picks, key=lambda p: p[1])
 
     out = []
-    for row, picks, lim in zip(rows, chosen, limit):
+    for row, picks, positive_score in zip(rows, chosen, positive_scores):
         new = dict(row)
         if row.get("negatives"):
             report.rows_with_negatives_replaced += 1
@@ -421,7 +425,7 @@ def mine_negatives(
             "backend": backend.name,
             "ranks": [r for _, r, _ in picks],
             "scores": [round(s, 6) for _, _, s in picks],
-            **({"positive_score": round(lim / max_score_ratio, 6)} if lim is not None else {}),
+            **({"positive_score": round(float(positive_score), 6)} if positive_score is not None else {}),
         }
         new["meta"] = meta
         report.negatives += len(picks)
@@ -431,6 +435,19 @@ def mine_negatives(
     report.search_seconds = time.perf_counter() - start
     report.rows_per_s = len(rows) / report.search_seconds if report.search_seconds > 0 else 0.0
     return out, report
+
+
+def positive_limit(positive_score: float, ratio: float) -> float:
+    """The positive-aware threshold (NV-Retriever's TopK-PercPos): a candidate scoring above it is
+    taken for a false negative. ``s − |s| · (1 − ratio)``: ``ratio · s`` for a positive score s ≥ 0, and
+    as far *below* s when s < 0, where ``ratio · s`` would lie above the positive (C40;
+    sentence-transformers #3819, fixed in #3821).
+
+    Args:
+        positive_score: the query's score with its positive (any scale: cosine, BM25, logits).
+        ratio: in (0, 1]; 1 keeps everything up to the positive's own score.
+    """
+    return positive_score - abs(positive_score) * (1.0 - ratio)
 
 
 def filter_negatives(
@@ -480,7 +497,7 @@ def filter_negatives(
         limit = None
         if max_score_ratio is not None and negatives:
             scores = backend.score([row["query"]] * (len(negatives) + 1), [pos] + [where[d["id"]] for d in negatives])
-            limit, negative_scores = max_score_ratio * scores[0], scores[1:]
+            limit, negative_scores = positive_limit(scores[0], max_score_ratio), scores[1:]
         kept = []
         for n, doc in enumerate(negatives):
             if where[doc["id"]] in banned:

@@ -228,7 +228,7 @@ def filter_candidates(
     """
     config = config or FilterConfig()
     index = {d: i for i, d in enumerate(task.doc_ids)}
-    dev = load_query_split(task.path, config.split)
+    dev = load_query_split(task.path, config.split, apart_from=task)  # thresholds never from test queries
     qrels = dev.qrels["test"]
     real_q, real_src = [], []
     for qid, text in zip(dev.query_ids, dev.query_texts):

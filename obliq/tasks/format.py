@@ -121,11 +121,16 @@ def read_jsonl(path: str | Path, required: tuple[str, ...] = ("_id", "text")) ->
     return rows
 
 
+HEADER_SCORES = frozenset({"score", "grade", "relevance", "rel", "label"})
+"""What the score column of a qrels header line is called; any other first line whose grade is not a number
+is refused, not skipped as a header (a headerless file would lose its first judgement)."""
+
+
 def read_qrels(path: str | Path) -> Qrels:
     """Read relevance judgements in BEIR TSV or TREC qrels format.
 
     - BEIR: ``query-id<TAB>corpus-id<TAB>score``, with an optional header line (a first line whose
-      score is no number); a grade written ``1.0`` is the integer 1.
+      score column is named: :data:`HEADER_SCORES`); a grade written ``1.0`` is the integer 1.
     - TREC (what trec_eval reads): ``qid iteration docid grade``, whitespace separated.
 
     Identical repeated rows are dropped with a warning (C08: counting them twice inflates the
@@ -161,7 +166,7 @@ def read_qrels(path: str | Path) -> Qrels:
             try:
                 value = float(grade)
             except ValueError:
-                if header:  # `query-id corpus-id score`: a grade that is no number at all
+                if header and grade.lower() in HEADER_SCORES:  # `query-id corpus-id score`: BEIR's header
                     continue
                 raise ValueError(f"{path}:{lineno}: field 'score' must be an integer, got {grade!r}") from None
             if not value.is_integer():  # "1.0" (BEIR exports) is the grade 1, as trec_eval reads it

@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import shutil
 from pathlib import Path
 
 from obliq.files import atomic_write, claim_output, write_json
@@ -187,32 +189,41 @@ def from_mteb(
             f"loaded from {source} (offline, datasets serves only its Arrow cache's 'default' config and mteb "
             "then drops top_ranked): run where the hub is reachable, or pass --dataset_path with a local copy"
         )
-    counts = _write(out, name, data, top_ranked)
-    mismatch = _against_published(task, split, subset, counts)
-    if mismatch:  # offline, datasets serves the latest cached version whatever the pinned revision
-        log.warning("mteb task %s: loaded data differs from mteb's published statistics: %s", name, mismatch)
-    meta = {
-        "name": task_name or name,
-        "mechanism": bench.mechanism if bench else None,
-        "instruction": bench.instruction if bench else _query_instruction(task.metadata),
-        "prompt_name": name,
-        "judgements": bench.judgements if bench else "gold",
-        "description": task.metadata.description,
-        "reference": task.metadata.reference,
-        "licence": task.metadata.license,
-        "source": {
-            "mteb_task": name,
-            "mteb_version": mteb.__version__,
-            "dataset": dataset["path"],
-            "revision": dataset["revision"],
-            "loaded_from": source,
-            "subset": subset,
-            "split": split,
-            **({"differs_from_published_statistics": mismatch} if mismatch else {}),
-        },
-        "stats": counts,
-    }
-    write_json(out / "task.json", {k: v for k, v in meta.items() if v is not None})
+    # written aside, then moved in with qrels last: a refused or killed call leaves no task that loads
+    partial = out / ".partial"
+    shutil.rmtree(partial, ignore_errors=True)
+    try:
+        counts = _write(partial, name, data, top_ranked)
+        mismatch = _against_published(task, split, subset, counts)
+        if mismatch:  # offline, datasets serves the latest cached version whatever the pinned revision
+            log.warning("mteb task %s: loaded data differs from mteb's published statistics: %s", name, mismatch)
+        meta = {
+            "name": task_name or name,
+            "mechanism": bench.mechanism if bench else None,
+            "instruction": bench.instruction if bench else _query_instruction(task.metadata),
+            "prompt_name": name,
+            "judgements": bench.judgements if bench else "gold",
+            "description": task.metadata.description,
+            "reference": task.metadata.reference,
+            "licence": task.metadata.license,
+            "source": {
+                "mteb_task": name,
+                "mteb_version": mteb.__version__,
+                "dataset": dataset["path"],
+                "revision": dataset["revision"],
+                "loaded_from": source,
+                "subset": subset,
+                "split": split,
+                **({"differs_from_published_statistics": mismatch} if mismatch else {}),
+            },
+            "stats": counts,
+        }
+        write_json(partial / "task.json", {k: v for k, v in meta.items() if v is not None})
+        for part in ("top_ranked", "corpus.jsonl", "queries.jsonl", "task.json", "qrels"):  # a task needs qrels
+            if (partial / part).exists():
+                os.replace(partial / part, out / part)
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
     log.info("%s: %s (%s, %s) written, %s", out, name, subset, split, counts)
     return {
         "task": meta["name"],
@@ -227,11 +238,8 @@ def from_mteb(
 
 
 def _write(out: Path, name: str, data, top_ranked) -> dict:
-    """Write corpus, queries, qrels and candidates of one loaded mteb split; returns the counts."""
-    import shutil
-
-    for stale in ("qrels", "top_ranked"):  # an overwritten task: no file of the old one stays
-        shutil.rmtree(out / stale, ignore_errors=True)
+    """Write corpus, queries, qrels and candidates of one loaded mteb split into ``out`` (a fresh folder);
+    returns the counts."""
     docs: set[str] = set()
     duplicates = 0
     with atomic_write(out / "corpus.jsonl") as f:

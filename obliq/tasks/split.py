@@ -10,6 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from obliq.tasks.format import Task, load_task, read_task_meta
+from obliq.text import normalise_text
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +90,13 @@ def split_queries(task: Task, dev_fraction: float = 0.5, seed: int = 0) -> tuple
     return subset_queries(task, dev, f"{task.name}-dev"), subset_queries(task, test, f"{task.name}-test")
 
 
-def load_query_split(path: str | Path, split: str = "dev", queries: str | None = None, name: str | None = None) -> Task:
+def load_query_split(
+    path: str | Path,
+    split: str = "dev",
+    queries: str | None = None,
+    name: str | None = None,
+    apart_from: Task | None = None,
+) -> Task:
     """A task folder's second query set (e.g. development queries) as a task to evaluate.
 
     Reads ``queries-<split>.jsonl`` (or ``queries``) and ``qrels/<split>.tsv`` over the folder's
@@ -101,11 +108,25 @@ def load_query_split(path: str | Path, split: str = "dev", queries: str | None =
         split: the qrels split, ``qrels/<split>.tsv``.
         queries: the queries file in the folder (default ``queries-<split>.jsonl``).
         name: the task's name (default ``<task.json name>-<split>``).
+        apart_from: the task whose test queries this side must not hold (what a development side that
+            sets training or thresholds is checked against): no query with one of their ids or texts.
 
     Raises:
-        FileNotFoundError / ValueError: as :func:`load_task`.
+        FileNotFoundError / ValueError: as :func:`load_task`; with ``apart_from``, a query that is also a
+            test query (same id, or the same normalised text) or a side read over another corpus.
     """
     task = load_task(path, queries=queries or f"queries-{split}.jsonl", splits=(split,))
+    if apart_from is not None:
+        file = Path(path) / (queries or f"queries-{split}.jsonl")
+        if task.corpus_sha256 != apart_from.corpus_sha256:
+            raise ValueError(f"{path}: the {split} side was read over another corpus than the test side")
+        test_ids, test_texts = set(apart_from.query_ids), {normalise_text(t) for t in apart_from.query_texts}
+        for qid, text in zip(task.query_ids, task.query_texts):
+            if qid in test_ids or normalise_text(text) in test_texts:
+                raise ValueError(
+                    f"{file}: query {qid!r} is also a test query (queries.jsonl): the {split} side must be held "
+                    "apart from the test side (a copy of it would leak test queries)"
+                )
     return replace(task, name=name or f"{task.name}-{split}", qrels={"test": task.qrels[split]})
 
 
