@@ -26,6 +26,8 @@ import sys
 import time
 from pathlib import Path
 
+from obliq.eval.results import made_with
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -158,4 +160,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    print(made_with(), file=sys.stderr)  # what the figures were made with (stdout may be parsed)
     main()

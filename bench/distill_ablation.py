@@ -30,8 +30,11 @@ import argparse
 import json
 import os
 import resource
+import sys
 import time
 from pathlib import Path
+
+from obliq.eval.results import made_with
 
 ROOT = Path(os.environ.get("OBLIQ_ABL_ROOT", "runs/abl"))
 """Where the ablations write (``$OBLIQ_ABL_ROOT``, default ``runs/abl``)."""
@@ -271,4 +274,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    print(made_with(), file=sys.stderr)  # what the figures were made with (stdout may be parsed)
     main()

@@ -12,8 +12,10 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import sys
 from pathlib import Path
 
+from obliq.eval.results import made_with
 from obliq.evaluate import evaluate
 from obliq.tasks import find_tasks
 
@@ -65,4 +67,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    print(made_with(), file=sys.stderr)  # what the figures were made with (stdout may be parsed)
     main()

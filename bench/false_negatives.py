@@ -31,8 +31,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
 from pathlib import Path
+
+from obliq.eval.results import made_with
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -156,4 +159,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    print(made_with(), file=sys.stderr)  # what the figures were made with (stdout may be parsed)
     main()

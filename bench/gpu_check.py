@@ -69,6 +69,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import numpy as np
 import torch
 
+from obliq.eval.results import made_with
+
 LLAMA_3B = dict(
     hidden_size=3072,
     num_hidden_layers=28,
@@ -560,4 +562,5 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
+    print(made_with(), file=sys.stderr)  # what the figures were made with (stdout may be parsed)
     main()

@@ -33,6 +33,8 @@ from pathlib import Path
 
 from lightning.pytorch import Callback
 
+from obliq.eval.results import made_with
+
 REPO = Path(__file__).resolve().parents[1]
 DATA = Path(os.environ.get("OBLIQ_DATA", REPO.parent / "shared" / "data"))
 STEPS, BATCH, ROWS = 40, 4, 40
@@ -272,4 +274,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    print(made_with(), file=sys.stderr)  # what the figures were made with (stdout may be parsed)
     main()

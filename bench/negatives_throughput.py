@@ -10,9 +10,11 @@ backends chose the same negatives. The pyserini backend needs the ``pyserini`` e
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from pathlib import Path
 
+from obliq.eval.results import made_with
 from obliq.negatives.mine import Bm25sBackend, MiningReport, mine_negatives
 from obliq.tasks import load_task
 
@@ -68,4 +70,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    print(made_with(), file=sys.stderr)  # what the figures were made with (stdout may be parsed)
     main()

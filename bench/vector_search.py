@@ -50,6 +50,8 @@ from pathlib import Path
 
 import numpy as np
 
+from obliq.eval.results import made_with
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -486,4 +488,5 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
+    print(made_with(), file=sys.stderr)  # what the figures were made with (stdout may be parsed)
     main()

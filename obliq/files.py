@@ -330,8 +330,12 @@ def _take_claim(path: Path, record: dict) -> None:
             return
         except FileExistsError:
             pass
+        except OSError:  # a file system without hard links: the claim is recorded, not exclusive
+            os.replace(tmp, file)
+            return
         finally:
-            os.unlink(tmp)
+            if os.path.exists(tmp):
+                os.unlink(tmp)
         try:
             holder = json.loads(file.read_text(encoding="utf-8"))
         except (OSError, ValueError):

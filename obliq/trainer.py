@@ -219,7 +219,8 @@ def run_folder(run_dir: str | os.PathLike, ckpt_path: str | None, claim: bool = 
                 _claim_resume(run.path, run.last)
             folder, resume = run.path, str(run.last)
         else:
-            busy = next((r for r in run_versions(base) if r.last and _alive(r.record or {})), None)
+            mine = [r for r in run_versions(base) if r.last and (r.record or {}).get("owner") == job_owner()]
+            busy = next((r for r in mine if _alive(r.record or {})), None)  # this job's, still running
             if busy is not None:
                 raise ValueError(
                     f"{busy.path}: still trained by process {busy.record.get('pid')} on this machine; "
@@ -296,7 +297,7 @@ def _claim_resume(folder: Path, last: Path) -> None:
             who = f"process {holder.get('pid')}" if holder else "another process"
             raise ValueError(
                 f"{folder}: {who} is resuming it from {last.name} already; one resume at a time "
-                "(wait for it, or drop --ckpt_path to start a new run)"
+                f"(wait for it, or drop --ckpt_path to start a new run; a claim its process left unwritten: {lock})"
             ) from None
     _record(lock, str(last))
 

@@ -323,6 +323,11 @@ def environment_text(env: dict) -> str:
     return f"Python {env.get('python')} ({env.get('machine')}); obliq {env.get('obliq')}, {packages}"
 
 
+def made_with() -> str:
+    """``Made with: Python …; obliq …, torch …, …``: the line a benchmark prints with its figures."""
+    return "Made with: " + environment_text(environment())
+
+
 def evaluate_tasks(
     retrieve: Retriever,
     tasks: Sequence[Task],
