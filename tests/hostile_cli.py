@@ -677,8 +677,9 @@ print(b.corpus_cache, b.run == a)
 
 def round_four(w: Path, t: Path, common: list[str], qs: str, ck: Path) -> None:
     """The classes of issue 32 (trust, round four), each tried once like the others."""
-    (w / "r4").mkdir()
+    (w / "r4" / "qs" / "rows").mkdir(parents=True)
     (w / "r4" / "train.yaml").write_text(qs.replace(f"work_dir: {w / 'qs'} ", f"work_dir: {w / 'r4' / 'qs'} "))
+    shutil.copy(w / "knn.jsonl", w / "r4" / "qs" / "rows" / "knn.jsonl")  # its data exists: only max_steps is wrong
     case(
         "settings",
         "train.py fit --trainer.max_steps -5",
