@@ -103,10 +103,14 @@ def export(
             raise ValueError(f"{probe_file}: no probe text (one per line): nothing would check the merge")
     ckpt = read_checkpoint(checkpoint)
     base = card_base_model(ckpt["obliq"]["encoder"]["backbone"], base_model)
-    digest = weights_digest(ckpt)
     for name, tensor in ckpt["state_dict"].items():  # a diverged run's weights are not a model to publish
+        if not isinstance(tensor, torch.Tensor):
+            raise ValueError(
+                f"{checkpoint}: weight {name!r} is a {type(tensor).__name__}, not a tensor; nothing exported"
+            )
         if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
             raise ValueError(f"{checkpoint}: weight {name!r} holds NaN or infinite values; nothing exported")
+    digest = weights_digest(ckpt)
     evaluation = _evaluation(Path(results), digest) if results is not None else []
     trust = dict(backbone=backbone, trust_remote_code=trust_remote_code)
     encoder = load_checkpoint(checkpoint, ckpt, **trust)  # a malformed checkpoint is refused before any claim

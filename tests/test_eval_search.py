@@ -462,3 +462,25 @@ def test_a_store_checks_its_rows_and_an_index_is_never_reused_over_other_vectors
     ids_file.write_text("\n".join([lines[1], lines[0], *lines[2:]]) + "\n")  # two rows' ids swapped
     with pytest.raises(ValueError, match=r"shard-1-of-2.npy: its rows or ids are not the ones written"):
         open_store(B, FP, ids)
+
+
+def test_an_index_file_of_another_store_under_this_ones_name_is_rebuilt(tmp_path, caplog):
+    """The clean-clone pass: another store's index file copied over this store's index (same name) was
+    reused ("reused": true, NDCG@10 of the other corpus). Its record now holds the file's checksum."""
+    import logging
+    import shutil
+
+    rng = np.random.default_rng(8)
+    ids = [f"d{i}" for i in range(60)]
+    a, b = _unit(rng.standard_normal((60, 16))), _unit(rng.standard_normal((60, 16)))
+    A, B = tmp_path / "one" / "store", tmp_path / "two" / "store"
+    _write(A, a, ids, 1)
+    _write(B, b, ids, 1)
+    spec = IndexSpec(index="hnsw")
+    theirs = VectorIndex(open_store(A, FP, ids), spec, folder=A)
+    own = VectorIndex(open_store(B, FP, ids), spec, folder=B)
+    shutil.copy(theirs.path, own.path)  # over this store's own file name
+    with caplog.at_level(logging.WARNING):
+        again = VectorIndex(open_store(B, FP, ids), spec, folder=B)
+    assert again.describe()["reused"] is False and "checksum differs" in caplog.text
+    assert again.search(b[:5], 1)[1][:, 0].tolist() == [0, 1, 2, 3, 4]

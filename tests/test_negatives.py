@@ -514,3 +514,21 @@ def test_c40_the_positive_aware_limit_lies_below_a_negative_positive(tasks_dir, 
     given = [{**row, "negatives": [{"id": d, "text": text[d]} for d in between + sorted(got)]}]
     filtered, counts = filter_negatives(given, ids, backend, 0.95)
     assert {n["id"] for n in filtered[0]["negatives"]} == got and counts["dropped"]["above_positive"] == 3
+
+
+def test_filtered_rows_keep_the_scores_of_the_negatives_they_keep():
+    """The clean-clone pass: `negatives filter` dropped a negative but kept its teacher score, so the rows it
+    wrote were refused when read back (one score too many). The kept negatives keep their own scores."""
+    from obliq.data.rows import parse_row
+    from obliq.negatives.mine import filter_negatives
+
+    ids = ["d0", "d1", "d2"]
+    row = {
+        **_row("q", "d0", "the positive"),
+        "negatives": [{"id": "d1", "text": "one"}, {"id": "d2", "text": "two"}],
+        "meta": {"teacher_scores": [0.9, 0.8, 0.1]},
+    }
+    out, counts = filter_negatives([row], ids, _Fixed([0.80, 0.79, 0.40]), 0.95)  # d1 above 0.76: dropped
+    assert [n["id"] for n in out[0]["negatives"]] == ["d2"] and out[0]["meta"]["teacher_scores"] == [0.9, 0.1]
+    parse_row(json.dumps(out[0]), "out.jsonl", 1)  # reads back
+    assert row["meta"]["teacher_scores"] == [0.9, 0.8, 0.1]  # the input untouched

@@ -754,7 +754,7 @@ class VectorIndex:
         finally:
             if os.path.exists(tmp):
                 os.unlink(tmp)
-        meta = {**record, "build_s": self.build_s, "n_indexed": int(self.index.ntotal)}
+        meta = {**record, "build_s": self.build_s, "n_indexed": int(self.index.ntotal), "sha256": _sha256(self.path)}
         self.path.with_suffix(".json").write_text(json.dumps(meta, indent=2) + "\n")
 
     def _load(self, record: dict) -> bool:
@@ -768,6 +768,8 @@ class VectorIndex:
             meta = json.loads(meta_file.read_text())
             if {k: meta.get(k) for k in record} != record:
                 raise ValueError("built for other vectors or with other settings")
+            if meta.get("sha256") != _sha256(self.path):  # another index's file under this one's name
+                raise ValueError("its file is not the one built (checksum differs from its record)")
             read = faiss.read_index_binary if self.spec.binary else faiss.read_index
             index = read(str(self.path), faiss.IO_FLAG_MMAP_IFC)  # read-only: never add to it (faiss aborts)
             labels = np.load(self.path.with_suffix(".rows.npy"), allow_pickle=False)
@@ -854,6 +856,15 @@ def set_threads(threads: int | None) -> None:
     """faiss's OpenMP threads for this process (None: leave them; faiss reads ``OMP_NUM_THREADS``)."""
     if threads is not None:
         _faiss().omp_set_num_threads(int(threads))
+
+
+def _sha256(path: Path) -> str:
+    """SHA-256 of a file, read in 1 MiB blocks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def _first_line(err: Exception) -> str:

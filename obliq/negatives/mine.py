@@ -421,6 +421,7 @@ def mine_negatives(
             report.rows_with_negatives_replaced += 1
         new["negatives"] = [{"id": doc_ids[j], "text": doc_texts[j]} for j, _, _ in picks]
         meta = dict(row.get("meta") or {})
+        meta.pop("teacher_scores", None)  # they scored the negatives replaced here
         meta["mined_negatives"] = {
             "backend": backend.name,
             "ranks": [r for _, r, _ in picks],
@@ -509,5 +510,11 @@ def filter_negatives(
         counts["negatives"] += len(negatives)
         counts["kept"] += len(kept)
         counts["rows_left_without_negatives"] += bool(negatives) and not kept
-        out.append({**row, "negatives": kept})
+        meta = row.get("meta")
+        scores = (meta or {}).get("teacher_scores")
+        if isinstance(scores, list) and len(scores) == 1 + len(negatives):  # the kept negatives' scores only
+            keep = [doc["id"] for doc in kept]
+            kept_scores = [scores[0]] + [scores[1 + n] for n, doc in enumerate(negatives) if doc["id"] in keep]
+            meta = {**meta, "teacher_scores": kept_scores}
+        out.append({**row, "negatives": kept, **({"meta": meta} if meta is not None else {})})
     return out, counts
