@@ -123,11 +123,6 @@ def _global_rank_zero() -> bool:
     return all(int(os.environ.get(key, "0") or 0) == 0 for key in ("RANK", "SLURM_PROCID", "LOCAL_RANK"))
 
 
-def _alive(record: dict) -> bool:
-    """Whether the process a record names still runs (on this machine; another machine's cannot be known)."""
-    return running(record)
-
-
 def _record(folder: Path, resumed_from: str | None) -> None:
     from obliq.files import write_json
 
@@ -220,7 +215,7 @@ def run_folder(run_dir: str | os.PathLike, ckpt_path: str | None, claim: bool = 
             folder, resume = run.path, str(run.last)
         else:
             mine = [r for r in run_versions(base) if r.last and (r.record or {}).get("owner") == job_owner()]
-            busy = next((r for r in mine if _alive(r.record or {})), None)  # this job's, still running
+            busy = next((r for r in mine if running(r.record or {})), None)  # this job's, still running
             if busy is not None:
                 raise ValueError(
                     f"{busy.path}: still trained by process {busy.record.get('pid')} on this machine; "
@@ -279,7 +274,7 @@ def _drop_refused_folder(before: str | None) -> None:
 def _claim_resume(folder: Path, last: Path) -> None:
     """Claim the resume of ``folder`` from its resume point ``last`` for this process: one claim per
     resume point (a folder made with ``os.mkdir``, which one of two processes wins), taken over only
-    from a process that no longer runs (:func:`_alive`).
+    from a process that no longer runs (:func:`obliq.files.running`).
 
     Raises:
         ValueError: another running process claimed this resume point first.
@@ -293,7 +288,7 @@ def _claim_resume(folder: Path, last: Path) -> None:
             holder = json.loads((lock / OWNER_FILE).read_text())
         except (OSError, ValueError):
             holder = None  # being written by the winner: it runs
-        if holder is None or _alive(holder):
+        if holder is None or running(holder):
             who = f"process {holder.get('pid')}" if holder else "another process"
             raise ValueError(
                 f"{folder}: {who} is resuming it from {last.name} already; one resume at a time "
@@ -306,7 +301,7 @@ def _may_resume(run: RunFolder) -> bool:
     """Whether this job may continue ``run`` in place: a scheduler job only its own runs; a process
     without a scheduler only runs made without one, and none whose process still runs on this machine."""
     record = run.record or {}
-    return record.get("owner") == job_owner() and not (job_owner() is None and _alive(record))
+    return record.get("owner") == job_owner() and not (job_owner() is None and running(record))
 
 
 def resumable_run(run_dir: str | os.PathLike) -> RunFolder | None:

@@ -781,7 +781,9 @@ def round_four(w: Path, t: Path, common: list[str], qs: str, ck: Path) -> None:
     export = run("export", "--checkpoint", str(ck), "--out", str(w / "r4" / "e"), cwd=w)
     import torch
 
-    state = torch.load(ck, weights_only=True)
+    from obliq.model.checkpoint import read_checkpoint
+
+    state = read_checkpoint(ck)
     name = next(n for n in state["state_dict"] if "lora_B" in n)
     state["state_dict"][name] = state["state_dict"][name][:, :1]
     torch.save(state, w / "r4" / "resized.ckpt")

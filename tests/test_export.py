@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from obliq.model.checkpoint import read_checkpoint
+
 
 def make_checkpoint(path: Path, backbone: str, r: int = 4, alpha: int = 8, length: int = 64, seed: int = 0, **kw):
     """A training checkpoint in obliq's format (what RetrieverModule.on_save_checkpoint writes) for a LoRA
@@ -174,7 +176,7 @@ def test_nan_weights_are_refused_before_anything_is_written(tmp_path, minilm_pat
     from obliq.export import export
 
     ckpt_path = make_checkpoint(tmp_path / "m.ckpt", "minilm", length=32)
-    ckpt = torch.load(ckpt_path, weights_only=True)
+    ckpt = read_checkpoint(ckpt_path)
     name = next(n for n in ckpt["state_dict"] if "lora_B" in n)
     ckpt["state_dict"][name][0, 0] = float("nan")
     torch.save(ckpt, ckpt_path)
@@ -203,7 +205,7 @@ def test_a_resized_or_foreign_checkpoint_is_refused_in_one_line(tmp_path, minilm
     from obliq.export import export
 
     ckpt_path = make_checkpoint(tmp_path / "m.ckpt", "minilm", length=32)
-    ckpt = torch.load(ckpt_path, weights_only=True)
+    ckpt = read_checkpoint(ckpt_path)
     name = next(n for n in ckpt["state_dict"] if "lora_B" in n)
     resized = dict(ckpt, state_dict={**ckpt["state_dict"], name: ckpt["state_dict"][name][:, :2]})
     torch.save(resized, tmp_path / "resized.ckpt")
@@ -225,7 +227,7 @@ def test_a_dimension_the_model_was_not_trained_at_is_warned_about(tmp_path, mini
     from obliq.export import export
 
     ckpt_path = make_checkpoint(tmp_path / "m.ckpt", "minilm", length=32)
-    ckpt = torch.load(ckpt_path, weights_only=True)
+    ckpt = read_checkpoint(ckpt_path)
     ckpt["hyper_parameters"]["matryoshka_dims"] = [384, 96]
     torch.save(ckpt, ckpt_path)
     export(ckpt_path, tmp_path / "out")
