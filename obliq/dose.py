@@ -8,8 +8,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from obliq.eval.retrieval import RetrievalSettings
 from obliq.files import claim_output
+from obliq.search.settings import RetrievalSettings
 
 
 def dose_sweep(
@@ -56,8 +56,8 @@ def dose_sweep(
     from obliq.data import named_source
     from obliq.eval.report import report_markdown, systems_report, write_systems_report
     from obliq.eval.results import evaluate_tasks
-    from obliq.eval.retrieval import make_retriever
     from obliq.model.encoder import BiEncoder
+    from obliq.search.retrieval import make_retriever
     from obliq.tasks import find_tasks, load_task
     from obliq.trainer import fit_and_export, recipe_config
 

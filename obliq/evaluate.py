@@ -9,7 +9,7 @@ Examples::
         --rerank configs/rerank/cpu-smollm2.yaml   # LLM-rerank the tasks the policy names (docs/rerank.md)
 
 It wires the layers together: tasks (:mod:`obliq.tasks`), the retriever
-(:func:`obliq.eval.retrieval.make_retriever` with a :class:`~obliq.eval.retrieval.RetrievalSettings`),
+(:func:`obliq.search.retrieval.make_retriever` with a :class:`~obliq.search.settings.RetrievalSettings`),
 the reranker of a policy (:mod:`obliq.rerank`), and the result files (:mod:`obliq.eval.results`).
 """
 
@@ -21,8 +21,9 @@ from pathlib import Path
 from obliq.distributed import world
 from obliq.eval.metrics import DEFAULT_MEASURES, check_depth
 from obliq.eval.results import evaluate_tasks
-from obliq.eval.retrieval import RetrievalSettings, check_index, is_run_file, make_retriever, retrieve_run_file
 from obliq.files import claim_output, write_json
+from obliq.search.retrieval import check_index, is_run_file, make_retriever, retrieve_run_file
+from obliq.search.settings import RetrievalSettings
 from obliq.tasks import find_tasks, load_task
 
 log = logging.getLogger(__name__)
@@ -55,7 +56,7 @@ def evaluate(
             the corpus-embedding store (``obliq encode`` writes it), the index (``flat``, ``hnsw``,
             ``ivf-pq``, ``int8``, ``binary``…, its parameters and rescoring: an approximate one reports
             its recall against exact search), ``dim`` (a Matryoshka truncation), BM25's k1/b/stemmer,
-            trust_remote_code (:class:`obliq.eval.retrieval.RetrievalSettings`).
+            trust_remote_code (:class:`obliq.search.settings.RetrievalSettings`).
         measures: metrics reported (trec_eval names accepted), e.g. ``[NDCG@10,Recall@100]``.
         latency_queries: queries timed one at a time for latency p50/p95 (0: none).
         rerank: a reranking policy file (configs/rerank/…, or one written by ``obliq rerank
@@ -65,7 +66,7 @@ def evaluate(
         overwrite: write into an ``output`` that already holds results (refused otherwise, before any work).
 
     Under ``torchrun`` (or any launcher that sets ``WORLD_SIZE``), the ranks share the encoding
-    (:func:`obliq.eval.retrieval.encode_texts`) and rank 0 writes the results; reranking needs one
+    (:func:`obliq.search.retrieval.encode_texts`) and rank 0 writes the results; reranking needs one
     process.
 
     Returns:

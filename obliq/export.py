@@ -439,7 +439,7 @@ def model_card(ckpt: dict, encoder: BiEncoder, kind: str, evaluation: list[dict]
             "With obliq: `obliq evaluate --model path/to/this/folder --tasks …`, or",
             "",
             "```python",
-            "from obliq.eval.encoders import load_encoder",
+            "from obliq.search.encoders import load_encoder",
             "",
             'encoder = load_encoder("path/to/this/folder")',
             'q = encoder.encode(["posts that quietly oppose the new policy"], kind="query")',

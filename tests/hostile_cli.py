@@ -656,7 +656,7 @@ torch.save(c, {str(w / "kernel.ckpt")!r})
     emb = f"""
 import numpy as np, logging
 logging.basicConfig()
-from obliq.eval.retrieval import RetrievalSettings, make_retriever
+from obliq.search.retrieval import RetrievalSettings, make_retriever
 from obliq.tasks import load_task
 t = load_task({str(t)!r}); s = RetrievalSettings(top_k=5, cache_dir={str(w / "cache")!r})
 a = make_retriever("minilm", s)(t).run

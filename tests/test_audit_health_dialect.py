@@ -17,8 +17,8 @@ import pytest
 from scipy import stats
 
 from obliq.audit.commands import audit
-from obliq.eval.metrics import read_run
-from obliq.eval.retrieval import RetrievalSettings
+from obliq.search.runs import read_run
+from obliq.search.settings import RetrievalSettings
 from obliq.tasks import read_qrels
 
 # NDCG@10 per query set, data README / task.json (reference BM25: k1 0.9, b 0.4, unstemmed \w+ tokens).

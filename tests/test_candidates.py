@@ -13,9 +13,11 @@ import pytest
 import pytrec_eval
 from test_tasks import make_task
 
-from obliq.eval.metrics import evaluate_run, read_run
-from obliq.eval.retrieval import RetrievalSettings, make_retriever
+from obliq.eval.metrics import evaluate_run
 from obliq.evaluate import evaluate
+from obliq.search.retrieval import make_retriever
+from obliq.search.runs import read_run
+from obliq.search.settings import RetrievalSettings
 from obliq.tasks import load_query_split, load_task, split_task, subset_queries
 
 DOCS = {
@@ -134,7 +136,7 @@ def test_metrics_with_candidates_match_mteb_and_pytrec_eval(tmp_path):
 
 
 def test_bm25_ranks_candidates_with_full_corpus_statistics_and_breaks_cut_ties_by_id(tmp_path):
-    from obliq.eval.bm25 import BM25
+    from obliq.search.bm25 import BM25
 
     docs = {"d1": "red apple", "d2": "red apple", "d3": "red apple", "d4": "green pear", "d5": "red red apple"}
     make_task(tmp_path / "t", [{"_id": d, "text": t} for d, t in docs.items()], ["red"], [])
@@ -230,8 +232,8 @@ def test_the_training_callback_ranks_each_query_sets_candidates(tmp_path, minilm
 
 @pytest.mark.parametrize("per_query", [3, 95], ids=["sparse-gathered", "dense-one-product"])
 def test_candidate_scores_equal_float64_inner_products(per_query):
-    from obliq.eval.index import unit_float32
-    from obliq.eval.retrieval import candidate_scores
+    from obliq.search.candidates import candidate_scores
+    from obliq.search.exact import unit_float32
 
     rng = np.random.default_rng(0)
     docs, queries = unit_float32(rng.standard_normal((100, 16))), unit_float32(rng.standard_normal((7, 16)))

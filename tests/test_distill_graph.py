@@ -70,7 +70,7 @@ def test_identical_twins_are_neighbours_never_self_loops(vectors_with_duplicates
     assert g.neighbours[30][0] == 31 and g.neighbours[31][0] == 30
     assert all(i not in row for i, row in enumerate(g.neighbours))
     # twins counted on the renormalised float32 vectors: 10, 11, 20, 21, 22 at least
-    from obliq.eval.index import unit_float32
+    from obliq.search.exact import unit_float32
 
     u = unit_float32(x)
     expected = sum(any(np.array_equal(u[i], u[j]) for j in range(len(u)) if j != i) for i in range(len(u)))

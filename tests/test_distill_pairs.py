@@ -89,7 +89,7 @@ def test_random_negatives_avoid_anchor_positive_neighbours_and_equal_texts():
 
 
 def test_bm25_negatives_are_the_top_lexical_hits_left_after_the_exclusions():
-    from obliq.eval.bm25 import BM25
+    from obliq.search.bm25 import BM25
 
     texts = ["apple banana cherry", "apple banana", "apple", "banana cherry date", "zebra", "apple cherry"]
     g = KnnGraph([f"d{i}" for i in range(6)], [[1], [0], [1], [0], [3], [0]], 1)

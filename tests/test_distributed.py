@@ -126,7 +126,8 @@ def _eval_worker(rank, path, task_dir, init_file, out_dir):
     process's."""
     import json
 
-    from obliq.eval.retrieval import RetrievalSettings, make_retriever
+    from obliq.search.retrieval import make_retriever
+    from obliq.search.settings import RetrievalSettings
     from obliq.tasks import load_task
 
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
@@ -148,7 +149,8 @@ def test_two_ranks_encoding_shares_give_the_one_process_run(tiny_llama_dir, task
 
     from test_eval_callback import small_real_task
 
-    from obliq.eval.retrieval import RetrievalSettings, make_retriever
+    from obliq.search.retrieval import make_retriever
+    from obliq.search.settings import RetrievalSettings
     from obliq.tasks import load_task
 
     task_dir = small_real_task(tasks_dir, tmp_path / "slice", n_distractors=40)
@@ -179,8 +181,9 @@ def test_the_training_callback_evaluates_on_every_rank_under_ddp_and_fsdp2(
     from test_train import _train, _write_config
 
     from obliq.eval.results import evaluate_tasks
-    from obliq.eval.retrieval import RetrievalSettings, make_retriever
     from obliq.model.checkpoint import load_checkpoint
+    from obliq.search.retrieval import make_retriever
+    from obliq.search.settings import RetrievalSettings
     from obliq.tasks import load_task
 
     task_dir = small_real_task(tasks_dir, tmp_path / "slice", n_distractors=25)

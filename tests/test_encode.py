@@ -16,8 +16,9 @@ import pytest
 from test_bench import task_slice
 
 from obliq.cli import main as obliq_main
-from obliq.eval.retrieval import RetrievalSettings, corpus_fingerprint, corpus_store, make_retriever
-from obliq.eval.store import IncompleteStore, read_store_vectors
+from obliq.search.retrieval import corpus_fingerprint, corpus_store, make_retriever
+from obliq.search.settings import RetrievalSettings
+from obliq.search.store import IncompleteStore, read_store_vectors
 from obliq.tasks import load_task
 
 pytestmark = pytest.mark.slow

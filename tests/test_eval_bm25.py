@@ -7,9 +7,10 @@ import math
 import numpy as np
 import pytest
 
-from obliq.eval.bm25 import BM25
 from obliq.eval.metrics import evaluate_run
-from obliq.eval.retrieval import RetrievalSettings, retrieve_bm25
+from obliq.search.bm25 import BM25
+from obliq.search.retrieval import retrieve_bm25
+from obliq.search.settings import RetrievalSettings
 from obliq.tasks import load_task
 
 

@@ -14,7 +14,8 @@ from obliq.callbacks import RetrievalEvaluation
 from torch.utils.data import DataLoader
 
 from obliq.eval.results import evaluate_tasks
-from obliq.eval.retrieval import RetrievalSettings, retrieve_dense
+from obliq.search.retrieval import retrieve_dense
+from obliq.search.settings import RetrievalSettings
 from obliq.tasks import load_task, read_jsonl, read_qrels
 
 
@@ -160,8 +161,8 @@ def test_one_model_gives_one_number_through_every_command(tmp_path, tasks_dir, c
     callback give the same NDCG@10 on the same queries (issue 14: one system, one number)."""
     from obliq.cli import main as obliq_main
     from obliq.dose import dose_sweep
-    from obliq.eval.retrieval import make_retriever
     from obliq.model import BiEncoder
+    from obliq.search.retrieval import make_retriever
 
     REPO = __import__("pathlib").Path(__file__).resolve().parents[1]
     task_dir = small_real_task(tasks_dir, tmp_path / "math-slice")

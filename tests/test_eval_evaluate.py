@@ -13,7 +13,7 @@ import pytest
 import pytrec_eval
 
 from obliq.cli import main as obliq_main
-from obliq.eval.metrics import read_run
+from obliq.search.runs import read_run
 from obliq.tasks import load_task, read_qrels
 
 REPO = Path(__file__).resolve().parents[1]
@@ -121,7 +121,7 @@ def test_minilm_end_to_end(minilm_eval, minilm_path):
         task = load_task(task_dir)
         summary = check_outputs(out / "run1", task_dir, len(task.query_ids))
         assert summary["corpus_cache"] == "miss"
-        [cache] = (out / "cache").glob(f"{task.name}-*/shard-0-of-1.npy")  # a one-shard store (obliq.eval.store)
+        [cache] = (out / "cache").glob(f"{task.name}-*/shard-0-of-1.npy")  # a one-shard store (obliq.search.store)
         docs = np.load(cache)
         assert docs.shape == (len(task.doc_ids), 384)
         # passages are encoded the sentence-transformers way (no "passage: " prefix), cut at PASSAGE_LEN
@@ -158,7 +158,8 @@ def test_pooled_qrels_and_queries_without_relevant_docs(tmp_path):
     from test_tasks import make_task
 
     from obliq.eval.results import evaluate_tasks
-    from obliq.eval.retrieval import RetrievalSettings, retrieve_bm25
+    from obliq.search.retrieval import retrieve_bm25
+    from obliq.search.settings import RetrievalSettings
 
     corpus = [{"_id": f"d{i}", "text": t} for i, t in enumerate(["red apple pie", "green apple", "blue sky", ""])]
     queries = [{"_id": "q1", "text": "apple"}, {"_id": "q2", "text": "sky"}, {"_id": "q3", "text": "zebra"}]
@@ -184,7 +185,7 @@ def test_pooled_qrels_and_queries_without_relevant_docs(tmp_path):
 
 
 def test_lightning_checkpoint_is_refused_with_the_export_command(tmp_path):
-    from obliq.eval.encoders import load_encoder
+    from obliq.search.encoders import load_encoder
 
     (tmp_path / "last.ckpt").write_bytes(b"")
     with pytest.raises(ValueError, match="BiEncoder.save_pretrained"):
@@ -195,8 +196,8 @@ def test_lightning_checkpoint_is_refused_with_the_export_command(tmp_path):
 def test_obliq_adapter_folder_loads_as_biencoder(tmp_path):
     import torch
 
-    from obliq.eval.encoders import load_encoder
     from obliq.model import BiEncoder, LoraSettings
+    from obliq.search.encoders import load_encoder
 
     torch.manual_seed(0)
     trained = BiEncoder("minilm", lora=LoraSettings(r=4, alpha=8), query_max_length=32, passage_max_length=64)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from obliq.eval.index import DenseIndex, search, unit_float32
+from obliq.search.exact import ExactIndex, unit_float32
 
 
 def _unit(rng, n, d):
@@ -17,7 +17,7 @@ def _unit(rng, n, d):
 def test_search_equals_brute_force_numpy():
     rng = np.random.default_rng(0)
     q, docs = _unit(rng, 50, 64), _unit(rng, 500, 64)
-    scores, idx = search(q, docs, k=20)
+    scores, idx = ExactIndex(docs).search(q, k=20)
     sims = q.astype(np.float64) @ docs.astype(np.float64).T
     expected = np.argsort(-sims, axis=1, kind="stable")[:, :20]
     assert scores.shape == idx.shape == (50, 20) and idx.dtype == np.int64 and scores.dtype == np.float32
@@ -29,10 +29,10 @@ def test_search_equals_brute_force_numpy():
 def test_k_larger_than_corpus_returns_every_doc_without_padding():
     rng = np.random.default_rng(1)
     q, docs = _unit(rng, 3, 8), _unit(rng, 5, 8)
-    scores, idx = search(q, docs, k=1000)
+    scores, idx = ExactIndex(docs).search(q, k=1000)
     assert idx.shape == (3, 5) and (idx >= 0).all()
     assert all(sorted(row) == [0, 1, 2, 3, 4] for row in idx.tolist())
-    index = DenseIndex(docs)
+    index = ExactIndex(docs)
     assert index.search(q, 2)[1].shape == (3, 2)  # the index is reusable with any k
 
 
@@ -40,7 +40,7 @@ def test_c13_vectors_are_renormalised_before_inner_product():
     q = np.array([[1.0, 0.0]])
     docs = np.array([[10.0, 10.0], [1.0, 0.1], [0.0, 1.0]])  # a, b, c
     assert (q @ docs.T).argsort()[0, ::-1].tolist() == [0, 1, 2]  # raw inner product: a, b, c (wrong)
-    scores, idx = search(q, docs, k=3)
+    scores, idx = ExactIndex(docs).search(q, k=3)
     assert idx[0].tolist() == [1, 0, 2]  # b, a, c
     np.testing.assert_allclose(scores[0], [0.995037, 0.707107, 0.0], atol=1e-6)
 
@@ -52,22 +52,22 @@ def test_bf16_vectors_are_renormalised_in_float32():
     assert (raw_norms - 1).abs().max() > 1e-5  # bf16 storage is off unit length
     v = unit_float32(x)
     assert v.dtype == np.float32 and np.abs(np.linalg.norm(v, axis=1) - 1).max() <= 1e-6
-    scores, idx = search(x[:4], x, k=1)
+    scores, idx = ExactIndex(x).search(x[:4], k=1)
     assert idx[:, 0].tolist() == [0, 1, 2, 3]
     np.testing.assert_allclose(scores[:, 0], 1.0, atol=1e-5)
 
 
 def test_bad_vectors_are_rejected_with_a_reason():
     with pytest.raises(ValueError, match="row 1 is all zeros"):
-        search(np.ones((1, 2)), np.array([[1.0, 0.0], [0.0, 0.0]]), k=1)
+        ExactIndex(np.array([[1.0, 0.0], [0.0, 0.0]])).search(np.ones((1, 2)), k=1)
     with pytest.raises(ValueError, match="NaN"):
-        search(np.array([[np.nan, 1.0]]), np.ones((2, 2)), k=1)
+        ExactIndex(np.ones((2, 2))).search(np.array([[np.nan, 1.0]]), k=1)
     with pytest.raises(ValueError, match="dimension 3, docs 2"):
-        search(np.ones((1, 3)), np.ones((2, 2)), k=1)
+        ExactIndex(np.ones((2, 2))).search(np.ones((1, 3)), k=1)
     with pytest.raises(ValueError, match="2-D"):
-        search(np.ones(2), np.ones((2, 2)), k=1)
+        ExactIndex(np.ones((2, 2))).search(np.ones(2), k=1)
     with pytest.raises(ValueError, match="k must be at least 1"):
-        search(np.ones((1, 2)), np.ones((2, 2)), k=0)
+        ExactIndex(np.ones((2, 2))).search(np.ones((1, 2)), k=0)
     # the norm is taken in float64: a float32 row of length 2e20 has a direction; a float64 one of 2e200 is refused
     np.testing.assert_array_equal(unit_float32(np.full((1, 4), 1e20, dtype=np.float32)), np.full((1, 4), 0.5))
     with np.errstate(over="ignore"), pytest.raises(ValueError, match="too long"):

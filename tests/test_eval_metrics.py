@@ -13,7 +13,8 @@ import pytest
 import pytrec_eval
 
 from obliq.cli import main as obliq_main
-from obliq.eval.metrics import evaluate_run, parse_measures, read_run, write_run
+from obliq.eval.metrics import evaluate_run, parse_measures
+from obliq.search.runs import read_run, write_run
 from obliq.tasks import read_qrels
 
 D2, D3, D4 = 1 / math.log2(3), 1 / math.log2(4), 1 / math.log2(5)  # discounts of ranks 2, 3, 4

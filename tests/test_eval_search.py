@@ -13,10 +13,11 @@ import mmap
 import numpy as np
 import pytest
 
-import obliq.eval.index as index_module
-from obliq.eval.index import Corpus, IndexSpec, VectorIndex, exact_search, ranked, recall_vs_exact, truncate
-from obliq.eval.retrieval import RetrievalSettings
-from obliq.eval.store import IncompleteStore, open_store, read_store_vectors, shard_files, store_status, write_shard
+import obliq.search.exact as index_module
+from obliq.search.exact import Corpus, ExactIndex, ranked, truncate
+from obliq.search.faiss_index import IndexSpec, VectorIndex, recall_vs_exact
+from obliq.search.settings import RetrievalSettings
+from obliq.search.store import IncompleteStore, open_store, read_store_vectors, shard_files, store_status, write_shard
 from obliq.shards import Shard
 
 
@@ -67,7 +68,7 @@ def test_exact_search_over_shards_equals_float64_brute_force_and_faiss_flat(shar
     monkeypatch.setattr(index_module, "BLOCK_BYTES", 100 * 64 * 4)  # blocks of 100 rows: many merges
     corpus = Corpus(parts)
     q = rng.standard_normal((40, 64)).astype(np.float32)
-    scores, idx = exact_search(q, corpus, 25)
+    scores, idx = ExactIndex(corpus, use_gpu=False).search(q, 25)
     ref_scores, ref_idx = _brute(q, x, 25)
     np.testing.assert_array_equal(idx, ref_idx)
     np.testing.assert_allclose(scores, ref_scores, atol=1e-5)
@@ -75,7 +76,7 @@ def test_exact_search_over_shards_equals_float64_brute_force_and_faiss_flat(shar
     flat.add(x)
     np.testing.assert_array_equal(idx, flat.search(_unit(q), 25)[1])
     # k beyond the corpus: every document once, no padding
-    _, everything = exact_search(q[:2], corpus, 5000)
+    _, everything = ExactIndex(corpus, use_gpu=False).search(q[:2], 5000)
     assert everything.shape == (2, 1000) and sorted(everything[0].tolist()) == list(range(1000))
 
 
@@ -102,14 +103,14 @@ def test_truncation_renormalises_and_search_at_a_dimension_equals_brute_force(sh
     q = rng.standard_normal((10, 64)).astype(np.float32)
     t = truncate(x, 16)
     assert t.shape == (1000, 16) and np.abs(np.linalg.norm(t, axis=1) - 1).max() < 1e-6
-    scores, idx = exact_search(q, Corpus(parts, dim=16), 10)
+    scores, idx = ExactIndex(Corpus(parts, dim=16), use_gpu=False).search(q, 10)
     ref_scores, ref_idx = _brute(q, x, 10, dim=16)
     np.testing.assert_array_equal(idx, ref_idx)
     np.testing.assert_allclose(scores, ref_scores, atol=1e-5)
     with pytest.raises(ValueError, match="retrieval.dim 65 must lie in 1 … 64"):
         Corpus(parts, dim=65)
     with pytest.raises(ValueError, match="queries have dimension 16, docs 64"):
-        exact_search(q[:, :16], Corpus(parts, dim=16), 10)
+        ExactIndex(Corpus(parts, dim=16), use_gpu=False).search(q[:, :16], 10)
 
 
 def test_recall_vs_exact_by_hand():
@@ -256,7 +257,7 @@ def test_more_shards_than_documents_read_back_and_a_damaged_shard_deletes_nothin
     """Issue 32 §3: with more shards than documents the empty shard was a 0-byte file (its data under a stray
     name), and the next evaluate deleted every shard and re-encoded. Empty shards read back; a damaged shard of a
     store of several is named, and no other shard's file is deleted."""
-    from obliq.eval.retrieval import _stored_corpus
+    from obliq.search.retrieval import _stored_corpus
 
     x = _unit(np.random.default_rng(5).standard_normal((2, 8)))
     ids = ["d0", "d1"]
@@ -310,7 +311,7 @@ def test_evaluate_reports_an_approximate_search_with_its_recall_and_drops_paddin
     from test_tasks import make_task
 
     from obliq.eval.results import evaluate_tasks
-    from obliq.eval.retrieval import make_retriever
+    from obliq.search.retrieval import make_retriever
     from obliq.tasks import load_task
 
     topics = ["red", "blue", "green", "gold"]
@@ -344,8 +345,8 @@ def test_c42_an_index_faiss_cannot_train_on_the_corpus_is_refused_before_encodin
     import faiss
     from test_tasks import make_task
 
-    from obliq.eval.index import factory_string
-    from obliq.eval.retrieval import make_retriever
+    from obliq.search.faiss_index import factory_string
+    from obliq.search.retrieval import make_retriever
     from obliq.tasks import load_task
 
     x = _lowrank(np.random.default_rng(3), 60, 384)
@@ -385,7 +386,7 @@ def test_the_store_fingerprint_covers_what_is_loaded_behind_a_name(tmp_path, mon
     import os
     import time
 
-    from obliq.eval.encoders import fingerprint
+    from obliq.search.encoders import fingerprint
 
     model = tmp_path / "base"
     model.mkdir()

@@ -150,7 +150,7 @@ def test_the_card_takes_only_this_checkpoints_evaluation_and_probes_must_check(t
     export(other, tmp_path / "theirs")
     task = str(tasks_dir / "math-theoremqa")
     settings = dict(retrieval={"top_k": 100, "batch_size": 64, "cache": False}, latency_queries=0)
-    from obliq.eval.retrieval import RetrievalSettings
+    from obliq.search.settings import RetrievalSettings
 
     settings["retrieval"] = RetrievalSettings(**settings["retrieval"])
     measures = ["NDCG@10", "Recall@100"]
@@ -223,8 +223,9 @@ def test_a_dimension_the_model_was_not_trained_at_is_warned_about(tmp_path, mini
     export records the checkpoint's matryoshka_dims; evaluating it at another dimension warns."""
     import logging
 
-    from obliq.eval.retrieval import RetrievalSettings, make_retriever
     from obliq.export import export
+    from obliq.search.retrieval import make_retriever
+    from obliq.search.settings import RetrievalSettings
 
     ckpt_path = make_checkpoint(tmp_path / "m.ckpt", "minilm", length=32)
     ckpt = read_checkpoint(ckpt_path)

@@ -12,8 +12,9 @@ import pytrec_eval
 from test_tasks import make_task
 
 from obliq.cli import main as obliq_main
-from obliq.eval.metrics import evaluate_run, read_run, write_run
+from obliq.eval.metrics import evaluate_run
 from obliq.files import BOM, json_text, read_id_table, write_json
+from obliq.search.runs import read_run, write_run
 from obliq.tasks import load_task, read_qrels
 
 # --- C28: a byte-order mark at the start of a file --------------------------------------------
@@ -156,7 +157,8 @@ def test_json_obliq_writes_is_strict(tmp_path):
 def test_a_summary_with_no_evaluable_query_is_strict_json(tmp_path):
     """Every query without a relevant document: the means are undefined, written as null (not NaN)."""
     from obliq.eval.results import evaluate_tasks
-    from obliq.eval.retrieval import RetrievalSettings, retrieve_bm25
+    from obliq.search.retrieval import retrieve_bm25
+    from obliq.search.settings import RetrievalSettings
 
     task = load_task(
         make_task(
@@ -175,8 +177,8 @@ def test_a_summary_with_no_evaluable_query_is_strict_json(tmp_path):
 
 
 def test_evaluate_refuses_a_cutoff_deeper_than_top_k_and_the_curve_stops_at_the_depth(tmp_path, tasks_dir):
-    from obliq.eval.retrieval import RetrievalSettings
     from obliq.evaluate import evaluate
+    from obliq.search.settings import RetrievalSettings
 
     task = str(tasks_dir / "math-theoremqa")  # 620 documents
     with pytest.raises(ValueError, match=r"Recall@1000 cuts at 1000 but the ranking holds retrieval.top_k=100 of 620"):

@@ -387,7 +387,8 @@ def test_bad_models_checkpoints_and_caches_are_named_in_one_line(task, tmp_path,
 
     import torch
 
-    from obliq.eval.retrieval import RetrievalSettings, make_retriever
+    from obliq.search.retrieval import make_retriever
+    from obliq.search.settings import RetrievalSettings
     from obliq.tasks import load_task
 
     pickled = tmp_path / "pickled-model"  # a model folder whose weights are a pickle with code in it

@@ -26,21 +26,23 @@ LAYERS = {
     "llm": 2,
     "tasks": 2,
     "model": 3,
-    "eval": 4,
+    "search": 4,  # finding documents: vector search, the store, BM25, encoders, retrieval, runs
+    "eval": 5,  # scoring them: metrics, significance, result files, reports
     # the stages: each reads and writes files, and imports only layers below it
-    "synth": 5,
-    "rerank": 5,
-    "audit": 5,
-    "distill": 5,
-    "negatives": 5,
-    "callbacks": 5,
-    "export": 6,
-    "trainer": 7,
+    "synth": 6,
+    "rerank": 6,
+    "audit": 6,
+    "distill": 6,
+    "negatives": 6,
+    "callbacks": 6,
+    "export": 7,
+    "trainer": 8,
     # commands that wire stages together
-    "quickstart": 8,
-    "dose": 8,
-    "evaluate": 8,
-    "cli": 9,
+    "quickstart": 9,
+    "dose": 9,
+    "evaluate": 9,
+    "encode": 9,
+    "cli": 10,
 }
 """The layer of every top-level module or package of obliq/; a module may import its own package and
 any lower layer, never a package beside it or above it."""
@@ -185,9 +187,9 @@ def test_defaults_are_defined_once_and_every_entry_point_reads_them():
 
     from obliq.audit.commands import audit
     from obliq.dose import dose_sweep
-    from obliq.eval.bm25 import BM25, BM25_STEMMER
     from obliq.evaluate import evaluate
     from obliq.model.encoder import PASSAGE_MAX_LENGTH, QUERY_MAX_LENGTH, BiEncoder, TextTokenizer
+    from obliq.search.bm25 import BM25, BM25_STEMMER
 
     expected = {
         "query_max_length": QUERY_MAX_LENGTH,
@@ -275,3 +277,25 @@ def test_no_two_stages_share_a_public_name(name):
         p.relative_to(REPO) for p in PACKAGE.rglob("*.py") if re.search(rf"^(def|class) {name}\b", p.read_text(), re.M)
     ]
     assert len(defined) <= 1, defined
+
+
+MAX_FILE_LINES = 600
+MAX_FOLDER_SHARE = 0.15
+
+
+def _lines(path: Path) -> int:
+    return len(path.read_text().splitlines())
+
+
+def test_no_file_is_too_long_and_no_folder_holds_too_much_of_the_package():
+    """Issue 30: every file of obliq/ stays under 600 lines, and no package folder (a subpackage of obliq/,
+    or callbacks/) holds over 15 % of the package's lines (``.py`` files under obliq/ plus callbacks/)."""
+    long = [f"{p.relative_to(REPO)}: {_lines(p)} lines" for p in PACKAGE.rglob("*.py") if _lines(p) > MAX_FILE_LINES]
+    total = sum(_lines(p) for p in PACKAGE_FILES)
+    folders: dict[str, int] = {}
+    for path in PACKAGE_FILES:
+        if path.is_relative_to(REPO / "callbacks") or len(path.relative_to(PACKAGE).parts) > 1:
+            folders[_unit(path)] = folders.get(_unit(path), 0) + _lines(path)
+    big = [f"{name}/: {n / total:.1%} of {total} lines" for name, n in folders.items() if n > MAX_FOLDER_SHARE * total]
+    assert total > 10000 and len(folders) > 8
+    assert not long + big, "\n".join(long + big)

@@ -15,7 +15,7 @@ import mteb
 import numpy as np
 import pytest
 
-from obliq.eval.metrics import read_mteb_predictions
+from obliq.search.runs import read_mteb_predictions
 from obliq.tasks import load_task
 from obliq.tasks.from_mteb import from_mteb
 from obliq.tasks.obliq_bench import OBLIQ_BENCH
@@ -251,9 +251,9 @@ def test_mteb_on_an_obliq_folder_gives_obliq_evaluates_numbers(exported, tasks_d
     from sentence_transformers import SentenceTransformer
 
     from obliq.eval.mteb_bridge import MtebEncoder, mteb_task
-    from obliq.eval.retrieval import RetrievalSettings
     from obliq.eval.significance import compare, compare_files
     from obliq.evaluate import evaluate
+    from obliq.search.settings import RetrievalSettings
 
     folder = small_math_task(tasks_dir, tmp_path / ("math-cand" if candidates else "math-full"), candidates)
     task = load_task(folder)
@@ -328,7 +328,7 @@ def test_mteb_picks_up_the_exported_per_task_prompts(exported, tasks_dir, tmp_pa
             gap = max(gap, abs(score - float(plain[i] @ d[j])))
     assert gap > 1e-3  # the instruction changed what mteb encoded
     # the adapter reads the same instruction from the task (obliq evaluate, MtebEncoder): the same vectors
-    from obliq.eval.encoders import load_encoder
+    from obliq.search.encoders import load_encoder
 
     adapter = load_encoder(str(exported / "adapter"))
     with_task = adapter.encode(task.query_texts[:3], "query", max_length=256, task=task).double().numpy()

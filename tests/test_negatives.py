@@ -10,8 +10,8 @@ from collections import Counter
 import pytest
 
 from obliq.data.rows import parse_row
-from obliq.eval.bm25 import BM25
 from obliq.negatives.mine import Bm25sBackend, mine_negatives
+from obliq.search.bm25 import BM25
 from obliq.text import text_hash
 
 

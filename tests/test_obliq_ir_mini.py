@@ -188,8 +188,8 @@ def test_a_stage_is_done_only_when_its_outputs_are_newer_than_its_inputs(chain, 
 
 
 def test_report_tables_every_system_and_compares_them_per_task(chain, split_tasks, tmp_path):
-    from obliq.eval.retrieval import RetrievalSettings
     from obliq.evaluate import evaluate
+    from obliq.search.settings import RetrievalSettings
 
     root = tmp_path / "mini"
     tasks = [str(split_tasks / t) for t in chain.TASKS]

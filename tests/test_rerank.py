@@ -14,8 +14,7 @@ import pytest
 import yaml
 
 from obliq.cli import main as obliq_main
-from obliq.eval.metrics import evaluate_run, read_run, top_k, write_run
-from obliq.eval.retrieval import RetrievalSettings, retrieve_bm25
+from obliq.eval.metrics import evaluate_run
 from obliq.evaluate import evaluate
 from obliq.llm.backends import BackendConfig
 from obliq.rerank.commands import policy as policy_command
@@ -25,6 +24,9 @@ from obliq.rerank.parse import parse_permutation, parse_selection
 from obliq.rerank.prompts import load_rerank_prompt, render_candidates
 from obliq.rerank.reranker import Reranker
 from obliq.rerank.tourrank import tourrank_calls
+from obliq.search.retrieval import retrieve_bm25
+from obliq.search.runs import read_run, top_k, write_run
+from obliq.search.settings import RetrievalSettings
 from obliq.tasks import Task, load_task
 
 REPO = Path(__file__).resolve().parents[1]
@@ -732,7 +734,7 @@ def test_a_bad_prompt_fails_when_the_policy_is_loaded_and_names_the_prompt_file(
         load_policy(policy)
     assert str(err.value) == bad["tourrank"]
     # evaluate.py: before any retrieval
-    monkeypatch.setattr("obliq.eval.retrieval.retrieve_bm25", lambda *a, **k: pytest.fail("retrieval ran"))
+    monkeypatch.setattr("obliq.search.retrieval.retrieve_bm25", lambda *a, **k: pytest.fail("retrieval ran"))
     with pytest.raises(ValueError) as err:
         evaluate("bm25", [str(tasks_dir / "math-theoremqa")], tmp_path / "out", rerank=policy)
     assert str(err.value) == bad["tourrank"]

@@ -8,11 +8,12 @@ import json
 import pytest
 import yaml
 
-from obliq.eval.metrics import read_run, top_k, write_run
-from obliq.eval.retrieval import RetrievalSettings, retrieve_bm25
 from obliq.rerank.commands import run as rerank_run
 from obliq.rerank.config import load_policy
 from obliq.rerank.tourrank import tourrank_calls
+from obliq.search.retrieval import retrieve_bm25
+from obliq.search.runs import read_run, top_k, write_run
+from obliq.search.settings import RetrievalSettings
 from obliq.tasks import load_task
 
 

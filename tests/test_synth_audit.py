@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from obliq.eval.bm25 import BM25
+from obliq.search.bm25 import BM25
 from obliq.synth.audit import audit_pairs, entity_tokens, jaccard, leaks, source_rank
 
 

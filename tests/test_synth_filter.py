@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from obliq.eval.bm25 import BM25
+from obliq.search.bm25 import BM25
 from obliq.synth.audit import entity_tokens, leaks
 from obliq.synth.filter import FilterConfig, dense_threshold, filter_candidates, lexical_threshold
 from obliq.tasks import load_task, split_task
@@ -88,7 +88,7 @@ def test_thresholds_against_numpy_by_hand_and_at_the_edges():
 def test_bm25_and_dense_ranks_thresholds_and_decisions_on_math(split, minilm_path, tmp_path):
     from sentence_transformers import SentenceTransformer
 
-    from obliq.eval.retrieval import RetrievalSettings
+    from obliq.search.settings import RetrievalSettings
 
     folder = split / "math-theoremqa"
     task = load_task(folder)

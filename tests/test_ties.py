@@ -13,8 +13,10 @@ import pytest
 import pytrec_eval
 from test_tasks import make_task
 
-from obliq.eval.metrics import evaluate_run, read_run
-from obliq.eval.retrieval import RetrievalSettings, make_retriever
+from obliq.eval.metrics import evaluate_run
+from obliq.search.retrieval import make_retriever
+from obliq.search.runs import read_run
+from obliq.search.settings import RetrievalSettings
 from obliq.tasks import load_task
 
 SAME = "The committee adjourned without a vote on the amended policy."
@@ -96,7 +98,7 @@ def test_dense_search_cuts_ties_in_trec_order_at_every_depth(task):
 
 def test_bm25_cuts_ties_in_trec_order_at_every_depth(task):
     global reference_scores
-    from obliq.eval.bm25 import BM25
+    from obliq.search.bm25 import BM25
 
     index = BM25(task.doc_texts)
     reference_scores = {}
@@ -111,7 +113,7 @@ def test_bm25_cuts_ties_in_trec_order_at_every_depth(task):
 def test_a_real_encoder_on_duplicated_texts(task, minilm_path):
     """The same with all-MiniLM-L6-v2: the three copies get the same vector, and the cut keeps trec_eval's."""
     global reference_scores
-    from obliq.eval.encoders import load_encoder
+    from obliq.search.encoders import load_encoder
 
     encoder = load_encoder(minilm_path)
     docs = np.asarray(encoder.encode(task.doc_texts, kind="passage"), dtype=np.float64)
@@ -204,7 +206,7 @@ def test_before_the_fix_faiss_alone_keeps_an_arbitrary_part_of_a_tie_group():
     index.add(x)
     _, got = index.search(x[:1], 2)
     assert sorted(got[0].tolist()) != [1, 2]
-    from obliq.eval.index import DenseIndex
+    from obliq.search.exact import ExactIndex
 
-    _, ours = DenseIndex(x, ids=["a1", "a2", "a3", "b"]).search(x[:1], 2)
+    _, ours = ExactIndex(x, ids=["a1", "a2", "a3", "b"]).search(x[:1], 2)
     assert ours[0].tolist() == [2, 1]

@@ -208,9 +208,9 @@ def test_sigkill_and_resume_ends_bit_identical(tiny_llama_dir, rows_file, tmp_pa
 def test_export_round_trip(minilm_path, rows_file, tmp_path):
     from sentence_transformers import SentenceTransformer
 
-    from obliq.eval.encoders import load_encoder
     from obliq.export import PROBE, export
     from obliq.model.checkpoint import load_checkpoint
+    from obliq.search.encoders import load_encoder
     from obliq.trainer import cli
 
     config = _write_config(tmp_path, rows_file, "minilm", max_steps=2)
@@ -247,10 +247,10 @@ def test_exported_adapter_has_a_real_card_and_loads_from_another_folder_and_envi
 
     from test_tasks import make_task
 
-    from obliq.eval.encoders import load_encoder
     from obliq.evaluate import evaluate
     from obliq.export import PROBE, export
     from obliq.model.checkpoint import load_checkpoint
+    from obliq.search.encoders import load_encoder
     from obliq.trainer import cli
 
     config = _write_config(tmp_path, rows_file, minilm_path, max_steps=2)  # the backbone given as a local path
@@ -618,8 +618,8 @@ def test_teacher_scores_from_the_graph_train_with_a_kl_term(tiny_llama_dir, task
     teacher itself); a recipe with `model.teacher_loss: kl` trains on them, the term enters the loss (the
     loss differs from the same run without it) and the card names it."""
     from obliq.cli import main as obliq_main
-    from obliq.eval.teachers import StylometricTeacher
     from obliq.model.checkpoint import read_checkpoint
+    from obliq.search.teachers import StylometricTeacher
     from obliq.tasks import load_task
     from obliq.trainer import cli
 

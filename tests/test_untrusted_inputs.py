@@ -249,9 +249,9 @@ def test_synth_resume_keeps_a_complete_last_line_and_cuts_a_partial_one(tmp_path
 
 
 def test_rows_runs_and_tasks_of_another_task_are_refused(tmp_path, tasks_dir):
-    from obliq.eval.retrieval import retrieve_run_file
     from obliq.evaluate import evaluate
     from obliq.negatives.commands import mine
+    from obliq.search.retrieval import retrieve_run_file
     from obliq.tasks import find_tasks, load_task
 
     math = tasks_dir / "math-theoremqa"
@@ -385,7 +385,8 @@ def test_bad_files_are_one_line_errors_naming_them(tmp_path, capsys):
 
 
 def test_a_corrupt_embedding_cache_is_named_discarded_and_rebuilt(tmp_path, caplog):
-    from obliq.eval.retrieval import RetrievalSettings, corpus_store, make_retriever
+    from obliq.search.retrieval import corpus_store, make_retriever
+    from obliq.search.settings import RetrievalSettings
     from obliq.tasks import load_task
 
     task = load_task(

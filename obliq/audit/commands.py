@@ -30,9 +30,11 @@ from obliq.audit.inputs import (
 from obliq.audit.report import figure, headline_p, markdown
 from obliq.audit.runs import model_run, query_values
 from obliq.audit.stats import BOOTSTRAP_RESAMPLES, CONFIDENCE, PERMUTATIONS
-from obliq.eval.metrics import check_depth, parse_measures, write_run
-from obliq.eval.retrieval import RetrievalSettings, is_run_file
+from obliq.eval.metrics import check_depth, parse_measures
 from obliq.files import claim_output, json_text, safe_name, write_json
+from obliq.search.retrieval import is_run_file
+from obliq.search.runs import write_run
+from obliq.search.settings import RetrievalSettings
 
 log = logging.getLogger(__name__)
 
@@ -120,7 +122,7 @@ def audit(
         seed: seed of every resampling.
         confidence: level of the intervals.
         retrieval: how each model retrieves, as ``evaluate``'s ``--retrieval``
-            (:class:`obliq.eval.retrieval.RetrievalSettings`; RR and Recall@k are computed within
+            (:class:`obliq.search.settings.RetrievalSettings`; RR and Recall@k are computed within
             its ``top_k``; the corpus-embedding cache is shared with ``evaluate``).
         overwrite: write into an ``output`` that already holds an audit (refused otherwise).
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
-from obliq.eval.metrics import Run, top_k
+from obliq.search.runs import Run, top_k
 from obliq.tasks import Qrels
 
 

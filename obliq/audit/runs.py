@@ -1,6 +1,6 @@
 """Retrieval for the audit and the per-query values it tests, through obliq.eval's pieces.
 
-A model is whatever ``evaluate`` accepts (:func:`obliq.eval.retrieval.make_retriever`): ``bm25``,
+A model is whatever ``evaluate`` accepts (:func:`obliq.search.retrieval.make_retriever`): ``bm25``,
 an alias, folder, adapter or hub id (with the same corpus-embedding cache as ``evaluate``), or a
 TREC run file (``*.trec``, e.g. produced on a GPU machine), read as it is.
 
@@ -18,21 +18,23 @@ from collections.abc import Sequence
 
 from obliq.audit.inputs import GOLD
 from obliq.audit.lean import lean_at_k
-from obliq.eval.metrics import Run, evaluate_run, parse_measures
-from obliq.eval.retrieval import RetrievalSettings, make_retriever
+from obliq.eval.metrics import evaluate_run, parse_measures
+from obliq.search.retrieval import make_retriever
+from obliq.search.runs import Run
+from obliq.search.settings import RetrievalSettings
 from obliq.tasks import Task
 
 log = logging.getLogger(__name__)
 
 
 def model_run(model: str, task: Task, retrieval: RetrievalSettings) -> Run:
-    """Retrieve the task's queries with one model (:func:`obliq.eval.retrieval.make_retriever`).
+    """Retrieve the task's queries with one model (:func:`obliq.search.retrieval.make_retriever`).
 
     Returns:
         query id → document id → score, ``retrieval.top_k`` documents per query (a run file: as written).
 
     Raises:
-        as :func:`obliq.eval.encoders.load_encoder` and :func:`obliq.eval.metrics.read_run`.
+        as :func:`obliq.search.encoders.load_encoder` and :func:`obliq.search.runs.read_run`.
     """
     retrieve = make_retriever(model, retrieval)
     run = retrieve(task).run

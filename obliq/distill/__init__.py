@@ -1,7 +1,7 @@
 """kNN-graph distillation from a frozen specialist (the OBLIQ-IR paper, §3.2 and §6.5).
 
 The teachers themselves (texts → unit vectors: an encoder, or the offline stylometric teacher) are
-encoders, in :mod:`obliq.eval.teachers`, where the negatives miner and the quickstart's teacher row
+encoders, in :mod:`obliq.search.teachers`, where the negatives miner and the quickstart's teacher row
 use them too.
 
 - :mod:`obliq.distill.graph`: the teacher's kNN graph through obliq's one exact search;

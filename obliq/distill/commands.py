@@ -23,8 +23,8 @@ from typing import Literal
 from obliq.distill.graph import KnnGraph, load_graph, teacher_graph
 from obliq.distill.pairs import knn_pairs, random_control
 from obliq.distill.purity import format_purity, graph_purity, labels_for
-from obliq.eval.teachers import TEACHER_MAX_LENGTH, StylometricConfig, load_teacher
 from obliq.files import atomic_write, claim_output, read_id_table, refuse_shared_outputs, write_json
+from obliq.search.teachers import TEACHER_MAX_LENGTH, StylometricConfig, load_teacher
 from obliq.tasks import Task, load_task
 
 log = logging.getLogger(__name__)
@@ -64,7 +64,7 @@ def graph(
 
     The graph file is one JSON object: the task, corpus digest, teacher settings, k, counts and
     ``neighbours`` (document id → its k nearest other document ids, nearest first). Search is exact
-    (obliq.eval.index); a document is excluded from its own list by id; k ≥ corpus size gives every
+    (obliq.search.exact); a document is excluded from its own list by id; k ≥ corpus size gives every
     other document.
 
     Args:

@@ -1,8 +1,8 @@
 """The teacher's k-nearest-neighbour graph over a corpus (the paper's style-space kNN graph, §3.2).
 
-Neighbours come from obliq's one exact search (:mod:`obliq.eval.index`, faiss ``IndexFlatIP`` over
-unit float32 vectors, so similarity is the cosine). Only the topology is kept — which documents are
-each document's k nearest — never the teacher's scores (§3.2, "Why graph and not scores").
+Neighbours come from obliq's one exact search (:class:`obliq.search.exact.ExactIndex`: faiss inner
+products over unit float32 vectors, so similarity is the cosine). Only the topology is kept — which
+documents are each document's k nearest — never the teacher's scores (§3.2, "Why graph and not scores").
 
 Faults this module is built against (reported for faiss kNN graphs):
 
@@ -25,8 +25,8 @@ from pathlib import Path
 
 import numpy as np
 
-from obliq.eval.index import DenseIndex, unit_float32
 from obliq.files import read_text, write_json
+from obliq.search.exact import ExactIndex, unit_float32
 
 
 @dataclass
@@ -131,11 +131,11 @@ def knn_graph(
         k: neighbours per document (the paper and the model card: 3); capped at n − 1.
         groups: optional n group labels (e.g. the source book of each passage); a neighbour must
             then come from another group than its anchor, which keeps same-book pairs out.
-        use_gpu: passed to :class:`obliq.eval.index.DenseIndex`.
+        use_gpu: passed to :class:`obliq.search.exact.ExactIndex`.
 
     Returns:
         The graph; document i's neighbours are ordered by cosine descending, ties by id descending
-        (trec_eval's order, decided before the cut: :mod:`obliq.eval.index`).
+        (trec_eval's order, decided before the cut: :mod:`obliq.search.exact`).
 
     Raises:
         ValueError: ``k < 1``, lengths that disagree, a duplicate id (named), or bad vectors.
@@ -159,7 +159,7 @@ def knn_graph(
     # Fetch enough candidates that k remain after removing the anchor (and its own group).
     extra = 1 if groups is None else max(Counter(groups).values())
     want = min(k + extra, n)
-    _, idx = DenseIndex(x, use_gpu=use_gpu, ids=ids).search(x, want)  # ties by id, before the cut
+    _, idx = ExactIndex(x, use_gpu=use_gpu, ids=ids).search(x, want)  # ties by id, before the cut
     neighbours: list[list[int]] = []
     for i in range(n):
         row = []
@@ -181,7 +181,7 @@ def teacher_graph(
 
     Args:
         teacher: anything with ``encode(texts) -> (n, d)`` and ``describe()``
-            (:mod:`obliq.eval.teachers`).
+            (:mod:`obliq.search.teachers`).
         ids, texts: the corpus, in the same order.
         k, groups: see :func:`knn_graph`.
 

@@ -90,7 +90,7 @@ def knn_pairs(
         both_directions: keep a–b and b–a as two rows.
         negatives: mined negatives per row (0: none; the paper uses in-batch negatives only).
         negative_source: ``random`` (uniform) or ``bm25`` (top BM25 hits of the anchor text,
-            :class:`obliq.eval.bm25.BM25`). Never the anchor, the positive, one of the anchor's graph
+            :class:`obliq.search.bm25.BM25`). Never the anchor, the positive, one of the anchor's graph
             neighbours, or a text equal to the anchor's or the positive's.
         instruction: optional ``instruction`` field of every row.
         teacher: the teacher's name, written in each row's ``meta``.
@@ -128,7 +128,7 @@ def knn_pairs(
     if negatives:
         bm25 = None
         if negative_source == "bm25":
-            from obliq.eval.bm25 import BM25
+            from obliq.search.bm25 import BM25
 
             bm25 = BM25(texts, ids=graph.ids)
         elif negative_source != "random":

@@ -26,9 +26,10 @@ from pathlib import Path
 
 import numpy as np
 
-from obliq.eval.encoders import Encoder, fingerprint, load_encoder
-from obliq.eval.index import unit_float32
-from obliq.eval.retrieval import RetrievalSettings, encode_texts
+from obliq.search.encoders import Encoder, fingerprint, load_encoder
+from obliq.search.exact import unit_float32
+from obliq.search.retrieval import encode_texts
+from obliq.search.settings import RetrievalSettings
 from obliq.tasks import load_task
 from obliq.tasks.from_mteb import import_mteb
 from obliq.tasks.obliq_bench import OBLIQ_BENCH
@@ -61,7 +62,7 @@ class MtebEncoder(AbsEncoder):
         name: the model's name in mteb's results (default ``obliq/<folder name>``).
 
     Raises:
-        as :func:`obliq.eval.encoders.load_encoder`.
+        as :func:`obliq.search.encoders.load_encoder`.
     """
 
     def __init__(

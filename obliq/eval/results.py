@@ -12,9 +12,9 @@ Per task, under ``<output>/<task name>/``:
 Over all tasks, under ``<output>/``: ``results.md`` (a markdown table) and ``recall_at_k.png`` (the
 Recall@k curve, k = 10…1000, the OBLIQ-IR paper §6.1).
 
-Retrieval itself is :mod:`obliq.eval.retrieval`; metrics follow :mod:`obliq.eval.metrics`
+Retrieval itself is :mod:`obliq.search.retrieval`; metrics follow :mod:`obliq.eval.metrics`
 (trec_eval conventions; queries without relevant documents excluded). A retrieval that was reranked
-(:class:`~obliq.eval.retrieval.Retrieval` with a ``dense_run``) also writes ``run.dense.trec`` and
+(:class:`~obliq.search.retrieval.Retrieval` with a ``dense_run``) also writes ``run.dense.trec`` and
 the dense metrics and cost in the summary's ``rerank`` entry, and ``results.md`` gets a reranking table.
 """
 
@@ -31,10 +31,11 @@ from time import perf_counter
 
 import numpy as np
 
-from obliq.eval.metrics import DEFAULT_MEASURES, RECALL_CURVE_K, check_depth, evaluate_run, parse_measures, write_run
-from obliq.eval.retrieval import Retrieval, Retriever
+from obliq.eval.metrics import DEFAULT_MEASURES, RECALL_CURVE_K, check_depth, evaluate_run, parse_measures
 from obliq.files import json_text, read_text, safe_name, write_json
 from obliq.model.checkpoint import exported_from
+from obliq.search.retrieval import Retrieval, Retriever
+from obliq.search.runs import write_run
 from obliq.tasks import Task
 
 log = logging.getLogger(__name__)

@@ -448,7 +448,7 @@ def compare_files(
     result for is refused by default: a run that misses most queries would look "significantly" worse.
     ``missing`` says what to do instead, and the result names the queries compared and those missing.
     A run is a TREC run file or mteb's saved predictions (``<task>_predictions.json`` or the prediction
-    folder, :func:`obliq.eval.metrics.read_mteb_predictions`): two models evaluated by mteb are
+    folder, :func:`obliq.search.runs.read_mteb_predictions`): two models evaluated by mteb are
     compared per query, which mteb itself does not offer.
 
     Args:
@@ -477,7 +477,8 @@ def compare_files(
             ``resamples`` or ``permutations`` below 1.
     """
     from obliq.errors import check_int
-    from obliq.eval.metrics import check_run, evaluate_run, read_ranking
+    from obliq.eval.metrics import check_run, evaluate_run
+    from obliq.search.runs import read_ranking
     from obliq.tasks import read_qrels
 
     check_int("resamples", resamples, 1)

@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Literal
 
 from obliq.data.rows import parse_row, read_rows
-from obliq.eval.bm25 import BM25_STEMMER, K1, B
 from obliq.files import atomic_write, claim_output, file_sha256, json_text, read_id_table, read_text, write_json
 from obliq.negatives.mine import (
     AttributeVeto,
@@ -29,6 +28,7 @@ from obliq.negatives.mine import (
     filter_negatives,
     mine_negatives,
 )
+from obliq.search.bm25 import BM25_STEMMER, K1, B
 from obliq.shards import Shard, check_cover, check_same_run
 from obliq.tasks import load_task
 

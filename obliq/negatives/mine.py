@@ -35,9 +35,9 @@ than ``k`` negatives and is counted in ``short_rows``. The search depth starts a
 Backends (``search(queries, depth) -> [[(doc index, score), ...], ...]``, best first, and
 ``score(queries, docs)``: the score of one given document per query):
 
-- :class:`Bm25sBackend` (default): obliq's one BM25, :class:`obliq.eval.bm25.BM25` (bm25s, Lucene
+- :class:`Bm25sBackend` (default): obliq's one BM25, :class:`obliq.search.bm25.BM25` (bm25s, Lucene
   scoring, k1 = 0.9, b = 0.4, lowercase ``\\w+`` tokens, Snowball English stemmer);
-- :class:`DenseBackend`: a dense model (an alias, a folder, an adapter: :func:`obliq.eval.encoders.load_encoder`)
+- :class:`DenseBackend`: a dense model (an alias, a folder, an adapter: :func:`obliq.search.encoders.load_encoder`)
   or the stylometric teacher fitted on the corpus; cosine of unit vectors, exact search;
 - :class:`obliq.negatives.pyserini_backend.PyseriniBackend`: a real Lucene index (optional extra; no
   positive-aware filtering).
@@ -55,7 +55,7 @@ from typing import Literal, Protocol
 
 import numpy as np
 
-from obliq.eval.bm25 import BM25, BM25_STEMMER, K1, B
+from obliq.search.bm25 import BM25, BM25_STEMMER, K1, B
 from obliq.text import normalise_text, text_hash
 
 log = logging.getLogger(__name__)
@@ -93,7 +93,7 @@ class SearchBackend(Protocol):
 
 
 class Bm25sBackend:
-    """The default backend: :class:`obliq.eval.bm25.BM25` over the corpus texts.
+    """The default backend: :class:`obliq.search.bm25.BM25` over the corpus texts.
 
     Args:
         texts: the corpus, in index order.
@@ -125,12 +125,12 @@ class Bm25sBackend:
 
 class DenseBackend:
     """Dense (or teacher) mining: the corpus encoded once, queries searched exactly by cosine
-    (:class:`obliq.eval.index.DenseIndex`).
+    (:class:`obliq.search.exact.ExactIndex`).
 
     Args:
         texts: the corpus, in index order.
-        model: an alias (``minilm``), a folder, an adapter or a hub id (:func:`obliq.eval.encoders.load_encoder`),
-            or ``stylometric``: the stylometric teacher fitted on the corpus (:mod:`obliq.eval.teachers`).
+        model: an alias (``minilm``), a folder, an adapter or a hub id (:func:`obliq.search.encoders.load_encoder`),
+            or ``stylometric``: the stylometric teacher fitted on the corpus (:mod:`obliq.search.teachers`).
         batch_size: texts per forward pass.
         query_max_length, passage_max_length: the reading lengths (tokens; the evaluation's defaults).
         trust_remote_code: let a hub model run its own code (only for models you trust).
@@ -148,10 +148,11 @@ class DenseBackend:
         trust_remote_code: bool = False,
         ids: Sequence[str] | None = None,
     ):
-        from obliq.eval.encoders import load_encoder
-        from obliq.eval.index import DenseIndex, unit_float32
-        from obliq.eval.retrieval import RetrievalSettings, encode_texts
-        from obliq.eval.teachers import STYLOMETRIC, TeacherEncoder
+        from obliq.search.encoders import load_encoder
+        from obliq.search.exact import ExactIndex, unit_float32
+        from obliq.search.retrieval import encode_texts
+        from obliq.search.settings import RetrievalSettings
+        from obliq.search.teachers import STYLOMETRIC, TeacherEncoder
 
         defaults = RetrievalSettings()
         self.lengths = {
@@ -167,7 +168,7 @@ class DenseBackend:
             encode_texts(self.encoder, list(t), kind, batch_size, self.lengths[kind]), f"{kind} embeddings"
         )
         self.docs = self._encode(texts, "passage")
-        self.index = DenseIndex(self.docs, ids=ids)
+        self.index = ExactIndex(self.docs, ids=ids)
         self._queries: dict[str, np.ndarray] = {}
         self.name = f"dense({model}, query ≤ {self.lengths['query']} tokens, passage ≤ {self.lengths['passage']})"
 
@@ -224,20 +225,20 @@ class TeacherVeto:
 
     Args:
         texts: the corpus, in index order.
-        teacher: ``stylometric`` (fitted on the corpus) or an encoder name (:func:`obliq.eval.teachers.load_teacher`).
+        teacher: ``stylometric`` (fitted on the corpus) or an encoder name (:func:`obliq.search.teachers.load_teacher`).
         k: neighbours ruled out per positive.
         ids: the documents' ids, which decide which of tied neighbours are ruled out (id descending, as
             every ranking); None: the row number stands for the id.
     """
 
     def __init__(self, texts: Sequence[str], teacher: str = "stylometric", k: int = 10, ids=None):
-        from obliq.eval.index import DenseIndex
-        from obliq.eval.teachers import load_teacher
+        from obliq.search.exact import ExactIndex
+        from obliq.search.teachers import load_teacher
 
         if k < 1:
             raise ValueError(f"k must be >= 1, got {k}")
         vectors = load_teacher(teacher).encode(list(texts))
-        _, self.neighbours = DenseIndex(vectors, ids=ids).search(vectors, min(k + 1, len(texts)))
+        _, self.neighbours = ExactIndex(vectors, ids=ids).search(vectors, min(k + 1, len(texts)))
         self.name = f"teacher({teacher}, k={k})"
 
     def __call__(self, positive: int) -> set[int]:

@@ -1,6 +1,6 @@
 """A real Lucene BM25 index through Pyserini (optional extra ``pyserini``: ``pip install -e '.[pyserini]'``).
 
-The corpus is indexed **pre-tokenized** with obliq's own analyzer (:meth:`obliq.eval.bm25.BM25.tokenize`:
+The corpus is indexed **pre-tokenized** with obliq's own analyzer (:meth:`obliq.search.bm25.BM25.tokenize`:
 lowercase ``\\w+`` tokens, Snowball English stems) and searched with Lucene's ``WhitespaceAnalyzer``,
 so both backends see the very same terms and differ only in the BM25 engine. That makes this backend
 an independent check of the default one (Anserini's ``SimpleIndexer`` + ``LuceneSearcher`` with
@@ -40,9 +40,9 @@ from pathlib import Path
 
 import numpy as np
 
-from obliq.eval.bm25 import BM25, BM25_STEMMER, K1, B
-from obliq.eval.index import ranked, tie_keys
 from obliq.negatives.mine import Hits
+from obliq.search.bm25 import BM25, BM25_STEMMER, K1, B
+from obliq.search.exact import ranked, tie_keys
 
 log = logging.getLogger(__name__)
 
@@ -142,7 +142,7 @@ class PyseriniBackend:
     Args:
         texts: the corpus, in index order (document ``i`` is indexed under the Lucene id ``str(i)``).
         k1, b: BM25 parameters (``LuceneSearcher.set_bm25``).
-        stemmer: the analyzer's stemmer, as for :class:`obliq.eval.bm25.BM25`.
+        stemmer: the analyzer's stemmer, as for :class:`obliq.search.bm25.BM25`.
         index_dir: where to write the Lucene index; default a temporary folder removed by :meth:`close`.
         threads: search threads (``batch_search``).
         ids: the documents' ids: equal scores are ordered by id, descending, before the cut at the

@@ -20,10 +20,11 @@ from pathlib import Path
 from typing import Literal
 
 from obliq.errors import check_int
-from obliq.eval.metrics import evaluate_run, parse_measures, read_run, write_run
+from obliq.eval.metrics import evaluate_run, parse_measures
 from obliq.files import claim_output, safe_name, write_json
 from obliq.rerank.config import RerankConfig, dump_policy, load_policy
 from obliq.rerank.reranker import Reranker, queries_to_rerank
+from obliq.search.runs import read_run, write_run
 from obliq.tasks import find_tasks, load_task
 
 log = logging.getLogger(__name__)

@@ -11,14 +11,14 @@ import logging
 from collections.abc import Sequence
 from dataclasses import replace
 
-from obliq.eval.metrics import Run, top_k
-from obliq.eval.retrieval import Retrieval, Retriever
 from obliq.llm.backends import Backend
 from obliq.rerank.config import METHODS, RerankConfig
 from obliq.rerank.judge import Judge, RerankStats
 from obliq.rerank.listwise import listwise
 from obliq.rerank.prompts import render_candidates
 from obliq.rerank.tourrank import tourrank
+from obliq.search.retrieval import Retrieval, Retriever
+from obliq.search.runs import Run, top_k
 from obliq.tasks import Task
 
 log = logging.getLogger(__name__)
@@ -156,10 +156,10 @@ class Reranker:
         """A retriever whose runs go through this policy's rerankers (``evaluate --rerank``).
 
         Args:
-            retrieve: task → dense :class:`~obliq.eval.retrieval.Retrieval`.
+            retrieve: task → dense :class:`~obliq.search.retrieval.Retrieval`.
 
         Returns:
-            task → :class:`~obliq.eval.retrieval.Retrieval` whose ``run`` is reranked (``dense_run``
+            task → :class:`~obliq.search.retrieval.Retrieval` whose ``run`` is reranked (``dense_run``
             keeps the dense one) for the tasks the policy names with a reranker; ``rerank`` records
             the method, the prompt file and the cost.
         """

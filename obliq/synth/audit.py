@@ -17,7 +17,7 @@ For each (query, source document) pair:
 - **token Jaccard**: ``|Q ∩ D| / |Q ∪ D|`` over the sets of lowercase ``\\w+`` tokens of query and
   source (no stemming, no stop-word removal).
 - **BM25 rank of the source** for the query over the whole task corpus (obliq's one BM25,
-  :class:`obliq.eval.bm25.BM25`): 1 + the number of documents scoring strictly higher; ``None``
+  :class:`obliq.search.bm25.BM25`): 1 + the number of documents scoring strictly higher; ``None``
   when the source shares no term with the query (never retrieved).
 
 A query with several sources (real queries: every relevant document of the qrels) gets the mean of
@@ -33,7 +33,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from obliq.eval.bm25 import BM25
+from obliq.search.bm25 import BM25
 from obliq.text import load_function_words
 
 _TOKEN = re.compile(r"\w+")
@@ -133,7 +133,7 @@ def audit_pairs(
         queries: the query texts.
         sources: for each query, the indices (into ``doc_texts``) of its source documents (at least one).
         doc_texts: the task corpus (the BM25 index's order).
-        bm25: a :class:`obliq.eval.bm25.BM25` over ``doc_texts``.
+        bm25: a :class:`obliq.search.bm25.BM25` over ``doc_texts``.
 
     Returns:
         An :class:`AuditRow` (rates are fractions in [0, 1]).

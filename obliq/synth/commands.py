@@ -20,10 +20,10 @@ from pathlib import Path
 from typing import Literal
 
 from obliq.data.rows import parse_row, read_rows
-from obliq.eval.bm25 import BM25
-from obliq.eval.retrieval import RetrievalSettings
 from obliq.files import atomic_write, claim_output, json_text, read_text, write_json
 from obliq.llm.backends import BackendConfig
+from obliq.search.bm25 import BM25
+from obliq.search.settings import RetrievalSettings
 from obliq.shards import Shard, check_cover, check_same_run
 from obliq.synth.audit import audit_pairs, format_audit
 from obliq.synth.filter import DROP_REASONS, FilterConfig, audit_rows, filter_candidates

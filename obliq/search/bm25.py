@@ -15,7 +15,7 @@ Only documents that share a term with the query are returned (Lucene returns no 
 empty document is never a hit, never a hard negative (C17); an all-empty corpus does not raise.
 
 Equal scores (the same text under two ids) are ordered by document id, descending — trec_eval's
-order — before the cut at ``k`` (:func:`obliq.eval.index.ranked`), so the top ``k`` is the same
+order — before the cut at ``k`` (:func:`obliq.search.exact.ranked`), so the top ``k`` is the same
 whatever depth was asked for (issue 24 §2).
 """
 
@@ -26,7 +26,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from obliq.eval.index import ranked, tie_keys
+from obliq.search.exact import ranked, tie_keys
 
 TOKEN = re.compile(r"\w+")
 K1 = 0.9

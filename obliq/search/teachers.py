@@ -5,7 +5,7 @@ The paper's teacher (§3.2) is a frozen authorship encoder (LUAR, Rivera-Soto et
 neighbour structure separates authors from topics; only the topology of its kNN graph is used.
 Two kinds are provided:
 
-- :class:`EncoderTeacher`: any model that :func:`obliq.eval.encoders.load_encoder` loads (a
+- :class:`EncoderTeacher`: any model that :func:`obliq.search.encoders.load_encoder` loads (a
   sentence-transformers or transformers folder, an alias such as ``minilm``, a hub id when the hub
   is reachable, or an obliq model folder), encoded as passages.
 - :class:`StylometricTeacher`: an offline stylometric space on scikit-learn that needs no weights:
@@ -28,7 +28,7 @@ from typing import Literal, Protocol
 import numpy as np
 
 from obliq.errors import check_int
-from obliq.eval.index import unit_float32
+from obliq.search.exact import unit_float32
 from obliq.text import load_function_words
 
 TEACHER_MAX_LENGTH = 512
@@ -60,12 +60,12 @@ class EncoderTeacher:
 
     Texts are encoded as passages (``kind="passage"``: sentence-transformers' ``encode_document``,
     or obliq's ``passage: `` prefix for an obliq model) and renormalised in float32
-    (:func:`obliq.eval.index.unit_float32`).
+    (:func:`obliq.search.exact.unit_float32`).
 
     Args:
         model: an alias (``minilm``), a local folder, or a hub id (needs the hub or its cache).
         encoder: ``auto`` | ``sentence-transformers`` | ``obliq``, as in
-            :func:`obliq.eval.encoders.load_encoder`.
+            :func:`obliq.search.encoders.load_encoder`.
         max_length: token limit for a text (further capped by the model's own maximum, e.g. 256
             for all-MiniLM-L6-v2).
         batch_size: texts per forward pass.
@@ -84,7 +84,7 @@ class EncoderTeacher:
         batch_size: int = 32,
         trust_remote_code: bool = False,
     ):
-        from obliq.eval.encoders import load_encoder
+        from obliq.search.encoders import load_encoder
 
         self.model, self.encoder_kind, self.max_length = str(model), encoder, max_length
         self.batch_size, self.trust_remote_code = batch_size, trust_remote_code
@@ -305,7 +305,7 @@ class StylometricTeacher:
 
 class TeacherEncoder:
     """A teacher used directly as a retriever: the ``encode(texts, kind, batch_size, max_length)`` that
-    :func:`obliq.eval.retrieval.make_retriever` takes. Queries and passages are encoded alike, and whole
+    :func:`obliq.search.retrieval.make_retriever` takes. Queries and passages are encoded alike, and whole
     (a teacher has no token limit: ``max_length`` does not apply).
 
     Args:

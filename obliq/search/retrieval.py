@@ -4,25 +4,25 @@ Every command that retrieves a task (``evaluate``, ``obliq search``, ``audit``, 
 the quickstart, the dose sweep) describes how with a :class:`RetrievalSettings` and gets its retriever
 from :func:`make_retriever`, which knows three kinds of model:
 
-- ``bm25``: :class:`obliq.eval.bm25.BM25` over the task corpus (Lucene scoring, k1, b, stemmer);
+- ``bm25``: :class:`obliq.search.bm25.BM25` over the task corpus (Lucene scoring, k1, b, stemmer);
 - a TREC run file (``*.trec``, e.g. written on a GPU machine): read as it is;
 - anything else is a dense encoder: an alias, a folder, an adapter, a hub id
-  (:func:`obliq.eval.encoders.load_encoder`), or an encoder object already in memory (the module
+  (:func:`obliq.search.encoders.load_encoder`), or an encoder object already in memory (the module
   being trained). Passages and queries are encoded with the settings' own max lengths (passed to
   each ``encode`` call, never written into the encoder).
 
-The corpus embeddings of a named encoder live in a store (:mod:`obliq.eval.store`, the format
+The corpus embeddings of a named encoder live in a store (:mod:`obliq.search.store`, the format
 ``obliq encode`` writes) keyed by the model's files, the encoder kind, the passage length and the
 corpus file's digest (:func:`corpus_fingerprint`, :func:`corpus_store`): a complete store is read,
 memory-mapped, never copied into memory; a missing one is encoded block by block into a one-shard
-store first. Search goes through :mod:`obliq.eval.index`: exact (``index: flat``) or an approximate or
+store first. Search goes through :mod:`obliq.search.exact`: exact (``index: flat``) or an approximate or
 quantized faiss index saved beside the embeddings; an approximate search also runs exact search on
 the same queries and reports its recall@k against it (:attr:`Retrieval.index`). ``dim`` evaluates the
 first ``dim`` components of every vector, re-normalised (Matryoshka).
 
 **Ties.** Every ranking made here (dense, BM25, candidate sets) is in trec_eval's order — score
 descending, then document id descending — decided before the cut at ``top_k``
-(:func:`obliq.eval.index.ranked` with the task's :func:`~obliq.eval.index.tie_keys`), so a metric at
+(:func:`obliq.search.exact.ranked` with the task's :func:`~obliq.search.exact.tie_keys`), so a metric at
 depth k is the same whatever ``top_k`` was (issue 24 §2); a run file's lines are ordered so by the
 metrics.
 
@@ -37,7 +37,7 @@ candidates still count in its ideal DCG and recall denominators, as in mteb (:mo
 
 **Task prompts.** An encoder whose ``encode`` takes a ``task`` keyword gets the task being retrieved:
 it may read the task's instruction (:class:`obliq.model.BiEncoder` trained with instructions) or a
-per-task prompt (:class:`obliq.eval.encoders.SentenceTransformerEncoder`: ``<prompt_name>-query``, as
+per-task prompt (:class:`obliq.search.encoders.SentenceTransformerEncoder`: ``<prompt_name>-query``, as
 mteb looks it up).
 
 Latency (the paper §6.4) is measured per query, one query at a time after one warm-up query, on the
@@ -63,119 +63,18 @@ from time import perf_counter
 import numpy as np
 
 from obliq.distributed import world
-from obliq.eval.bm25 import BM25, BM25_STEMMER, K1, B
-from obliq.eval.encoders import Encoder, EncoderKind, fingerprint, load_encoder
-from obliq.eval.index import (
-    Corpus,
-    IndexSpec,
-    VectorIndex,
-    exact_search,
-    factory_string,
-    ranked,
-    recall_vs_exact,
-    set_threads,
-    tie_keys,
-    unit_float32,
-)
-from obliq.eval.metrics import Run, read_run, run_from_search
-from obliq.eval.store import STORE_FILE, IncompleteStore, clear_store, open_store, store_folder, write_shard
-from obliq.files import cache_dir
-from obliq.model.encoder import PASSAGE_MAX_LENGTH, QUERY_MAX_LENGTH
+from obliq.search.bm25 import BM25
+from obliq.search.candidates import best_candidates, candidate_rows, candidate_scores
+from obliq.search.encoders import Encoder, fingerprint, load_encoder
+from obliq.search.exact import Corpus, ExactIndex, set_threads, tie_keys, unit_float32
+from obliq.search.faiss_index import VectorIndex, factory_string, recall_vs_exact
+from obliq.search.runs import Run, read_run, run_from_search
+from obliq.search.settings import RetrievalSettings
+from obliq.search.store import STORE_FILE, IncompleteStore, clear_store, open_store, store_folder, write_shard
 from obliq.shards import Shard
 from obliq.tasks import Task
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class RetrievalSettings:
-    """How a model retrieves a task: the settings every evaluating command shares (frozen: one object
-    can be shared by every caller, and a default argument never changes; derive another with
-    ``dataclasses.replace``).
-
-    Attributes:
-        encoder: ``auto`` (from the model's files), ``obliq`` (BiEncoder: its prefixes, mean pooling)
-            or ``sentence-transformers`` (the model's own pooling and prompts).
-        top_k: documents retrieved per query (Recall@1000 needs 1000).
-        batch_size: texts per forward pass.
-        query_max_length: query truncation in tokens (the OBLIQ-IR paper §4: 256).
-        passage_max_length: passage truncation in tokens (the model card: 1024); either length is cut
-            to what the model can read.
-        cache: keep corpus embeddings on disk (a store, :mod:`obliq.eval.store`), keyed by the model's
-            files and the corpus; the store ``obliq encode`` wrote is read from here.
-        cache_dir: where; default ``$OBLIQ_CACHE/embeddings`` (``~/.cache/obliq/embeddings``).
-        index: how the corpus is searched (:class:`obliq.eval.index.IndexSpec`): ``flat`` (exact),
-            ``hnsw``, ``hnsw-int8``, ``ivf-flat``, ``ivf-pq``, ``int8`` (8-bit scalar quantization),
-            ``binary`` (sign bits, Hamming), or a faiss factory string (``HNSW32,Flat``, ``IVF4096,PQ96``,
-            ``SQ8``; ``BHNSW32`` over sign bits). An index is saved beside the cached embeddings and reused.
-        nprobe: inverted lists visited per query (IVF indexes).
-        ef_search: HNSW candidate list while searching (at least top_k is used).
-        ef_construction: HNSW candidate list while building.
-        rescore: 0, or rescore the top ``rescore × top_k`` candidates of an approximate or quantized
-            index with the float32 embeddings (sentence-transformers' ``rescore_multiplier``).
-        train_size: embeddings sampled (seeded) to train IVF centroids, PQ codebooks and int8 ranges.
-        dim: evaluate the first ``dim`` components of each embedding, re-normalised (Matryoshka);
-            null: all of them.
-        threads: faiss's CPU threads (null: faiss's default, ``OMP_NUM_THREADS``).
-        bm25_k1: BM25 term-frequency saturation (Anserini's default 0.9).
-        bm25_b: BM25 length normalisation (Anserini's default 0.4).
-        bm25_stemmer: PyStemmer language for BM25, or null for unstemmed tokens.
-        trust_remote_code: let the model run its own code (only for models you trust).
-    """
-
-    encoder: EncoderKind = "auto"
-    top_k: int = 1000
-    batch_size: int = 32
-    query_max_length: int = QUERY_MAX_LENGTH
-    passage_max_length: int = PASSAGE_MAX_LENGTH
-    cache: bool = True
-    cache_dir: Path | None = None
-    index: str = IndexSpec.index  # the index settings' defaults are IndexSpec's
-    nprobe: int = IndexSpec.nprobe
-    ef_search: int = IndexSpec.ef_search
-    ef_construction: int = IndexSpec.ef_construction
-    rescore: int = IndexSpec.rescore
-    train_size: int = IndexSpec.train_size
-    dim: int | None = None
-    threads: int | None = None
-    bm25_k1: float = K1
-    bm25_b: float = B
-    bm25_stemmer: str | None = BM25_STEMMER
-    trust_remote_code: bool = False
-
-    def __post_init__(self) -> None:
-        for key in ("top_k", "batch_size", "query_max_length", "passage_max_length"):
-            value = getattr(self, key)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"retrieval.{key}: must be an integer >= 1, got {value!r}")
-        for key, high in (("bm25_k1", 1e6), ("bm25_b", 1.0)):  # Robertson's k1 >= 0, b in [0, 1]
-            value = getattr(self, key)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= high:
-                raise ValueError(f"retrieval.{key}: must be a number in [0, {high:g}], got {value!r}")
-        for key in ("dim", "threads"):
-            value = getattr(self, key)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                raise ValueError(f"retrieval.{key}: must be an integer >= 1 or null, got {value!r}")
-        self.index_spec()  # its own checks
-
-    def index_spec(self) -> IndexSpec:
-        """The search part of these settings.
-
-        Raises:
-            ValueError: a bad index setting (named ``retrieval.<key>``).
-        """
-        return IndexSpec(
-            index=self.index,
-            nprobe=self.nprobe,
-            ef_search=self.ef_search,
-            ef_construction=self.ef_construction,
-            rescore=self.rescore,
-            train_size=self.train_size,
-        )
-
-    def store_root(self) -> Path:
-        """Where corpus stores live: ``cache_dir``, or ``$OBLIQ_CACHE/embeddings``."""
-        return Path(self.cache_dir) if self.cache_dir is not None else cache_dir() / "embeddings"
 
 
 @dataclass
@@ -200,7 +99,7 @@ class Retrieval:
     rerank: dict = field(default_factory=dict)
     """What reranking did (method, depth, backend, cost); empty without a policy."""
     index: dict = field(default_factory=dict)
-    """How a dense corpus was searched (:meth:`obliq.eval.index.VectorIndex.describe`: the index, its
+    """How a dense corpus was searched (:meth:`obliq.search.faiss_index.VectorIndex.describe`: the index, its
     parameters, the dimension) and, for an approximate search, ``recall_vs_exact``: its Recall@k
     against exact search on the same queries, with ``n_queries``; empty for BM25 and run files."""
 
@@ -228,7 +127,7 @@ def _latency(texts: Sequence[str], encode_one: Callable, search_one: Callable) -
 def corpus_fingerprint(model: str, settings: RetrievalSettings, task: Task) -> dict:
     """How a named model's corpus embeddings of a task are made: what a store records and is found by.
 
-    The model's files (:func:`obliq.eval.encoders.fingerprint`: path, sizes, mtimes), the encoder kind,
+    The model's files (:func:`obliq.search.encoders.fingerprint`: path, sizes, mtimes), the encoder kind,
     the passage max length, the corpus file's SHA-256 and size, and the task's ``prompt_name`` when it
     has one (a per-task document prompt changes the vectors). ``dim`` and the index settings are not
     part of it: one store serves every truncation and index.
@@ -244,7 +143,7 @@ def corpus_fingerprint(model: str, settings: RetrievalSettings, task: Task) -> d
 
 
 def corpus_store(model: str, settings: RetrievalSettings, task: Task) -> Path:
-    """The store of a named model's embeddings of a task's corpus (:func:`obliq.eval.store.store_folder`
+    """The store of a named model's embeddings of a task's corpus (:func:`obliq.search.store.store_folder`
     under :meth:`RetrievalSettings.store_root`): where ``obliq encode`` writes and ``evaluate`` reads."""
     return store_folder(settings.store_root(), task.name, corpus_fingerprint(model, settings, task))
 
@@ -264,7 +163,7 @@ def encode_shard(
     overwrite: bool = False,
 ) -> dict:
     """Encode one shard of a task's corpus (documents ``shard.index``, ``+ shard.count``, …) into a store,
-    ``block_size`` passages at a time, in this process (:func:`obliq.eval.store.write_shard`).
+    ``block_size`` passages at a time, in this process (:func:`obliq.search.store.write_shard`).
 
     Returns:
         The shard's record.
@@ -359,59 +258,6 @@ def encode_texts(
     out = torch.empty(len(texts), local.shape[1])
     for r, part in enumerate(parts):
         out[r::size] = part[: len(range(r, len(texts), size))].cpu()
-    return out
-
-
-def candidate_rows(task: Task) -> list[np.ndarray] | None:
-    """Each query's candidate set as row indices into ``task.doc_ids`` (in ``task.query_ids`` order; a
-    query without candidates gets none), or None when the task ranks over the whole corpus."""
-    if task.candidates is None:
-        return None
-    row = {d: i for i, d in enumerate(task.doc_ids)}
-    return [np.array([row[d] for d in task.candidates.get(q, ())], dtype=np.int64) for q in task.query_ids]
-
-
-def best_candidates(scores: np.ndarray, rows: np.ndarray, k: int, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The ``k`` best of one query's scored candidates, in trec_eval's order
-    (:func:`obliq.eval.index.ranked`), cut after the order is decided.
-
-    Args:
-        scores: (n,) scores of the candidates.
-        rows: (n,) their row indices into the task's documents.
-        k: how many to keep.
-        keys: :func:`obliq.eval.index.tie_keys` of the task's document ids: equal scores are ordered by
-            document id, descending, so which tied candidates pass the cut never depends on file order.
-
-    Returns:
-        ``(scores, rows)`` of at most ``k`` candidates.
-    """
-    scores, rows = ranked(scores, rows, keys)
-    return scores[:k], rows[:k]
-
-
-def candidate_scores(queries: np.ndarray, docs: np.ndarray, rows: Sequence[np.ndarray]) -> list[np.ndarray]:
-    """Exact inner products of each query with its candidates.
-
-    Args:
-        queries: (n_queries, d) float32 unit vectors; docs: (n_docs, d) float32 unit vectors.
-        rows: per query, its candidates' row indices into ``docs``.
-
-    Returns:
-        Per query, (len(rows[i]),) float32 scores. Blocks of queries whose candidates are most of the
-        corpus (OBLIQ-Bench: all but 1–3 documents) take one matrix product against the corpus and
-        pick their candidates from it (at d = 3072, 10k documents: ~0.6 ms a query against ~37 ms
-        for gathering each query's candidate rows); sparse candidate sets gather their rows alone.
-    """
-    n = len(docs)
-    step = max(1, (1 << 24) // max(n, 1))  # a block's score matrix stays under 64 MB
-    out: list[np.ndarray] = []
-    for start in range(0, len(rows), step):
-        block = rows[start : start + step]
-        if sum(len(r) for r in block) * 8 >= len(block) * n:
-            full = queries[start : start + len(block)] @ docs.T
-            out += [full[j, r] for j, r in enumerate(block)]
-        else:
-            out += [docs[r] @ queries[start + j] for j, r in enumerate(block)]
     return out
 
 
@@ -545,7 +391,7 @@ def retrieve_dense(
         searched = index.describe()
         if not spec.exact:  # the reference: exact search on the same queries
             t = perf_counter()
-            _, exact = exact_search(queries, corpus, settings.top_k)
+            _, exact = ExactIndex(corpus, use_gpu=False).search(queries, settings.top_k)
             timing["exact_search"] = perf_counter() - t
             ks = sorted({k for k in (10, 100) if k <= exact.shape[1]} | {exact.shape[1]})
             searched["recall_vs_exact"] = {**recall_vs_exact(indices, exact, ks), "n_queries": len(exact)}
@@ -569,7 +415,7 @@ def retrieve_dense(
 
 
 def retrieve_bm25(task: Task, settings: RetrievalSettings, latency_queries: int = 0) -> Retrieval:
-    """BM25 retrieval of a task (see :mod:`obliq.eval.bm25` for the scoring and text analysis); a task
+    """BM25 retrieval of a task (see :mod:`obliq.search.bm25` for the scoring and text analysis); a task
     with candidate sets is ranked over each query's candidates (those sharing a term with it).
 
     Timings: ``encode_corpus`` = tokenizing and indexing, ``encode_queries`` = tokenizing queries.
@@ -669,7 +515,7 @@ def make_retriever(
         task → :class:`Retrieval`. A named encoder is loaded now, once, for every task.
 
     Raises:
-        FileNotFoundError / OSError / ValueError: from :func:`obliq.eval.encoders.load_encoder`.
+        FileNotFoundError / OSError / ValueError: from :func:`obliq.search.encoders.load_encoder`.
     """
     settings = settings or RetrievalSettings()
     if isinstance(model, str) and model.lower() == "bm25":

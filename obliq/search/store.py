@@ -32,8 +32,8 @@ from pathlib import Path
 
 import numpy as np
 
-from obliq.eval.index import Corpus, npy_header, unit_float32
 from obliq.files import json_text, read_text, safe_name, write_json, write_text
+from obliq.search.exact import Corpus, npy_header, unit_float32
 from obliq.shards import Shard, check_cover
 
 log = logging.getLogger(__name__)
@@ -281,14 +281,14 @@ def store_status(folder: str | os.PathLike, fingerprint: dict) -> tuple[int, dic
 
 
 def open_store(folder: str | os.PathLike, fingerprint: dict, doc_ids: Sequence[str], dim: int | None = None) -> Corpus:
-    """A complete store as a :class:`~obliq.eval.index.Corpus` over ``doc_ids`` (row ``r`` = ``doc_ids[r]``),
+    """A complete store as a :class:`~obliq.search.exact.Corpus` over ``doc_ids`` (row ``r`` = ``doc_ids[r]``),
     its shards memory-mapped, nothing read into memory but the ids.
 
     Args:
         folder: the store.
         fingerprint: what the store must have been made with.
         doc_ids: the corpus's document ids, in the task's order.
-        dim: Matryoshka truncation (:class:`~obliq.eval.index.Corpus`).
+        dim: Matryoshka truncation (:class:`~obliq.search.exact.Corpus`).
 
     Raises:
         FileNotFoundError: no store there.

@@ -1,7 +1,7 @@
 """``obliq encode`` and ``obliq search``: a corpus's embeddings and their search as stages (Tevatron's
 ``encode`` / ``search`` drivers).
 
-``obliq encode`` writes each task's corpus embeddings into its store (:mod:`obliq.eval.store`, under
+``obliq encode`` writes each task's corpus embeddings into its store (:mod:`obliq.search.store`, under
 ``--retrieval.cache_dir``, where ``evaluate`` and ``obliq search`` look for them), one shard per
 process: ``--shard.index i --shard.count n``, or a SLURM array's task, or a torchrun rank. A shard
 already written is skipped, so a rerun after a killed process encodes only the shards it lacks::
@@ -26,18 +26,12 @@ import os
 from pathlib import Path
 from time import perf_counter
 
-from obliq.eval.encoders import load_encoder
-from obliq.eval.metrics import write_run
-from obliq.eval.retrieval import (
-    ENCODE_BLOCK,
-    RetrievalSettings,
-    check_index,
-    corpus_fingerprint,
-    encode_shard,
-    make_retriever,
-)
-from obliq.eval.store import shard_done, store_folder, store_status
 from obliq.files import claim_output, safe_name, write_json
+from obliq.search.encoders import load_encoder
+from obliq.search.retrieval import ENCODE_BLOCK, check_index, corpus_fingerprint, encode_shard, make_retriever
+from obliq.search.runs import write_run
+from obliq.search.settings import RetrievalSettings
+from obliq.search.store import shard_done, store_folder, store_status
 from obliq.shards import Shard
 from obliq.tasks import find_tasks, load_task
 
@@ -145,7 +139,7 @@ def search(
         tasks: task folders, or folders of task folders.
         output: folder for the runs.
         retrieval: top_k, the query length, ``dim``, the index (``--retrieval.index hnsw``…) and its
-            parameters, the stores' ``cache_dir`` (:class:`~obliq.eval.retrieval.RetrievalSettings`).
+            parameters, the stores' ``cache_dir`` (:class:`~obliq.search.settings.RetrievalSettings`).
         latency_queries: queries timed one at a time (0: none).
         overwrite: write into an ``output`` that already holds runs.
 

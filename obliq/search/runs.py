@@ -1,0 +1,175 @@
+"""TREC run files and other rankings: the run a search makes, read and written (docs/formats.md).
+
+A run is query id → document id → score. A TREC run file holds ``qid Q0 docid rank score tag`` lines,
+ranked as trec_eval ranks them: score descending, then document id descending (the rank column is
+ignored on reading, as trec_eval ignores it). A document listed twice for a query keeps its first
+occurrence in ranking order (its highest score; C08). mteb's saved predictions read as a run too
+(:func:`read_mteb_predictions`); :func:`read_ranking` reads either.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from obliq.files import open_text
+from obliq.tasks import check_id
+
+log = logging.getLogger(__name__)
+
+Run = dict[str, dict[str, float]]
+"""query id → document id → score (higher is better)."""
+
+
+def run_from_search(query_ids: Sequence[str], doc_ids: Sequence[str], scores: np.ndarray, indices: np.ndarray) -> Run:
+    """Turn search output (rows aligned with ``query_ids``; ``indices`` into ``doc_ids``) into a run.
+
+    ``scores`` and ``indices`` may be (n_queries, k) arrays or lists of 1-D arrays of any length.
+    """
+    return {
+        q: {doc_ids[int(i)]: float(s) for s, i in zip(row_s, row_i)}
+        for q, row_s, row_i in zip(query_ids, scores, indices)
+    }
+
+
+def read_run(path: str | Path) -> Run:
+    """Read a TREC run file (``qid Q0 docid rank score tag``, whitespace separated).
+
+    A document listed twice for a query keeps its first occurrence in ranking order, i.e. its
+    highest score (C08); the number of duplicates is logged.
+
+    Raises:
+        FileNotFoundError: no such file.
+        ValueError: a line without 6 columns or with a score that is not a number (file and line named).
+    """
+    path = Path(path)
+    run: Run = {}
+    duplicates = 0
+    with open_text(path) as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            cols = line.split()
+            if len(cols) != 6:
+                raise ValueError(f"{path}:{lineno}: expected 6 columns (qid Q0 docid rank score tag), got {len(cols)}")
+            qid, _, did, _, score, _ = cols
+            try:
+                s = float(score)
+            except ValueError:
+                raise ValueError(f"{path}:{lineno}: field 'score' must be a number, got {score!r}") from None
+            if math.isnan(s):
+                raise ValueError(f"{path}:{lineno}: field 'score' is NaN")
+            docs = run.setdefault(qid, {})
+            if did in docs:
+                duplicates += 1
+                docs[did] = max(docs[did], s)
+            else:
+                docs[did] = s
+    if duplicates:
+        log.warning("%s: %d repeated (query, doc) lines; each document keeps its best-ranked line", path, duplicates)
+    return run
+
+
+def read_mteb_predictions(
+    path: str | Path, task: str | None = None, subset: str | None = None, split: str | None = None
+) -> Run:
+    """Read mteb's saved predictions as a run.
+
+    ``mteb.evaluate(model, tasks, prediction_folder=F)`` (or ``mteb run … --prediction-folder F``)
+    writes ``F/<task>_predictions.json``: ``{"mteb_model_meta": {...}, "<subset>": {"<split>": {query
+    id: {doc id: score}}}}``, each query's top 1000 (candidates, for a candidate-set task).
+
+    Args:
+        path: the predictions file, or the prediction folder.
+        task: in a folder holding several tasks' files, the task (``<task>_predictions.json``).
+        subset / split: which of the file's subsets and splits (default: the only one).
+
+    Raises:
+        FileNotFoundError: no such file, or a folder without the task's file.
+        ValueError: not JSON of that layout; several tasks, subsets or splits and none chosen; a score
+            that is not a finite number (the file and the query named).
+    """
+    path = Path(path)
+    if path.is_dir():
+        files = sorted(path.glob("*_predictions.json"))
+        if task is not None:
+            files = [f for f in files if f.name == f"{task}_predictions.json"]
+        if len(files) != 1:
+            names = [f.name.removesuffix("_predictions.json") for f in sorted(path.glob("*_predictions.json"))]
+            if not names or task is not None:
+                raise FileNotFoundError(f"{path}: no {task or '<task>'}_predictions.json (mteb's prediction folder)")
+            raise ValueError(f"{path}: predictions of several tasks {names}: name one with --task")
+        path = files[0]
+    if not path.is_file():
+        raise FileNotFoundError(f"mteb predictions not found: {path}")
+    try:
+        data = json.loads(open_text(path).read())
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path}: not valid JSON ({err})") from None
+    if not isinstance(data, dict):
+        raise ValueError(
+            f"{path}: expected mteb's predictions object ({{subset: {{split: {{query: {{doc: score}}}}}}}})"
+        )
+
+    def pick(what, given, options, where):
+        if given is None and len(options) == 1:
+            return options[0]
+        if given in options:
+            return given
+        raise ValueError(f"{path}: {where} holds the {what}s {options}: choose one with --{what} (got {given!r})")
+
+    subsets = [k for k, v in data.items() if k != "mteb_model_meta" and isinstance(v, dict)]
+    sub = pick("subset", subset, subsets, "the file")
+    splits = [k for k, v in data[sub].items() if isinstance(v, dict)]
+    chosen = data[sub][pick("split", split, splits, f"subset {sub!r}")]
+    run: Run = {}
+    for qid, docs in chosen.items():
+        if not isinstance(docs, dict):
+            raise ValueError(f"{path}: query {qid!r}: expected {{doc id: score}}, got {type(docs).__name__}")
+        for did, score in docs.items():
+            if isinstance(score, bool) or not isinstance(score, (int, float)) or not math.isfinite(score):
+                raise ValueError(f"{path}: query {qid!r}, document {did!r}: score {score!r} is not a finite number")
+        run[str(qid)] = {str(d): float(v) for d, v in docs.items()}
+    return run
+
+
+def read_ranking(path: str | Path, task: str | None = None, subset: str | None = None, split: str | None = None) -> Run:
+    """A run from a TREC run file (:func:`read_run`) or from mteb's saved predictions (a
+    ``*_predictions.json`` file or a prediction folder: :func:`read_mteb_predictions`)."""
+    path = Path(path)
+    if path.is_dir() or path.name.endswith(".json"):
+        return read_mteb_predictions(path, task, subset, split)
+    return read_run(path)
+
+
+def top_k(docs: dict[str, float], k: int) -> list[str]:
+    """The ``k`` best document ids of one query's run, in trec_eval's order (score descending, then
+    document id descending); ``k`` at least the run's length gives the whole ranking."""
+    return [d for d, _ in sorted(docs.items(), key=lambda x: (x[1], x[0]), reverse=True)[:k]]
+
+
+def write_run(path: str | Path, run: Run, tag: str = "obliq") -> None:
+    """Write a run in TREC format, ranked as trec_eval ranks it (score desc, then doc id desc).
+
+    Scores are written with ``repr`` so that reading the file back gives the same floats, hence
+    the same ranking and metrics (:func:`read_run`).
+
+    Raises:
+        ValueError: a query or document id that a TREC run cannot hold (empty, or with whitespace, C25).
+    """
+    tag = "_".join(str(tag).split()) or "obliq"
+    for qid, docs in run.items():
+        for value in (qid, *docs):
+            check_id(value, f"{path}: query {qid!r}")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", encoding="utf-8") as f:
+        for qid, docs in run.items():
+            for rank, did in enumerate(top_k(docs, len(docs)), 1):
+                score = docs[did]
+                f.write(f"{qid} Q0 {did} {rank} {float(score)!r} {tag}\n")
