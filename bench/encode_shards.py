@@ -90,23 +90,19 @@ def _settings(cache: Path, args):
     return RetrievalSettings(cache_dir=cache, passage_max_length=args.length, batch_size=args.batch_size)
 
 
-def store_of(task: Path, cache: Path, args) -> Path:
-    """The store ``obliq encode`` writes for these settings (:func:`obliq.search.retrieval.corpus_store`)."""
-    from obliq.search.retrieval import corpus_store
+def store_of(task: Path, cache: Path, args):
+    """The store ``obliq encode`` writes for these settings (:meth:`obliq.search.store.Store.of`)."""
+    from obliq.search.store import Store
     from obliq.tasks import load_task
 
-    return corpus_store(args.model, _settings(cache, args), load_task(task))
+    return Store.of(args.model, _settings(cache, args), load_task(task))
 
 
 def vectors(task: Path, cache: Path, args):
     """The store's vectors in the task's document order (read whole: a benchmark-sized corpus)."""
-    from obliq.search.retrieval import corpus_fingerprint
-    from obliq.search.store import read_store_vectors
     from obliq.tasks import load_task
 
-    loaded = load_task(task)
-    made = corpus_fingerprint(args.model, _settings(cache, args), loaded)
-    return read_store_vectors(store_of(task, cache, args), made, loaded.doc_ids)
+    return store_of(task, cache, args).read_vectors(load_task(task).doc_ids)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -164,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
 
     cache = out / "killed"
     encode(command(task, cache, args, "--shard.index", "0", "--shard.count", "2"))
-    store = store_of(task, cache, args)
+    store = store_of(task, cache, args).folder
     before = (store / "shard-0-of-2.npy").stat()
     victim = subprocess.Popen(
         command(task, cache, args, "--shard.index", "1", "--shard.count", "2", "--block_size", str(args.block_size)),

@@ -207,20 +207,18 @@ def settings(work: Path, **kw):
 
 def prepare(work: Path, dim: int, n: int, n_queries: int, real: tuple[np.ndarray, np.ndarray]) -> dict:
     """The synthetic task, its model, the store of its corpus vectors and the query vectors for ``dim``."""
-    from obliq.search.retrieval import corpus_fingerprint, corpus_store
-    from obliq.search.store import shard_done, write_shard
+    from obliq.search.store import Store
     from obliq.shards import Shard
     from obliq.tasks import load_task
 
     task_dir = synthetic_task(work / f"task-{dim}", n, n_queries)
     model = random_model(work / f"model-{dim}", dim)
     task = load_task(task_dir)
-    fp = corpus_fingerprint(str(model), settings(work), task)
-    store = corpus_store(str(model), settings(work), task)
+    store = Store.of(str(model), settings(work), task)
     docs, queries = real
     n_real = min(len(docs), n)
     queries_file = work / f"queries-{dim}.npy"
-    if shard_done(store, fp, Shard(0, 1)) is None or not queries_file.is_file():
+    if store.done(Shard(0, 1)) is None or not queries_file.is_file():
         sim = Simulation(docs, dim)
         t0 = time.perf_counter()
 
@@ -229,13 +227,14 @@ def prepare(work: Path, dim: int, n: int, n_queries: int, real: tuple[np.ndarray
             for start in range(n_real, n, 16384):
                 yield sim.draw(min(16384, n - start))
 
-        write_shard(store, fp, Shard(0, 1), task.doc_ids, blocks(), overwrite=True)
+        store.write(Shard(0, 1), task.doc_ids, blocks(), overwrite=True)
         order = np.random.default_rng(0).permutation(len(queries))[:n_queries]
         np.save(queries_file, sim.lifted(queries[order]))
         print(
-            f"dim {dim}: wrote {n} vectors ({n_real} real) in {time.perf_counter() - t0:.0f} s to {store}", flush=True
+            f"dim {dim}: wrote {n} vectors ({n_real} real) in {time.perf_counter() - t0:.0f} s to {store.folder}",
+            flush=True,
         )
-    return {"task": str(task_dir), "model": str(model), "store": str(store), "queries": str(queries_file),
+    return {"task": str(task_dir), "model": str(model), "store": str(store.folder), "queries": str(queries_file),
             "n_real": n_real}  # fmt: skip
 
 
@@ -246,8 +245,7 @@ def one(args) -> None:
     """One configuration in this process: build or load, search, recall against the exact reference."""
     from obliq.search.exact import ExactIndex, set_threads
     from obliq.search.faiss_index import VectorIndex, recall_vs_exact
-    from obliq.search.retrieval import corpus_fingerprint
-    from obliq.search.store import open_store
+    from obliq.search.store import Store
     from obliq.tasks import load_task
 
     set_threads(args.threads)
@@ -256,7 +254,8 @@ def one(args) -> None:
     name, params = parse_config(args.config)
     spec = settings(work, index=name, top_k=args.k, **params).index_spec()
     rss0 = rss_mb()
-    corpus = open_store(args.store, corpus_fingerprint(args.model, settings(work), task), task.doc_ids)
+    store = Store.of(args.model, settings(work), task)
+    corpus = Store(args.store, store.fingerprint).open(task.doc_ids)
     queries = np.load(args.queries)
     t0 = time.perf_counter()
     index = VectorIndex(corpus, spec, folder=Path(args.store))

@@ -26,12 +26,12 @@ import os
 from pathlib import Path
 from time import perf_counter
 
+from obliq.eval.results import write_retrieval
 from obliq.files import claim_output, safe_name, write_json
 from obliq.search.encoders import load_encoder
-from obliq.search.retrieval import ENCODE_BLOCK, check_index, corpus_fingerprint, encode_shard, make_retriever
-from obliq.search.runs import write_run
+from obliq.search.retrieval import ENCODE_BLOCK, check_index, encode_shard, make_retriever
 from obliq.search.settings import RetrievalSettings
-from obliq.search.store import shard_done, store_folder, store_status
+from obliq.search.store import Store
 from obliq.shards import Shard
 from obliq.tasks import find_tasks, load_task
 
@@ -82,23 +82,22 @@ def encode(
     model_file = Path(model) if Path(model).exists() else None
     stores = []
     for task in loaded:  # every store through the one claim, before any encoding: never an input
-        made = corpus_fingerprint(model, retrieval, task)
-        store = store_folder(retrieval.store_root(), task.name, made)
-        stores.append((task, made, store))
+        store = Store.of(model, retrieval, task)
+        stores.append((task, store))
         claim_output(
-            store, what="corpus embeddings", command="encode", inputs=[task.path, model_file], append=True
+            store.folder, what="corpus embeddings", command="encode", inputs=[task.path, model_file], append=True
         )  # a store is resumed shard by shard, never emptied (``overwrite`` re-encodes this shard only)
     encoder = load_encoder(model, retrieval.encoder, retrieval.trust_remote_code)
     report = {}
-    for task, made, store in stores:
+    for task, store in stores:
         t0 = perf_counter()
-        record = None if overwrite else shard_done(store, made, shard)
+        record = None if overwrite else store.done(shard)
         status = "done" if record is not None else "encoded"
         if record is None:
-            record = encode_shard(encoder, task, retrieval, store, made, shard, block_size, overwrite)
-        count, missing = store_status(store, made)
+            record = encode_shard(encoder, task, retrieval, store, shard, block_size, overwrite)
+        count, missing = store.status()
         report[task.name] = {
-            "store": str(store),
+            "store": str(store.folder),
             "status": status,
             "rows": record["rows"],
             "seconds": round(perf_counter() - t0, 3),
@@ -112,7 +111,7 @@ def encode(
             count,
             "already written" if status == "done" else "encoded",
             record["rows"],
-            store,
+            store.folder,
             "the store is complete" if not missing else f"shards still to encode: {sorted(missing)}",
         )
     return {"shard": {"index": shard.index, "count": shard.count}, "tasks": report}
@@ -166,20 +165,7 @@ def search(
     for task in loaded:
         folder = output / safe_name(task.name, "task name")
         done = retrieve(task)
-        write_run(folder / "run.trec", done.run, tag=Path(model).name or model)
-        record = {
-            "task": task.name,
-            "model": model,
-            "n_queries": len(task.query_ids),
-            "n_docs": len(task.doc_ids),
-            "depth": done.depth,
-            "corpus_cache": done.corpus_cache,
-            "index": done.index,
-            "timing_s": {k: round(v, 4) for k, v in done.timing_s.items()},
-            "latency_ms": done.latency_ms,
-            "reads": done.reads,
-        }
-        write_json(folder / "search.json", record)
+        write_json(folder / "search.json", write_retrieval(task, done, folder, model))
         recall = done.index.get("recall_vs_exact")
         log.info("%s: %s%s", task.name, done.index.get("factory"), f", recall vs exact {recall}" if recall else "")
         out[task.name] = {"run": str(folder / "run.trec"), "index": done.index}

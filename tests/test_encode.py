@@ -16,9 +16,9 @@ import pytest
 from test_bench import task_slice
 
 from obliq.cli import main as obliq_main
-from obliq.search.retrieval import corpus_fingerprint, corpus_store, make_retriever
+from obliq.search.retrieval import make_retriever
 from obliq.search.settings import RetrievalSettings
-from obliq.search.store import IncompleteStore, read_store_vectors
+from obliq.search.store import IncompleteStore, Store
 from obliq.tasks import load_task
 
 pytestmark = pytest.mark.slow
@@ -62,11 +62,7 @@ def one_process(tasks_dir, tmp_path_factory):
     task_dir = task_slice(tasks_dir, "writing-news", root / "writing-news", 6, 80)
     _run(_encode_cmd(task_dir, root / "one"))
     task = load_task(task_dir)
-    vectors = read_store_vectors(
-        corpus_store("minilm", _settings(root / "one"), task),
-        corpus_fingerprint("minilm", _settings(root / "one"), task),
-        task.doc_ids,
-    )
+    vectors = Store.of("minilm", _settings(root / "one"), task).read_vectors(task.doc_ids)
     return root, task_dir, task, vectors
 
 
@@ -85,9 +81,9 @@ def test_two_processes_write_the_embeddings_of_one(one_process):
         _, err = p.communicate(timeout=600)
         assert p.returncode == 0, err.decode()[-3000:]
     settings = _settings(root / "two")
-    store = corpus_store("minilm", settings, task)
+    store = Store.of("minilm", settings, task).folder
     assert sorted(f.name for f in store.glob("shard-*.npy")) == ["shard-0-of-2.npy", "shard-1-of-2.npy"]
-    two = read_store_vectors(store, corpus_fingerprint("minilm", settings, task), task.doc_ids)
+    two = Store.of("minilm", settings, task).read_vectors(task.doc_ids)
     assert two.shape == reference.shape == (len(task.doc_ids), 384)
     assert np.abs(two - reference).max() <= 1e-6
 
@@ -96,7 +92,7 @@ def test_a_killed_shard_resumes_without_redoing_the_other(one_process):
     root, task_dir, task, reference = one_process
     cache = root / "killed"
     settings = _settings(cache)
-    store = corpus_store("minilm", settings, task)
+    store = Store.of("minilm", settings, task).folder
     _run(_encode_cmd(task_dir, cache, "--shard.index", "0", "--shard.count", "2"))
     first = (store / "shard-0-of-2.npy").stat()
     victim = subprocess.Popen(
@@ -123,7 +119,7 @@ def test_a_killed_shard_resumes_without_redoing_the_other(one_process):
     again = (store / "shard-0-of-2.npy").stat()
     assert (again.st_ino, again.st_mtime_ns) == (first.st_ino, first.st_mtime_ns)  # shard 0 was not rewritten
     assert not list(store.glob(".shard-*.tmp"))
-    resumed = read_store_vectors(store, corpus_fingerprint("minilm", settings, task), task.doc_ids)
+    resumed = Store.of("minilm", settings, task).read_vectors(task.doc_ids)
     assert np.abs(resumed - reference).max() <= 1e-6
 
 
@@ -167,5 +163,5 @@ def test_evaluate_and_search_read_the_store(one_process, tmp_path):
     assert set(index["recall_vs_exact"]) == {"Recall@10", "Recall@50", "n_queries"}
     assert index["recall_vs_exact"]["n_queries"] == len(task.query_ids) and index["recall_vs_exact"]["Recall@10"] > 0.9
     assert (out / task.name / "run.trec").is_file() and list(
-        corpus_store("minilm", settings, task).glob("index-SQ8-d192-*")
+        Store.of("minilm", settings, task).folder.glob("index-SQ8-d192-*")
     )

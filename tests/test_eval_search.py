@@ -17,7 +17,7 @@ import obliq.search.exact as index_module
 from obliq.search.exact import Corpus, ExactIndex, ranked, truncate
 from obliq.search.faiss_index import IndexSpec, VectorIndex, recall_vs_exact
 from obliq.search.settings import RetrievalSettings
-from obliq.search.store import IncompleteStore, open_store, read_store_vectors, shard_files, store_status, write_shard
+from obliq.search.store import IncompleteStore, Store
 from obliq.shards import Shard
 
 
@@ -233,8 +233,8 @@ def _write(folder, x, ids, count, only=None, block=3):
     for i in range(count) if only is None else only:
         shard = Shard(i, count)
         mine = shard.select(range(len(ids)))
-        write_shard(
-            folder, FP, shard, [ids[p] for p in mine], [x[mine][s : s + block] for s in range(0, len(mine), block)]
+        Store(folder, FP).write(
+            shard, [ids[p] for p in mine], [x[mine][s : s + block] for s in range(0, len(mine), block)]
         )
 
 
@@ -243,14 +243,14 @@ def test_a_store_of_strided_shards_reads_back_in_corpus_order(tmp_path):
     x = _unit(rng.standard_normal((10, 8)))
     ids = [f"d{i}" for i in range(10)]
     _write(tmp_path, x, ids, 3)
-    np.testing.assert_allclose(read_store_vectors(tmp_path, FP, ids), x, atol=1e-7)
+    np.testing.assert_allclose(Store(tmp_path, FP).read_vectors(ids), x, atol=1e-7)
     shuffled = ids[::-1]  # the task's order decides the rows, not the shards'
-    np.testing.assert_allclose(read_store_vectors(tmp_path, FP, shuffled), x[::-1], atol=1e-7)
+    np.testing.assert_allclose(Store(tmp_path, FP).read_vectors(shuffled), x[::-1], atol=1e-7)
     assert json.loads((tmp_path / "shard-1-of-3.json").read_text())["rows"] == 3
     with pytest.raises(ValueError, match="made otherwise"):
-        open_store(tmp_path, {**FP, "model": "other"}, ids)
+        Store(tmp_path, {**FP, "model": "other"}).open(ids)
     with pytest.raises(ValueError, match="cover 10 documents of 11"):
-        open_store(tmp_path, FP, [*ids, "d10"])
+        Store(tmp_path, FP).open([*ids, "d10"])
 
 
 def test_more_shards_than_documents_read_back_and_a_damaged_shard_deletes_nothing(tmp_path, caplog):
@@ -263,7 +263,7 @@ def test_more_shards_than_documents_read_back_and_a_damaged_shard_deletes_nothin
     ids = ["d0", "d1"]
     _write(tmp_path, x, ids, 3)
     assert not list(tmp_path.glob("*.tmp*")) and (tmp_path / "shard-2-of-3.npy").stat().st_size > 0
-    np.testing.assert_allclose(read_store_vectors(tmp_path, FP, ids), x, atol=1e-7)
+    np.testing.assert_allclose(Store(tmp_path, FP).read_vectors(ids), x, atol=1e-7)
 
     class _Task:
         doc_ids = ids
@@ -272,7 +272,7 @@ def test_more_shards_than_documents_read_back_and_a_damaged_shard_deletes_nothin
     damaged.write_bytes(b"\0" * damaged.stat().st_size)  # the same size: only reading it tells
     before = sorted(p.name for p in tmp_path.iterdir())
     with pytest.raises(ValueError, match="a store of 3 shards is unusable"):
-        _stored_corpus(tmp_path, FP, _Task())
+        _stored_corpus(Store(tmp_path, FP), _Task())
     assert sorted(p.name for p in tmp_path.iterdir()) == before  # nothing deleted
 
 
@@ -281,12 +281,12 @@ def test_an_incomplete_or_damaged_store_names_its_shards(tmp_path):
     ids = [f"d{i}" for i in range(10)]
     _write(tmp_path, x, ids, 4, only=[0, 2])
     with pytest.raises(IncompleteStore, match="2 of 4 shards are not complete") as err:
-        open_store(tmp_path, FP, ids)
-    assert err.value.missing == [1, 3] and store_status(tmp_path, FP)[1] == {1: "not written", 3: "not written"}
+        Store(tmp_path, FP).open(ids)
+    assert err.value.missing == [1, 3] and Store(tmp_path, FP).status()[1] == {1: "not written", 3: "not written"}
     _write(tmp_path, x, ids, 4, only=[1, 3])
-    npy = shard_files(tmp_path, Shard(2, 4))[0]
+    npy = Store(tmp_path, FP).shard_files(Shard(2, 4))[0]
     npy.write_bytes(npy.read_bytes()[:-4])  # cut short
-    assert "cut short" in store_status(tmp_path, FP)[1][2]
+    assert "cut short" in Store(tmp_path, FP).status()[1][2]
     with pytest.raises(ValueError, match="split into 4 shards, not 2"):
         _write(tmp_path, x, ids, 2, only=[0])
 
@@ -439,15 +439,15 @@ def test_a_store_checks_its_rows_and_an_index_is_never_reused_over_other_vectors
     A, B = tmp_path / "one" / "store", tmp_path / "two" / "store"  # one name: the index key differs by the rows only
     _write(A, a, ids, 2)
     _write(B, b, ids, 2)
-    np.testing.assert_allclose(read_store_vectors(A, FP, ids), a, atol=1e-7)
+    np.testing.assert_allclose(Store(A, FP).read_vectors(ids), a, atol=1e-7)
     shutil.copytree(A, tmp_path / "copy")  # new files (inodes, times): read once, same checksum
-    np.testing.assert_allclose(read_store_vectors(tmp_path / "copy", FP, ids), a, atol=1e-7)
+    np.testing.assert_allclose(Store(tmp_path / "copy", FP).read_vectors(ids), a, atol=1e-7)
 
     spec = IndexSpec(index="IVF2,Flat", nprobe=2, train_size=40)
-    VectorIndex(open_store(A, FP, ids), spec, folder=A)
+    VectorIndex(Store(A, FP).open(ids), spec, folder=A)
     for f in (A).glob("index-*"):
         shutil.copy(f, B / f.name)  # another store's index, same settings
-    index = VectorIndex(open_store(B, FP, ids), spec, folder=B)
+    index = VectorIndex(Store(B, FP).open(ids), spec, folder=B)
     assert index.describe()["reused"] is False
     _, found = index.search(b[:5], 1)
     assert found[:, 0].tolist() == [0, 1, 2, 3, 4]  # b's own vectors, not a's
@@ -457,12 +457,12 @@ def test_a_store_checks_its_rows_and_an_index_is_never_reused_over_other_vectors
     x[3] = np.nan
     np.save(edited, x)
     with pytest.raises(ValueError, match=r"shard-0-of-2.npy: row 3 is not a finite unit vector"):
-        open_store(tmp_path / "copy", FP, ids)
+        Store(tmp_path / "copy", FP).open(ids)
     ids_file = B / "shard-1-of-2.ids"
     lines = ids_file.read_text().splitlines()
     ids_file.write_text("\n".join([lines[1], lines[0], *lines[2:]]) + "\n")  # two rows' ids swapped
     with pytest.raises(ValueError, match=r"shard-1-of-2.npy: its rows or ids are not the ones written"):
-        open_store(B, FP, ids)
+        Store(B, FP).open(ids)
 
 
 def test_an_index_file_of_another_store_under_this_ones_name_is_rebuilt(tmp_path, caplog):
@@ -478,10 +478,10 @@ def test_an_index_file_of_another_store_under_this_ones_name_is_rebuilt(tmp_path
     _write(A, a, ids, 1)
     _write(B, b, ids, 1)
     spec = IndexSpec(index="hnsw")
-    theirs = VectorIndex(open_store(A, FP, ids), spec, folder=A)
-    own = VectorIndex(open_store(B, FP, ids), spec, folder=B)
+    theirs = VectorIndex(Store(A, FP).open(ids), spec, folder=A)
+    own = VectorIndex(Store(B, FP).open(ids), spec, folder=B)
     shutil.copy(theirs.path, own.path)  # over this store's own file name
     with caplog.at_level(logging.WARNING):
-        again = VectorIndex(open_store(B, FP, ids), spec, folder=B)
+        again = VectorIndex(Store(B, FP).open(ids), spec, folder=B)
     assert again.describe()["reused"] is False and "checksum differs" in caplog.text
     assert again.search(b[:5], 1)[1][:, 0].tolist() == [0, 1, 2, 3, 4]

@@ -385,8 +385,9 @@ def test_bad_files_are_one_line_errors_naming_them(tmp_path, capsys):
 
 
 def test_a_corrupt_embedding_cache_is_named_discarded_and_rebuilt(tmp_path, caplog):
-    from obliq.search.retrieval import corpus_store, make_retriever
+    from obliq.search.retrieval import make_retriever
     from obliq.search.settings import RetrievalSettings
+    from obliq.search.store import Store
     from obliq.tasks import load_task
 
     task = load_task(
@@ -406,7 +407,7 @@ def test_a_corrupt_embedding_cache_is_named_discarded_and_rebuilt(tmp_path, capl
         again.corpus_cache == "miss" and f"{cache.parent}: unusable cached embeddings ({cache}: 14 bytes" in caplog.text
     )
     assert all(again.run[q] == pytest.approx(first.run[q]) for q in first.run) and cache.stat().st_size > 100
-    assert corpus_store("minilm", settings, task) == cache.parent
+    assert Store.of("minilm", settings, task).folder == cache.parent
 
 
 def _claim_at_once(path, barrier, done, results):

@@ -55,6 +55,34 @@ def _percentiles(samples: list[float]) -> dict:
     return {"p50": round(float(p50), 3), "p95": round(float(p95), 3), "n": len(samples)}
 
 
+def write_retrieval(task: Task, retrieval: Retrieval, output: Path, model: str) -> dict:
+    """Write a task's run into ``output`` (``run.trec``; ``run.dense.trec`` too when reranked, its run
+    before reranking), tagged with the model's name: the files ``evaluate`` and ``obliq search`` share.
+
+    Returns:
+        What the retrieval itself records (``obliq search``'s ``search.json``): ``task``, ``model``,
+        ``n_queries``, ``n_docs``, ``depth``, ``corpus_cache``, ``index``, ``timing_s`` (rounded),
+        ``latency_ms`` (every sample), ``reads``.
+    """
+    output = Path(output)
+    tag = Path(model).name or model
+    write_run(output / "run.trec", retrieval.run, tag=tag)
+    if retrieval.dense_run is not None:
+        write_run(output / "run.dense.trec", retrieval.dense_run, tag=tag)
+    return {
+        "task": task.name,
+        "model": model,
+        "n_queries": len(task.query_ids),
+        "n_docs": len(task.doc_ids),
+        "depth": retrieval.depth,
+        "corpus_cache": retrieval.corpus_cache,
+        "index": retrieval.index,
+        "timing_s": {k: round(v, 4) for k, v in retrieval.timing_s.items()},
+        "latency_ms": retrieval.latency_ms,
+        "reads": retrieval.reads,
+    }
+
+
 def evaluate_task(
     task: Task,
     retrieval: Retrieval,
@@ -91,7 +119,7 @@ def evaluate_task(
     output.mkdir(parents=True, exist_ok=True)
     curve = {k: f"Recall@{k}" for k in RECALL_CURVE_K if retrieval.depth >= min(k, n_docs)}
     names = panel + [c for c in curve.values() if c not in panel]
-    write_run(output / "run.trec", retrieval.run, tag=Path(model).name or model)
+    write_retrieval(task, retrieval, output, model)
 
     t = perf_counter()
     results = {split: evaluate_run(qrels, retrieval.run, names, task.query_ids) for split, qrels in task.qrels.items()}
@@ -108,7 +136,6 @@ def evaluate_task(
     gold = results[main]
     rerank = dict(retrieval.rerank)
     if retrieval.dense_run is not None:
-        write_run(output / "run.dense.trec", retrieval.dense_run, tag=Path(model).name or model)
         rerank["dense_metrics"] = evaluate_run(task.qrels[main], retrieval.dense_run, panel, task.query_ids).aggregate
     summary = {
         "task": task.name,

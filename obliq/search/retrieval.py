@@ -1,7 +1,8 @@
-"""Retrieval for evaluation: one settings object and one dispatch from a model to a retriever.
+"""Retrieval: one dispatch from a model to a retriever.
 
 Every command that retrieves a task (``evaluate``, ``obliq search``, ``audit``, the training callback,
-the quickstart, the dose sweep) describes how with a :class:`RetrievalSettings` and gets its retriever
+the quickstart, the dose sweep) describes how with a :class:`~obliq.search.settings.RetrievalSettings`
+(one settings object, :mod:`obliq.search.settings`) and gets its retriever
 from :func:`make_retriever`, which knows three kinds of model:
 
 - ``bm25``: :class:`obliq.search.bm25.BM25` over the task corpus (Lucene scoring, k1, b, stemmer);
@@ -13,9 +14,9 @@ from :func:`make_retriever`, which knows three kinds of model:
 
 The corpus embeddings of a named encoder live in a store (:mod:`obliq.search.store`, the format
 ``obliq encode`` writes) keyed by the model's files, the encoder kind, the passage length and the
-corpus file's digest (:func:`corpus_fingerprint`, :func:`corpus_store`): a complete store is read,
+corpus file's digest (:meth:`obliq.search.store.Store.of`): a complete store is read,
 memory-mapped, never copied into memory; a missing one is encoded block by block into a one-shard
-store first. Search goes through :mod:`obliq.search.exact`: exact (``index: flat``) or an approximate or
+store first. Search goes through :mod:`obliq.search.faiss_index`: exact (``index: flat``) or an approximate or
 quantized faiss index saved beside the embeddings; an approximate search also runs exact search on
 the same queries and reports its recall@k against it (:attr:`Retrieval.index`). ``dim`` evaluates the
 first ``dim`` components of every vector, re-normalised (Matryoshka).
@@ -53,7 +54,6 @@ store), and search and metrics are the one-process ones. Latency is measured onl
 from __future__ import annotations
 
 import inspect
-import json
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -65,12 +65,12 @@ import numpy as np
 from obliq.distributed import world
 from obliq.search.bm25 import BM25
 from obliq.search.candidates import best_candidates, candidate_rows, candidate_scores
-from obliq.search.encoders import Encoder, fingerprint, load_encoder
+from obliq.search.encoders import Encoder, load_encoder
 from obliq.search.exact import Corpus, ExactIndex, set_threads, tie_keys, unit_float32
 from obliq.search.faiss_index import VectorIndex, factory_string, recall_vs_exact
 from obliq.search.runs import Run, read_run, run_from_search
 from obliq.search.settings import RetrievalSettings
-from obliq.search.store import STORE_FILE, IncompleteStore, clear_store, open_store, store_folder, write_shard
+from obliq.search.store import IncompleteStore, Store
 from obliq.shards import Shard
 from obliq.tasks import Task
 
@@ -124,30 +124,6 @@ def _latency(texts: Sequence[str], encode_one: Callable, search_one: Callable) -
     return samples
 
 
-def corpus_fingerprint(model: str, settings: RetrievalSettings, task: Task) -> dict:
-    """How a named model's corpus embeddings of a task are made: what a store records and is found by.
-
-    The model's files (:func:`obliq.search.encoders.fingerprint`: path, sizes, mtimes), the encoder kind,
-    the passage max length, the corpus file's SHA-256 and size, and the task's ``prompt_name`` when it
-    has one (a per-task document prompt changes the vectors). ``dim`` and the index settings are not
-    part of it: one store serves every truncation and index.
-    """
-    return {
-        "model": fingerprint(model),
-        "encoder": settings.encoder,
-        "passage_max_length": settings.passage_max_length,
-        "corpus_sha256": task.corpus_sha256,
-        "n_docs": len(task.doc_ids),
-        **({"prompt_name": task.prompt_name} if task.prompt_name else {}),
-    }
-
-
-def corpus_store(model: str, settings: RetrievalSettings, task: Task) -> Path:
-    """The store of a named model's embeddings of a task's corpus (:func:`obliq.search.store.store_folder`
-    under :meth:`RetrievalSettings.store_root`): where ``obliq encode`` writes and ``evaluate`` reads."""
-    return store_folder(settings.store_root(), task.name, corpus_fingerprint(model, settings, task))
-
-
 ENCODE_BLOCK = 4096
 """Passages encoded, then written, at a time when a store is filled (memory: one block of vectors)."""
 
@@ -156,14 +132,13 @@ def encode_shard(
     encoder: Encoder,
     task: Task,
     settings: RetrievalSettings,
-    store: Path,
-    fingerprint_: dict,
+    store: Store,
     shard: Shard,
     block_size: int = ENCODE_BLOCK,
     overwrite: bool = False,
 ) -> dict:
     """Encode one shard of a task's corpus (documents ``shard.index``, ``+ shard.count``, …) into a store,
-    ``block_size`` passages at a time, in this process (:func:`obliq.search.store.write_shard`).
+    ``block_size`` passages at a time, in this process (:meth:`obliq.search.store.Store.write`).
 
     Returns:
         The shard's record.
@@ -180,39 +155,31 @@ def encode_shard(
         )
         for s in range(0, len(texts), block_size)
     )
-    return write_shard(store, fingerprint_, shard, [task.doc_ids[p] for p in positions], blocks, overwrite)
+    return store.write(shard, [task.doc_ids[p] for p in positions], blocks, overwrite)
 
 
-def _stored_corpus(store: Path, fingerprint_: dict, task: Task) -> Corpus | None:
+def _stored_corpus(store: Store, task: Task) -> Corpus | None:
     """The store's corpus when it is complete and sound; None when there is none or it is unusable (a
     one-shard store is then discarded, logged). A store split over several shards with some missing is
     an error: its shards are ``obliq encode``'s to write, not one evaluation's."""
     try:
-        return open_store(store, fingerprint_, task.doc_ids)
+        return store.open(task.doc_ids)
     except FileNotFoundError:
         return None
     except IncompleteStore as err:
         if err.count > 1:
             raise
-        log.warning("%s: unusable cached embeddings (%s); discarded and re-encoded", store, err.problems[0])
+        log.warning("%s: unusable cached embeddings (%s); discarded and re-encoded", store.folder, err.problems[0])
     except Exception as err:  # a corrupt or foreign store, whatever numpy raises: rebuilt when it is one shard
-        shards = _shard_count(store)
+        shards = store.recorded_shards()
         if shards > 1:  # other shards are other processes' finished work: never deleted here
             raise ValueError(
-                f"{store}: a store of {shards} shards is unusable ({err}); re-encode the damaged shard "
+                f"{store.folder}: a store of {shards} shards is unusable ({err}); re-encode the damaged shard "
                 "(obliq encode --shard.index …, --overwrite) or remove the store"
             ) from None
-        log.warning("%s: unusable cached embeddings (%s); discarded and re-encoded", store, err)
-    clear_store(store)
+        log.warning("%s: unusable cached embeddings (%s); discarded and re-encoded", store.folder, err)
+    store.clear()
     return None
-
-
-def _shard_count(store: Path) -> int:
-    """The shard count a store's ``store.json`` records (1 when it cannot be read)."""
-    try:
-        return int(json.loads((store / STORE_FILE).read_text())["shards"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return 1
 
 
 def takes_task(fn: Callable) -> bool:
@@ -265,8 +232,7 @@ def corpus_embeddings(
     encoder: Encoder,
     task: Task,
     settings: RetrievalSettings,
-    store: Path | None = None,
-    fingerprint_: dict | None = None,
+    store: Store | None = None,
 ) -> tuple[Corpus, str]:
     """A task's corpus embeddings: read from ``store`` when it is complete, else encoded (into it).
 
@@ -274,32 +240,28 @@ def corpus_embeddings(
         encoder: anything with ``encode(texts, kind, batch_size, max_length)``.
         task: the task.
         settings: ``batch_size``, ``passage_max_length`` and ``dim`` (the first ``dim`` components).
-        store: the corpus's store folder (:func:`corpus_store`); None encodes in memory.
-        fingerprint_: what the store must have been made with (needed with ``store``).
+        store: the corpus's store (:meth:`Store.of <obliq.search.store.Store.of>`); None encodes in memory.
 
     Returns:
         ``(corpus, "hit" | "miss" | "off")``: unit float32 rows in ``task.doc_ids`` order, and whether
         the store held them.
 
     Raises:
-        ValueError: a store without a fingerprint.
         IncompleteStore: a store of several shards with some not written.
     """
-    if store is not None and fingerprint_ is None:
-        raise ValueError("corpus_embeddings: a store needs the fingerprint of its embeddings")
     rank, size = world()
     corpus, status = None, "off"
     if store is not None:
-        corpus = _stored_corpus(store, fingerprint_, task)
+        corpus = _stored_corpus(store, task)
         status = "hit" if corpus is not None else "miss"
     if corpus is None and store is not None and size == 1:  # block by block into the store, then mapped
-        encode_shard(encoder, task, settings, store, fingerprint_, Shard(0, 1), overwrite=True)
-        corpus = open_store(store, fingerprint_, task.doc_ids)
+        encode_shard(encoder, task, settings, store, Shard(0, 1), overwrite=True)
+        corpus = store.open(task.doc_ids)
     elif corpus is None:
         docs = encode_texts(encoder, task.doc_texts, "passage", settings.batch_size, settings.passage_max_length, task)
         docs = unit_float32(docs, "corpus embeddings")
         if store is not None and rank == 0:
-            write_shard(store, fingerprint_, Shard(0, 1), task.doc_ids, [docs], overwrite=True)
+            store.write(Shard(0, 1), task.doc_ids, [docs], overwrite=True)
         corpus = Corpus.from_array(docs)
     # Matryoshka: the first dim components; ties by the task's document ids (trec_eval's order)
     return Corpus(corpus.parts, settings.dim, corpus.token, ids=task.doc_ids), status
@@ -321,8 +283,7 @@ def retrieve_dense(
     encoder: Encoder,
     task: Task,
     settings: RetrievalSettings,
-    store: Path | None = None,
-    fingerprint_: dict | None = None,
+    store: Store | None = None,
     latency_queries: int = 0,
 ) -> Retrieval:
     """Read the corpus embeddings from ``store`` (or encode them, into it), encode the queries, search.
@@ -332,8 +293,8 @@ def retrieve_dense(
         task: the task.
         settings: ``top_k`` (capped at the corpus size), ``batch_size``, the two max lengths, ``dim`` and
             the index settings.
-        store: the corpus's store folder (see :func:`corpus_store`); None encodes every time, in memory.
-        fingerprint_: what the store must have been made with (needed with ``store``).
+        store: the corpus's store (:meth:`Store.of <obliq.search.store.Store.of>`); None encodes every
+            time, in memory.
         latency_queries: queries timed one at a time (0 skips the latency measurement; skipped on
             several processes).
 
@@ -363,7 +324,7 @@ def retrieve_dense(
     rows, spec = candidate_rows(task), settings.index_spec()
     timing: dict[str, float] = {}
     t = perf_counter()
-    corpus, status = corpus_embeddings(encoder, task, settings, store, fingerprint_)
+    corpus, status = corpus_embeddings(encoder, task, settings, store)
     timing["encode_corpus"] = perf_counter() - t
 
     t = perf_counter()
@@ -381,7 +342,7 @@ def retrieve_dense(
         timing["search"] = perf_counter() - t
         searched = {"name": "exact over candidates", "dim": corpus.dim}
     else:
-        index = VectorIndex(corpus, spec, folder=store if rank == 0 else None)
+        index = VectorIndex(corpus, spec, folder=store.folder if store is not None and rank == 0 else None)
         if not spec.exact:
             timing["index"] = perf_counter() - t  # built, or loaded
         t = perf_counter()
@@ -531,8 +492,6 @@ def make_retriever(
     def retrieve(task: Task) -> Retrieval:
         if not settings.cache or not isinstance(model, str):
             return retrieve_dense(encoder, task, settings, latency_queries=latency_queries)
-        made = corpus_fingerprint(model, settings, task)
-        store = store_folder(settings.store_root(), task.name, made)
-        return retrieve_dense(encoder, task, settings, store, made, latency_queries)
+        return retrieve_dense(encoder, task, settings, Store.of(model, settings, task), latency_queries)
 
     return retrieve

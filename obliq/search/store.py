@@ -17,6 +17,9 @@ Shard ``i`` of ``n`` holds documents ``i, i + n, i + 2n, …`` of the corpus (:m
 Its ``.npy`` is written through a temporary file renamed into place at the end, so a killed shard
 leaves no shard behind, only its temporary file (removed by the next run of that shard); every other
 shard is untouched, and a rerun encodes only the shards without a ``.json``.
+
+:class:`Store` is one such folder with the fingerprint it must hold, made once per (model, reading
+settings, task) by :meth:`Store.of`; everything that reads or writes a store goes through it.
 """
 
 from __future__ import annotations
@@ -28,13 +31,17 @@ import os
 import tempfile
 import time
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from obliq.files import json_text, read_text, safe_name, write_json, write_text
+from obliq.search import encoders
 from obliq.search.exact import Corpus, npy_header, unit_float32
+from obliq.search.settings import RetrievalSettings
 from obliq.shards import Shard, check_cover
+from obliq.tasks import Task
 
 log = logging.getLogger(__name__)
 
@@ -68,18 +75,6 @@ def plain(fingerprint: dict) -> dict:
     return json.loads(json_text(fingerprint))
 
 
-def store_folder(root: str | os.PathLike, task_name: str, fingerprint: dict) -> Path:
-    """The store of a task's corpus under ``root``: ``<root>/<task>-<20 hex digits of the fingerprint>``."""
-    key = hashlib.sha256(json_text(fingerprint, indent=None).encode()).hexdigest()[:20]
-    return Path(root) / f"{safe_name(task_name, 'task name')}-{key}"
-
-
-def shard_files(folder: Path, shard: Shard) -> tuple[Path, Path, Path]:
-    """``(.npy, .ids, .json)`` of one shard of a store."""
-    stem = f"shard-{shard.index}-of-{shard.count}"
-    return folder / f"{stem}.npy", folder / f"{stem}.ids", folder / f"{stem}.json"
-
-
 def _read_json(file: Path) -> dict:
     try:
         return json.loads(read_text(file))
@@ -87,137 +82,245 @@ def _read_json(file: Path) -> dict:
         raise ValueError(f"{file}: not a JSON file ({err})") from None
 
 
-def shard_done(folder: Path, fingerprint: dict, shard: Shard) -> dict | None:
-    """The record of a complete shard with this fingerprint, or None (see :func:`shard_problem`)."""
-    return None if shard_problem(folder, fingerprint, shard) else _read_json(shard_files(Path(folder), shard)[2])
+@dataclass(frozen=True)
+class Store:
+    """One task corpus's embeddings on disk (see the module notes): a folder, and the fingerprint of how
+    its vectors were made, which the folder's ``store.json`` and every shard record hold.
 
-
-def shard_problem(folder: Path, fingerprint: dict, shard: Shard) -> str | None:
-    """Why a shard is not complete (not written, written for another model, its ``.npy`` not the size
-    it recorded, a file missing), or None when it is."""
-    npy, ids, done = shard_files(Path(folder), shard)
-    if not done.is_file():
-        return "not written"
-    try:
-        record = _read_json(done)
-    except ValueError as err:
-        return str(err)
-    if record.get("fingerprint") != plain(fingerprint):
-        return f"{done.name}: written with other settings"
-    for file in (npy, ids):
-        if not file.is_file():
-            return f"{file.name} missing"
-    if record.get("bytes") != npy.stat().st_size:
-        return f"{npy}: {npy.stat().st_size} bytes, its record says {record.get('bytes')} (changed or cut short)"
-    return None
-
-
-def _claim(folder: Path, fingerprint: dict, count: int, overwrite: bool) -> None:
-    """Write ``store.json``, or check the one there is of this fingerprint and shard count."""
-    head = {"format": FORMAT, "fingerprint": plain(fingerprint), "shards": count}
-    file = folder / STORE_FILE
-    if file.is_file():
-        try:
-            old = _read_json(file)
-        except ValueError:
-            old = {}
-        if old == head:
-            return
-        if not overwrite and old.get("fingerprint") == head["fingerprint"]:
-            raise ValueError(
-                f"{folder}: the corpus was split into {old.get('shards')} shards, not {count}; encode with "
-                f"--shard.count {old.get('shards')}, or pass --overwrite true to start again with {count}"
-            )
-        if not overwrite and old:
-            raise ValueError(f"{file}: a store of other embeddings ({old.get('fingerprint')}); pass --overwrite true")
-        clear_store(folder)
-    write_json(file, head)
-
-
-def clear_store(folder: str | os.PathLike) -> None:
-    """Delete a store's files (its shards, saved indexes and ``store.json``), nothing else."""
-    folder = Path(folder)
-    if not folder.is_dir():
-        return
-    for file in folder.iterdir():
-        if file.is_file() and (file.name == STORE_FILE or file.name.startswith(("shard-", "index-", ".shard-"))):
-            file.unlink()
-
-
-def write_shard(
-    folder: str | os.PathLike,
-    fingerprint: dict,
-    shard: Shard,
-    ids: Sequence[str],
-    blocks: Iterable,
-    overwrite: bool = False,
-) -> dict:
-    """Write one shard of a store from its vectors, block by block (memory: one block).
-
-    Args:
-        folder: the store.
-        fingerprint: how the vectors were made (``store.json`` is written with it, or must hold it).
-        shard: this shard (resolved).
-        ids: the shard's document ids, in order.
-        blocks: (b, d) vectors for consecutive ``ids``, any float dtype (renormalised, :func:`unit_float32`).
-        overwrite: start the store again when it was split otherwise or made by other settings.
-
-    Returns:
-        The shard's record (its ``.json``).
-
-    Raises:
-        ValueError: the blocks do not hold one vector per id, bad vectors, or a store of another split
-            or other embeddings without ``overwrite``.
+    Attributes:
+        folder: the store's folder.
+        fingerprint: how the vectors were made (:meth:`of`); a store made otherwise is refused or redone.
     """
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    _claim(folder, fingerprint, shard.count, overwrite)
-    npy, ids_file, done = shard_files(folder, shard)
-    for old in (done, npy, ids_file, *folder.glob(f".{npy.name}.*.tmp")):
-        old.unlink(missing_ok=True)  # this shard is redone: a killed run's leftovers go
-    t0 = time.perf_counter()
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{npy.name}.", suffix=".tmp")
-    os.close(fd)
-    digest = _rows_digest(ids)
-    try:
-        out, at = None, 0
-        for block in blocks:
-            block = unit_float32(block, f"{folder}: shard {shard.index} embeddings")
-            if out is None:
-                out = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float32, shape=(len(ids), block.shape[1]))
-            if at + len(block) > len(ids):
-                raise ValueError(f"{folder}: shard {shard.index}: more vectors than its {len(ids)} documents")
-            out[at : at + len(block)] = block
-            digest.update(np.ascontiguousarray(block, dtype="<f4").tobytes())
-            at += len(block)
-        if at != len(ids):
-            raise ValueError(f"{folder}: shard {shard.index}: {at} vectors for {len(ids)} documents")
-        if out is None:  # a shard without documents (more shards than documents)
-            with open(tmp, "wb") as f:  # np.save to a name would add ".npy" and leave tmp empty
-                np.save(f, np.zeros((0, 0), dtype=np.float32))
-            dim = 0
-        else:
-            dim = out.shape[1]
-            out.flush()
-            del out
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, npy)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    write_text(ids_file, "".join(f"{i}\n" for i in ids))
-    record = {
-        "shard": {"index": shard.index, "count": shard.count},
-        "rows": len(ids),
-        "dim": dim,
-        "bytes": npy.stat().st_size,
-        "sha256": digest.hexdigest(),
-        "written": _file_state(npy, ids_file),
-        "seconds": round(time.perf_counter() - t0, 3),
-        "fingerprint": plain(fingerprint),
-    }
-    write_json(done, record)
-    return record
+
+    folder: Path
+    fingerprint: dict
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "folder", Path(self.folder))
+
+    @classmethod
+    def of(cls, model: str, settings: RetrievalSettings, task: Task) -> Store:
+        """The store of a named model's embeddings of a task's corpus: where ``obliq encode`` writes and
+        ``evaluate`` / ``obliq search`` read, ``<store root>/<task>-<20 hex digits of the fingerprint>``
+        under :meth:`~obliq.search.settings.RetrievalSettings.store_root`.
+
+        The fingerprint: the model's files (:func:`obliq.search.encoders.fingerprint`: path, sizes,
+        mtimes), the encoder kind, the passage max length, the corpus file's SHA-256 and size, and the
+        task's ``prompt_name`` when it has one (a per-task document prompt changes the vectors). ``dim``
+        and the index settings are not part of it: one store serves every truncation and index.
+        """
+        made = {
+            "model": encoders.fingerprint(model),
+            "encoder": settings.encoder,
+            "passage_max_length": settings.passage_max_length,
+            "corpus_sha256": task.corpus_sha256,
+            "n_docs": len(task.doc_ids),
+            **({"prompt_name": task.prompt_name} if task.prompt_name else {}),
+        }
+        key = hashlib.sha256(json_text(made, indent=None).encode()).hexdigest()[:20]
+        return cls(Path(settings.store_root()) / f"{safe_name(task.name, 'task name')}-{key}", made)
+
+    def shard_files(self, shard: Shard) -> tuple[Path, Path, Path]:
+        """``(.npy, .ids, .json)`` of one shard."""
+        stem = f"shard-{shard.index}-of-{shard.count}"
+        return self.folder / f"{stem}.npy", self.folder / f"{stem}.ids", self.folder / f"{stem}.json"
+
+    def done(self, shard: Shard) -> dict | None:
+        """The record of a shard when it is complete, or None (see :meth:`problem`)."""
+        return None if self.problem(shard) else _read_json(self.shard_files(shard)[2])
+
+    def problem(self, shard: Shard) -> str | None:
+        """Why a shard is not complete (not written, written for another model, its ``.npy`` not the size
+        it recorded, a file missing), or None when it is."""
+        npy, ids, done = self.shard_files(shard)
+        if not done.is_file():
+            return "not written"
+        try:
+            record = _read_json(done)
+        except ValueError as err:
+            return str(err)
+        if record.get("fingerprint") != plain(self.fingerprint):
+            return f"{done.name}: written with other settings"
+        for file in (npy, ids):
+            if not file.is_file():
+                return f"{file.name} missing"
+        if record.get("bytes") != npy.stat().st_size:
+            return f"{npy}: {npy.stat().st_size} bytes, its record says {record.get('bytes')} (changed or cut short)"
+        return None
+
+    def status(self) -> tuple[int, dict[int, str]]:
+        """``(shard count, {shard not complete: why})``.
+
+        Raises:
+            FileNotFoundError: no ``store.json``.
+            ValueError: ``store.json`` is unreadable, of another format or of other embeddings.
+        """
+        file = self.folder / STORE_FILE
+        if not file.is_file():
+            raise FileNotFoundError(f"{self.folder}: no embeddings here ({STORE_FILE} missing)")
+        head = _read_json(file)
+        if head.get("format") != FORMAT or not isinstance(head.get("shards"), int) or head["shards"] < 1:
+            raise ValueError(f"{file}: not an obliq embedding store of format {FORMAT}")
+        if head.get("fingerprint") != plain(self.fingerprint):
+            raise ValueError(
+                f"{file}: embeddings made otherwise ({head.get('fingerprint')}, not {plain(self.fingerprint)})"
+            )
+        count = head["shards"]
+        problems = {i: self.problem(Shard(i, count)) for i in range(count)}
+        return count, {i: why for i, why in problems.items() if why}
+
+    def recorded_shards(self) -> int:
+        """The shard count ``store.json`` records (1 when it cannot be read)."""
+        try:
+            return int(json.loads((self.folder / STORE_FILE).read_text())["shards"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return 1
+
+    def _claim(self, count: int, overwrite: bool) -> None:
+        """Write ``store.json``, or check the one there is of this fingerprint and shard count."""
+        head = {"format": FORMAT, "fingerprint": plain(self.fingerprint), "shards": count}
+        file = self.folder / STORE_FILE
+        if file.is_file():
+            try:
+                old = _read_json(file)
+            except ValueError:
+                old = {}
+            if old == head:
+                return
+            if not overwrite and old.get("fingerprint") == head["fingerprint"]:
+                raise ValueError(
+                    f"{self.folder}: the corpus was split into {old.get('shards')} shards, not {count}; encode "
+                    f"with --shard.count {old.get('shards')}, or pass --overwrite true to start again with {count}"
+                )
+            if not overwrite and old:
+                raise ValueError(
+                    f"{file}: a store of other embeddings ({old.get('fingerprint')}); pass --overwrite true"
+                )
+            self.clear()
+        write_json(file, head)
+
+    def clear(self) -> None:
+        """Delete the store's files (its shards, saved indexes and ``store.json``), nothing else."""
+        if not self.folder.is_dir():
+            return
+        for file in self.folder.iterdir():
+            if file.is_file() and (file.name == STORE_FILE or file.name.startswith(("shard-", "index-", ".shard-"))):
+                file.unlink()
+
+    def write(self, shard: Shard, ids: Sequence[str], blocks: Iterable, overwrite: bool = False) -> dict:
+        """Write one shard from its vectors, block by block (memory: one block).
+
+        Args:
+            shard: this shard (resolved).
+            ids: the shard's document ids, in order.
+            blocks: (b, d) vectors for consecutive ``ids``, any float dtype (renormalised, :func:`unit_float32`).
+            overwrite: start the store again when it was split otherwise or made by other settings.
+
+        Returns:
+            The shard's record (its ``.json``).
+
+        Raises:
+            ValueError: the blocks do not hold one vector per id, bad vectors, or a store of another split
+                or other embeddings without ``overwrite``.
+        """
+        folder = self.folder
+        folder.mkdir(parents=True, exist_ok=True)
+        self._claim(shard.count, overwrite)
+        npy, ids_file, done = self.shard_files(shard)
+        for old in (done, npy, ids_file, *folder.glob(f".{npy.name}.*.tmp")):
+            old.unlink(missing_ok=True)  # this shard is redone: a killed run's leftovers go
+        t0 = time.perf_counter()
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{npy.name}.", suffix=".tmp")
+        os.close(fd)
+        digest = _rows_digest(ids)
+        try:
+            out, at = None, 0
+            for block in blocks:
+                block = unit_float32(block, f"{folder}: shard {shard.index} embeddings")
+                if out is None:
+                    out = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float32, shape=(len(ids), block.shape[1]))
+                if at + len(block) > len(ids):
+                    raise ValueError(f"{folder}: shard {shard.index}: more vectors than its {len(ids)} documents")
+                out[at : at + len(block)] = block
+                digest.update(np.ascontiguousarray(block, dtype="<f4").tobytes())
+                at += len(block)
+            if at != len(ids):
+                raise ValueError(f"{folder}: shard {shard.index}: {at} vectors for {len(ids)} documents")
+            if out is None:  # a shard without documents (more shards than documents)
+                with open(tmp, "wb") as f:  # np.save to a name would add ".npy" and leave tmp empty
+                    np.save(f, np.zeros((0, 0), dtype=np.float32))
+                dim = 0
+            else:
+                dim = out.shape[1]
+                out.flush()
+                del out
+            os.chmod(tmp, 0o644)
+            os.replace(tmp, npy)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+        write_text(ids_file, "".join(f"{i}\n" for i in ids))
+        record = {
+            "shard": {"index": shard.index, "count": shard.count},
+            "rows": len(ids),
+            "dim": dim,
+            "bytes": npy.stat().st_size,
+            "sha256": digest.hexdigest(),
+            "written": _file_state(npy, ids_file),
+            "seconds": round(time.perf_counter() - t0, 3),
+            "fingerprint": plain(self.fingerprint),
+        }
+        write_json(done, record)
+        return record
+
+    def open(self, doc_ids: Sequence[str], dim: int | None = None) -> Corpus:
+        """The complete store as a :class:`~obliq.search.exact.Corpus` over ``doc_ids`` (row ``r`` =
+        ``doc_ids[r]``), its shards memory-mapped, nothing read into memory but the ids.
+
+        Args:
+            doc_ids: the corpus's document ids, in the task's order.
+            dim: Matryoshka truncation (:class:`~obliq.search.exact.Corpus`).
+
+        Raises:
+            FileNotFoundError: no store there.
+            IncompleteStore: shards not written.
+            ValueError: another fingerprint, a shard file cut short or of the wrong shape, a shard whose rows
+                or ids are not the ones written or hold a row that is no finite unit vector, ids that do not
+                cover ``doc_ids`` once each (the file named).
+        """
+        folder = self.folder
+        count, missing = self.status()
+        if missing:
+            raise IncompleteStore(folder, missing, count)
+        position = {d: r for r, d in enumerate(doc_ids)}
+        taken, parts, records = {}, [], []
+        for i in range(count):
+            npy, ids_file, done = self.shard_files(Shard(i, count))
+            ids = read_text(ids_file).splitlines()
+            taken[i] = ids
+            record = _read_json(done)
+            shape, dtype = npy_header(npy)
+            if dtype != np.float32 or shape[0] != len(ids) or shape[0] != record.get("rows"):
+                raise ValueError(
+                    f"{npy}: shape {shape} {dtype} for {len(ids)} ids (its record: {record.get('rows')} rows)"
+                )
+            _verify_shard(npy, ids, ids_file, record)
+            records.append({k: v for k, v in record.items() if k not in ("seconds", "written")})
+            if ids:
+                rows = np.array([position.get(d, -1) for d in ids], dtype=np.int64)
+                parts.append((npy, rows))
+        check_cover(list(doc_ids), taken, count, "document")
+        token = hashlib.sha256(json.dumps(records, sort_keys=True).encode()).hexdigest()[:16]
+        corpus = Corpus(parts, dim, token=f"{folder.name}:{token}", ids=list(doc_ids))
+        if corpus.n != len(doc_ids):
+            raise ValueError(f"{folder}: {corpus.n} vectors for {len(doc_ids)} documents")
+        return corpus
+
+    def read_vectors(self, doc_ids: Sequence[str]) -> np.ndarray:
+        """The whole store as one (n, d) float32 array in ``doc_ids`` order (for small corpora and tests:
+        this reads every vector into memory)."""
+        corpus = self.open(doc_ids)
+        return corpus.take(np.arange(corpus.n))
 
 
 def _rows_digest(ids: Sequence[str]):
@@ -257,75 +360,3 @@ def _verify_shard(npy: Path, ids: list[str], ids_file: Path, record: dict) -> No
     del x
     if digest.hexdigest() != record["sha256"]:
         raise ValueError(f"{npy}: its rows or ids are not the ones written (checksum differs from its record)")
-
-
-def store_status(folder: str | os.PathLike, fingerprint: dict) -> tuple[int, dict[int, str]]:
-    """``(shard count, {shard not complete: why})`` of a store with this fingerprint.
-
-    Raises:
-        FileNotFoundError: no ``store.json``.
-        ValueError: ``store.json`` is unreadable, of another format or of other embeddings.
-    """
-    folder = Path(folder)
-    file = folder / STORE_FILE
-    if not file.is_file():
-        raise FileNotFoundError(f"{folder}: no embeddings here ({STORE_FILE} missing)")
-    head = _read_json(file)
-    if head.get("format") != FORMAT or not isinstance(head.get("shards"), int) or head["shards"] < 1:
-        raise ValueError(f"{file}: not an obliq embedding store of format {FORMAT}")
-    if head.get("fingerprint") != plain(fingerprint):
-        raise ValueError(f"{file}: embeddings made otherwise ({head.get('fingerprint')}, not {plain(fingerprint)})")
-    count = head["shards"]
-    problems = {i: shard_problem(folder, fingerprint, Shard(i, count)) for i in range(count)}
-    return count, {i: why for i, why in problems.items() if why}
-
-
-def open_store(folder: str | os.PathLike, fingerprint: dict, doc_ids: Sequence[str], dim: int | None = None) -> Corpus:
-    """A complete store as a :class:`~obliq.search.exact.Corpus` over ``doc_ids`` (row ``r`` = ``doc_ids[r]``),
-    its shards memory-mapped, nothing read into memory but the ids.
-
-    Args:
-        folder: the store.
-        fingerprint: what the store must have been made with.
-        doc_ids: the corpus's document ids, in the task's order.
-        dim: Matryoshka truncation (:class:`~obliq.search.exact.Corpus`).
-
-    Raises:
-        FileNotFoundError: no store there.
-        IncompleteStore: shards not written.
-        ValueError: another fingerprint, a shard file cut short or of the wrong shape, a shard whose rows
-            or ids are not the ones written or hold a row that is no finite unit vector, ids that do not
-            cover ``doc_ids`` once each (the file named).
-    """
-    folder = Path(folder)
-    count, missing = store_status(folder, fingerprint)
-    if missing:
-        raise IncompleteStore(folder, missing, count)
-    position = {d: r for r, d in enumerate(doc_ids)}
-    taken, parts, records = {}, [], []
-    for i in range(count):
-        npy, ids_file, done = shard_files(folder, Shard(i, count))
-        ids = read_text(ids_file).splitlines()
-        taken[i] = ids
-        record = _read_json(done)
-        shape, dtype = npy_header(npy)
-        if dtype != np.float32 or shape[0] != len(ids) or shape[0] != record.get("rows"):
-            raise ValueError(f"{npy}: shape {shape} {dtype} for {len(ids)} ids (its record: {record.get('rows')} rows)")
-        _verify_shard(npy, ids, ids_file, record)
-        records.append({k: v for k, v in record.items() if k not in ("seconds", "written")})
-        if ids:
-            rows = np.array([position.get(d, -1) for d in ids], dtype=np.int64)
-            parts.append((npy, rows))
-    check_cover(list(doc_ids), taken, count, "document")
-    token = hashlib.sha256(json.dumps(records, sort_keys=True).encode()).hexdigest()[:16]
-    corpus = Corpus(parts, dim, token=f"{folder.name}:{token}", ids=list(doc_ids))
-    if corpus.n != len(doc_ids):
-        raise ValueError(f"{folder}: {corpus.n} vectors for {len(doc_ids)} documents")
-    return corpus
-
-
-def read_store_vectors(folder: str | os.PathLike, fingerprint: dict, doc_ids: Sequence[str]) -> np.ndarray:
-    """The whole store as one (n, d) float32 array in ``doc_ids`` order (for small corpora and tests:
-    this reads every vector into memory)."""
-    corpus = open_store(folder, fingerprint, doc_ids)
-    return corpus.take(np.arange(corpus.n))

@@ -152,14 +152,14 @@ def dense_ranks(
     """
     from obliq.search.encoders import load_encoder
     from obliq.search.exact import unit_float32
-    from obliq.search.retrieval import corpus_embeddings, corpus_fingerprint, corpus_store, encode_texts
+    from obliq.search.retrieval import corpus_embeddings, encode_texts
     from obliq.search.settings import RetrievalSettings
+    from obliq.search.store import Store
 
     settings = retrieval or RetrievalSettings()
     encoder = load_encoder(model, settings.encoder, settings.trust_remote_code)
-    made = corpus_fingerprint(model, settings, task) if settings.cache else None
-    store = corpus_store(model, settings, task) if settings.cache else None
-    corpus, status = corpus_embeddings(encoder, task, settings, store, made)
+    store = Store.of(model, settings, task) if settings.cache else None
+    corpus, status = corpus_embeddings(encoder, task, settings, store)
     log.info("%s: corpus embeddings of %s (store: %s)", task.name, model, status)
     docs = corpus.take(np.arange(corpus.n))
     out: list[list[int]] = []
