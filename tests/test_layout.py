@@ -17,7 +17,8 @@ LAYERS = {
     "__init__": 0,
     "errors": 0,
     "files": 0,
-    "distributed": 0,  # the bottom: errors, how files are read and written
+    "distributed": 0,
+    "argv": 0,  # the bottom: errors, how files are read and written
     "text": 1,
     "aliases": 1,
     "shards": 1,
