@@ -26,6 +26,7 @@ import sys
 import time
 from pathlib import Path
 
+from obliq.argv import options
 from obliq.eval.results import made_with
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -140,19 +141,8 @@ def main() -> None:
         for mode in ("index", "train"):
             if mode == "index":
                 shutil.rmtree(work / "index", ignore_errors=True)
-            cmd = [
-                sys.executable,
-                __file__,
-                "--child",
-                mode,
-                str(path),
-                "--workdir",
-                str(work),
-                "--batches",
-                str(args.batches),
-                "--num-workers",
-                str(args.num_workers),
-            ]
+            run = {"child": [mode, path], "workdir": work, "batches": args.batches, "num-workers": args.num_workers}
+            cmd = [sys.executable, __file__, *options(run)]
             done = subprocess.run(cmd, check=True, capture_output=True, text=True)
             results["runs"].append(json.loads(done.stdout.strip().splitlines()[-1]))
     results["load_average_after"] = os.getloadavg()

@@ -49,6 +49,7 @@ import sys
 import time
 from pathlib import Path
 
+from obliq.argv import options
 from obliq.eval.results import made_with
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -269,20 +270,9 @@ def main() -> None:
         for batch in args.batches:
             for _ in range(args.repeat):
                 for method in METHODS + (LEVERS if batch in args.levers else []):
-                    cmd = [
-                        sys.executable,
-                        __file__,
-                        "--one",
-                        mode,
-                        method,
-                        str(batch),
-                        "--chunk",
-                        str(args.chunk),
-                        "--steps",
-                        str(args.steps),
-                        "--real-length",
-                        str(args.real_length),
-                    ] + (["--threads", str(args.threads)] if args.threads else [])
+                    one = {"one": [mode, method, batch], "chunk": args.chunk, "steps": args.steps}
+                    one |= {"real-length": args.real_length, "threads": args.threads or None}
+                    cmd = [sys.executable, __file__, *options(one)]
                     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
                     results.append(json.loads(out.strip().splitlines()[-1]))
                     r = results[-1]

@@ -17,7 +17,8 @@ LAYERS = {
     "__init__": 0,
     "errors": 0,
     "files": 0,
-    "distributed": 0,  # the bottom: errors, how files are read and written
+    "distributed": 0,
+    "argv": 0,  # the bottom: errors, how files are read and written
     "text": 1,
     "aliases": 1,
     "shards": 1,
@@ -299,3 +300,38 @@ def test_no_file_is_too_long_and_no_folder_holds_too_much_of_the_package():
     big = [f"{name}/: {n / total:.1%} of {total} lines" for name, n in folders.items() if n > MAX_FOLDER_SHARE * total]
     assert total > 10000 and len(folders) > 8
     assert not long + big, "\n".join(long + big)
+
+
+def _command_names(table: dict, prefix: str = "") -> list[str]:
+    """``obliq``'s commands as typed after ``obliq`` (``synth generate``), from the cli's table."""
+    out = []
+    for name, target in table.items():
+        out += _command_names(target, f"{prefix}{name} ") if isinstance(target, dict) else [prefix + name]
+    return out
+
+
+def test_every_command_has_a_docs_section_and_one_readme_row():
+    """Every command of the cli's table (and ``obliq train``) is named in a heading of a docs/*.md page, and
+    has exactly one row of README.md's command table, which links to such a page; README.md stays at most
+    150 lines."""
+    from obliq.cli import COMMANDS, TRAIN
+
+    readme = (REPO / "README.md").read_text().splitlines()
+    assert len(readme) <= 150, f"README.md has {len(readme)} lines"
+    headings = {
+        p.name: [line for line in p.read_text().splitlines() if line.startswith("#")]
+        for p in (REPO / "docs").glob("*.md")
+    }
+    rows = [line for line in readme if line.startswith("| `obliq ")]
+    wrong = []
+    for name in [*_command_names(COMMANDS), TRAIN]:
+        named = re.compile(rf"`obliq {re.escape(name)}(?![\w-])")
+        pages = {page for page, lines in headings.items() if any(named.search(h) for h in lines)}
+        row = [r for r in rows if named.match(r, 2)]
+        if not pages:
+            wrong.append(f"obliq {name}: no heading of docs/*.md names it")
+        if len(row) != 1:
+            wrong.append(f"obliq {name}: {len(row)} rows of README.md's command table")
+        elif not set(re.findall(r"\]\(docs/([\w.-]+\.md)", row[0])) & pages:
+            wrong.append(f"obliq {name}: its README row links to no page that has its section ({sorted(pages)})")
+    assert len(_command_names(COMMANDS)) > 20 and not wrong, "\n".join(wrong)

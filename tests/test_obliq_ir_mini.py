@@ -144,6 +144,21 @@ def test_stages_call_the_existing_commands_in_order(chain, tmp_path):
     assert any("--overwrite" in c for s in chain.stages(7, tmp_path, REPO / chain.RECIPE, True) for c in s.commands)
 
 
+def test_the_chain_runs_the_command_lines_it_ran_before(chain, monkeypatch):
+    """The argv of every stage for ``--docs 150`` (with and without ``--overwrite``) is token for token the one
+    captured before the stages were written with :func:`obliq.argv.options` (tests/data/obliq-ir-mini-argv.json)."""
+    monkeypatch.chdir(REPO)
+    captured = json.loads((REPO / "tests" / "data" / "obliq-ir-mini-argv.json").read_text())
+
+    def argvs(overwrite: bool) -> dict:
+        stages = chain.stages(captured["docs"], Path("../shared/data/tasks"), chain.RECIPE, overwrite)
+        python = {sys.executable: "<python>"}
+        return {s.name: [[python.get(a, a) for a in argv] for argv in s.parallel + s.commands] for s in stages}
+
+    assert argvs(False) == captured["stages"]
+    assert argvs(True) == captured["stages_overwrite"]
+
+
 def test_a_stage_is_done_only_when_its_outputs_are_newer_than_its_inputs(chain, tmp_path):
     source, output = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     source.write_text("x\n")

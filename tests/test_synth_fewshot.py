@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 from test_synth_generate import GOOD_B, SPEC, ScriptedBackend
 
-from obliq.synth.generate import ExamplePool, FewShotConfig, GenerationConfig, sample_documents, synthesize
+from obliq.synth.fewshot import ExamplePool, FewShotConfig
+from obliq.synth.generate import GenerationConfig, sample_documents, synthesize
 from obliq.synth.parse import parse_reply
 from obliq.synth.prompts import TaskSpec, load_stage_prompt, render_stage
 from obliq.tasks import load_task, split_task

@@ -46,6 +46,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from obliq.argv import options
+
 TASKS = ("stance-tweets", "math-theoremqa", "writing-news", "hearings-exchanges")
 RECIPE = Path("configs/obliq-ir-mini.yaml")
 KNN_TASK = "writing-news"
@@ -166,29 +168,16 @@ def run_dir(recipe: Path, ablation: Path | None) -> Path:
 
 def stages(docs: int, data: Path, recipe: Path = RECIPE, overwrite: bool = False) -> list[Stage]:
     """The chain's stages for a sample of ``docs`` documents per task, reading the shared tasks in ``data``."""
-    over = ["--overwrite", "true"] if overwrite else []
+    over = options(overwrite=True) if overwrite else []
     tasks, synth, kept = ROOT / "tasks", ROOT / "synth", ROOT / "filter"
     synthetic = source_path(recipe, "synthetic").parent  # the recipe reads <this folder>/*.jsonl
     out: list[Stage] = []
     for t in TASKS:
+        split = obliq("task", "split", *options(task=data / t, out=tasks / t, dev_fraction=0.5, seed=0), *over)
         out.append(
             Stage(
                 f"split-{t}",
-                [
-                    obliq(
-                        "task",
-                        "split",
-                        "--task",
-                        str(data / t),
-                        "--out",
-                        str(tasks / t),
-                        "--dev_fraction",
-                        "0.5",
-                        "--seed",
-                        "0",
-                        *over,
-                    )
-                ],
+                [split],
                 inputs=[data / t / "queries.jsonl", data / t / "qrels" / "test.tsv"],
                 outputs=[tasks / t / "task.json"],
             )
@@ -196,26 +185,11 @@ def stages(docs: int, data: Path, recipe: Path = RECIPE, overwrite: bool = False
     for t in TASKS:
         generated = synth / f"{t}.jsonl"
         shards = [generated.with_name(f"{t}.shard-{i}-of-{SHARDS}.jsonl") for i in range(SHARDS)]
+        sample = options(config=f"configs/synth/{t}.yaml", task=tasks / t, out=generated, n_docs=docs)
         generate = [
-            obliq(
-                "synth",
-                "generate",
-                "--config",
-                f"configs/synth/{t}.yaml",
-                "--task",
-                str(tasks / t),
-                "--out",
-                str(generated),
-                "--n_docs",
-                str(docs),
-                "--shard.index",
-                str(i),
-                "--shard.count",
-                str(SHARDS),
-            )
-            for i in range(SHARDS)
+            obliq("synth", "generate", *sample, *options(shard={"index": i, "count": SHARDS})) for i in range(SHARDS)
         ]
-        merge = obliq("synth", "merge", "--shards", *map(str, shards), "--out", str(generated), *over)
+        merge = obliq("synth", "merge", *options(shards=shards, out=generated), *over)
         out.append(
             Stage(
                 f"synth-{t}",
@@ -232,7 +206,7 @@ def stages(docs: int, data: Path, recipe: Path = RECIPE, overwrite: bool = False
         out.append(
             Stage(
                 f"audit-{t}",
-                [obliq("synth", "audit", "--rows", str(generated), "--task", str(tasks / t))],
+                [obliq("synth", "audit", *options(rows=generated, task=tasks / t))],
                 inputs=[generated],
                 outputs=[ROOT / "audit" / f"{t}.txt"],
                 stdout=ROOT / "audit" / f"{t}.txt",
@@ -242,11 +216,7 @@ def stages(docs: int, data: Path, recipe: Path = RECIPE, overwrite: bool = False
         out.append(
             Stage(
                 f"filter-{t}",
-                [
-                    obliq(
-                        "synth", "filter", "--rows", str(generated), "--task", str(tasks / t), "--out", str(rows), *over
-                    )
-                ],
+                [obliq("synth", "filter", *options(rows=generated, task=tasks / t, out=rows), *over)],
                 inputs=[generated],
                 outputs=[rows, kept / f"{t}.txt"],
                 stdout=kept / f"{t}.txt",
@@ -255,47 +225,22 @@ def stages(docs: int, data: Path, recipe: Path = RECIPE, overwrite: bool = False
         out.append(
             Stage(
                 f"audit-kept-{t}",
-                [obliq("synth", "audit", "--rows", str(rows), "--task", str(tasks / t))],
+                [obliq("synth", "audit", *options(rows=rows, task=tasks / t))],
                 inputs=[rows],
                 outputs=[ROOT / "audit" / f"{t}-kept.txt"],
                 stdout=ROOT / "audit" / f"{t}-kept.txt",
             )
         )
-        mine = obliq(
-            "negatives",
-            "mine",
-            "--rows",
-            str(rows),
-            "--task",
-            str(tasks / t),
-            "--out",
-            str(synthetic / f"{t}.jsonl"),
-            "--k",
-            "4",
-            *over,
-        )
+        mine = obliq("negatives", "mine", *options(rows=rows, task=tasks / t, out=synthetic / f"{t}.jsonl", k=4), *over)
         out.append(Stage(f"negatives-{t}", [mine], inputs=[rows], outputs=[synthetic / f"{t}.jsonl"]))
     graph, knn = ROOT / "knn" / "graph.json", source_path(recipe, "knn")
+    teacher = options(task=tasks / KNN_TASK, teacher="stylometric", k=3, out=graph)
     out.append(
         Stage(
             "knn",
             [
-                obliq(
-                    "distill",
-                    "graph",
-                    "--task",
-                    str(tasks / KNN_TASK),
-                    "--teacher",
-                    "stylometric",
-                    "--k",
-                    "3",
-                    "--out",
-                    str(graph),
-                    *over,
-                ),
-                obliq(
-                    "distill", "pairs", "--task", str(tasks / KNN_TASK), "--graph", str(graph), "--out", str(knn), *over
-                ),
+                obliq("distill", "graph", *teacher, *over),
+                obliq("distill", "pairs", *options(task=tasks / KNN_TASK, graph=graph, out=knn), *over),
             ],
             inputs=[tasks / KNN_TASK / "task.json"],
             outputs=[graph, knn],
@@ -321,19 +266,8 @@ def stages(docs: int, data: Path, recipe: Path = RECIPE, overwrite: bool = False
     }
     for name, model in models.items():
         folder = ROOT / "eval" / slug(name)
-        command = obliq(
-            "evaluate",
-            "--model",
-            model,
-            "--tasks",
-            *(str(tasks / t) for t in TASKS),
-            "--output",
-            str(folder),
-            "--latency_queries",
-            "0",
-            "--retrieval.batch_size",
-            "64",
-        )
+        read = options(tasks=[tasks / t for t in TASKS], output=folder, latency_queries=0, retrieval={"batch_size": 64})
+        command = obliq("evaluate", *options(model=model), *read)
         out.append(
             Stage(
                 f"eval-{slug(name)}",
@@ -411,17 +345,7 @@ def _train(fit: list[str]) -> None:
     if run is None or checkpoint_info(run.newest).step < config["trainer"]["max_steps"]:
         _call(fit + (["--ckpt_path", "last"] if run is not None else []), env=TRAIN_THREADS)
         run = latest_run(config["run_dir"])
-    _call(
-        obliq(
-            "export",
-            "--checkpoint",
-            str(run.newest),
-            "--out",
-            str(Path(config["run_dir"]) / "model"),
-            "--overwrite",
-            "true",
-        )
-    )
+    _call(obliq("export", *options(checkpoint=run.newest, out=Path(config["run_dir"]) / "model", overwrite=True)))
 
 
 def carried(knn_only: dict, synthetic_only: dict, alpha: float = 0.05) -> str:

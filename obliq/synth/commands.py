@@ -26,8 +26,9 @@ from obliq.search.bm25 import BM25
 from obliq.search.settings import RetrievalSettings
 from obliq.shards import Shard, check_cover, check_same_run
 from obliq.synth.audit import audit_pairs, format_audit
+from obliq.synth.fewshot import FewShotConfig
 from obliq.synth.filter import DROP_REASONS, FilterConfig, audit_rows, filter_candidates
-from obliq.synth.generate import FewShotConfig, GenerationConfig, read_done, sample_documents, synthesize
+from obliq.synth.generate import GenerationConfig, read_done, sample_documents, synthesize
 from obliq.synth.prompts import TaskSpec, load_stage_prompt
 from obliq.tasks import load_task
 
