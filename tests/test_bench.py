@@ -205,7 +205,8 @@ def test_gradcache_bench(tmp_path):
 
 
 def test_kill_resume_bench(tmp_path):
-    out = bench("bench/kill_resume.py", "--kills", "1", "--out", str(tmp_path / "kr"))
+    # 6 steps of 4 rows over 8 rows: three epochs, so the resume crosses an epoch boundary as in the bench's 40 steps
+    out = bench("bench/kill_resume.py", "--kills", "1", "--steps", "6", "--rows", "8", "--out", str(tmp_path / "kr"))
     assert "bit-identical to the uninterrupted run: True" in out
 
 
