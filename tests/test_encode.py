@@ -13,7 +13,7 @@ import time
 
 import numpy as np
 import pytest
-from test_bench import task_slice
+from support import task_slice
 
 from obliq.cli import main as obliq_main
 from obliq.eval.retrieval import RetrievalSettings, corpus_fingerprint, corpus_store, make_retriever

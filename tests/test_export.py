@@ -148,7 +148,7 @@ def test_the_card_takes_only_this_checkpoints_evaluation_and_probes_must_check(t
     other = make_checkpoint(tmp_path / "o.ckpt", "minilm", length=32, seed=1)
     export(ckpt, tmp_path / "mine")
     export(other, tmp_path / "theirs")
-    from test_bench import task_slice
+    from support import task_slice
 
     # a small slice of the task (its name kept): what is checked is whose evaluation the card takes
     task = str(task_slice(tasks_dir, "math-theoremqa", tmp_path / "tasks" / "math-theoremqa", 10, 40))
