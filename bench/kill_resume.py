@@ -13,7 +13,7 @@ the resume started from. Then:
   (``SeenRows``); steps replayed after a kill appear twice, the later one being the one training
   kept, so the log is read keeping the last record per step.
 
-    python bench/kill_resume.py [--kills 20] [--seed 0] [--out runs/kill-resume]
+    python bench/kill_resume.py [--kills 20] [--seed 0] [--out runs/kill-resume] [--steps 40] [--rows 40]
 
 A benchmark, not a test: it prints its table and exits 1 when any check fails.
 """
@@ -56,8 +56,8 @@ class SeenRows(Callback):
             os.fsync(f.fileno())
 
 
-def _setup(out: Path) -> tuple[Path, Path]:
-    """The tiny backbone and the rows file (built once)."""
+def _setup(out: Path, n_rows: int = ROWS) -> tuple[Path, Path]:
+    """The tiny backbone and the rows file of ``n_rows`` rows (built once)."""
     import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaModel
 
@@ -95,13 +95,13 @@ def _setup(out: Path) -> tuple[Path, Path]:
                         "negatives": [],
                     }
                 )
-            if len(out_rows) == ROWS:
+            if len(out_rows) == n_rows:
                 break
         rows.write_text("".join(json.dumps(r) + "\n" for r in out_rows))
     return backbone, rows
 
 
-def _config(folder: Path, backbone: Path, rows: Path) -> Path:
+def _config(folder: Path, backbone: Path, rows: Path, steps: int = STEPS) -> Path:
     import yaml
 
     cfg = {
@@ -110,7 +110,7 @@ def _config(folder: Path, backbone: Path, rows: Path) -> Path:
         "trainer": {
             "accelerator": "cpu",
             "devices": 1,
-            "max_steps": STEPS,
+            "max_steps": steps,
             "deterministic": True,
             "default_root_dir": "${run_dir}",
             "enable_progress_bar": False,
@@ -198,16 +198,18 @@ def main() -> None:
     parser.add_argument("--kills", type=int, default=20)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=REPO / "runs" / "kill-resume")
+    parser.add_argument("--steps", type=int, default=STEPS, help="training steps (a smoke test: a few)")
+    parser.add_argument("--rows", type=int, default=ROWS, help=f"rows, {BATCH} a step (a multiple of {BATCH})")
     args = parser.parse_args()
     rng = random.Random(args.seed)
     out = args.out.resolve()
-    backbone, rows = _setup(out)
+    backbone, rows = _setup(out, args.rows)
 
-    whole = _config(out / f"whole-{args.seed}", backbone, rows)
+    whole = _config(out / f"whole-{args.seed}", backbone, rows, args.steps)
     reference = _start(whole)
     broken_dir = out / f"killed-{args.seed}"
-    broken = _config(broken_dir, backbone, rows)
-    targets = sorted(rng.randint(1, STEPS - 1) for _ in range(args.kills))  # steps may repeat
+    broken = _config(broken_dir, backbone, rows, args.steps)
+    targets = sorted(rng.randint(1, args.steps - 1) for _ in range(args.kills))  # steps may repeat
     outcomes, run = [], _start(broken)
     for target in targets:
         during_write = rng.random() < 1 / 3
@@ -255,7 +257,7 @@ def main() -> None:
     per_epoch: dict[int, Counter] = {}
     for record in seen.values():
         per_epoch.setdefault(record["epoch"], Counter()).update(record["rows"])
-    once = all(set(c) == {f"r{i}" for i in range(ROWS)} and set(c.values()) == {1} for c in per_epoch.values())
+    once = all(set(c) == {f"r{i}" for i in range(args.rows)} and set(c.values()) == {1} for c in per_epoch.values())
 
     print("| kill | target step | steps checkpointed when killed | during a checkpoint write |")
     print("|---:|---:|---:|---|")
@@ -263,11 +265,11 @@ def main() -> None:
         print(f"| {o['kill']} | {o['target_step']} | {o['checkpointed_steps']} | {o['during_checkpoint_write']} |")
     print(
         f"\n{len(outcomes)} kills ({sum(o['during_checkpoint_write'] for o in outcomes)} during a checkpoint write); "
-        f"final run exit {code}, reference exit {ref_code}; steps logged {len(seen)} of {STEPS}; "
+        f"final run exit {code}, reference exit {ref_code}; steps logged {len(seen)} of {args.steps}; "
         f"final adapter bit-identical to the uninterrupted run: {identical}; every row exactly once in each of "
         f"{len(per_epoch)} epochs: {once}"
     )
-    if not (ok and identical and once and len(seen) == STEPS):
+    if not (ok and identical and once and len(seen) == args.steps):
         if code != 0:
             print(run.stderr.read()[-2000:])
         sys.exit(1)

@@ -9,6 +9,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):  # the workers share the cores (addopts: -n 2)
+    os.environ.setdefault(
+        "OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
+    )
 
 import pytest
 import torch
@@ -51,23 +55,14 @@ def smollm2_path() -> str:
 def tiny_llama_dir(tmp_path_factory, smollm2_path) -> str:
     """A randomly initialised 2-layer Llama (hidden 32) with SmolLM2's tokenizer, saved WITHOUT a
     pad token (Llama tokenizers ship without one, C02). Attention dropout 0.1 so dropout matters."""
-    from transformers import AutoTokenizer, LlamaConfig, LlamaModel
+    from support import save_tiny_llama
 
-    folder = tmp_path_factory.mktemp("tiny-llama")
-    tokenizer = AutoTokenizer.from_pretrained(smollm2_path)
-    tokenizer.pad_token = None
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        attention_dropout=0.1,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-    )
-    torch.manual_seed(0)
-    LlamaModel(config).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return str(folder)
+    return save_tiny_llama(tmp_path_factory.mktemp("tiny-llama"), smollm2_path)
+
+
+@pytest.fixture(scope="session")
+def tokenize(minilm_path):
+    """MiniLM's tokenizer with the 'query: ' / 'passage: ' prefixes (support.PrefixTokenizer)."""
+    from support import PrefixTokenizer
+
+    return PrefixTokenizer(minilm_path)

@@ -10,8 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from obliq.tasks import read_jsonl, read_qrels
+from support import task_slice
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
@@ -29,23 +28,6 @@ def bench(*args: str, env: dict | None = None, cwd: Path = REPO, timeout: int = 
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
     return done.stdout
-
-
-def task_slice(tasks_dir: Path, name: str, out: Path, n_queries: int, n_distractors: int) -> Path:
-    """A real task cut small: its first queries, their relevant documents and some others."""
-    src = tasks_dir / name
-    qrels = read_qrels(src / "qrels" / "test.tsv")
-    queries = [o for _, o in read_jsonl(src / "queries.jsonl")][:n_queries]
-    wanted = {d for q in queries for d in qrels[q["_id"]]}
-    corpus = [o for _, o in read_jsonl(src / "corpus.jsonl")]
-    docs = [o for o in corpus if o["_id"] in wanted] + [o for o in corpus if o["_id"] not in wanted][:n_distractors]
-    (out / "qrels").mkdir(parents=True)
-    (out / "corpus.jsonl").write_text("".join(json.dumps(o) + "\n" for o in docs))
-    (out / "queries.jsonl").write_text("".join(json.dumps(o) + "\n" for o in queries))
-    rows = [f"{q['_id']}\t{d}\t{g}" for q in queries for d, g in qrels[q["_id"]].items()]
-    (out / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\n" + "\n".join(rows) + "\n")
-    (out / "task.json").write_text((src / "task.json").read_text())
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -205,7 +187,8 @@ def test_gradcache_bench(tmp_path):
 
 
 def test_kill_resume_bench(tmp_path):
-    out = bench("bench/kill_resume.py", "--kills", "1", "--out", str(tmp_path / "kr"))
+    # 6 steps of 4 rows over 8 rows: three epochs, so the resume crosses an epoch boundary as in the bench's 40 steps
+    out = bench("bench/kill_resume.py", "--kills", "1", "--steps", "6", "--rows", "8", "--out", str(tmp_path / "kr"))
     assert "bit-identical to the uninterrupted run: True" in out
 
 

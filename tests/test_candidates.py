@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import pytrec_eval
-from test_tasks import make_task
+from support import make_task
 
 from obliq.eval.metrics import evaluate_run
 from obliq.evaluate import evaluate

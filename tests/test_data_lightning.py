@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from lightning.pytorch.callbacks import ModelCheckpoint
-from test_data_support import task_rows, tokenize, write_rows  # noqa: F401
+from support import task_rows, write_rows
 
 from obliq.data import Source, TrainingDataModule
 

@@ -9,7 +9,7 @@ from collections import Counter
 import numpy as np
 import pytest
 import torch
-from test_data_support import PrefixTokenizer, file_ids, task_rows, tokenize, write_rows  # noqa: F401
+from support import PrefixTokenizer, file_ids, task_rows, write_rows
 
 from obliq.data import BatchRef, MixturePlan, Source, TrainingDataModule, permute
 from obliq.data.mixture import _keys

@@ -9,7 +9,7 @@ from collections import Counter
 
 import pytest
 import torch
-from test_data_support import file_ids, task_rows, tokenize, write_rows  # noqa: F401  (tokenize is a fixture)
+from support import file_ids, task_rows, write_rows
 
 from obliq.data import RowError, Source, TrainingDataModule, parse_row
 from obliq.text import normalise_text, text_hash

@@ -7,10 +7,10 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from support import lora_encoder, two_gloo_ranks
 
 from obliq.loss import InfoNCELoss
 from obliq.model import BiEncoder, LoraSettings
-from obliq.model.gradcache import grad_cache_step
 
 # Per rank: 2 queries, docs = [2 positives, 2 negatives]. Rank 1's first positive is rank 0's
 # first positive (same id): masked as a negative across ranks too (C05). Rank 1's first query is rank
@@ -32,46 +32,12 @@ SHARDS = [
 ]
 
 
-def _encoder(path):
-    torch.manual_seed(0)
-    enc = BiEncoder(path, lora=LoraSettings(r=4, alpha=8, dropout=0.0))
-    with torch.no_grad():
-        for n, p in enc.named_parameters():
-            if "lora_B" in n:
-                p.normal_(0, 0.05)
-    return enc.eval()  # no dropout: the two setups then draw nothing at random
-
-
-def _worker(rank, path, init_file, out_dir):
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
-    try:
-        enc = _encoder(path)
-        ddp = torch.nn.parallel.DistributedDataParallel(enc)
-        shard = SHARDS[rank]
-        loss_fn = InfoNCELoss(temperature=0.05, symmetric=True)
-        keys, query_keys = torch.tensor(shard["ids"]), torch.tensor(shard["qids"])
-        loss = grad_cache_step(
-            ddp,
-            enc.tokenize(shard["q"], "query"),
-            enc.tokenize(shard["d"], "passage"),
-            lambda q, d: loss_fn(q, d, torch.arange(2), keys, query_keys),
-            chunk_size=1,
-            no_sync=ddp.no_sync,
-            backward_scale=loss_fn.backward_scale,
-        )
-        grads = {n: p.grad.clone() for n, p in enc.named_parameters() if p.requires_grad}
-        torch.save({"loss": loss, "grads": grads}, os.path.join(out_dir, f"rank{rank}.pt"))
-    finally:
-        dist.destroy_process_group()
-
-
 @pytest.mark.distributed
 @pytest.mark.slow
 def test_two_processes_equal_one_process_with_the_concatenated_batch(tiny_llama_dir, tmp_path):
-    mp.spawn(_worker, args=(tiny_llama_dir, str(tmp_path / "init"), str(tmp_path)), nprocs=2, join=True)
-    ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(2)]
+    ranks = two_gloo_ranks(tiny_llama_dir, tmp_path, SHARDS, {"temperature": 0.05, "symmetric": True})
 
-    enc = _encoder(tiny_llama_dir)
+    enc = lora_encoder(tiny_llama_dir).eval()
     q = enc(enc.tokenize(SHARDS[0]["q"] + SHARDS[1]["q"], "query"))
     d = enc(enc.tokenize(SHARDS[0]["d"] + SHARDS[1]["d"], "passage"))
     keys = torch.tensor(SHARDS[0]["ids"] + SHARDS[1]["ids"])
@@ -132,7 +98,7 @@ def _eval_worker(rank, path, task_dir, init_file, out_dir):
 
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
     try:
-        enc = _encoder(path)
+        enc = lora_encoder(path).eval()
         retrieval = make_retriever(enc, RetrievalSettings(top_k=20, batch_size=4))(load_task(task_dir))
         (out_dir / f"run{rank}.json").write_text(json.dumps(retrieval.run))
     finally:
@@ -147,7 +113,7 @@ def test_two_ranks_encoding_shares_give_the_one_process_run(tiny_llama_dir, task
     the one-process run: the same documents in the same order, scores within float rounding."""
     import json
 
-    from test_eval_callback import small_real_task
+    from support import small_real_task
 
     from obliq.search.retrieval import make_retriever
     from obliq.search.settings import RetrievalSettings
@@ -155,7 +121,9 @@ def test_two_ranks_encoding_shares_give_the_one_process_run(tiny_llama_dir, task
 
     task_dir = small_real_task(tasks_dir, tmp_path / "slice", n_distractors=40)
     mp.spawn(_eval_worker, args=(tiny_llama_dir, task_dir, tmp_path / "init", tmp_path), nprocs=2, join=True)
-    one = make_retriever(_encoder(tiny_llama_dir), RetrievalSettings(top_k=20, batch_size=4))(load_task(task_dir)).run
+    one = make_retriever(lora_encoder(tiny_llama_dir).eval(), RetrievalSettings(top_k=20, batch_size=4))(
+        load_task(task_dir)
+    ).run
     for rank in (0, 1):
         got = json.loads((tmp_path / f"run{rank}.json").read_text())
         assert got.keys() == one.keys()
@@ -176,9 +144,7 @@ def test_the_training_callback_evaluates_on_every_rank_under_ddp_and_fsdp2(
     import csv
 
     import yaml
-    from test_data_support import task_rows, write_rows
-    from test_eval_callback import small_real_task
-    from test_train import _train, _write_config
+    from support import small_real_task, start_training, task_rows, write_config, write_rows
 
     from obliq.eval.results import evaluate_tasks
     from obliq.model.checkpoint import load_checkpoint
@@ -189,7 +155,7 @@ def test_the_training_callback_evaluates_on_every_rank_under_ddp_and_fsdp2(
     task_dir = small_real_task(tasks_dir, tmp_path / "slice", n_distractors=25)
     rows = write_rows(tmp_path / "rows.jsonl", task_rows(tasks_dir, "math-theoremqa", limit=16))
     fsdp = {"class_path": "obliq.model.sharding.LoraModelParallelStrategy"}
-    config = _write_config(
+    config = write_config(
         tmp_path / "run",
         rows,
         tiny_llama_dir,
@@ -221,7 +187,7 @@ def test_the_training_callback_evaluates_on_every_rank_under_ddp_and_fsdp2(
         },
     ]
     config.write_text(yaml.safe_dump(cfg))
-    run = _train(config)
+    run = start_training(config)
     assert run.wait(timeout=900) == 0, run.stderr.read()
     with open(next((tmp_path / "run").rglob("metrics.csv"))) as f:
         logged = [float(r["eval/math-slice/NDCG@10"]) for r in csv.DictReader(f) if r.get("eval/math-slice/NDCG@10")]
@@ -244,7 +210,7 @@ def test_evaluate_py_under_torchrun_equals_one_process(tasks_dir, tmp_path):
     import subprocess
     import sys
 
-    from test_eval_callback import small_real_task
+    from support import small_real_task
 
     REPO = __import__("pathlib").Path(__file__).resolve().parents[1]
     task_dir = small_real_task(tasks_dir, tmp_path / "slice", n_distractors=30)

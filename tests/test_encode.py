@@ -13,7 +13,7 @@ import time
 
 import numpy as np
 import pytest
-from test_bench import task_slice
+from support import task_slice
 
 from obliq.cli import main as obliq_main
 from obliq.search.retrieval import make_retriever
@@ -49,6 +49,14 @@ def _run(cmd):
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout[done.stdout.index("{") :])
+
+
+def _run_here(capsys, cmd):
+    """``_run`` in this process (the command's arguments after ``-m obliq.cli``): no start-up to pay."""
+    capsys.readouterr()
+    obliq_main(cmd[3:])
+    out = capsys.readouterr().out
+    return json.loads(out[out.index("{") :])
 
 
 def _settings(folder, **kw):
@@ -88,12 +96,13 @@ def test_two_processes_write_the_embeddings_of_one(one_process):
     assert np.abs(two - reference).max() <= 1e-6
 
 
-def test_a_killed_shard_resumes_without_redoing_the_other(one_process):
+def test_a_killed_shard_resumes_without_redoing_the_other(one_process, capsys):
+    """The victim is a real process, SIGKILLed; the runs around it go in this process."""
     root, task_dir, task, reference = one_process
     cache = root / "killed"
     settings = _settings(cache)
     store = Store.of("minilm", settings, task).folder
-    _run(_encode_cmd(task_dir, cache, "--shard.index", "0", "--shard.count", "2"))
+    _run_here(capsys, _encode_cmd(task_dir, cache, "--shard.index", "0", "--shard.count", "2"))
     first = (store / "shard-0-of-2.npy").stat()
     victim = subprocess.Popen(
         _encode_cmd(task_dir, cache, "--shard.index", "1", "--shard.count", "2", "--block_size", "2"),
@@ -113,7 +122,9 @@ def test_a_killed_shard_resumes_without_redoing_the_other(one_process):
         make_retriever("minilm", settings)(task)
     assert err.value.missing == [1]
 
-    reports = [_run(_encode_cmd(task_dir, cache, "--shard.index", str(i), "--shard.count", "2")) for i in range(2)]
+    reports = [
+        _run_here(capsys, _encode_cmd(task_dir, cache, "--shard.index", str(i), "--shard.count", "2")) for i in range(2)
+    ]
     assert [r["tasks"][task.name]["status"] for r in reports] == ["done", "encoded"]
     assert reports[1]["tasks"][task.name]["complete"] is True
     again = (store / "shard-0-of-2.npy").stat()

@@ -11,30 +11,13 @@ from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
 from obliq.callbacks import RetrievalEvaluation
+from support import small_real_task
 from torch.utils.data import DataLoader
 
 from obliq.eval.results import evaluate_tasks
 from obliq.search.retrieval import retrieve_dense
 from obliq.search.settings import RetrievalSettings
-from obliq.tasks import load_task, read_jsonl, read_qrels
-
-
-def small_real_task(tasks_dir, root, n_queries=15, n_distractors=40):
-    """A slice of math-theoremqa: 15 real queries, their relevant problems and 40 other problems."""
-    src = tasks_dir / "math-theoremqa"
-    qrels = read_qrels(src / "qrels" / "test.tsv")
-    queries = [o for _, o in read_jsonl(src / "queries.jsonl")][:n_queries]
-    wanted = {d for q in queries for d in qrels[q["_id"]]}
-    corpus = [o for _, o in read_jsonl(src / "corpus.jsonl")]
-    docs = [o for o in corpus if o["_id"] in wanted] + [o for o in corpus if o["_id"] not in wanted][:n_distractors]
-    root.mkdir(parents=True)
-    (root / "qrels").mkdir()
-    (root / "corpus.jsonl").write_text("".join(json.dumps(o) + "\n" for o in docs))
-    (root / "queries.jsonl").write_text("".join(json.dumps(o) + "\n" for o in queries))
-    rows = [f"{q['_id']}\t{d}\t{g}" for q in queries for d, g in qrels[q["_id"]].items()]
-    (root / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\n" + "\n".join(rows) + "\n")
-    (root / "task.json").write_text(json.dumps({"name": "math-slice", "mechanism": "analogue"}))
-    return root
+from obliq.tasks import load_task
 
 
 class TinyRetriever(LightningModule):

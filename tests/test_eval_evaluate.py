@@ -155,7 +155,7 @@ def test_minilm_corpus_cache_is_reused(minilm_eval):
 
 
 def test_pooled_qrels_and_queries_without_relevant_docs(tmp_path):
-    from test_tasks import make_task
+    from support import make_task
 
     from obliq.eval.results import evaluate_tasks
     from obliq.search.retrieval import retrieve_bm25
@@ -217,7 +217,7 @@ def test_obliq_adapter_folder_loads_as_biencoder(tmp_path):
 
 
 def test_config_file_and_task_list_forms(tmp_path):
-    from test_tasks import make_task
+    from support import make_task
 
     from obliq.cli import _expand
 

@@ -308,7 +308,7 @@ class _HashEncoder:
 
 
 def test_evaluate_reports_an_approximate_search_with_its_recall_and_drops_padding(tmp_path):
-    from test_tasks import make_task
+    from support import make_task
 
     from obliq.eval.results import evaluate_tasks
     from obliq.search.retrieval import make_retriever
@@ -343,7 +343,7 @@ def test_c42_an_index_faiss_cannot_train_on_the_corpus_is_refused_before_encodin
     one line naming the setting and the size before encoding anything; the ivf-pq preset uses fewer bits
     and says so in the results."""
     import faiss
-    from test_tasks import make_task
+    from support import make_task
 
     from obliq.search.faiss_index import factory_string
     from obliq.search.retrieval import make_retriever

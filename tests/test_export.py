@@ -148,7 +148,10 @@ def test_the_card_takes_only_this_checkpoints_evaluation_and_probes_must_check(t
     other = make_checkpoint(tmp_path / "o.ckpt", "minilm", length=32, seed=1)
     export(ckpt, tmp_path / "mine")
     export(other, tmp_path / "theirs")
-    task = str(tasks_dir / "math-theoremqa")
+    from support import task_slice
+
+    # a small slice of the task (its name kept): what is checked is whose evaluation the card takes
+    task = str(task_slice(tasks_dir, "math-theoremqa", tmp_path / "tasks" / "math-theoremqa", 10, 40))
     settings = dict(retrieval={"top_k": 100, "batch_size": 64, "cache": False}, latency_queries=0)
     from obliq.search.settings import RetrievalSettings
 

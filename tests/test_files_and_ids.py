@@ -9,7 +9,7 @@ import math
 
 import pytest
 import pytrec_eval
-from test_tasks import make_task
+from support import make_task
 
 from obliq.cli import main as obliq_main
 from obliq.eval.metrics import evaluate_run

@@ -11,8 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_data_support import write_rows
-from test_tasks import make_task
+from support import make_task, write_rows
 
 from obliq.cli import main as obliq_main
 

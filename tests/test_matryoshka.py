@@ -3,17 +3,13 @@ equal to one full-batch pass, two processes equal to one (cross-device negatives
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn.functional as F
+from support import lora_encoder, two_gloo_ranks
 
 from obliq.loss import InfoNCELoss, info_nce
-from obliq.model import BiEncoder, LoraSettings
 from obliq.model.gradcache import grad_cache_step
 
 
@@ -115,16 +111,6 @@ DOCS = [
 DIMS = [32, 16, 8, 4]  # the tiny Llama's hidden size is 32
 
 
-def _encoder(path, dropout=0.0):
-    torch.manual_seed(0)
-    enc = BiEncoder(path, lora=LoraSettings(r=4, alpha=8, dropout=dropout))
-    with torch.no_grad():
-        for n, p in enc.named_parameters():
-            if "lora_B" in n:
-                p.normal_(0, 0.05)
-    return enc
-
-
 def _grads(enc):
     return {n: p.grad.detach().clone() for n, p in enc.named_parameters() if p.requires_grad}
 
@@ -132,7 +118,7 @@ def _grads(enc):
 @pytest.mark.slow
 @pytest.mark.parametrize("chunk", [1, 3])
 def test_gradcache_with_matryoshka_equals_one_full_batch_pass(tiny_llama_dir, chunk):
-    enc = _encoder(tiny_llama_dir).eval()  # no dropout: one unchunked pass is the reference
+    enc = lora_encoder(tiny_llama_dir).eval()  # no dropout: one unchunked pass is the reference
     loss = InfoNCELoss(temperature=0.05, matryoshka_dims=DIMS, matryoshka_weights=[1.0, 1.0, 0.5, 0.25])
     keys = torch.arange(len(DOCS))
     fn = lambda q, d: loss(q, d, torch.arange(4), keys)  # noqa: E731
@@ -159,35 +145,11 @@ SHARDS = [
 ]
 
 
-def _worker(rank, path, init_file, out_dir):
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
-    try:
-        enc = _encoder(path).eval()
-        ddp = torch.nn.parallel.DistributedDataParallel(enc)
-        shard = SHARDS[rank]
-        loss_fn = InfoNCELoss(temperature=0.05, matryoshka_dims=DIMS)
-        keys = torch.tensor(shard["ids"])
-        loss = grad_cache_step(
-            ddp,
-            enc.tokenize(shard["q"], "query"),
-            enc.tokenize(shard["d"], "passage"),
-            lambda q, d: loss_fn(q, d, torch.tensor([0, 1]), keys),
-            chunk_size=1,
-            no_sync=ddp.no_sync,
-            backward_scale=loss_fn.backward_scale,
-        )
-        grads = {n: p.grad.clone() for n, p in enc.named_parameters() if p.requires_grad}
-        torch.save({"loss": loss, "grads": grads}, os.path.join(out_dir, f"rank{rank}.pt"))
-    finally:
-        dist.destroy_process_group()
-
-
 @pytest.mark.distributed
 @pytest.mark.slow
 def test_matryoshka_across_two_processes_equals_one_process(tiny_llama_dir, tmp_path):
-    mp.spawn(_worker, args=(tiny_llama_dir, str(tmp_path / "init"), str(tmp_path)), nprocs=2, join=True)
-    ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(2)]
-    enc = _encoder(tiny_llama_dir).eval()
+    ranks = two_gloo_ranks(tiny_llama_dir, tmp_path, SHARDS, {"temperature": 0.05, "matryoshka_dims": DIMS})
+    enc = lora_encoder(tiny_llama_dir).eval()
     q = enc(enc.tokenize(SHARDS[0]["q"] + SHARDS[1]["q"], "query"))
     d = enc(enc.tokenize(SHARDS[0]["d"] + SHARDS[1]["d"], "passage"))
     keys = torch.tensor(SHARDS[0]["ids"] + SHARDS[1]["ids"])

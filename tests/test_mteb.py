@@ -219,15 +219,14 @@ def small_math_task(tasks_dir: Path, root: Path, candidates: bool) -> Path:
 def exported(tmp_path_factory, tasks_dir, minilm_path) -> Path:
     """MiniLM with LoRA, 2 steps with instructions on (use_instructions), exported with a merged folder."""
     import yaml
-    from test_data_support import task_rows, write_rows
-    from test_train import _write_config
+    from support import task_rows, write_config, write_rows
 
     from obliq.export import export
     from obliq.trainer import cli
 
     folder = tmp_path_factory.mktemp("mteb-export")
     rows = write_rows(folder / "rows.jsonl", task_rows(tasks_dir, "math-theoremqa", limit=16))
-    config = _write_config(folder, rows, minilm_path, max_steps=2)
+    config = write_config(folder, rows, minilm_path, max_steps=2)
     cfg = yaml.safe_load(config.read_text())
     cfg["model"]["encoder"]["init_args"]["use_instructions"] = True
     config.write_text(yaml.safe_dump(cfg))

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from test_train import REPO, _lora, _write_config
+from support import REPO, lora_weights, start_training, write_config
 
 SCHEDULER_VARS = (
     "SLURM_JOB_ID",
@@ -275,7 +275,7 @@ def test_ddp_ranks_land_in_rank_zeros_folder(tmp_path, monkeypatch):
 
 def _recipe(folder: Path, rows: Path, backbone: str, steps: int) -> Path:
     """A recipe in the shipped form: one run_dir from which every output derives."""
-    config = _write_config(folder, rows, backbone, max_steps=steps)
+    config = write_config(folder, rows, backbone, max_steps=steps)
     cfg = yaml.safe_load(config.read_text())
     cfg["run_dir"] = str(folder / "runs")
     cfg["trainer"]["default_root_dir"] = cfg["trainer"]["logger"]["init_args"]["save_dir"] = "${run_dir}"
@@ -286,16 +286,8 @@ def _recipe(folder: Path, rows: Path, backbone: str, steps: int) -> Path:
 
 
 def _train(config: Path, *extra: str) -> subprocess.Popen:
-    env = {k: v for k, v in os.environ.items() if k not in SCHEDULER_VARS}
-    env.update(PYTHONHASHSEED="0", OMP_NUM_THREADS="1")
-    return subprocess.Popen(
-        [sys.executable, str(REPO / "train.py"), "fit", "--config", str(config), *extra],
-        cwd=config.parent,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    """A training in the recipe's folder, outside any scheduler."""
+    return start_training(config, *extra, cwd=config.parent, drop_env=SCHEDULER_VARS)
 
 
 @pytest.mark.slow
@@ -303,7 +295,7 @@ def test_sigterm_saves_a_checkpoint_exits_143_and_last_resumes_it_exactly(tiny_l
     """A real SIGTERM to a training process: it saves `<run>/sigterm.ckpt` at the next step boundary and
     exits with 143 (before: exit 0, nothing saved); `--ckpt_path last` resumes that checkpoint in the
     same folder and ends bit-identical to an uninterrupted run."""
-    from test_data_support import task_rows, write_rows
+    from support import task_rows, write_rows
 
     from obliq.model.checkpoint import checkpoint_info
 
@@ -331,8 +323,8 @@ def test_sigterm_saves_a_checkpoint_exits_143_and_last_resumes_it_exactly(tiny_l
     assert sorted(p.name for p in (tmp_path / "broken" / "runs").iterdir()) == ["version_0"]  # resumed in place
     record = json.loads((metrics / "owner.json").read_text())
     assert record["resumed_from"] == str(saved)
-    a = _lora(tmp_path / "whole" / "runs" / "version_0" / "ckpt" / "last.ckpt")
-    b = _lora(metrics / "ckpt" / "last.ckpt")
+    a = lora_weights(tmp_path / "whole" / "runs" / "version_0" / "ckpt" / "last.ckpt")
+    b = lora_weights(metrics / "ckpt" / "last.ckpt")
     assert checkpoint_info(metrics / "ckpt" / "last.ckpt").step == steps
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
@@ -342,7 +334,7 @@ def test_sigterm_saves_a_checkpoint_exits_143_and_last_resumes_it_exactly(tiny_l
 def test_a_ddp_run_on_two_processes_uses_one_version_folder(tiny_llama_dir, tasks_dir, tmp_path):
     """Lightning's DDP launcher re-runs the command in a child process: the child trains in rank 0's
     version folder (published through $OBLIQ_RUN_FOLDER), not in a second one."""
-    from test_data_support import task_rows, write_rows
+    from support import task_rows, write_rows
 
     rows = write_rows(tmp_path / "rows.jsonl", task_rows(tasks_dir, "math-theoremqa", limit=16))
     config = _recipe(tmp_path / "ddp", rows, tiny_llama_dir, 2)

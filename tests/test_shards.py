@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from test_data_support import task_rows, write_rows
+from support import task_rows, write_rows
 
 from obliq.shards import Shard, check_cover
 

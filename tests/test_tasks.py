@@ -5,22 +5,10 @@ from __future__ import annotations
 import json
 
 import pytest
+from support import make_task
 
 from obliq.tasks import load_task, read_jsonl
 from obliq.text import repair_text
-
-
-def make_task(root, corpus, queries, qrels, pooled=None):
-    """Write a task folder; corpus/queries are lists of dicts (or raw strings), qrels of (q, d, g)."""
-    root.mkdir(parents=True, exist_ok=True)
-    for name, rows in (("corpus.jsonl", corpus), ("queries.jsonl", queries)):
-        (root / name).write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
-    (root / "qrels").mkdir(exist_ok=True)
-    for name, rows in (("test", qrels), ("pooled", pooled)):
-        if rows is not None:
-            lines = ["query-id\tcorpus-id\tscore"] + [f"{q}\t{d}\t{g}" for q, d, g in rows]
-            (root / "qrels" / f"{name}.tsv").write_text("\n".join(lines) + "\n")
-    return root
 
 
 def test_real_task_loads_with_its_stats(tasks_dir):

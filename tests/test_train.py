@@ -5,15 +5,13 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
-from test_data_support import task_rows, write_rows
+from support import REPO, lora_weights, start_training, task_rows, write_config, write_rows
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = sorted(
@@ -75,76 +73,19 @@ def test_every_config_loads_against_the_code(config):
     assert outputs and all(str(p).startswith("elsewhere/run") for p in outputs), outputs
 
 
-def _write_config(folder: Path, rows: Path, backbone: str, max_steps: int, **extra) -> Path:
-    cfg = {
-        "seed_everything": 0,
-        "run_dir": str(folder / "runs"),  # where the run's version folder is claimed (this config writes elsewhere)
-        "trainer": {
-            "accelerator": "cpu",
-            "devices": 1,
-            "max_steps": max_steps,
-            "deterministic": True,
-            "default_root_dir": str(folder),
-            "enable_progress_bar": False,
-            "enable_model_summary": False,
-            "log_every_n_steps": 1,
-            "logger": {"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": str(folder)}},
-            "callbacks": [
-                {
-                    "class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
-                    "init_args": {
-                        "dirpath": str(folder / "ckpt"),
-                        "save_last": True,
-                        "every_n_train_steps": 1,
-                        "save_top_k": -1,
-                    },
-                }
-            ],
-        },
-        "model": {
-            "encoder": {
-                "class_path": "obliq.model.BiEncoder",
-                "init_args": {
-                    "backbone": backbone,
-                    "lora": {"r": 4, "alpha": 8, "dropout": 0.1},
-                    "query_max_length": 32,
-                    "passage_max_length": 48,
-                },
-            },
-            "chunk_size": 2,
-            "lr": 1e-3,
-            "temperature": 0.05,
-        },
-        "data": {"sources": [{"path": str(rows)}], "batch_size": 4, "max_negatives": 2, "num_workers": 0},
-    }
-    for key, value in extra.items():
-        section, name = key.split("__")
-        cfg[section][name] = value
-    path = folder / "config.yaml"
-    folder.mkdir(parents=True, exist_ok=True)
-    path.write_text(yaml.safe_dump(cfg))
-    return path
-
-
 @pytest.fixture(scope="module")
 def rows_file(tasks_dir, tmp_path_factory) -> Path:
     return write_rows(tmp_path_factory.mktemp("rows") / "rows.jsonl", task_rows(tasks_dir, "math-theoremqa", limit=40))
-
-
-def _lora(ckpt: Path) -> dict[str, torch.Tensor]:
-    state = torch.load(ckpt, map_location="cpu", weights_only=True)["state_dict"]
-    assert state and all("lora_" in k for k in state)
-    return state
 
 
 @pytest.mark.slow
 def test_three_step_fit_with_a_tiny_llama_through_train_py(tiny_llama_dir, rows_file, tmp_path):
     from obliq.trainer import cli
 
-    config = _write_config(tmp_path, rows_file, tiny_llama_dir, max_steps=3)
+    config = write_config(tmp_path, rows_file, tiny_llama_dir, max_steps=3)
     cli = cli(["fit", "--config", str(config)])
     assert cli.trainer.global_step == 3
-    first, last = _lora(tmp_path / "ckpt" / "epoch=0-step=1.ckpt"), _lora(tmp_path / "ckpt" / "last.ckpt")
+    first, last = lora_weights(tmp_path / "ckpt" / "epoch=0-step=1.ckpt"), lora_weights(tmp_path / "ckpt" / "last.ckpt")
     assert any(not torch.equal(first[k], last[k]) for k in first)  # it trained
     assert (tmp_path / "config.yaml").is_file()
     metrics = (next(tmp_path.rglob("metrics.csv"))).read_text()
@@ -161,27 +102,15 @@ def _column(csv_text: str, name: str) -> list[str]:
     return [line.split(",")[col] for line in lines[1:] if line.split(",")[col]]
 
 
-def _train(config: Path, *extra: str) -> subprocess.Popen:
-    env = dict(os.environ, PYTHONHASHSEED="0", OMP_NUM_THREADS="1")
-    return subprocess.Popen(
-        [sys.executable, str(REPO / "train.py"), "fit", "--config", str(config), *extra],
-        cwd=REPO,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-
-
 @pytest.mark.slow
 def test_sigkill_and_resume_ends_bit_identical(tiny_llama_dir, rows_file, tmp_path):
     """C16: a run killed at an arbitrary step and resumed with --ckpt_path last ends with the same
     adapter as an uninterrupted run, the lr schedule continuing where it stopped."""
     steps = 14  # 40 rows / 4 = 10 steps per epoch: the run crosses an epoch boundary
-    whole = _write_config(tmp_path / "whole", rows_file, tiny_llama_dir, max_steps=steps)
-    broken = _write_config(tmp_path / "broken", rows_file, tiny_llama_dir, max_steps=steps)
-    ref = _train(whole)
-    run = _train(broken)
+    whole = write_config(tmp_path / "whole", rows_file, tiny_llama_dir, max_steps=steps)
+    broken = write_config(tmp_path / "broken", rows_file, tiny_llama_dir, max_steps=steps)
+    ref = start_training(whole)
+    run = start_training(broken)
     target = tmp_path / "broken" / "ckpt" / "epoch=0-step=6.ckpt"
     deadline = time.time() + 300
     while not target.exists() and run.poll() is None and time.time() < deadline:
@@ -191,11 +120,11 @@ def test_sigkill_and_resume_ends_bit_identical(tiny_llama_dir, rows_file, tmp_pa
     run.wait()
     killed_at = max(int(p.stem.split("step=")[1]) for p in (tmp_path / "broken" / "ckpt").glob("epoch=*.ckpt"))
     assert killed_at < steps
-    resumed = _train(broken, "--ckpt_path", "last")
+    resumed = start_training(broken, "--ckpt_path", "last")
     assert resumed.wait(timeout=600) == 0, resumed.stderr.read()
     assert ref.wait(timeout=600) == 0, ref.stderr.read()
-    a = _lora(tmp_path / "whole" / "ckpt" / "last.ckpt")
-    b = _lora(tmp_path / "broken" / "ckpt" / "last.ckpt")
+    a = lora_weights(tmp_path / "whole" / "ckpt" / "last.ckpt")
+    b = lora_weights(tmp_path / "broken" / "ckpt" / "last.ckpt")
     assert a.keys() == b.keys()
     assert all(torch.equal(a[k], b[k]) for k in a)
     sched_a = torch.load(tmp_path / "whole" / "ckpt" / "last.ckpt", weights_only=True)["lr_schedulers"][0]
@@ -213,7 +142,7 @@ def test_export_round_trip(minilm_path, rows_file, tmp_path):
     from obliq.search.encoders import load_encoder
     from obliq.trainer import cli
 
-    config = _write_config(tmp_path, rows_file, "minilm", max_steps=2)
+    config = write_config(tmp_path, rows_file, "minilm", max_steps=2)
     cli(["fit", "--config", str(config)])
     ckpt = tmp_path / "ckpt" / "last.ckpt"
     report = export(ckpt, tmp_path / "export", merge=True)
@@ -245,7 +174,7 @@ def test_exported_adapter_has_a_real_card_and_loads_from_another_folder_and_envi
     copy of the adapter loads on a machine whose packages live elsewhere (another venv)."""
     import shutil
 
-    from test_tasks import make_task
+    from support import make_task
 
     from obliq.evaluate import evaluate
     from obliq.export import PROBE, export
@@ -253,7 +182,7 @@ def test_exported_adapter_has_a_real_card_and_loads_from_another_folder_and_envi
     from obliq.search.encoders import load_encoder
     from obliq.trainer import cli
 
-    config = _write_config(tmp_path, rows_file, minilm_path, max_steps=2)  # the backbone given as a local path
+    config = write_config(tmp_path, rows_file, minilm_path, max_steps=2)  # the backbone given as a local path
     cli(["fit", "--config", str(config)])
     ckpt = tmp_path / "ckpt" / "last.ckpt"
     expect = load_checkpoint(ckpt).encode(PROBE, "query")
@@ -367,7 +296,7 @@ def test_wandb_offline_run_holds_metrics_and_a_resume_continues_it(
         "class_path": "obliq.callbacks.WandbLogger",
         "init_args": {"project": "obliq-test", "save_dir": str(tmp_path)},
     }
-    config = _write_config(tmp_path, rows_file, tiny_llama_dir, max_steps=3)
+    config = write_config(tmp_path, rows_file, tiny_llama_dir, max_steps=3)
     cfg = yaml.safe_load(config.read_text())
     cfg["trainer"]["logger"] = logger
     config.write_text(yaml.safe_dump(cfg))
@@ -416,7 +345,7 @@ def test_dose_sweep_trains_each_dose_and_writes_table_and_plot(tiny_llama_dir, t
     rows = task_rows(tasks_dir, "math-theoremqa", limit=24)
     public = write_rows(tmp_path / "public.jsonl", rows[:12])
     knn = write_rows(tmp_path / "knn.jsonl", [dict(r, source="knn") for r in rows[12:]])
-    config = _write_config(tmp_path / "recipe", public, tiny_llama_dir, max_steps=2)
+    config = write_config(tmp_path / "recipe", public, tiny_llama_dir, max_steps=2)
     cfg = yaml.safe_load(config.read_text())
     cfg["data"]["sources"].append({"name": "knn", "path": str(knn), "count": 12})
     cfg["run_dir"] = str(tmp_path / "recipe")  # outputs derived from the run folder, as the shipped recipes do
@@ -455,15 +384,18 @@ def test_fsdp2_on_two_cpu_processes_matches_ddp_saves_the_whole_adapter_and_resu
     documents, hence of GradCache chunks: FSDP needs the same passes on both (idle passes pad)."""
     fsdp = {"class_path": "obliq.model.sharding.LoraModelParallelStrategy"}
     runs = {
-        name: _write_config(
+        name: write_config(
             tmp_path / name, rows_file, tiny_llama_dir, max_steps=4, trainer__devices=2, trainer__strategy=strategy
         )
         for name, strategy in [("ddp", "ddp"), ("fsdp", fsdp), ("resumed", fsdp)]
     }
     for name in ("ddp", "fsdp"):
-        run = _train(runs[name])
+        run = start_training(runs[name])
         assert run.wait(timeout=600) == 0, run.stderr.read()
-    ddp, sharded = _lora(tmp_path / "ddp" / "ckpt" / "last.ckpt"), _lora(tmp_path / "fsdp" / "ckpt" / "last.ckpt")
+    ddp, sharded = (
+        lora_weights(tmp_path / "ddp" / "ckpt" / "last.ckpt"),
+        lora_weights(tmp_path / "fsdp" / "ckpt" / "last.ckpt"),
+    )
     assert sharded.keys() == ddp.keys() and len(ddp) == 2 * 7 * 2  # 2 layers x 7 projections x (A, B)
     for key, value in ddp.items():
         assert sharded[key].shape == value.shape, key
@@ -471,9 +403,9 @@ def test_fsdp2_on_two_cpu_processes_matches_ddp_saves_the_whole_adapter_and_resu
     step2 = tmp_path / "resumed" / "ckpt" / "epoch=0-step=2.ckpt"
     step2.parent.mkdir(parents=True)
     step2.write_bytes((tmp_path / "fsdp" / "ckpt" / step2.name).read_bytes())
-    resumed = _train(runs["resumed"], "--ckpt_path", str(step2))
+    resumed = start_training(runs["resumed"], "--ckpt_path", str(step2))
     assert resumed.wait(timeout=600) == 0, resumed.stderr.read()
-    again = _lora(tmp_path / "resumed" / "ckpt" / "last.ckpt")
+    again = lora_weights(tmp_path / "resumed" / "ckpt" / "last.ckpt")
     assert all(torch.equal(again[k], sharded[k]) for k in sharded)
 
 
@@ -496,7 +428,7 @@ class _Poisoned(torch.nn.Module):
 def test_nan_steps_are_skipped_counted_and_too_many_stop_with_a_checkpoint(tiny_llama_dir, rows_file, tmp_path):
     from obliq.trainer import cli
 
-    config = _write_config(tmp_path / "one", rows_file, tiny_llama_dir, max_steps=3)
+    config = write_config(tmp_path / "one", rows_file, tiny_llama_dir, max_steps=3)
     run = cli(["--config", str(config), "--model.max_bad_steps=2"], run=False)
     run.model.loss = _Poisoned(run.model.loss, {2})
     run.trainer.fit(run.model, datamodule=run.datamodule)
@@ -506,7 +438,7 @@ def test_nan_steps_are_skipped_counted_and_too_many_stop_with_a_checkpoint(tiny_
     logged = [float(x) for x in _column(metrics, "train/bad_steps")]  # cumulative, logged with each step
     assert logged[0] == 0.0 and logged[-1] == 1.0 and sorted(logged) == logged
 
-    config = _write_config(tmp_path / "all", rows_file, tiny_llama_dir, max_steps=3)
+    config = write_config(tmp_path / "all", rows_file, tiny_llama_dir, max_steps=3)
     run = cli(["--config", str(config), "--model.max_bad_steps=2"], run=False)
     run.model.loss = _Poisoned(run.model.loss, {"all"})
     before = {k: v.clone() for k, v in run.model.state_dict().items() if "lora_" in k}
@@ -531,7 +463,7 @@ def test_bad_training_rows_fail_before_the_backbone_loads(tmp_path):
         "negatives": [],
     }
     rows.write_text(json.dumps(good) + "\n" + json.dumps(dict(good, id="b", query="")) + "\n")
-    config = _write_config(tmp_path, rows, str(tmp_path / "no-such-backbone"), max_steps=1)
+    config = write_config(tmp_path, rows, str(tmp_path / "no-such-backbone"), max_steps=1)
     with pytest.raises(ValueError, match=r"rows\.jsonl:2:"):
         cli(["fit", "--config", str(config)])
     with pytest.raises(FileNotFoundError, match="no file matches"):
@@ -574,7 +506,7 @@ def test_a_resume_with_more_steps_follows_the_new_schedule(tiny_llama_dir, rows_
     (1 warmup step, then linear decay: 1e-3 × (5 − step) / 4), not the 3-step run's final lr 0."""
     from obliq.trainer import cli
 
-    config = _write_config(tmp_path, rows_file, tiny_llama_dir, max_steps=3)
+    config = write_config(tmp_path, rows_file, tiny_llama_dir, max_steps=3)
     cli(["fit", "--config", str(config)])
     cli(["fit", "--config", str(config), "--trainer.max_steps=5", "--ckpt_path", "last"])
     second = sorted(tmp_path.rglob("metrics.csv"))[-1].read_text()
@@ -665,7 +597,7 @@ def test_teacher_scores_from_the_graph_train_with_a_kl_term(tiny_llama_dir, task
     write_rows(tmp_path / "few.jsonl", rows[:16])
     losses = {}
     for kind in ("none", "kl"):
-        config = _write_config(tmp_path / kind, tmp_path / "few.jsonl", tiny_llama_dir, max_steps=2)
+        config = write_config(tmp_path / kind, tmp_path / "few.jsonl", tiny_llama_dir, max_steps=2)
         run = cli(["--config", str(config), f"--model.teacher_loss={kind}"], run=False)
         run.trainer.fit(run.model, datamodule=run.datamodule)
         metrics = next((tmp_path / kind).rglob("metrics.csv")).read_text()

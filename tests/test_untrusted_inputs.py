@@ -10,9 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from test_data_support import task_rows, write_rows
-from test_tasks import make_task
-from test_train import _column, _write_config
+from support import make_task, task_rows, write_config, write_rows
+from test_train import _column
 
 from obliq.cli import main as obliq_main
 
@@ -45,7 +44,7 @@ def trained(tiny_llama_dir, rows_file, tmp_path_factory) -> Path:
     from obliq.trainer import cli
 
     folder = tmp_path_factory.mktemp("trained")
-    cli(["fit", "--config", str(_write_config(folder, rows_file, tiny_llama_dir, max_steps=3))])
+    cli(["fit", "--config", str(write_config(folder, rows_file, tiny_llama_dir, max_steps=3))])
     return folder
 
 
@@ -76,7 +75,7 @@ def test_a_crafted_checkpoint_runs_no_code_on_export_or_resume(trained, tiny_lla
             [
                 "fit",
                 "--config",
-                str(_write_config(tmp_path / "resume", rows_file, tiny_llama_dir, max_steps=4)),
+                str(write_config(tmp_path / "resume", rows_file, tiny_llama_dir, max_steps=4)),
                 "--ckpt_path",
                 str(crafted),
             ]
@@ -95,7 +94,7 @@ def test_a_resume_applies_a_new_lr_and_refuses_a_new_prefix(trained, tiny_llama_
 
     folder = tmp_path / "run"
     shutil.copytree(trained, folder)
-    config = _write_config(folder, rows_file, tiny_llama_dir, max_steps=5)
+    config = write_config(folder, rows_file, tiny_llama_dir, max_steps=5)
     cli(["fit", "--config", str(config), "--model.lr=5e-4", "--ckpt_path", str(folder / "ckpt" / "last.ckpt")])
     assert "model.lr: 0.001 in the checkpoint, 0.0005 now: applied" in caplog.text
     second = sorted(folder.rglob("metrics.csv"))[-1].read_text()
@@ -122,7 +121,7 @@ def test_a_resume_applies_a_new_lr_and_refuses_a_new_prefix(trained, tiny_llama_
 def test_each_run_of_a_recipe_gets_its_own_folder_and_last_finds_the_newest(tiny_llama_dir, rows_file, tmp_path):
     from obliq.trainer import cli
 
-    config = _write_config(tmp_path / "recipe", rows_file, tiny_llama_dir, max_steps=2)
+    config = write_config(tmp_path / "recipe", rows_file, tiny_llama_dir, max_steps=2)
     cfg = yaml.safe_load(config.read_text())
     cfg["run_dir"] = str(tmp_path / "runs")
     cfg["trainer"]["default_root_dir"] = cfg["trainer"]["logger"]["init_args"]["save_dir"] = "${run_dir}"

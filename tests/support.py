@@ -1,0 +1,310 @@
+"""What several test files share (tests import it as ``support``): small real tasks and task folders,
+training rows, the tiny random Llama, the tiny training recipe and its process, and the two-process
+(gloo) GradCache worker. Fixtures stay in conftest.py; bench scripts use only obliq's public names."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+import yaml
+
+from obliq.tasks import read_jsonl, read_qrels
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+# --- tasks ----------------------------------------------------------------------------------------
+
+
+def task_slice(tasks_dir: Path, name: str, out: Path, n_queries: int, n_distractors: int) -> Path:
+    """A real task cut small: its first queries, their relevant documents and some others."""
+    src = tasks_dir / name
+    qrels = read_qrels(src / "qrels" / "test.tsv")
+    queries = [o for _, o in read_jsonl(src / "queries.jsonl")][:n_queries]
+    wanted = {d for q in queries for d in qrels[q["_id"]]}
+    corpus = [o for _, o in read_jsonl(src / "corpus.jsonl")]
+    docs = [o for o in corpus if o["_id"] in wanted] + [o for o in corpus if o["_id"] not in wanted][:n_distractors]
+    (out / "qrels").mkdir(parents=True)
+    (out / "corpus.jsonl").write_text("".join(json.dumps(o) + "\n" for o in docs))
+    (out / "queries.jsonl").write_text("".join(json.dumps(o) + "\n" for o in queries))
+    rows = [f"{q['_id']}\t{d}\t{g}" for q in queries for d, g in qrels[q["_id"]].items()]
+    (out / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\n" + "\n".join(rows) + "\n")
+    (out / "task.json").write_text((src / "task.json").read_text())
+    return out
+
+
+def small_real_task(tasks_dir: Path, root: Path, n_queries: int = 15, n_distractors: int = 40) -> Path:
+    """A slice of math-theoremqa named ``math-slice``: 15 real queries, their relevant problems and 40 others."""
+    task_slice(tasks_dir, "math-theoremqa", root, n_queries, n_distractors)
+    (root / "task.json").write_text(json.dumps({"name": "math-slice", "mechanism": "analogue"}))
+    return root
+
+
+def make_task(root, corpus, queries, qrels, pooled=None):
+    """Write a task folder; corpus/queries are lists of dicts (or raw strings), qrels of (q, d, g)."""
+    root.mkdir(parents=True, exist_ok=True)
+    for name, rows in (("corpus.jsonl", corpus), ("queries.jsonl", queries)):
+        (root / name).write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
+    (root / "qrels").mkdir(exist_ok=True)
+    for name, rows in (("test", qrels), ("pooled", pooled)):
+        if rows is not None:
+            lines = ["query-id\tcorpus-id\tscore"] + [f"{q}\t{d}\t{g}" for q, d, g in rows]
+            (root / "qrels" / f"{name}.tsv").write_text("\n".join(lines) + "\n")
+    return root
+
+
+# --- training rows ----------------------------------------------------------------------------
+
+
+NEGATIVE_CHOICES = (4, 4, 4, 3, 2, 1, 0, 6)  # fewer than k = 4 allowed; 6 checks the cut to k
+
+
+def _norm(text: str) -> str:
+    # The test's own notion of "same text", independent of obliq.data.rows.normalise_text.
+    return " ".join(re.sub(r"[^\w\s]", "", text.lower()).split())
+
+
+def task_rows(tasks_dir: Path, task: str, limit: int | None = None, seed: int = 13) -> list[dict]:
+    """Training rows from a BEIR task: one row per relevant (query, doc) pair of qrels/test.tsv, in
+    file order, with random corpus documents (neither relevant to the query nor equal in text to
+    the positive) as negatives."""
+    folder = tasks_dir / task
+    corpus = {}
+    with open(folder / "corpus.jsonl", encoding="utf-8") as f:
+        for line in f:
+            doc = json.loads(line)
+            corpus[doc["_id"]] = doc["text"]
+    with open(folder / "queries.jsonl", encoding="utf-8") as f:
+        queries = {q["_id"]: q["text"] for q in map(json.loads, f)}
+    with open(folder / "qrels" / "test.tsv", encoding="utf-8") as f:
+        pairs = [(r["query-id"], r["corpus-id"]) for r in csv.DictReader(f, delimiter="\t") if int(r["score"]) >= 1]
+    relevant: dict[str, set[str]] = {}
+    for qid, did in pairs:
+        relevant.setdefault(qid, set()).add(did)
+    ids = list(corpus)
+    rng = np.random.default_rng(seed)
+    rows = []
+    for qid, did in pairs[:limit]:
+        want = int(rng.choice(NEGATIVE_CHOICES))
+        negatives = []
+        while len(negatives) < want:
+            cand = ids[int(rng.integers(len(ids)))]
+            if (
+                cand in relevant[qid]
+                or cand in {n["id"] for n in negatives}
+                or _norm(corpus[cand]) == _norm(corpus[did])
+            ):
+                continue
+            negatives.append({"id": cand, "text": corpus[cand]})
+        rows.append(
+            {
+                "id": f"{task}/{qid}/{did}",
+                "task": task,
+                "source": "public",
+                "query": queries[qid],
+                "positive": {"id": did, "text": corpus[did]},
+                "negatives": negatives,
+            }
+        )
+    return rows
+
+
+def write_rows(path: Path, rows: list[dict]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        for row in rows:
+            f.write(json.dumps(row) + "\n")
+    return path
+
+
+def file_ids(*paths: Path) -> list[str]:
+    """Row ids of files, read here with json (independently of obliq.data)."""
+    out = []
+    for path in paths:
+        with open(path, encoding="utf-8") as f:
+            out += [json.loads(line)["id"] for line in f if line.strip()]
+    return out
+
+
+class PrefixTokenizer:
+    """A real HF tokenizer with the 'query: ' / 'passage: ' prefixes, as BiEncoder.tokenize will do."""
+
+    def __init__(self, path: str, max_query: int = 32, max_passage: int = 48):
+        from transformers import AutoTokenizer
+
+        self.tok = AutoTokenizer.from_pretrained(path)
+        self.max = {"query": max_query, "passage": max_passage}
+
+    def __call__(self, texts: list[str], kind: str, instructions=None) -> dict[str, torch.Tensor]:
+        prefix = {"query": "query: ", "passage": "passage: "}[kind]
+        enc = self.tok(
+            [prefix + t for t in texts], padding=True, truncation=True, max_length=self.max[kind], return_tensors="pt"
+        )
+        return {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]}
+
+
+# --- models ---------------------------------------------------------------------------------------
+
+
+def save_tiny_llama(folder: Path, tokenizer_path: str) -> str:
+    """A randomly initialised 2-layer Llama (hidden 32) with ``tokenizer_path``'s tokenizer, saved WITHOUT a
+    pad token (Llama tokenizers ship without one, C02). Attention dropout 0.1 so dropout matters."""
+    from transformers import AutoTokenizer, LlamaConfig, LlamaModel
+
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
+    tokenizer.pad_token = None
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        attention_dropout=0.1,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+    torch.manual_seed(0)
+    LlamaModel(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return str(folder)
+
+
+def lora_encoder(path: str, dropout: float = 0.0):
+    """A BiEncoder with a LoRA (r 4) whose B matrices are drawn from N(0, 0.05) (seed 0), so it is not the base."""
+    from obliq.model import BiEncoder, LoraSettings
+
+    torch.manual_seed(0)
+    enc = BiEncoder(path, lora=LoraSettings(r=4, alpha=8, dropout=dropout))
+    with torch.no_grad():
+        for n, p in enc.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.05)
+    return enc
+
+
+def gloo_grad_cache_worker(rank: int, path: str, init_file: str, out_dir: str, shards: list[dict], loss: dict):
+    """One of two gloo processes (``torch.multiprocessing.spawn``): a GradCache step (chunks of 1) of
+    ``lora_encoder(path)`` under DDP on ``shards[rank]`` (``q``, ``d``, document ``ids``, optional query
+    ``qids``; query i's positive is document i) with ``InfoNCELoss(**loss)``; saves the loss and the gradients
+    to ``out_dir/rank<r>.pt``."""
+    import torch.distributed as dist
+
+    from obliq.loss import InfoNCELoss
+    from obliq.model.gradcache import grad_cache_step
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
+    try:
+        enc = lora_encoder(path).eval()  # no dropout: the two setups then draw nothing at random
+        ddp = torch.nn.parallel.DistributedDataParallel(enc)
+        shard = shards[rank]
+        loss_fn = InfoNCELoss(**loss)
+        keys = torch.tensor(shard["ids"])
+        query_keys = [torch.tensor(shard["qids"])] if "qids" in shard else []
+        value = grad_cache_step(
+            ddp,
+            enc.tokenize(shard["q"], "query"),
+            enc.tokenize(shard["d"], "passage"),
+            lambda q, d: loss_fn(q, d, torch.arange(len(shard["q"])), keys, *query_keys),
+            chunk_size=1,
+            no_sync=ddp.no_sync,
+            backward_scale=loss_fn.backward_scale,
+        )
+        grads = {n: p.grad.clone() for n, p in enc.named_parameters() if p.requires_grad}
+        torch.save({"loss": value, "grads": grads}, os.path.join(out_dir, f"rank{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+def two_gloo_ranks(path: str, folder: Path, shards: list[dict], loss: dict) -> list[dict]:
+    """:func:`gloo_grad_cache_worker` on two processes; each rank's ``{"loss", "grads"}``."""
+    import torch.multiprocessing as mp
+
+    mp.spawn(gloo_grad_cache_worker, args=(path, str(folder / "init"), str(folder), shards, loss), nprocs=2, join=True)
+    return [torch.load(folder / f"rank{r}.pt", weights_only=True) for r in range(2)]
+
+
+# --- training -------------------------------------------------------------------------------------
+
+
+def write_config(folder: Path, rows: Path, backbone: str, max_steps: int, **extra) -> Path:
+    """The tiny training recipe: a LoRA (r 4) on ``backbone``, 4 rows a step, GradCache chunks of 2, a
+    checkpoint every step under ``folder/ckpt``; ``section__name=value`` overrides a key."""
+    cfg = {
+        "seed_everything": 0,
+        "run_dir": str(folder / "runs"),  # where the run's version folder is claimed (this config writes elsewhere)
+        "trainer": {
+            "accelerator": "cpu",
+            "devices": 1,
+            "max_steps": max_steps,
+            "deterministic": True,
+            "default_root_dir": str(folder),
+            "enable_progress_bar": False,
+            "enable_model_summary": False,
+            "log_every_n_steps": 1,
+            "logger": {"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": str(folder)}},
+            "callbacks": [
+                {
+                    "class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
+                    "init_args": {
+                        "dirpath": str(folder / "ckpt"),
+                        "save_last": True,
+                        "every_n_train_steps": 1,
+                        "save_top_k": -1,
+                    },
+                }
+            ],
+        },
+        "model": {
+            "encoder": {
+                "class_path": "obliq.model.BiEncoder",
+                "init_args": {
+                    "backbone": backbone,
+                    "lora": {"r": 4, "alpha": 8, "dropout": 0.1},
+                    "query_max_length": 32,
+                    "passage_max_length": 48,
+                },
+            },
+            "chunk_size": 2,
+            "lr": 1e-3,
+            "temperature": 0.05,
+        },
+        "data": {"sources": [{"path": str(rows)}], "batch_size": 4, "max_negatives": 2, "num_workers": 0},
+    }
+    for key, value in extra.items():
+        section, name = key.split("__")
+        cfg[section][name] = value
+    path = folder / "config.yaml"
+    folder.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def lora_weights(ckpt: Path) -> dict[str, torch.Tensor]:
+    """A checkpoint's trained weights (every one a LoRA weight)."""
+    state = torch.load(ckpt, map_location="cpu", weights_only=True)["state_dict"]
+    assert state and all("lora_" in k for k in state)
+    return state
+
+
+def start_training(config: Path, *extra: str, cwd: Path = REPO, drop_env: tuple[str, ...] = ()) -> subprocess.Popen:
+    """``python train.py fit --config <config> <extra>`` as a process (PYTHONHASHSEED 0, one thread);
+    ``drop_env``: variables left out of its environment."""
+    env = {k: v for k, v in os.environ.items() if k not in drop_env}
+    env.update(PYTHONHASHSEED="0", OMP_NUM_THREADS="1")
+    return subprocess.Popen(
+        [sys.executable, str(REPO / "train.py"), "fit", "--config", str(config), *extra],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
