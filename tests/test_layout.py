@@ -35,6 +35,7 @@ LAYERS = {
     "negatives": 5,
     "callbacks": 5,
     "export": 6,
+    "interpolate": 6,
     "trainer": 7,
     # commands that wire stages together
     "quickstart": 8,
