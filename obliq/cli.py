@@ -33,6 +33,7 @@ from obliq.eval.metrics import score_files
 from obliq.eval.significance import compare_files
 from obliq.evaluate import evaluate
 from obliq.export import export
+from obliq.interpolate import interpolate
 from obliq.negatives import commands as negatives
 from obliq.quickstart import quickstart
 from obliq.rerank import commands as rerank
@@ -58,6 +59,7 @@ COMMANDS = {
     },
     "negatives": {"mine": negatives.mine, "filter": negatives.filter_rows, "merge": negatives.merge},
     "export": export,
+    "interpolate": interpolate,
     "dose-sweep": dose_sweep,
     "audit": audit,
     "rerank": {"run": rerank.run, "policy": rerank.policy},

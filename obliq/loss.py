@@ -80,6 +80,7 @@ def info_nce(
     temperature: float = 0.02,
     query_keys: torch.Tensor | None = None,
     symmetric: bool = False,
+    mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Mean cross-entropy of each query against all documents, its own positive the target, with the
     in-batch false negatives masked (:func:`false_negative_masks`); with ``symmetric``, averaged with the
@@ -95,6 +96,7 @@ def info_nce(
         query_keys: (B,) or (B, K) int64 keys of the queries, in the same columns as ``doc_keys``.
         symmetric: add the documents → queries direction (sentence-transformers'
             ``MultipleNegativesSymmetricRankingLoss``); the loss is the mean of both directions.
+        mask: (B, M) bool, more in-batch candidates to leave out (:func:`guided_mask`); never a row's positive.
 
     Returns:
         Scalar float32 loss (computed in float64).
@@ -109,6 +111,10 @@ def info_nce(
     q, d = queries.double(), docs.double()
     scores = q @ d.T / temperature  # (B, M)
     forward, reverse = false_negative_masks(positive_index, doc_keys, query_keys)
+    if mask is not None:
+        mask = mask.clone()
+        mask[torch.arange(len(positive_index), device=mask.device), positive_index] = False
+        forward = mask if forward is None else forward | mask
     if forward is not None:
         scores = scores.masked_fill(forward, float("-inf"))
     loss = F.cross_entropy(scores, positive_index)
@@ -176,6 +182,78 @@ def teacher_distillation(
     if not terms:
         return queries.sum() * 0.0  # keeps the graph: a step without scores contributes nothing
     return torch.stack(terms).mean().float()
+
+
+def guided_mask(teacher: torch.Tensor, positive_index: torch.Tensor, margin: float = 0.0) -> torch.Tensor:
+    """(B, M) bool: the in-batch candidates a guide model scores above the row's positive, less ``margin``
+    (sentence-transformers' ``GISTEmbedLoss``, Solatorio 2024, its ``absolute`` margin strategy): likely
+    false negatives, left out of the contrastive loss. Here the guide is the frozen teacher.
+
+    Args:
+        teacher: (B, M) the guide's cosine of each query with each document; NaN where it has none (never
+            masked).
+        positive_index: (B,) each row's positive (never masked).
+        margin: how far below the positive's score a candidate is still masked (>= 0).
+    """
+    rows = torch.arange(len(positive_index), device=teacher.device)
+    positive = teacher[rows, positive_index]
+    out = teacher > (positive - margin)[:, None]  # a NaN on either side compares False
+    out[rows, positive_index] = False
+    return out
+
+
+def relational_distillation(
+    queries: torch.Tensor,
+    docs: torch.Tensor,
+    teacher: torch.Tensor,
+    mask: torch.Tensor | None = None,
+    temperature: float = 0.05,
+    teacher_temperature: float | None = None,
+) -> torch.Tensor:
+    """In-batch relational distillation: for each query, the KL divergence of the student's softmax over the
+    step's documents from the teacher's (NeMo's ``InfoNCEDistillLoss``; Jasper's relative-similarity loss
+    compares the same in-batch matrices). Unlike :func:`teacher_distillation`, it needs no stored scores of a
+    row's own candidates, so kNN rows (no mined negatives) get a teacher term: the teacher's view of every
+    in-batch pair.
+
+    Args:
+        queries: (B, h) unit query vectors; docs: (M, h) unit document vectors.
+        teacher: (B, M) the teacher's cosines (:meth:`obliq.data.teacher_table.TeacherTable.cosines`); NaN
+            entries are left out of both distributions.
+        mask: (B, M) bool, entries left out of both (the in-batch false negatives by identity).
+        temperature: τ of the student's softmax.
+        teacher_temperature: τ of the teacher's; None: set from the teacher's score spread, per step, so
+            its logits are as spread as the student's: ``τ · std(teacher) / std(student)`` over the
+            entries used (the student's scores detached).
+
+    Returns:
+        Scalar float32: the mean over rows with at least two usable entries (0 when none has, or when the
+        teacher's scores do not vary).
+
+    Raises:
+        ValueError: a non-positive temperature.
+    """
+    if temperature <= 0 or (teacher_temperature is not None and teacher_temperature <= 0):
+        raise ValueError("temperatures must be positive")
+    s = queries.double() @ docs.double().T  # (B, M) the student's cosines
+    t = teacher.to(s.device).double()
+    usable = torch.isfinite(t) if mask is None else torch.isfinite(t) & ~mask
+    rows = usable.sum(1) >= 2
+    zero = queries.sum() * 0.0  # keeps the graph
+    if not rows.any():
+        return zero
+    s, t, usable = s[rows], t[rows], usable[rows]
+    if teacher_temperature is None:
+        spread_t, spread_s = t[usable].std(), s.detach()[usable].std()
+        if not (spread_t > 0 and spread_s > 0):
+            return zero
+        teacher_temperature = float(temperature * spread_t / spread_s)
+    inf = float("-inf")
+    log_p = torch.log_softmax(torch.where(usable, t / teacher_temperature, inf), 1)
+    log_q = torch.log_softmax(torch.where(usable, s / temperature, inf), 1)
+    p = log_p.exp()
+    gap = torch.where(p > 0, log_p - log_q, torch.zeros_like(log_p))
+    return (p * gap).sum(1).mean().float()
 
 
 def matryoshka(loss_fn, queries: torch.Tensor, docs: torch.Tensor, dims, weights=None) -> torch.Tensor:
@@ -263,8 +341,10 @@ class InfoNCELoss(nn.Module):
         gradient already is its share of the global loss's, so the average is scaled back up."""
         return float(world()[1]) if self.gather_across_devices else 1.0
 
-    def forward(self, queries, docs, positive_index, doc_keys=None, query_keys=None) -> torch.Tensor:
+    def forward(self, queries, docs, positive_index, doc_keys=None, query_keys=None, mask=None) -> torch.Tensor:
         if self.gather_across_devices and world()[1] > 1:
+            if mask is not None:
+                raise ValueError("a guided mask (model.guided_margin) is not gathered across devices: train on one")
             counts = gather(torch.tensor([docs.shape[0]], device=docs.device))  # (world,)
             positive_index = gather(positive_index + counts[: world()[0]].sum())
             queries, docs = gather(queries), gather(docs)
@@ -272,7 +352,7 @@ class InfoNCELoss(nn.Module):
             query_keys = gather(query_keys) if query_keys is not None else None
 
         def nce(q, d):
-            return info_nce(q, d, positive_index, doc_keys, self.temperature, query_keys, self.symmetric)
+            return info_nce(q, d, positive_index, doc_keys, self.temperature, query_keys, self.symmetric, mask)
 
         if self.matryoshka_dims:
             return matryoshka(nce, queries, docs, self.matryoshka_dims, self.matryoshka_weights)

@@ -308,3 +308,42 @@ def start_training(config: Path, *extra: str, cwd: Path = REPO, drop_env: tuple[
         stderr=subprocess.PIPE,
         text=True,
     )
+
+
+def make_checkpoint(path: Path, backbone: str, r: int = 4, alpha: int = 8, length: int = 64, seed: int = 0, **kw):
+    """A training checkpoint in obliq's format (what RetrieverModule.on_save_checkpoint writes) for a LoRA
+    whose B matrices are drawn from N(0, 0.02) (seeded), so the merge changes the weights."""
+    from obliq.model.encoder import BiEncoder, LoraSettings
+
+    encoder = BiEncoder(
+        backbone,
+        lora=LoraSettings(r=r, alpha=alpha, dropout=0.0),
+        query_max_length=length,
+        passage_max_length=length,
+        **kw,
+    )
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in encoder.named_parameters():
+            if "lora_B" in name:
+                p.copy_(torch.randn(p.shape, generator=generator) * 0.02)
+    ckpt = {
+        "obliq": {
+            "encoder": encoder.settings,
+            "lora": vars(encoder.lora),
+            "loss": {"loss": "InfoNCE", "temperature": 0.02, "scale": 50.0},
+        },
+        "state_dict": {f"encoder.{n}": p.detach().clone() for n, p in encoder.named_parameters() if p.requires_grad},
+        "hyper_parameters": {"lr": 2e-4, "weight_decay": 0.0, "warmup_ratio": 0.03, "max_grad_norm": 1.0},
+        "global_step": 7,
+        "epoch": 0,
+    }
+    torch.save(ckpt, path)
+    return path
+
+
+def csv_column(csv_text: str, name: str) -> list[str]:
+    """The non-empty values of column ``name`` of a CSV text (Lightning's CSVLogger metrics)."""
+    lines = csv_text.strip().splitlines()
+    col = lines[0].split(",").index(name)
+    return [line.split(",")[col] for line in lines[1:] if line.split(",")[col]]

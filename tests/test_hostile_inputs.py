@@ -421,7 +421,7 @@ def test_bad_models_checkpoints_and_caches_are_named_in_one_line(task, tmp_path,
         )
         assert "weights_only=False" not in line
 
-    from test_export import make_checkpoint
+    from support import make_checkpoint
 
     ckpt = make_checkpoint(tmp_path / "m.ckpt", "minilm", length=32)
     crafted = torch.load(ckpt, weights_only=True)

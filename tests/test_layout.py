@@ -37,6 +37,7 @@ LAYERS = {
     "negatives": 6,
     "callbacks": 6,
     "export": 7,
+    "interpolate": 7,
     "trainer": 8,
     # commands that wire stages together
     "quickstart": 9,

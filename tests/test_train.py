@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from support import REPO, lora_weights, start_training, task_rows, write_config, write_rows
+from support import REPO, csv_column, lora_weights, start_training, task_rows, write_config, write_rows
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = sorted(
@@ -92,14 +92,8 @@ def test_three_step_fit_with_a_tiny_llama_through_train_py(tiny_llama_dir, rows_
     assert "train/loss" in metrics and "train/lr" in metrics and "train/grad_norm" in metrics
     # The rate each step used: 3% warmup of 3 steps is 1 step (lr 0 at step 0, transformers'
     # convention), then linear decay from the peak to 0 at step 3.
-    lrs = [float(x) for x in _column(metrics, "train/lr")]
+    lrs = [float(x) for x in csv_column(metrics, "train/lr")]
     assert lrs == pytest.approx([0.0, 1e-3, 5e-4])
-
-
-def _column(csv_text: str, name: str) -> list[str]:
-    lines = csv_text.strip().splitlines()
-    col = lines[0].split(",").index(name)
-    return [line.split(",")[col] for line in lines[1:] if line.split(",")[col]]
 
 
 @pytest.mark.slow
@@ -435,7 +429,7 @@ def test_nan_steps_are_skipped_counted_and_too_many_stop_with_a_checkpoint(tiny_
     assert run.model.loss.calls == 4 and run.model.bad_steps == 1  # one batch skipped, 3 optimizer steps
     assert run.trainer.global_step == 3 and run.trainer.lr_scheduler_configs[0].scheduler.last_epoch == 3
     metrics = next((tmp_path / "one").rglob("metrics.csv")).read_text()
-    logged = [float(x) for x in _column(metrics, "train/bad_steps")]  # cumulative, logged with each step
+    logged = [float(x) for x in csv_column(metrics, "train/bad_steps")]  # cumulative, logged with each step
     assert logged[0] == 0.0 and logged[-1] == 1.0 and sorted(logged) == logged
 
     config = write_config(tmp_path / "all", rows_file, tiny_llama_dir, max_steps=3)
@@ -510,8 +504,8 @@ def test_a_resume_with_more_steps_follows_the_new_schedule(tiny_llama_dir, rows_
     cli(["fit", "--config", str(config)])
     cli(["fit", "--config", str(config), "--trainer.max_steps=5", "--ckpt_path", "last"])
     second = sorted(tmp_path.rglob("metrics.csv"))[-1].read_text()
-    steps = [int(x) for x in _column(second, "step") if x][-2:]
-    lrs = [float(x) for x in _column(second, "train/lr")][-2:]
+    steps = [int(x) for x in csv_column(second, "step") if x][-2:]
+    lrs = [float(x) for x in csv_column(second, "train/lr")][-2:]
     assert steps == [3, 4] and lrs == pytest.approx([5e-4, 2.5e-4])
 
 
@@ -601,7 +595,7 @@ def test_teacher_scores_from_the_graph_train_with_a_kl_term(tiny_llama_dir, task
         run = cli(["--config", str(config), f"--model.teacher_loss={kind}"], run=False)
         run.trainer.fit(run.model, datamodule=run.datamodule)
         metrics = next((tmp_path / kind).rglob("metrics.csv")).read_text()
-        losses[kind] = [float(x) for x in _column(metrics, "train/loss")]
+        losses[kind] = [float(x) for x in csv_column(metrics, "train/loss")]
     assert losses["kl"][0] > losses["none"][0]  # the same first step, plus a non-negative KL term
     saved = read_checkpoint(next((tmp_path / "kl").rglob("last.ckpt")))
     assert saved["obliq"]["loss"]["teacher_loss"] == "kl"

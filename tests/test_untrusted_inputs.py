@@ -10,8 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from support import make_task, task_rows, write_config, write_rows
-from test_train import _column
+from support import csv_column, make_task, task_rows, write_config, write_rows
 
 from obliq.cli import main as obliq_main
 
@@ -98,7 +97,7 @@ def test_a_resume_applies_a_new_lr_and_refuses_a_new_prefix(trained, tiny_llama_
     cli(["fit", "--config", str(config), "--model.lr=5e-4", "--ckpt_path", str(folder / "ckpt" / "last.ckpt")])
     assert "model.lr: 0.001 in the checkpoint, 0.0005 now: applied" in caplog.text
     second = sorted(folder.rglob("metrics.csv"))[-1].read_text()
-    lrs = [float(x) for x in _column(second, "train/lr")][-2:]
+    lrs = [float(x) for x in csv_column(second, "train/lr")][-2:]
     assert lrs == pytest.approx([5e-4 * 2 / 4, 5e-4 * 1 / 4])  # steps 3 and 4 of the 5-step schedule, new peak
     with pytest.raises(ValueError, match=r"query_prefix: 'query: ' in the checkpoint, '' now"):
         cli(

@@ -44,6 +44,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 from obliq.data.index import FileIndex, index_file
 from obliq.data.mixture import MixturePlan, Source, StepArrangement
 from obliq.data.rows import RowError, TrainingRow, parse_row
+from obliq.data.teacher_table import TeacherTable
 from obliq.text import id_hash
 
 Tokenize = Callable[[list[str], str, list[str | None]], dict[str, torch.Tensor]]
@@ -208,15 +209,17 @@ class Collator:
             ``instruction`` (or None); it adds prefixes and truncates (``obliq.model.TextTokenizer``,
             the encoder's ``text``). Runs in the loader's worker processes.
         max_negatives: k, the most hard negatives kept per row (the first k in file order).
+        teacher: a teacher's vectors by document id; the batch then holds ``teacher_cosines`` (B, M), the
+            teacher's cosine of each row's query with each of the step's documents (NaN where it has no vector).
 
     Raises:
         ValueError: ``max_negatives < 0``.
     """
 
-    def __init__(self, tokenize: Tokenize, max_negatives: int = 4):
+    def __init__(self, tokenize: Tokenize, max_negatives: int = 4, teacher: TeacherTable | None = None):
         if max_negatives < 0:
             raise ValueError(f"max_negatives must be >= 0, got {max_negatives}")
-        self.tokenize, self.max_negatives = tokenize, max_negatives
+        self.tokenize, self.max_negatives, self.teacher = tokenize, max_negatives, teacher
 
     def teacher_scores(self, rows: Sequence[TrainingRow]) -> torch.Tensor:
         """(n, 1 + max_negatives) float32: each row's ``meta.teacher_scores`` (the positive's, then each kept
@@ -232,7 +235,7 @@ class Collator:
     def __call__(self, rows: Sequence[TrainingRow]) -> dict[str, Any]:
         negatives = [(i, doc) for i, row in enumerate(rows) for doc in row.negatives[: self.max_negatives]]
         docs = [row.positive for row in rows] + [doc for _, doc in negatives]
-        return {
+        batch = {
             "query": self.tokenize([row.query for row in rows], "query", [row.instruction for row in rows]),
             "docs": self.tokenize([doc.text for doc in docs], "passage"),
             "positive_index": torch.arange(len(rows), dtype=torch.long),
@@ -245,6 +248,9 @@ class Collator:
             "teacher_scores": self.teacher_scores(rows),
             "row_ids": [row.id for row in rows],
         }
+        if self.teacher is not None:
+            batch["teacher_cosines"] = self.teacher.cosines([row.query_id for row in rows], batch["doc_ids"])
+        return batch
 
 
 class PlanSampler(DistributedSampler):
@@ -350,6 +356,8 @@ class TrainingDataModule(L.LightningDataModule):
             ``random-control``, whose queries are corpus documents), off otherwise.
         group_by: ``none``, ``source`` or ``task``: each step drawn from one source or one task.
         group_order: ``proportional`` or ``round-robin`` (with ``group_by``).
+        teacher_vectors: a teacher's vectors of the corpus (``obliq distill graph --vectors_out``), for the
+            in-batch teacher terms (``model.relational_weight``, ``model.guided_margin``).
 
     The in-step collisions of the first epoch (:meth:`~obliq.data.mixture.MixturePlan.collisions`) are
     logged at setup and kept in :attr:`stats`.
@@ -376,6 +384,7 @@ class TrainingDataModule(L.LightningDataModule):
         no_duplicates: bool | None = None,
         group_by: Literal["none", "source", "task"] = "none",
         group_order: Literal["proportional", "round-robin"] = "proportional",
+        teacher_vectors: str | None = None,
     ):
         super().__init__()
         if on_bad_row not in ("fail", "skip"):
@@ -400,6 +409,7 @@ class TrainingDataModule(L.LightningDataModule):
         self.no_duplicates = no_duplicates
         StepArrangement(bool(no_duplicates), group_by, group_order)  # checks the settings now
         self.group_by, self.group_order = group_by, group_order
+        self.teacher = TeacherTable(teacher_vectors) if teacher_vectors else None
         self.arrangement: StepArrangement | None = None
         self.reader: RowReader | None = None
         self.plan: MixturePlan | None = None
@@ -560,7 +570,7 @@ class TrainingDataModule(L.LightningDataModule):
             self.reader,
             sampler=PlanSampler(self.plan, rank),
             batch_size=None,
-            collate_fn=Collator(self.tokenize, self.max_negatives),
+            collate_fn=Collator(self.tokenize, self.max_negatives, self.teacher),
             num_workers=self.num_workers,
             persistent_workers=self.num_workers > 0,
             prefetch_factor=self.prefetch_factor if self.num_workers > 0 else None,

@@ -20,6 +20,7 @@ from pathlib import Path
 from time import perf_counter
 from typing import Literal
 
+from obliq.data.teacher_table import write_teacher_table
 from obliq.distill.graph import KnnGraph, load_graph, teacher_graph
 from obliq.distill.pairs import knn_pairs, random_control
 from obliq.distill.purity import format_purity, graph_purity, labels_for
@@ -58,6 +59,7 @@ def graph(
     batch_size: int = 32,
     max_length: int = TEACHER_MAX_LENGTH,
     trust_remote_code: bool = False,
+    vectors_out: Path | None = None,
     overwrite: bool = False,
 ) -> dict:
     """Encode a task's corpus with a frozen teacher and write its kNN graph (topology only).
@@ -78,13 +80,20 @@ def graph(
         batch_size: texts per forward pass of an encoder teacher.
         max_length: token limit of an encoder teacher.
         trust_remote_code: let an encoder teacher run its own code from the hub (off by default).
-        overwrite: replace an existing graph file (refused otherwise).
+        vectors_out: also write the teacher's vectors of the corpus here (``.npz``: ``ids``, ``vectors``;
+            :class:`obliq.data.teacher_table.TeacherTable`), what training's in-batch teacher terms read
+            (``data.teacher_vectors``).
+        overwrite: replace existing outputs (refused otherwise).
 
     Returns:
         A summary: graph file, corpus size, k, edges, identical twins, teacher, seconds.
     """
     t0 = perf_counter()
     claim_output(out, overwrite, "a graph", command="distill graph", inputs=[task])
+    if vectors_out is not None:
+        if Path(vectors_out).suffix != ".npz":
+            raise ValueError(f"vectors_out: {vectors_out} must end in .npz (numpy adds the suffix otherwise)")
+        claim_output(vectors_out, overwrite, "teacher vectors", command="distill graph", inputs=[task, out])
     t = load_task(task)
     model = load_teacher(teacher, stylometric, batch_size, max_length, trust_remote_code)
     g = teacher_graph(model, t.doc_ids, t.doc_texts, k, _groups(t, by_source))
@@ -97,9 +106,11 @@ def graph(
         "seconds": round(perf_counter() - t0, 3),
     }
     g.save(out)
+    if vectors_out is not None:
+        write_teacher_table(Path(vectors_out), g.ids, g.vectors)
     summary = {key: v for key, v in g.to_json().items() if key != "neighbours"}
     log.info("%s: %d edges over %d documents (k=%d) in %.1f s", out, g.n_edges, len(g.ids), k, summary["seconds"])
-    return {"graph": str(out), **summary}
+    return {"graph": str(out), **summary, **({"vectors": str(vectors_out)} if vectors_out is not None else {})}
 
 
 def _add_teacher_scores(rows: list[dict], g: KnnGraph, texts: list[str]) -> None:

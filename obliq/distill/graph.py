@@ -40,6 +40,8 @@ class KnnGraph:
         k: the k asked for.
         identical_twins: documents whose vector equals another document's vector exactly.
         meta: free-form provenance (task, teacher, timings) written with the graph.
+        vectors: (n, d) the teacher's unit vectors, in corpus order, when the graph was just built from them
+            (:func:`teacher_graph`); never saved with the graph.
     """
 
     ids: list[str]
@@ -47,6 +49,7 @@ class KnnGraph:
     k: int
     identical_twins: int = 0
     meta: dict = field(default_factory=dict)
+    vectors: np.ndarray | None = field(default=None, repr=False, compare=False)
 
     @property
     def n_edges(self) -> int:
@@ -194,6 +197,7 @@ def teacher_graph(
     vectors = teacher.encode(texts)
     t1 = perf_counter()
     graph = knn_graph(vectors, ids, k, groups)
+    graph.vectors = unit_float32(vectors, "teacher vectors")
     graph.meta.update(
         {
             "teacher": teacher.describe(),

@@ -25,7 +25,13 @@ from typing import Literal
 import lightning as L
 import torch
 
-from obliq.loss import InfoNCELoss, teacher_distillation
+from obliq.loss import (
+    InfoNCELoss,
+    false_negative_masks,
+    guided_mask,
+    relational_distillation,
+    teacher_distillation,
+)
 from obliq.model.encoder import BiEncoder
 from obliq.model.gradcache import chunk_counts_across_ranks, grad_cache_step
 
@@ -49,6 +55,13 @@ class RetrieverModule(L.LightningModule):
             ``meta.teacher_scores`` and negatives, ``obliq distill pairs --teacher_scores --negatives``).
         teacher_weight: the weight of that term.
         teacher_temperature: τ of the teacher's softmax (kl).
+        relational_weight: the weight of the in-batch relational distillation term (0: off): KL of the
+            student's softmax over the step's documents from the teacher's (:func:`obliq.loss.relational_distillation`);
+            needs ``data.teacher_vectors``. Gives kNN rows, which have no scored candidates, a teacher term.
+        relational_temperature: τ of the teacher's softmax there; null sets it from the teacher's score spread.
+        guided_margin: null, or leave out of InfoNCE each in-batch candidate the teacher scores above the row's
+            positive less this margin (GIST, :func:`obliq.loss.guided_mask`); needs ``data.teacher_vectors``
+            and one device.
         lr: peak learning rate (AdamW).
         weight_decay: AdamW weight decay.
         warmup_ratio: share of the total steps with linear warmup.
@@ -76,6 +89,9 @@ class RetrieverModule(L.LightningModule):
         teacher_loss: Literal["none", "kl", "margin-mse"] = "none",
         teacher_weight: float = 1.0,
         teacher_temperature: float = 0.05,
+        relational_weight: float = 0.0,
+        relational_temperature: float | None = None,
+        guided_margin: float | None = None,
         lr: float = 2e-4,
         weight_decay: float = 0.0,
         warmup_ratio: float = 0.03,
@@ -96,6 +112,16 @@ class RetrieverModule(L.LightningModule):
             raise ValueError(f"model.teacher_weight must be a finite number >= 0, got {teacher_weight}")
         if not (teacher_temperature > 0 and math.isfinite(teacher_temperature)):
             raise ValueError(f"model.teacher_temperature must be a finite number > 0, got {teacher_temperature}")
+        if not (relational_weight >= 0 and math.isfinite(relational_weight)):
+            raise ValueError(f"model.relational_weight must be a finite number >= 0, got {relational_weight}")
+        if relational_temperature is not None and not (
+            relational_temperature > 0 and math.isfinite(relational_temperature)
+        ):
+            raise ValueError(
+                f"model.relational_temperature must be null or a finite number > 0, got {relational_temperature}"
+            )
+        if guided_margin is not None and not (guided_margin >= 0 and math.isfinite(guided_margin)):
+            raise ValueError(f"model.guided_margin must be null or a finite number >= 0, got {guided_margin}")
         self.save_hyperparameters(ignore=["encoder"])
         self.automatic_optimization = False
         self.strict_loading = False  # checkpoints hold only the trainable weights
@@ -185,12 +211,17 @@ class RetrieverModule(L.LightningModule):
         positive_index = batch["positive_index"].to(self.device)
         keys = batch["doc_keys"].to(self.device)
         query_keys = batch["query_keys"].to(self.device)
+        guided = self._guided_mask(batch)
         try:
             loss = grad_cache_step(
                 self.encoder,
                 batch["query"],
                 batch["docs"],
-                lambda q, d: self.loss(q, d, positive_index, keys, query_keys) + self._teacher_term(q, d, batch),
+                lambda q, d: (
+                    self.loss(q, d, positive_index, keys, query_keys, guided)
+                    + self._teacher_term(q, d, batch)
+                    + self._relational_term(q, d, batch)
+                ),
                 self.chunk_size,
                 backward=self.manual_backward,
                 no_sync=self.trainer.strategy.block_backward_sync if self.trainer.world_size > 1 else None,
@@ -230,13 +261,46 @@ class RetrieverModule(L.LightningModule):
 
     def _teacher_citation(self) -> dict:
         hp = self.hparams
-        if hp.teacher_loss == "none":
-            return {}
-        return {
-            "teacher_loss": hp.teacher_loss,
-            "teacher_weight": hp.teacher_weight,
-            "teacher_temperature": hp.teacher_temperature,
-        }
+        out = {}
+        if hp.teacher_loss != "none":
+            out.update(
+                teacher_loss=hp.teacher_loss,
+                teacher_weight=hp.teacher_weight,
+                teacher_temperature=hp.teacher_temperature,
+            )
+        if hp.get("relational_weight"):
+            out.update(relational_weight=hp.relational_weight, relational_temperature=hp.relational_temperature)
+        if hp.get("guided_margin") is not None:
+            out.update(guided_margin=hp.guided_margin)
+        return out
+
+    def _teacher_cosines(self, batch: dict, setting: str) -> torch.Tensor:
+        if "teacher_cosines" not in batch:
+            raise ValueError(f"model.{setting} needs the teacher's vectors: set data.teacher_vectors")
+        return batch["teacher_cosines"].to(self.device)
+
+    def _guided_mask(self, batch: dict) -> torch.Tensor | None:
+        """The teacher-guided false-negative mask of this step (None without ``guided_margin``)."""
+        if self.hparams.get("guided_margin") is None:
+            return None
+        teacher = self._teacher_cosines(batch, "guided_margin")
+        return guided_mask(teacher, batch["positive_index"].to(self.device), self.hparams.guided_margin)
+
+    def _relational_term(self, q: torch.Tensor, d: torch.Tensor, batch: dict) -> torch.Tensor | float:
+        """The weighted in-batch relational term of this rank's rows (0 without ``relational_weight``), over
+        the documents this rank holds, in-batch false negatives left out; scaled as :meth:`_teacher_term`."""
+        if not self.hparams.get("relational_weight"):
+            return 0.0
+        teacher = self._teacher_cosines(batch, "relational_weight")
+        forward, _ = false_negative_masks(
+            batch["positive_index"].to(q.device), batch["doc_keys"].to(q.device), batch["query_keys"].to(q.device)
+        )
+        term = relational_distillation(
+            q, d, teacher, forward, self.hparams.temperature, self.hparams.relational_temperature
+        )
+        if not torch.isfinite(term):
+            raise FloatingPointError(f"non-finite relational teacher loss: {term.item()}")
+        return self.hparams.relational_weight * term / self.loss.backward_scale
 
     def _teacher_term(self, q: torch.Tensor, d: torch.Tensor, batch: dict) -> torch.Tensor | float:
         """The weighted teacher-score term of this rank's rows (0 without ``teacher_loss``). Divided by

@@ -1,0 +1,76 @@
+"""A frozen teacher's vectors of a corpus, looked up by document id while batches are built: what the
+in-batch teacher terms of the loss compare the student with (:func:`obliq.loss.relational_distillation`,
+:func:`obliq.loss.guided_mask`).
+
+The file is what ``obliq distill graph --vectors_out`` writes: a NumPy ``.npz`` archive (read with
+``allow_pickle=False``: data only) of ``ids`` (n,) strings and ``vectors`` (n, d) float32 unit rows, the
+teacher's encoding of the task's corpus in the graph's own pass.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+
+
+class TeacherTable:
+    """The teacher's unit vectors by document id.
+
+    Args:
+        path: an ``.npz`` file with ``ids`` (n,) and ``vectors`` (n, d) (module notes).
+
+    Raises:
+        FileNotFoundError: no such file.
+        ValueError: not such an archive; ids repeated; vectors of another length than the ids, not 2-D, not
+            finite, or not of unit norm (within 1e-3) where non-zero.
+    """
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise FileNotFoundError(f"{self.path}: no teacher vectors (obliq distill graph --vectors_out writes them)")
+        try:
+            with np.load(self.path, allow_pickle=False) as archive:
+                ids, vectors = archive["ids"], archive["vectors"]
+        except (OSError, ValueError, KeyError) as err:
+            raise ValueError(f"{self.path}: not a teacher-vectors archive with 'ids' and 'vectors' ({err})") from None
+        if vectors.ndim != 2 or ids.ndim != 1 or len(ids) != len(vectors):
+            raise ValueError(f"{self.path}: {ids.shape} ids for vectors of shape {vectors.shape}")
+        vectors = np.asarray(vectors, dtype=np.float32)
+        if not np.isfinite(vectors).all():
+            raise ValueError(f"{self.path}: vectors hold NaN or infinity")
+        norms = np.linalg.norm(vectors.astype(np.float64), axis=1)
+        if np.any((norms > 0) & (np.abs(norms - 1) > 1e-3)):
+            raise ValueError(f"{self.path}: vectors are not unit rows (norms {norms.min():.4f} … {norms.max():.4f})")
+        self.row = {str(i): n for n, i in enumerate(ids.tolist())}
+        if len(self.row) != len(ids):
+            raise ValueError(f"{self.path}: an id is given twice")
+        self.vectors = vectors
+
+    def __len__(self) -> int:
+        return len(self.vectors)
+
+    def cosines(self, query_ids: Sequence[str | None], doc_ids: Sequence[str | None]) -> torch.Tensor:
+        """(B, M) float32: the teacher's cosine of each query with each document, summed in float64; NaN in a
+        row or column whose id is None or not in the table (a generated query, a document of another corpus)."""
+        rows = [self.row.get(i) if i is not None else None for i in query_ids]
+        cols = [self.row.get(i) if i is not None else None for i in doc_ids]
+        out = np.full((len(rows), len(cols)), np.nan)
+        have_r = [n for n, r in enumerate(rows) if r is not None]
+        have_c = [n for n, c in enumerate(cols) if c is not None]
+        if have_r and have_c:
+            q = self.vectors[[rows[n] for n in have_r]].astype(np.float64)
+            d = self.vectors[[cols[n] for n in have_c]].astype(np.float64)
+            out[np.ix_(have_r, have_c)] = q @ d.T
+        return torch.from_numpy(out.astype(np.float32))
+
+
+def write_teacher_table(path: Path, ids: Sequence[str], vectors: np.ndarray) -> None:
+    """Write ``ids`` and their (n, d) unit ``vectors`` (float32) as a :class:`TeacherTable` archive at ``path``
+    (through a temporary file, renamed into place)."""
+    tmp = path.with_name(path.name + ".partial.npz")
+    np.savez(tmp, ids=np.asarray([str(i) for i in ids]), vectors=np.asarray(vectors, dtype=np.float32))
+    tmp.replace(path)
