@@ -9,7 +9,8 @@ How the pieces fit (the batch structure and guarantees are in the package docstr
   :class:`~obliq.data.mixture.MixturePlan`) per step and whose state is ``(epoch, next step)``;
 - :class:`RowReader`, a map-style dataset that reads and re-validates a :class:`BatchRef`'s rows
   with one ``pread`` each; and
-- :class:`Collator`, which tokenizes them with the injected ``tokenize(texts, kind)``.
+- :class:`Collator`, which tokenizes them with the injected ``tokenize(texts, kind)`` and adds a teacher's
+  in-batch cosines (:class:`~obliq.data.teacher_table.TeacherTable`) when one is given.
 
 Exact resume. The loader is torchdata's ``StatefulDataLoader``, which Lightning 2.x checkpoints by
 itself (``loops.fit_loop.state_dict.combined_loader`` in the checkpoint) and restores before the
@@ -44,7 +45,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 from obliq.data.index import FileIndex, index_file
 from obliq.data.mixture import MixturePlan, Source, StepArrangement
 from obliq.data.rows import RowError, TrainingRow, parse_row
-from obliq.data.teacher_table import TeacherTable
+from obliq.data.teacher_table import TeacherTable, row_teacher_scores
 from obliq.text import id_hash
 
 Tokenize = Callable[[list[str], str, list[str | None]], dict[str, torch.Tensor]]
@@ -209,8 +210,8 @@ class Collator:
             ``instruction`` (or None); it adds prefixes and truncates (``obliq.model.TextTokenizer``,
             the encoder's ``text``). Runs in the loader's worker processes.
         max_negatives: k, the most hard negatives kept per row (the first k in file order).
-        teacher: a teacher's vectors by document id; the batch then holds ``teacher_cosines`` (B, M), the
-            teacher's cosine of each row's query with each of the step's documents (NaN where it has no vector).
+        teacher: a teacher's vectors by id; the batch then holds its cosines of queries with documents,
+            ``teacher_cosines`` (B, M), NaN where it has no vector.
 
     Raises:
         ValueError: ``max_negatives < 0``.
@@ -220,17 +221,6 @@ class Collator:
         if max_negatives < 0:
             raise ValueError(f"max_negatives must be >= 0, got {max_negatives}")
         self.tokenize, self.max_negatives, self.teacher = tokenize, max_negatives, teacher
-
-    def teacher_scores(self, rows: Sequence[TrainingRow]) -> torch.Tensor:
-        """(n, 1 + max_negatives) float32: each row's ``meta.teacher_scores`` (the positive's, then each kept
-        negative's), NaN where a row has none (``obliq distill pairs --teacher_scores``)."""
-        out = torch.full((len(rows), 1 + self.max_negatives), float("nan"))
-        for i, row in enumerate(rows):
-            scores = (row.meta or {}).get("teacher_scores")
-            if isinstance(scores, list) and len(scores) == 1 + len(row.negatives):
-                kept = scores[: 1 + min(len(row.negatives), self.max_negatives)]
-                out[i, : len(kept)] = torch.tensor([float(x) for x in kept])
-        return out
 
     def __call__(self, rows: Sequence[TrainingRow]) -> dict[str, Any]:
         negatives = [(i, doc) for i, row in enumerate(rows) for doc in row.negatives[: self.max_negatives]]
@@ -245,7 +235,7 @@ class Collator:
                 -1, 2
             ),
             "query_keys": torch.tensor([row.query_key() for row in rows], dtype=torch.long).reshape(-1, 2),
-            "teacher_scores": self.teacher_scores(rows),
+            "teacher_scores": row_teacher_scores(rows, self.max_negatives),
             "row_ids": [row.id for row in rows],
         }
         if self.teacher is not None:
@@ -356,8 +346,7 @@ class TrainingDataModule(L.LightningDataModule):
             ``random-control``, whose queries are corpus documents), off otherwise.
         group_by: ``none``, ``source`` or ``task``: each step drawn from one source or one task.
         group_order: ``proportional`` or ``round-robin`` (with ``group_by``).
-        teacher_vectors: a teacher's vectors of the corpus (``obliq distill graph --vectors_out``), for the
-            in-batch teacher terms (``model.relational_weight``, ``model.guided_margin``).
+        teacher_vectors: a teacher's vectors (``obliq distill graph --vectors_out``), for its in-batch terms.
 
     The in-step collisions of the first epoch (:meth:`~obliq.data.mixture.MixturePlan.collisions`) are
     logged at setup and kept in :attr:`stats`.

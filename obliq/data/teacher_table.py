@@ -1,6 +1,7 @@
-"""A frozen teacher's vectors of a corpus, looked up by document id while batches are built: what the
-in-batch teacher terms of the loss compare the student with (:func:`obliq.loss.relational_distillation`,
-:func:`obliq.loss.guided_mask`).
+"""A teacher's signals in a batch: the scores rows carry for their own candidates
+(:func:`row_teacher_scores`, for :func:`obliq.loss.teacher_distillation`), and a frozen teacher's vectors of a
+corpus, looked up by document id while batches are built, for the in-batch terms
+(:func:`obliq.loss.relational_distillation`, :func:`obliq.loss.guided_mask`).
 
 The file is what ``obliq distill graph --vectors_out`` writes: a NumPy ``.npz`` archive (read with
 ``allow_pickle=False``: data only) of ``ids`` (n,) strings and ``vectors`` (n, d) float32 unit rows, the
@@ -14,6 +15,20 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
+from obliq.data.rows import TrainingRow
+
+
+def row_teacher_scores(rows: Sequence[TrainingRow], max_negatives: int) -> torch.Tensor:
+    """(n, 1 + max_negatives) float32: each row's ``meta.teacher_scores`` (the positive's, then each kept
+    negative's), NaN where a row has none (``obliq distill pairs --teacher_scores``)."""
+    out = torch.full((len(rows), 1 + max_negatives), float("nan"))
+    for i, row in enumerate(rows):
+        scores = (row.meta or {}).get("teacher_scores")
+        if isinstance(scores, list) and len(scores) == 1 + len(row.negatives):
+            kept = scores[: 1 + min(len(row.negatives), max_negatives)]
+            out[i, : len(kept)] = torch.tensor([float(x) for x in kept])
+    return out
 
 
 class TeacherTable:
