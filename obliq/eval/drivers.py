@@ -37,7 +37,7 @@ from obliq.eval.retrieval import (
     make_retriever,
 )
 from obliq.eval.store import shard_done, store_folder, store_status
-from obliq.files import claim_output, safe_name, write_json
+from obliq.files import claim_outputs, safe_name, write_json
 from obliq.shards import Shard
 from obliq.tasks import find_tasks, load_task
 
@@ -87,41 +87,46 @@ def encode(
             torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     model_file = Path(model) if Path(model).exists() else None
     stores = []
-    for task in loaded:  # every store through the one claim, before any encoding: never an input
+    for task in loaded:
         made = corpus_fingerprint(model, retrieval, task)
-        store = store_folder(retrieval.store_root(), task.name, made)
-        stores.append((task, made, store))
-        claim_output(
-            store, what="corpus embeddings", command="encode", inputs=[task.path, model_file], append=True
-        )  # a store is resumed shard by shard, never emptied (``overwrite`` re-encodes this shard only)
-    encoder = load_encoder(model, retrieval.encoder, retrieval.trust_remote_code)
-    report = {}
-    for task, made, store in stores:
-        t0 = perf_counter()
-        record = None if overwrite else shard_done(store, made, shard)
-        status = "done" if record is not None else "encoded"
-        if record is None:
-            record = encode_shard(encoder, task, retrieval, store, made, shard, block_size, overwrite)
-        count, missing = store_status(store, made)
-        report[task.name] = {
-            "store": str(store),
-            "status": status,
-            "rows": record["rows"],
-            "seconds": round(perf_counter() - t0, 3),
-            "complete": not missing,
-            "missing": sorted(missing),
-        }
-        log.info(
-            "%s: shard %d of %d %s (%d passages) in %s; %s",
-            task.name,
-            shard.index,
-            count,
-            "already written" if status == "done" else "encoded",
-            record["rows"],
-            store,
-            "the store is complete" if not missing else f"shards still to encode: {sorted(missing)}",
-        )
-    return {"shard": {"index": shard.index, "count": shard.count}, "tasks": report}
+        stores.append((task, made, store_folder(retrieval.store_root(), task.name, made)))
+    # every store through the one claim, before any encoding: never an input; a store is resumed shard by
+    # shard, never emptied (``overwrite`` re-encodes this shard only)
+    with claim_outputs(
+        {str(store): store for _, _, store in stores},
+        command="encode",
+        inputs=[*(task.path for task in loaded), model_file],
+        what="corpus embeddings",
+        append=True,
+    ):
+        encoder = load_encoder(model, retrieval.encoder, retrieval.trust_remote_code)
+        report = {}
+        for task, made, store in stores:
+            t0 = perf_counter()
+            record = None if overwrite else shard_done(store, made, shard)
+            status = "done" if record is not None else "encoded"
+            if record is None:
+                record = encode_shard(encoder, task, retrieval, store, made, shard, block_size, overwrite)
+            count, missing = store_status(store, made)
+            report[task.name] = {
+                "store": str(store),
+                "status": status,
+                "rows": record["rows"],
+                "seconds": round(perf_counter() - t0, 3),
+                "complete": not missing,
+                "missing": sorted(missing),
+            }
+            log.info(
+                "%s: shard %d of %d %s (%d passages) in %s; %s",
+                task.name,
+                shard.index,
+                count,
+                "already written" if status == "done" else "encoded",
+                record["rows"],
+                store,
+                "the store is complete" if not missing else f"shards still to encode: {sorted(missing)}",
+            )
+        return {"shard": {"index": shard.index, "count": shard.count}, "tasks": report}
 
 
 def search(
@@ -164,30 +169,36 @@ def search(
     loaded = [load_task(p) for p in find_tasks(tasks)]
     for task in loaded:  # C42: an index faiss cannot train on a corpus is refused before any encoding or claim
         check_index(retrieval, task)
-    output = claim_output(
-        output, overwrite, "search results", command="search", inputs=[*tasks, model_file], folder=True
-    )
-    retrieve = make_retriever(model, retrieval, latency_queries)
-    out = {}
-    for task in loaded:
-        folder = output / safe_name(task.name, "task name")
-        done = retrieve(task)
-        write_run(folder / "run.trec", done.run, tag=Path(model).name or model)
-        record = {
-            "task": task.name,
-            "model": model,
-            "n_queries": len(task.query_ids),
-            "n_docs": len(task.doc_ids),
-            "depth": done.depth,
-            "corpus_cache": done.corpus_cache,
-            "index": done.index,
-            "timing_s": {k: round(v, 4) for k, v in done.timing_s.items()},
-            "latency_ms": done.latency_ms,
-            "reads": done.reads,
-        }
-        write_json(folder / "search.json", record)
-        recall = done.index.get("recall_vs_exact")
-        log.info("%s: %s%s", task.name, done.index.get("factory"), f", recall vs exact {recall}" if recall else "")
-        out[task.name] = {"run": str(folder / "run.trec"), "index": done.index}
-    write_json(output / "config.json", config)
-    return out
+    with claim_outputs(
+        {"output": output},
+        command="search",
+        inputs=[*tasks, model_file],
+        overwrite=overwrite,
+        what="search results",
+        folders=["output"],
+    ) as claimed:
+        output = claimed["output"]
+        retrieve = make_retriever(model, retrieval, latency_queries)
+        out = {}
+        for task in loaded:
+            folder = output / safe_name(task.name, "task name")
+            done = retrieve(task)
+            write_run(folder / "run.trec", done.run, tag=Path(model).name or model)
+            record = {
+                "task": task.name,
+                "model": model,
+                "n_queries": len(task.query_ids),
+                "n_docs": len(task.doc_ids),
+                "depth": done.depth,
+                "corpus_cache": done.corpus_cache,
+                "index": done.index,
+                "timing_s": {k: round(v, 4) for k, v in done.timing_s.items()},
+                "latency_ms": done.latency_ms,
+                "reads": done.reads,
+            }
+            write_json(folder / "search.json", record)
+            recall = done.index.get("recall_vs_exact")
+            log.info("%s: %s%s", task.name, done.index.get("factory"), f", recall vs exact {recall}" if recall else "")
+            out[task.name] = {"run": str(folder / "run.trec"), "index": done.index}
+        write_json(output / "config.json", config)
+        return out
