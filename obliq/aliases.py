@@ -17,11 +17,9 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
-from obliq.files import cache_dir
+from obliq.files import cache_dir, publish
 
 MINILM = "minilm"
 SMOLLM2 = "smollm2"
@@ -85,17 +83,13 @@ def smollm2_dir() -> Path:
     config = AutoConfig.for_model(**{k: v for k, v in loaded.config.to_dict().items() if k != "quantization_config"})
     model = AutoModelForCausalLM.from_config(config)
     model.load_state_dict(loaded.state_dict())
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=".tmp-"))
     try:
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        os.replace(tmp, out)
-    except OSError:
+        with publish(out, folder=True) as tmp:
+            model.save_pretrained(tmp)
+            tokenizer.save_pretrained(tmp)
+    except FileExistsError:
         if not (out / "config.json").is_file():  # a concurrent conversion did not win the race
             raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return out
 
 

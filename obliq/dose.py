@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from obliq.files import claim_output
+from obliq.files import claim_outputs
 from obliq.search.settings import RetrievalSettings
 
 
@@ -75,42 +75,48 @@ def dose_sweep(
     )
     index = named_source(base["data"]["sources"], source, recipe)
     loaded = [load_task(p) for p in find_tasks(tasks)]
-    out = claim_output(
-        out, overwrite, "a dose sweep", command="dose-sweep", inputs=[recipe, *find_tasks(tasks)], folder=True
-    )
-    systems = {}
-    for dose in doses:
-        folder = out / f"dose-{dose}"
-        sources = [dict(s) for s in base["data"]["sources"]]
-        if dose == 0:
-            sources.pop(index)
-        else:
-            sources[index]["count"] = dose
-        if sources:
-            args = ["fit", "--config", str(recipe), f"--run_dir={folder}", "--data.sources=" + json.dumps(sources)]
-            args += [f"--trainer.max_steps={max_steps}"] if max_steps else []
-            encoder = str(fit_and_export(args, folder / "model", overwrite=True).adapter)
-        else:  # nothing left to train on: the recipe's encoder as it starts
-            init = {k: v for k, v in base["model"]["encoder"].get("init_args", {}).items() if k != "lora"}
-            encoder = BiEncoder(**init).eval()
-        evaluate_tasks(
-            make_retriever(encoder, retrieval), loaded, folder / "eval", f"dose-{dose}", ["NDCG@10", "Recall@100"]
+    with claim_outputs(
+        {"out": out},
+        command="dose-sweep",
+        inputs=[recipe, *find_tasks(tasks)],
+        overwrite=overwrite,
+        what="a dose sweep",
+        folders=["out"],
+    ) as claimed:
+        out = claimed["out"]
+        systems = {}
+        for dose in doses:
+            folder = out / f"dose-{dose}"
+            sources = [dict(s) for s in base["data"]["sources"]]
+            if dose == 0:
+                sources.pop(index)
+            else:
+                sources[index]["count"] = dose
+            if sources:
+                args = ["fit", "--config", str(recipe), f"--run_dir={folder}", "--data.sources=" + json.dumps(sources)]
+                args += [f"--trainer.max_steps={max_steps}"] if max_steps else []
+                encoder = str(fit_and_export(args, folder / "model", overwrite=True).adapter)
+            else:  # nothing left to train on: the recipe's encoder as it starts
+                init = {k: v for k, v in base["model"]["encoder"].get("init_args", {}).items() if k != "lora"}
+                encoder = BiEncoder(**init).eval()
+            evaluate_tasks(
+                make_retriever(encoder, retrieval), loaded, folder / "eval", f"dose-{dose}", ["NDCG@10", "Recall@100"]
+            )
+            systems[f"dose {dose}"] = folder / "eval"
+        first = f"dose {doses[0]}"
+        report = systems_report(
+            systems,
+            [(name, first) for name in systems if name != first],
+            title=f"Dose sweep of {recipe} (source {source!r}): {held}.",
+            tasks=[t.name for t in loaded],
+            same_reading=list(systems),
         )
-        systems[f"dose {dose}"] = folder / "eval"
-    first = f"dose {doses[0]}"
-    report = systems_report(
-        systems,
-        [(name, first) for name in systems if name != first],
-        title=f"Dose sweep of {recipe} (source {source!r}): {held}.",
-        tasks=[t.name for t in loaded],
-        same_reading=list(systems),
-    )
-    write_systems_report(report, out / "dose_sweep")
-    table = {t.name: [report["systems"][f"dose {d}"]["metrics"][t.name]["NDCG@10"] for d in doses] for t in loaded}
-    result = {"recipe": str(recipe), "doses": list(doses), "ndcg@10": table, "held_fixed": held, "report": report}
-    _plot(result, out / "dose_sweep.png")
-    print(report_markdown(report))
-    return result
+        write_systems_report(report, out / "dose_sweep")
+        table = {t.name: [report["systems"][f"dose {d}"]["metrics"][t.name]["NDCG@10"] for d in doses] for t in loaded}
+        result = {"recipe": str(recipe), "doses": list(doses), "ndcg@10": table, "held_fixed": held, "report": report}
+        _plot(result, out / "dose_sweep.png")
+        print(report_markdown(report))
+        return result
 
 
 def _plot(result: dict, path: Path) -> None:

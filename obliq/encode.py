@@ -27,7 +27,7 @@ from pathlib import Path
 from time import perf_counter
 
 from obliq.eval.results import write_retrieval
-from obliq.files import claim_output, safe_name, write_json
+from obliq.files import claim_outputs, safe_name, write_json
 from obliq.search.encoders import load_encoder
 from obliq.search.retrieval import ENCODE_BLOCK, check_index, encode_shard, make_retriever
 from obliq.search.settings import RetrievalSettings
@@ -80,41 +80,44 @@ def encode(
         if torch.cuda.is_available():
             torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     model_file = Path(model) if Path(model).exists() else None
-    stores = []
-    for task in loaded:  # every store through the one claim, before any encoding: never an input
-        store = Store.of(model, retrieval, task)
-        stores.append((task, store))
-        claim_output(
-            store.folder, what="corpus embeddings", command="encode", inputs=[task.path, model_file], append=True
-        )  # a store is resumed shard by shard, never emptied (``overwrite`` re-encodes this shard only)
-    encoder = load_encoder(model, retrieval.encoder, retrieval.trust_remote_code)
-    report = {}
-    for task, store in stores:
-        t0 = perf_counter()
-        record = None if overwrite else store.done(shard)
-        status = "done" if record is not None else "encoded"
-        if record is None:
-            record = encode_shard(encoder, task, retrieval, store, shard, block_size, overwrite)
-        count, missing = store.status()
-        report[task.name] = {
-            "store": str(store.folder),
-            "status": status,
-            "rows": record["rows"],
-            "seconds": round(perf_counter() - t0, 3),
-            "complete": not missing,
-            "missing": sorted(missing),
-        }
-        log.info(
-            "%s: shard %d of %d %s (%d passages) in %s; %s",
-            task.name,
-            shard.index,
-            count,
-            "already written" if status == "done" else "encoded",
-            record["rows"],
-            store.folder,
-            "the store is complete" if not missing else f"shards still to encode: {sorted(missing)}",
-        )
-    return {"shard": {"index": shard.index, "count": shard.count}, "tasks": report}
+    stores = [(task, Store.of(model, retrieval, task)) for task in loaded]
+    # every store through the one claim, before any encoding: never an input; a store is resumed shard by
+    # shard, never emptied (``overwrite`` re-encodes this shard only)
+    with claim_outputs(
+        {str(store.folder): store.folder for _, store in stores},
+        command="encode",
+        inputs=[*(task.path for task in loaded), model_file],
+        what="corpus embeddings",
+        append=True,
+    ):
+        encoder = load_encoder(model, retrieval.encoder, retrieval.trust_remote_code)
+        report = {}
+        for task, store in stores:
+            t0 = perf_counter()
+            record = None if overwrite else store.done(shard)
+            status = "done" if record is not None else "encoded"
+            if record is None:
+                record = encode_shard(encoder, task, retrieval, store, shard, block_size, overwrite)
+            count, missing = store.status()
+            report[task.name] = {
+                "store": str(store.folder),
+                "status": status,
+                "rows": record["rows"],
+                "seconds": round(perf_counter() - t0, 3),
+                "complete": not missing,
+                "missing": sorted(missing),
+            }
+            log.info(
+                "%s: shard %d of %d %s (%d passages) in %s; %s",
+                task.name,
+                shard.index,
+                count,
+                "already written" if status == "done" else "encoded",
+                record["rows"],
+                store.folder,
+                "the store is complete" if not missing else f"shards still to encode: {sorted(missing)}",
+            )
+        return {"shard": {"index": shard.index, "count": shard.count}, "tasks": report}
 
 
 def search(
@@ -157,17 +160,23 @@ def search(
     loaded = [load_task(p) for p in find_tasks(tasks)]
     for task in loaded:  # C42: an index faiss cannot train on a corpus is refused before any encoding or claim
         check_index(retrieval, task)
-    output = claim_output(
-        output, overwrite, "search results", command="search", inputs=[*tasks, model_file], folder=True
-    )
-    retrieve = make_retriever(model, retrieval, latency_queries)
-    out = {}
-    for task in loaded:
-        folder = output / safe_name(task.name, "task name")
-        done = retrieve(task)
-        write_json(folder / "search.json", write_retrieval(task, done, folder, model))
-        recall = done.index.get("recall_vs_exact")
-        log.info("%s: %s%s", task.name, done.index.get("factory"), f", recall vs exact {recall}" if recall else "")
-        out[task.name] = {"run": str(folder / "run.trec"), "index": done.index}
-    write_json(output / "config.json", config)
-    return out
+    with claim_outputs(
+        {"output": output},
+        command="search",
+        inputs=[*tasks, model_file],
+        overwrite=overwrite,
+        what="search results",
+        folders=["output"],
+    ) as claimed:
+        output = claimed["output"]
+        retrieve = make_retriever(model, retrieval, latency_queries)
+        out = {}
+        for task in loaded:
+            folder = output / safe_name(task.name, "task name")
+            done = retrieve(task)
+            write_json(folder / "search.json", write_retrieval(task, done, folder, model))
+            recall = done.index.get("recall_vs_exact")
+            log.info("%s: %s%s", task.name, done.index.get("factory"), f", recall vs exact {recall}" if recall else "")
+            out[task.name] = {"run": str(folder / "run.trec"), "index": done.index}
+        write_json(output / "config.json", config)
+        return out

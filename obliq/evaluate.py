@@ -21,7 +21,7 @@ from pathlib import Path
 from obliq.distributed import world
 from obliq.eval.metrics import DEFAULT_MEASURES, check_depth
 from obliq.eval.results import evaluate_tasks
-from obliq.files import claim_output, write_json
+from obliq.files import claim_outputs, write_json
 from obliq.search.retrieval import check_index, is_run_file, make_retriever, retrieve_run_file
 from obliq.search.settings import RetrievalSettings
 from obliq.tasks import find_tasks, load_task
@@ -96,21 +96,31 @@ def evaluate(
         if unknown:
             log.warning("%s names tasks not evaluated here: %s", rerank, ", ".join(unknown))
     # claimed (made and marked) only once the inputs were read and checked: a refused call leaves nothing
-    output = claim_output(output, overwrite, "evaluation results", command="evaluate", inputs=inputs, folder=True)
-    retrieve = make_retriever(model, retrieval, latency_queries)
-    if rank != 0:  # the same retrievals, in the same order: this rank's share of the encoding
-        for task in loaded:
-            retrieve(task)
-        return []
-    output.mkdir(parents=True, exist_ok=True)
-    if policy is not None:
-        from obliq.rerank.reranker import Reranker
+    with claim_outputs(
+        {"output": output},
+        command="evaluate",
+        inputs=inputs,
+        overwrite=overwrite,
+        what="evaluation results",
+        folders=["output"],
+    ) as claimed:
+        output = claimed["output"]
+        retrieve = make_retriever(model, retrieval, latency_queries)
+        if rank != 0:  # the same retrievals, in the same order: this rank's share of the encoding
+            for task in loaded:
+                retrieve(task)
+            return []
+        output.mkdir(parents=True, exist_ok=True)
+        if policy is not None:
+            from obliq.rerank.reranker import Reranker
 
-        dump_policy(policy, output / "rerank_policy.yaml", f"The reranking policy {rerank}, as loaded by evaluate.py.")
-        retrieve = Reranker(policy).wrap(retrieve)
-    summaries = evaluate_tasks(retrieve, loaded, output, "bm25" if model.lower() == "bm25" else model, measures)
-    write_json(output / "config.json", config)  # with the results: a refused run leaves no file behind
-    return summaries
+            dump_policy(
+                policy, output / "rerank_policy.yaml", f"The reranking policy {rerank}, as loaded by evaluate.py."
+            )
+            retrieve = Reranker(policy).wrap(retrieve)
+        summaries = evaluate_tasks(retrieve, loaded, output, "bm25" if model.lower() == "bm25" else model, measures)
+        write_json(output / "config.json", config)  # with the results: a refused run leaves no file behind
+        return summaries
 
 
 def _join_process_group() -> int:

@@ -25,7 +25,7 @@ import torch
 
 from obliq import __version__
 from obliq.aliases import portable_name
-from obliq.files import claim_output, read_text, write_json, write_text
+from obliq.files import claim_outputs, read_text, write_json, write_text
 from obliq.model.checkpoint import EXPORT_RECORD, load_checkpoint, read_checkpoint, weights_digest
 from obliq.model.encoder import BiEncoder
 from obliq.tasks.obliq_bench import OBLIQ_BENCH
@@ -114,25 +114,32 @@ def export(
     evaluation = _evaluation(Path(results), digest) if results is not None else []
     trust = dict(backbone=backbone, trust_remote_code=trust_remote_code)
     encoder = load_checkpoint(checkpoint, ckpt, **trust)  # a malformed checkpoint is refused before any claim
-    claim_output(out, overwrite, "an export", command="export", inputs=[checkpoint, probe_file, results], folder=True)
-    adapter_dir = out / "adapter"
-    record = {
-        "checkpoint": Path(checkpoint).name,
-        "step": ckpt.get("global_step"),
-        "weights_sha256": digest,
-        # the dimensions the Matryoshka loss trained (none: only the full one); evaluate warns at another dim
-        "matryoshka_dims": (ckpt.get("hyper_parameters") or {}).get("matryoshka_dims") or [],
-    }
-    encoder.save_pretrained(adapter_dir)
-    write_json(adapter_dir / EXPORT_RECORD, record)
-    write_text(adapter_dir / "README.md", model_card(ckpt, encoder, "adapter", evaluation, base))
-    report = {"checkpoint": str(checkpoint), "adapter": str(adapter_dir), "base_model": base}
-    if merge:
-        report.update(merge_to_sentence_transformers(checkpoint, ckpt, out / "merged", probe, min_cosine, trust))
-        write_json(out / "merged" / EXPORT_RECORD, record)
-        write_text(out / "merged" / "README.md", model_card(ckpt, encoder, "merged", evaluation, base))
-    write_json(out / "export.json", report)
-    return report
+    with claim_outputs(
+        {"out": out},
+        command="export",
+        inputs=[checkpoint, probe_file, results],
+        overwrite=overwrite,
+        what="an export",
+        folders=["out"],
+    ):
+        adapter_dir = out / "adapter"
+        record = {
+            "checkpoint": Path(checkpoint).name,
+            "step": ckpt.get("global_step"),
+            "weights_sha256": digest,
+            # the dimensions the Matryoshka loss trained (none: only the full one); evaluate warns at another dim
+            "matryoshka_dims": (ckpt.get("hyper_parameters") or {}).get("matryoshka_dims") or [],
+        }
+        encoder.save_pretrained(adapter_dir)
+        write_json(adapter_dir / EXPORT_RECORD, record)
+        write_text(adapter_dir / "README.md", model_card(ckpt, encoder, "adapter", evaluation, base))
+        report = {"checkpoint": str(checkpoint), "adapter": str(adapter_dir), "base_model": base}
+        if merge:
+            report.update(merge_to_sentence_transformers(checkpoint, ckpt, out / "merged", probe, min_cosine, trust))
+            write_json(out / "merged" / EXPORT_RECORD, record)
+            write_text(out / "merged" / "README.md", model_card(ckpt, encoder, "merged", evaluation, base))
+        write_json(out / "export.json", report)
+        return report
 
 
 def _is_hub_id(name: str) -> bool:

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from obliq.files import claim_output
+from obliq.files import claim_outputs, publish
 from obliq.model.checkpoint import read_checkpoint, weights_digest
 
 LORA_WEIGHT = re.compile(r"\.lora_(A|B)\.")
@@ -76,36 +76,37 @@ def interpolate(
         )
     ckpts = [read_checkpoint(p) for p in paths]
     _check_alike(paths, ckpts)
-    out = claim_output(out, overwrite, "checkpoint", command="obliq interpolate", inputs=paths)
-
-    first = ckpts[0]
-    lora = first["obliq"].get("lora")
-    states = [c["state_dict"] for c in ckpts]
-    if lora:
-        state, lora = _lora_mean(states, lora, [float(alpha) * w for w in shares])
-    else:
-        state = _full_mean(states, _base_weights(first, paths[0]), [float(alpha) * w for w in shares])
-    sources = [
-        {"checkpoint": str(p), "step": int(c.get("global_step", 0)), "weights_digest": weights_digest(c)}
-        for p, c in zip(paths, ckpts)
-    ]
-    result = {k: first[k] for k in KEPT if k in first}
-    for source, share in zip(sources, shares):
-        source["weight"] = share
-    result["obliq"] = dict(first["obliq"], lora=lora, interpolation={"alpha": float(alpha), "sources": sources})
-    result["state_dict"] = state
-    result["global_step"] = max(s["step"] for s in sources)
-    result["epoch"] = int(first.get("epoch", 0))
-    tmp = out.with_name(out.name + ".partial")
-    torch.save(result, tmp)
-    tmp.replace(out)
-    return {
-        "out": str(out),
-        "alpha": float(alpha),
-        "sources": sources,
-        "lora_rank": lora["r"] if lora else None,
-        "weights_digest": weights_digest(result),
-    }
+    with claim_outputs(
+        {"out": out}, command="interpolate", inputs=paths, overwrite=overwrite, what="a checkpoint"
+    ) as claimed:
+        out = claimed["out"]
+        first = ckpts[0]
+        lora = first["obliq"].get("lora")
+        states = [c["state_dict"] for c in ckpts]
+        scales = [float(alpha) * w for w in shares]
+        if lora:
+            state, lora = _lora_mean(states, lora, scales)
+        else:
+            state = _full_mean(states, _base_weights(first, paths[0]), scales)
+        sources = [
+            {"checkpoint": str(p), "step": int(c.get("global_step", 0)), "weight": w}
+            | {"weights_digest": weights_digest(c)}
+            for p, c, w in zip(paths, ckpts, shares)
+        ]
+        result = {k: first[k] for k in KEPT if k in first}
+        result["obliq"] = dict(first["obliq"], lora=lora, interpolation={"alpha": float(alpha), "sources": sources})
+        result["state_dict"] = state
+        result["global_step"] = max(s["step"] for s in sources)
+        result["epoch"] = int(first.get("epoch", 0))
+        with publish(out) as tmp:
+            torch.save(result, tmp)
+        return {
+            "out": str(out),
+            "alpha": float(alpha),
+            "sources": sources,
+            "lora_rank": lora["r"] if lora else None,
+            "weights_digest": weights_digest(result),
+        }
 
 
 def _check_alike(paths: list[Path], ckpts: list[dict]) -> None:

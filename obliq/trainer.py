@@ -797,10 +797,12 @@ def fit_and_export(args: list[str], out: str | os.PathLike, overwrite: bool = Fa
         The run, its final checkpoint and the adapter folder (what ``evaluate`` loads).
     """
     from obliq.export import export
-    from obliq.files import claim_output
+    from obliq.files import claim_outputs
 
     configs = [a.split("=", 1)[1] if "=" in a else args[i + 1] for i, a in enumerate(args) if a.startswith("--config")]
-    claim_output(out, overwrite, "an export", command="export", inputs=configs, folder=True)
-    fitted = fit(args)
-    adapter = Path(export(fitted.checkpoint, out, overwrite=True)["adapter"])
+    with claim_outputs(
+        {"out": out}, command="export", inputs=configs, overwrite=overwrite, what="an export", folders=["out"]
+    ):
+        fitted = fit(args)
+        adapter = Path(export(fitted.checkpoint, out, overwrite=True)["adapter"])
     return Fitted(fitted.run, fitted.checkpoint, adapter)

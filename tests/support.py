@@ -1,6 +1,7 @@
 """What several test files share (tests import it as ``support``): small real tasks and task folders,
 training rows, the tiny random Llama, the tiny training recipe and its process, the two-process
-(gloo) GradCache worker, an obliq training checkpoint of a seeded LoRA, and a CSV metrics column. Fixtures stay in conftest.py; bench scripts use only obliq's public names."""
+(gloo) GradCache worker, an obliq training checkpoint of a seeded LoRA, and a CSV metrics column.
+Fixtures stay in conftest.py; bench scripts use only obliq's public names."""
 
 from __future__ import annotations
 

@@ -31,7 +31,7 @@ from obliq.audit.report import figure, headline_p, markdown
 from obliq.audit.runs import model_run, query_values
 from obliq.audit.stats import BOOTSTRAP_RESAMPLES, CONFIDENCE, PERMUTATIONS
 from obliq.eval.metrics import check_depth, parse_measures
-from obliq.files import claim_output, json_text, safe_name, write_json
+from obliq.files import claim_outputs, json_text, safe_name, write_json
 from obliq.search.retrieval import is_run_file
 from obliq.search.runs import write_run
 from obliq.search.settings import RetrievalSettings
@@ -163,89 +163,96 @@ def audit(
         check_depth(measures, retrieval.top_k, len(loaded.doc_ids))
 
     inputs = [task, query_attributes, document_attributes, *(m for m in models if is_run_file(m))]
-    claim_output(output, overwrite, "an audit", command="audit", inputs=inputs, folder=True)
-    output.mkdir(parents=True, exist_ok=True)
-    stats_kw = dict(resamples=resamples, seed=seed, confidence=confidence)
-    report = {
-        "task": loaded.name,
-        "task_path": str(task),
-        "query_attributes": str(attributes.path),
-        "attribute": attributes.attribute,
-        "query_sets": [f"{f}:{s}" for f, s in sets],
-        "n_queries": len(loaded.query_ids),
-        "n_docs": len(loaded.doc_ids),
-        "group_sizes": {g: len(attributes.members(g)) for g in attributes.groups()},
-        "metrics": metrics,
-        "config": config,
-        "models": [],
-        "paired": [{"reference": c[0], "comparison": c[1], "rows": []} for k, c in contrasts if k == "paired"],
-        "groups": [{"reference": c[0], "comparison": c[1], "rows": []} for k, c in contrasts if k == "groups"],
-    }
+    with claim_outputs(
+        {"output": output}, command="audit", inputs=inputs, overwrite=overwrite, what="an audit", folders=["output"]
+    ):
+        output.mkdir(parents=True, exist_ok=True)
+        stats_kw = dict(resamples=resamples, seed=seed, confidence=confidence)
+        report = {
+            "task": loaded.name,
+            "task_path": str(task),
+            "query_attributes": str(attributes.path),
+            "attribute": attributes.attribute,
+            "query_sets": [f"{f}:{s}" for f, s in sets],
+            "n_queries": len(loaded.query_ids),
+            "n_docs": len(loaded.doc_ids),
+            "group_sizes": {g: len(attributes.members(g)) for g in attributes.groups()},
+            "metrics": metrics,
+            "config": config,
+            "models": [],
+            "paired": [{"reference": c[0], "comparison": c[1], "rows": []} for k, c in contrasts if k == "paired"],
+            "groups": [{"reference": c[0], "comparison": c[1], "rows": []} for k, c in contrasts if k == "groups"],
+        }
 
-    taken: set[str] = set()
-    for model in models:
-        t0 = perf_counter()
-        slug = _folder(model, taken)
-        run = model_run(model, loaded, retrieval)
-        retrieval_s = perf_counter() - t0
-        values = query_values(run, loaded, measures, lean, lean_k, lean_relevant_only)
-        folder = output / slug
-        write_run(folder / "run.trec", {q: run.get(q, {}) for q in loaded.query_ids}, tag=slug)
-        with (folder / "per_query.jsonl").open("w", encoding="utf-8") as f:
-            for q, r in attributes.rows.items():
-                row = {"query_id": q, attributes.attribute: r.group, "pair_id": r.pair_id, "cluster_id": r.cluster_id}
-                f.write(json_text({**row, **{m: values[m][q] for m in metrics}}, indent=None) + "\n")
-        t1 = perf_counter()
-        for entry in report["paired"]:
-            for m in metrics:
-                row = paired_contrast(
-                    values[m],
-                    attributes,
-                    entry["reference"],
-                    entry["comparison"],
-                    permutations=permutations,
-                    **stats_kw,
-                )
-                entry["rows"].append({"model": slug, "metric": m, **row})
-        for entry in report["groups"]:
-            for m in metrics:
-                row = group_contrast(values[m], attributes, entry["reference"], entry["comparison"], **stats_kw)
-                entry["rows"].append({"model": slug, "metric": m, **row})
-        report["models"].append(
-            {
-                "name": slug,
-                "model": model,
-                "retrieval_s": round(retrieval_s, 2),
-                "statistics_s": round(perf_counter() - t1, 2),
-            }
-        )
-        log.info("audited %s: retrieval %.1fs, statistics %.1fs", model, retrieval_s, perf_counter() - t1)
-
-    report["seconds"] = round(perf_counter() - started, 2)
-    report = json.loads(json_text(report))
-    write_json(output / "audit.json", report)
-    write_json(output / "config.json", config)  # with the results: a refused audit leaves no file behind
-    (output / "audit.md").write_text(markdown(report))
-    headline = [measures[0]] + ([f"lean@{lean_k[0]}"] if lean is not None else [])
-    figure(report, output / "audit.png", headline)
-
-    summary = []
-    for kind in ("paired", "groups"):
-        for entry in report[kind]:
-            for row in entry["rows"]:
-                if row["metric"] in headline:
-                    diff = row.get("delta", row.get("gap"))
-                    summary.append(
-                        {
-                            "kind": kind,
-                            "contrast": f"{entry['comparison']} - {entry['reference']}",
-                            "model": row["model"],
-                            "metric": row["metric"],
-                            "difference": diff,
-                            "ci": row.get("ci"),
-                            "p": headline_p(row),
-                            **({"wilcoxon_p": row["wilcoxon"]["p_value"]} if "wilcoxon" in row else {}),
-                        }
+        taken: set[str] = set()
+        for model in models:
+            t0 = perf_counter()
+            slug = _folder(model, taken)
+            run = model_run(model, loaded, retrieval)
+            retrieval_s = perf_counter() - t0
+            values = query_values(run, loaded, measures, lean, lean_k, lean_relevant_only)
+            folder = output / slug
+            write_run(folder / "run.trec", {q: run.get(q, {}) for q in loaded.query_ids}, tag=slug)
+            with (folder / "per_query.jsonl").open("w", encoding="utf-8") as f:
+                for q, r in attributes.rows.items():
+                    row = {
+                        "query_id": q,
+                        attributes.attribute: r.group,
+                        "pair_id": r.pair_id,
+                        "cluster_id": r.cluster_id,
+                    }
+                    f.write(json_text({**row, **{m: values[m][q] for m in metrics}}, indent=None) + "\n")
+            t1 = perf_counter()
+            for entry in report["paired"]:
+                for m in metrics:
+                    row = paired_contrast(
+                        values[m],
+                        attributes,
+                        entry["reference"],
+                        entry["comparison"],
+                        permutations=permutations,
+                        **stats_kw,
                     )
-    files = [str(output / n) for n in ("audit.json", "audit.md", "audit.png", "config.json")]
-    return {"output": str(output), "files": files, "headline": summary}
+                    entry["rows"].append({"model": slug, "metric": m, **row})
+            for entry in report["groups"]:
+                for m in metrics:
+                    row = group_contrast(values[m], attributes, entry["reference"], entry["comparison"], **stats_kw)
+                    entry["rows"].append({"model": slug, "metric": m, **row})
+            report["models"].append(
+                {
+                    "name": slug,
+                    "model": model,
+                    "retrieval_s": round(retrieval_s, 2),
+                    "statistics_s": round(perf_counter() - t1, 2),
+                }
+            )
+            log.info("audited %s: retrieval %.1fs, statistics %.1fs", model, retrieval_s, perf_counter() - t1)
+
+        report["seconds"] = round(perf_counter() - started, 2)
+        report = json.loads(json_text(report))
+        write_json(output / "audit.json", report)
+        write_json(output / "config.json", config)  # with the results: a refused audit leaves no file behind
+        (output / "audit.md").write_text(markdown(report))
+        headline = [measures[0]] + ([f"lean@{lean_k[0]}"] if lean is not None else [])
+        figure(report, output / "audit.png", headline)
+
+        summary = []
+        for kind in ("paired", "groups"):
+            for entry in report[kind]:
+                for row in entry["rows"]:
+                    if row["metric"] in headline:
+                        diff = row.get("delta", row.get("gap"))
+                        summary.append(
+                            {
+                                "kind": kind,
+                                "contrast": f"{entry['comparison']} - {entry['reference']}",
+                                "model": row["model"],
+                                "metric": row["metric"],
+                                "difference": diff,
+                                "ci": row.get("ci"),
+                                "p": headline_p(row),
+                                **({"wilcoxon_p": row["wilcoxon"]["p_value"]} if "wilcoxon" in row else {}),
+                            }
+                        )
+        files = [str(output / n) for n in ("audit.json", "audit.md", "audit.png", "config.json")]
+        return {"output": str(output), "files": files, "headline": summary}

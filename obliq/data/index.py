@@ -24,8 +24,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
-import tempfile
 from array import array
 from collections import Counter
 from contextlib import ExitStack
@@ -35,6 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from obliq.data.rows import RowError, parse_row
+from obliq.files import publish
 from obliq.text import id_hash
 
 INDEX_VERSION = 3
@@ -131,69 +130,69 @@ def index_file(path: str | os.PathLike, index_dir: str | os.PathLike, on_bad_row
     if (folder / "meta.json").is_file():
         return _load(path, folder, on_bad_row)
 
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=".tmp-"))
     try:
-        with ExitStack() as stack:
-            outs = {name: stack.enter_context(open(tmp / f"{name}.bin", "wb")) for name in (*_ARRAYS, "keys")}
-            errors = stack.enter_context(open(tmp / "errors.txt", "w", encoding="utf-8", errors="backslashreplace"))
-            f = stack.enter_context(open(path, "rb"))
-            buffers = {name: array(code) for name, (code, _) in _ARRAYS.items()}
-            buffers["keys"] = array("q")
-            tasks: dict[str, int] = {}
-            skipped: Counter[str] = Counter()
-            rows = repaired_chars = repaired_rows = offset = 0
-            first_error = None
-            for line, raw in enumerate(f, start=1):
-                if raw.strip():
-                    try:
-                        row = parse_row(raw, path, line)
-                    except RowError as err:
-                        if on_bad_row == "fail":
-                            raise
-                        skipped[err.kind] += 1
-                        errors.write(f"{err}\n")
-                        if first_error is None:
-                            first_error = {"line": err.line, "field": err.field, "kind": err.kind, "reason": err.reason}
-                    else:
-                        if len(raw) >= 1 << 32:
-                            raise RowError(path, line, "(row)", "json", "line longer than 4 GiB")
-                        keys = row.keys()
-                        task = tasks.setdefault(row.task, len(tasks))
-                        content = int.from_bytes(
-                            hashlib.sha256(raw.rstrip(b"\r\n")).digest()[:8], "little", signed=True
-                        )
-                        values = (offset, len(raw), line, id_hash(row.id), content, task, len(keys))
-                        for name, value in zip(_ARRAYS, values):
-                            buffers[name].append(value)
-                        buffers["keys"].extend(keys)
-                        rows += 1
-                        repaired_chars += row.repairs
-                        repaired_rows += row.repairs > 0
-                        if len(buffers["offsets"]) >= _CHUNK:  # flush: memory stays flat
-                            for name, buf in buffers.items():
-                                buf.tofile(outs[name])
-                                del buf[:]
-                offset += len(raw)
-            for name, buf in buffers.items():
-                buf.tofile(outs[name])
-        meta = {
-            "version": INDEX_VERSION,
-            "path": os.path.realpath(path),
-            "rows": rows,
-            "skipped": dict(skipped),
-            "repaired_chars": repaired_chars,
-            "repaired_rows": repaired_rows,
-            "first_error": first_error,
-            "task_names": list(tasks),
-            "total_keys": int(sum(np.fromfile(tmp / "n_keys.bin", dtype=np.uint32).astype(np.int64))),
-        }
-        (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
-        try:
-            os.replace(tmp, folder)
-        except OSError:
-            if not (folder / "meta.json").is_file():  # a concurrent build did not win the race
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        with publish(folder, folder=True) as tmp:
+            with ExitStack() as stack:
+                outs = {name: stack.enter_context(open(tmp / f"{name}.bin", "wb")) for name in (*_ARRAYS, "keys")}
+                errors = stack.enter_context(open(tmp / "errors.txt", "w", encoding="utf-8", errors="backslashreplace"))
+                f = stack.enter_context(open(path, "rb"))
+                buffers = {name: array(code) for name, (code, _) in _ARRAYS.items()}
+                buffers["keys"] = array("q")
+                tasks: dict[str, int] = {}
+                skipped: Counter[str] = Counter()
+                rows = repaired_chars = repaired_rows = offset = 0
+                first_error = None
+                for line, raw in enumerate(f, start=1):
+                    if raw.strip():
+                        try:
+                            row = parse_row(raw, path, line)
+                        except RowError as err:
+                            if on_bad_row == "fail":
+                                raise
+                            skipped[err.kind] += 1
+                            errors.write(f"{err}\n")
+                            if first_error is None:
+                                first_error = {
+                                    "line": err.line,
+                                    "field": err.field,
+                                    "kind": err.kind,
+                                    "reason": err.reason,
+                                }
+                        else:
+                            if len(raw) >= 1 << 32:
+                                raise RowError(path, line, "(row)", "json", "line longer than 4 GiB")
+                            keys = row.keys()
+                            task = tasks.setdefault(row.task, len(tasks))
+                            content = int.from_bytes(
+                                hashlib.sha256(raw.rstrip(b"\r\n")).digest()[:8], "little", signed=True
+                            )
+                            values = (offset, len(raw), line, id_hash(row.id), content, task, len(keys))
+                            for name, value in zip(_ARRAYS, values):
+                                buffers[name].append(value)
+                            buffers["keys"].extend(keys)
+                            rows += 1
+                            repaired_chars += row.repairs
+                            repaired_rows += row.repairs > 0
+                            if len(buffers["offsets"]) >= _CHUNK:  # flush: memory stays flat
+                                for name, buf in buffers.items():
+                                    buf.tofile(outs[name])
+                                    del buf[:]
+                    offset += len(raw)
+                for name, buf in buffers.items():
+                    buf.tofile(outs[name])
+            meta = {
+                "version": INDEX_VERSION,
+                "path": os.path.realpath(path),
+                "rows": rows,
+                "skipped": dict(skipped),
+                "repaired_chars": repaired_chars,
+                "repaired_rows": repaired_rows,
+                "first_error": first_error,
+                "task_names": list(tasks),
+                "total_keys": int(sum(np.fromfile(tmp / "n_keys.bin", dtype=np.uint32).astype(np.int64))),
+            }
+            (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
+    except FileExistsError:
+        if not (folder / "meta.json").is_file():  # a concurrent build did not win the race
+            raise
     return _load(path, folder, on_bad_row)

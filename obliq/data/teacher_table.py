@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from obliq.data.rows import TrainingRow
+from obliq.files import publish
 
 
 def row_teacher_scores(rows: Sequence[TrainingRow], max_negatives: int) -> torch.Tensor:
@@ -85,7 +86,6 @@ class TeacherTable:
 
 def write_teacher_table(path: Path, ids: Sequence[str], vectors: np.ndarray) -> None:
     """Write ``ids`` and their (n, d) unit ``vectors`` (float32) as a :class:`TeacherTable` archive at ``path``
-    (through a temporary file, renamed into place)."""
-    tmp = path.with_name(path.name + ".partial.npz")
-    np.savez(tmp, ids=np.asarray([str(i) for i in ids]), vectors=np.asarray(vectors, dtype=np.float32))
-    tmp.replace(path)
+    (:func:`obliq.files.publish`: all at once)."""
+    with publish(path) as tmp, open(tmp, "wb") as f:  # a file object: np.savez would add ".npz" to a name
+        np.savez(f, ids=np.asarray([str(i) for i in ids]), vectors=np.asarray(vectors, dtype=np.float32))

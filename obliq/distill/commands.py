@@ -24,7 +24,7 @@ from obliq.data.teacher_table import write_teacher_table
 from obliq.distill.graph import KnnGraph, load_graph, teacher_graph
 from obliq.distill.pairs import knn_pairs, random_control
 from obliq.distill.purity import format_purity, graph_purity, labels_for
-from obliq.files import atomic_write, claim_output, read_id_table, refuse_shared_outputs, write_json
+from obliq.files import atomic_write, claim_outputs, read_id_table, write_json
 from obliq.search.teachers import TEACHER_MAX_LENGTH, StylometricConfig, load_teacher
 from obliq.tasks import Task, load_task
 
@@ -89,28 +89,27 @@ def graph(
         A summary: graph file, corpus size, k, edges, identical twins, teacher, seconds.
     """
     t0 = perf_counter()
-    claim_output(out, overwrite, "a graph", command="distill graph", inputs=[task])
-    if vectors_out is not None:
-        if Path(vectors_out).suffix != ".npz":
-            raise ValueError(f"vectors_out: {vectors_out} must end in .npz (numpy adds the suffix otherwise)")
-        claim_output(vectors_out, overwrite, "teacher vectors", command="distill graph", inputs=[task, out])
-    t = load_task(task)
-    model = load_teacher(teacher, stylometric, batch_size, max_length, trust_remote_code)
-    g = teacher_graph(model, t.doc_ids, t.doc_texts, k, _groups(t, by_source))
-    g.meta = {
-        "task": t.name,
-        "task_path": str(t.path),
-        "corpus_sha256": t.corpus_sha256,
-        "by_source": by_source,
-        **g.meta,
-        "seconds": round(perf_counter() - t0, 3),
-    }
-    g.save(out)
-    if vectors_out is not None:
-        write_teacher_table(Path(vectors_out), g.ids, g.vectors)
-    summary = {key: v for key, v in g.to_json().items() if key != "neighbours"}
-    log.info("%s: %d edges over %d documents (k=%d) in %.1f s", out, g.n_edges, len(g.ids), k, summary["seconds"])
-    return {"graph": str(out), **summary, **({"vectors": str(vectors_out)} if vectors_out is not None else {})}
+    if vectors_out is not None and Path(vectors_out).suffix != ".npz":
+        raise ValueError(f"vectors_out: {vectors_out} must end in .npz (numpy adds the suffix otherwise)")
+    outputs = {"out": out, "vectors_out": vectors_out}  # None: not asked for
+    with claim_outputs(outputs, command="distill graph", inputs=[task], overwrite=overwrite, what="a graph"):
+        t = load_task(task)
+        model = load_teacher(teacher, stylometric, batch_size, max_length, trust_remote_code)
+        g = teacher_graph(model, t.doc_ids, t.doc_texts, k, _groups(t, by_source))
+        g.meta = {
+            "task": t.name,
+            "task_path": str(t.path),
+            "corpus_sha256": t.corpus_sha256,
+            "by_source": by_source,
+            **g.meta,
+            "seconds": round(perf_counter() - t0, 3),
+        }
+        g.save(out)
+        if vectors_out is not None:
+            write_teacher_table(Path(vectors_out), g.ids, g.vectors)
+        summary = {key: v for key, v in g.to_json().items() if key != "neighbours"}
+        log.info("%s: %d edges over %d documents (k=%d) in %.1f s", out, g.n_edges, len(g.ids), k, summary["seconds"])
+        return {"graph": str(out), **summary, **({"vectors": str(vectors_out)} if vectors_out is not None else {})}
 
 
 def _add_teacher_scores(rows: list[dict], g: KnnGraph, texts: list[str]) -> None:
@@ -188,56 +187,61 @@ def pairs(
     """
     t0 = perf_counter()
     report = Path(report) if report is not None else Path(out).with_suffix(".report.json")
-    outputs = [out, control_out, report]  # every output named before any is claimed: none is another's
-    refuse_shared_outputs(outputs)
-    for path in outputs:
-        if path is not None:
-            claim_output(path, overwrite, "rows", command="distill pairs", inputs=[task, graph])
-    t = load_task(task)
-    g: KnnGraph = load_graph(graph)
-    digest = g.meta.get("corpus_sha256")
-    if digest and digest != t.corpus_sha256:
-        raise ValueError(f"{graph} was built on another corpus.jsonl than {t.path / 'corpus.jsonl'} (sha256 differs)")
-    text_of = dict(zip(t.doc_ids, t.doc_texts))
-    missing = [d for d in g.ids if d not in text_of]
-    if missing:
-        raise ValueError(
-            f"{graph}: {len(missing)} graph documents are not in {t.path / 'corpus.jsonl'} (e.g. {missing[0]!r})"
+    # every output named before any is claimed: none is another's
+    with claim_outputs(
+        {"out": out, "control_out": control_out, "report": report},
+        command="distill pairs",
+        inputs=[task, graph],
+        overwrite=overwrite,
+        what="rows",
+    ):
+        t = load_task(task)
+        g: KnnGraph = load_graph(graph)
+        digest = g.meta.get("corpus_sha256")
+        if digest and digest != t.corpus_sha256:
+            raise ValueError(
+                f"{graph} was built on another corpus.jsonl than {t.path / 'corpus.jsonl'} (sha256 differs)"
+            )
+        text_of = dict(zip(t.doc_ids, t.doc_texts))
+        missing = [d for d in g.ids if d not in text_of]
+        if missing:
+            raise ValueError(
+                f"{graph}: {len(missing)} graph documents are not in {t.path / 'corpus.jsonl'} (e.g. {missing[0]!r})"
+            )
+        texts = [text_of[d] for d in g.ids]
+        teacher = g.meta.get("teacher", {})
+        teacher_name = teacher.get("model", teacher.get("kind")) if isinstance(teacher, dict) else str(teacher)
+        rows, counts = knn_pairs(
+            g, texts, t.name, seed, both_directions, negatives, negative_source, instruction, teacher_name
         )
-    texts = [text_of[d] for d in g.ids]
-    teacher = g.meta.get("teacher", {})
-    teacher_name = teacher.get("model", teacher.get("kind")) if isinstance(teacher, dict) else str(teacher)
-    rows, counts = knn_pairs(
-        g, texts, t.name, seed, both_directions, negatives, negative_source, instruction, teacher_name
-    )
-    if teacher_scores:
-        _add_teacher_scores(rows, g, texts)
-    out = Path(out)
-    _write_jsonl(out, rows)
-    result = {
-        "task": t.name,
-        "corpus_size": len(t.doc_ids),
-        "graph_documents": len(g.ids),
-        "k": g.k,
-        "by_source": g.meta.get("by_source", False),
-        **counts,
-        "teacher": teacher,
-        "seed": seed,
-        "both_directions": both_directions,
-        "negatives": negatives,
-        "negative_source": negative_source if negatives else None,
-        "teacher_scores": teacher_scores,
-        "graph": str(graph),
-        "rows_file": str(out),
-    }
-    if control_out is not None:
-        control = random_control(rows, g.ids, texts, seed)
-        _write_jsonl(Path(control_out), control)
-        result["control_file"], result["control_rows"] = str(control_out), len(control)
-    result["seconds"] = round(perf_counter() - t0, 3)
-    write_json(report, result)
-    result["report"] = str(report)
-    return result
+        if teacher_scores:
+            _add_teacher_scores(rows, g, texts)
+        out = Path(out)
+        _write_jsonl(out, rows)
+        result = {
+            "task": t.name,
+            "corpus_size": len(t.doc_ids),
+            "graph_documents": len(g.ids),
+            "k": g.k,
+            "by_source": g.meta.get("by_source", False),
+            **counts,
+            "teacher": teacher,
+            "seed": seed,
+            "both_directions": both_directions,
+            "negatives": negatives,
+            "negative_source": negative_source if negatives else None,
+            "teacher_scores": teacher_scores,
+            "graph": str(graph),
+            "rows_file": str(out),
+        }
+        if control_out is not None:
+            control = random_control(rows, g.ids, texts, seed)
+            _write_jsonl(Path(control_out), control)
+            result["control_file"], result["control_rows"] = str(control_out), len(control)
+        result["seconds"] = round(perf_counter() - t0, 3)
+        write_json(report, result)
+        result["report"] = str(report)
+        return result
 
 
 def purity(
@@ -277,29 +281,32 @@ def purity(
     Returns:
         One dict per teacher: task, teacher, docs, k, edges, same_attribute_rate, base_rate, lift, seconds.
     """
-    if out is not None:
-        claim_output(out, overwrite, "purity results", command="distill purity", inputs=[task])
-    t = load_task(task)
-    path = t.path / ATTRIBUTES
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: the purity diagnostic needs the task's attributes (corpus-id<TAB>attribute)")
-    labels = labels_for(t.doc_ids, read_id_table(path), path)
-    groups = _groups(t, by_source)
-    results = []
-    for name in teachers or [teacher]:
-        t0 = perf_counter()
-        model = load_teacher(name, stylometric, batch_size, max_length, trust_remote_code)
-        g = teacher_graph(model, t.doc_ids, t.doc_texts, k, groups)
-        results.append(
-            {
-                "task": t.name + (" (by source)" if by_source else ""),
-                "teacher": name,
-                **graph_purity(g, labels, groups),
-                "seconds": round(perf_counter() - t0, 3),
-                "teacher_settings": model.describe(),
-            }
-        )
-    print(format_purity(results))
-    if out is not None:
-        write_json(out, results)
-    return results
+    with claim_outputs(
+        {"out": out}, command="distill purity", inputs=[task], overwrite=overwrite, what="purity results"
+    ):
+        t = load_task(task)
+        path = t.path / ATTRIBUTES
+        if not path.is_file():
+            raise FileNotFoundError(
+                f"{path}: the purity diagnostic needs the task's attributes (corpus-id<TAB>attribute)"
+            )
+        labels = labels_for(t.doc_ids, read_id_table(path), path)
+        groups = _groups(t, by_source)
+        results = []
+        for name in teachers or [teacher]:
+            t0 = perf_counter()
+            model = load_teacher(name, stylometric, batch_size, max_length, trust_remote_code)
+            g = teacher_graph(model, t.doc_ids, t.doc_texts, k, groups)
+            results.append(
+                {
+                    "task": t.name + (" (by source)" if by_source else ""),
+                    "teacher": name,
+                    **graph_purity(g, labels, groups),
+                    "seconds": round(perf_counter() - t0, 3),
+                    "teacher_settings": model.describe(),
+                }
+            )
+        print(format_purity(results))
+        if out is not None:
+            write_json(out, results)
+        return results

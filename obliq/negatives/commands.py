@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Literal
 
 from obliq.data.rows import parse_row, read_rows
-from obliq.files import atomic_write, claim_output, file_sha256, json_text, read_id_table, read_text, write_json
+from obliq.files import atomic_write, claim_outputs, file_sha256, json_text, read_id_table, read_text, write_json
 from obliq.negatives.mine import (
     AttributeVeto,
     Bm25sBackend,
@@ -145,55 +145,55 @@ def mine(
     args = json.loads(json_text(locals()))
     if max_score_ratio is not None and backend == "pyserini":
         raise ValueError("--max_score_ratio needs a backend that scores a given document: bm25s or dense")
-    for written in (Path(out), Path(out).with_name(Path(out).name + ".report.json")):
-        claim_output(written, overwrite, "rows", command="negatives mine", inputs=[rows, task])
-    data = load_task(task)
-    args.update(corpus_sha256=data.corpus_sha256, rows_sha256=file_sha256(rows))  # what a merge compares
-    items = read_rows(rows)
-    corpus = set(data.doc_ids)
-    stray = [(n, r["positive"]["id"]) for n, r in enumerate(items, 1) if r["positive"]["id"] not in corpus]
-    if stray:
-        raise ValueError(
-            f"{rows}: {len(stray)} of {len(items)} rows have a positive that is not a document of "
-            f"{data.name} (e.g. row {stray[0][0]}: {stray[0][1]!r}): rows of another task?"
+    outputs = {"out": out, "report": Path(out).with_name(Path(out).name + ".report.json")}
+    with claim_outputs(outputs, command="negatives mine", inputs=[rows, task], overwrite=overwrite, what="rows"):
+        data = load_task(task)
+        args.update(corpus_sha256=data.corpus_sha256, rows_sha256=file_sha256(rows))  # what a merge compares
+        items = read_rows(rows)
+        corpus = set(data.doc_ids)
+        stray = [(n, r["positive"]["id"]) for n, r in enumerate(items, 1) if r["positive"]["id"] not in corpus]
+        if stray:
+            raise ValueError(
+                f"{rows}: {len(stray)} of {len(items)} rows have a positive that is not a document of "
+                f"{data.name} (e.g. row {stray[0][0]}: {stray[0][1]!r}): rows of another task?"
+            )
+        ruled_out = _veto(veto, Path(task), data, teacher, teacher_k)
+        report = MiningReport()
+        start = time.perf_counter()
+        engine = _backend(backend, data.doc_texts, model, k1, b, stemmer, threads, trust_remote_code, data.doc_ids)
+        report.index_seconds = time.perf_counter() - start
+        try:
+            mined, report = mine_negatives(
+                shard.select(items),
+                data.doc_ids,
+                data.doc_texts,
+                engine,
+                k=k,
+                skip=skip,
+                report=report,
+                all_rows=items,
+                max_score_ratio=max_score_ratio,
+                range_max=range_max,
+                sampling=sampling,
+                veto=ruled_out,
+                seed=seed,
+            )
+        finally:
+            if hasattr(engine, "close"):
+                engine.close()
+        _write_rows(out, mined)
+        summary = asdict(report)
+        write_json(out.with_name(out.name + ".report.json"), {"args": args, "report": summary})
+        log.info(
+            "%d rows, %d negatives, %d short rows; dropped %s; %.1f rows/s (%s)",
+            report.rows,
+            report.negatives,
+            report.short_rows,
+            summary["dropped"],
+            report.rows_per_s,
+            report.backend,
         )
-    ruled_out = _veto(veto, Path(task), data, teacher, teacher_k)
-    report = MiningReport()
-    start = time.perf_counter()
-    engine = _backend(backend, data.doc_texts, model, k1, b, stemmer, threads, trust_remote_code, data.doc_ids)
-    report.index_seconds = time.perf_counter() - start
-    try:
-        mined, report = mine_negatives(
-            shard.select(items),
-            data.doc_ids,
-            data.doc_texts,
-            engine,
-            k=k,
-            skip=skip,
-            report=report,
-            all_rows=items,
-            max_score_ratio=max_score_ratio,
-            range_max=range_max,
-            sampling=sampling,
-            veto=ruled_out,
-            seed=seed,
-        )
-    finally:
-        if hasattr(engine, "close"):
-            engine.close()
-    _write_rows(out, mined)
-    summary = asdict(report)
-    write_json(out.with_name(out.name + ".report.json"), {"args": args, "report": summary})
-    log.info(
-        "%d rows, %d negatives, %d short rows; dropped %s; %.1f rows/s (%s)",
-        report.rows,
-        report.negatives,
-        report.short_rows,
-        summary["dropped"],
-        report.rows_per_s,
-        report.backend,
-    )
-    return summary
+        return summary
 
 
 def _write_rows(out: Path, rows: list[dict]) -> None:
@@ -241,21 +241,21 @@ def filter_rows(
     args = json.loads(json_text(locals()))
     if max_score_ratio is None and veto == "none":
         raise ValueError("nothing to filter with: give --max_score_ratio or --veto")
-    for written in (Path(out), Path(out).with_name(Path(out).name + ".report.json")):
-        claim_output(written, overwrite, "rows", command="negatives filter", inputs=[rows, task])
-    data = load_task(task)
-    items = read_rows(rows)
-    ruled_out = _veto(veto, Path(task), data, teacher, teacher_k)
-    scorer = (
-        DenseBackend(data.doc_texts, model, trust_remote_code=trust_remote_code, ids=data.doc_ids)
-        if max_score_ratio
-        else None
-    )
-    filtered, counts = filter_negatives(items, data.doc_ids, scorer, max_score_ratio, ruled_out)
-    _write_rows(out, filtered)
-    write_json(Path(out).with_name(Path(out).name + ".report.json"), {"args": args, "report": counts})
-    log.info("%d of %d negatives kept; dropped %s", counts["kept"], counts["negatives"], counts["dropped"])
-    return counts
+    outputs = {"out": out, "report": Path(out).with_name(Path(out).name + ".report.json")}
+    with claim_outputs(outputs, command="negatives filter", inputs=[rows, task], overwrite=overwrite, what="rows"):
+        data = load_task(task)
+        items = read_rows(rows)
+        ruled_out = _veto(veto, Path(task), data, teacher, teacher_k)
+        scorer = (
+            DenseBackend(data.doc_texts, model, trust_remote_code=trust_remote_code, ids=data.doc_ids)
+            if max_score_ratio
+            else None
+        )
+        filtered, counts = filter_negatives(items, data.doc_ids, scorer, max_score_ratio, ruled_out)
+        _write_rows(out, filtered)
+        write_json(Path(out).with_name(Path(out).name + ".report.json"), {"args": args, "report": counts})
+        log.info("%d of %d negatives kept; dropped %s", counts["kept"], counts["negatives"], counts["dropped"])
+        return counts
 
 
 def merge(rows: Path, shards: list[Path], out: Path, overwrite: bool = False) -> dict:
@@ -277,30 +277,34 @@ def merge(rows: Path, shards: list[Path], out: Path, overwrite: bool = False) ->
             f"--shards {reports[0]}: a shard's report; give the shard files themselves "
             "(their reports are read beside them)"
         )
-    claim_output(out, overwrite, "rows", command="negatives merge", inputs=[rows, *shards])
-    order = [r["id"] for r in read_rows(rows)]
-    taken, mined, runs = {}, {}, []
-    for file in map(Path, shards):
-        report_file = file.with_name(file.name + ".report.json")
-        if not report_file.is_file():
-            raise FileNotFoundError(f"{report_file}: the shard's report is missing (written by negatives mine)")
-        args = json.loads(read_text(report_file))["args"]
-        runs.append((report_file, args))
-        if "rows_sha256" in args and args["rows_sha256"] != file_sha256(rows):
-            raise ValueError(f"{file}: mined from other rows than {rows} (its report's rows_sha256 differs)")
-        shard = args["shard"]
-        if shard["count"] != len(shards):
-            raise ValueError(f"{file}: a shard of a run of {shard['count']} shards, but {len(shards)} given")
-        lines = {
-            parse_row(raw, str(file), n).id: raw  # a cut line: file:line named
-            for n, raw in enumerate(file.read_bytes().splitlines(), 1)
-            if raw.strip()
-        }
-        taken[shard["index"]] = list(lines)
-        mined.update(lines)
-    check_same_run(runs, ignore=("shard", "out", "overwrite", "threads", "rows", "task"))  # the same task and settings
-    check_cover(order, taken, len(shards), "row")
-    with atomic_write(out, "wb") as f:
-        for row_id in order:
-            f.write(mined[row_id] + b"\n")
-    return {"out": str(out), "rows": len(order), "shards": len(shards)}
+    with claim_outputs(
+        {"out": out}, command="negatives merge", inputs=[rows, *shards], overwrite=overwrite, what="rows"
+    ):
+        order = [r["id"] for r in read_rows(rows)]
+        taken, mined, runs = {}, {}, []
+        for file in map(Path, shards):
+            report_file = file.with_name(file.name + ".report.json")
+            if not report_file.is_file():
+                raise FileNotFoundError(f"{report_file}: the shard's report is missing (written by negatives mine)")
+            args = json.loads(read_text(report_file))["args"]
+            runs.append((report_file, args))
+            if "rows_sha256" in args and args["rows_sha256"] != file_sha256(rows):
+                raise ValueError(f"{file}: mined from other rows than {rows} (its report's rows_sha256 differs)")
+            shard = args["shard"]
+            if shard["count"] != len(shards):
+                raise ValueError(f"{file}: a shard of a run of {shard['count']} shards, but {len(shards)} given")
+            lines = {
+                parse_row(raw, str(file), n).id: raw  # a cut line: file:line named
+                for n, raw in enumerate(file.read_bytes().splitlines(), 1)
+                if raw.strip()
+            }
+            taken[shard["index"]] = list(lines)
+            mined.update(lines)
+        check_same_run(
+            runs, ignore=("shard", "out", "overwrite", "threads", "rows", "task")
+        )  # the same task and settings
+        check_cover(order, taken, len(shards), "row")
+        with atomic_write(out, "wb") as f:
+            for row_id in order:
+                f.write(mined[row_id] + b"\n")
+        return {"out": str(out), "rows": len(order), "shards": len(shards)}

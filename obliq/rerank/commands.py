@@ -21,7 +21,7 @@ from typing import Literal
 
 from obliq.errors import check_int
 from obliq.eval.metrics import evaluate_run, parse_measures
-from obliq.files import claim_output, safe_name, write_json
+from obliq.files import claim_outputs, safe_name, write_json
 from obliq.rerank.config import RerankConfig, dump_policy, load_policy
 from obliq.rerank.reranker import Reranker, queries_to_rerank
 from obliq.search.runs import read_run, write_run
@@ -66,43 +66,49 @@ def run(
         The report.
     """
     report_file = Path(out).with_name(Path(out).name + ".report.json")
-    for path in (out, report_file):  # never the run, the policy, the task's qrels, corpus …
-        claim_output(path, overwrite, "a reranked run", command="rerank run", inputs=[run, policy, task])
-    cfg = load_policy(policy) if policy is not None else RerankConfig()
-    parse_measures(measures)
-    if queries is not None:
-        check_int("queries", queries, 1)
-    data = load_task(task)
-    if method is None:
-        if data.name not in cfg.tasks:
-            raise ValueError(
-                f"{policy or 'the built-in policy (no --policy)'}: tasks: no entry for task {data.name}; "
-                "pass --method tourrank, listwise or identity"
-            )
-        method = cfg.tasks[data.name]
-    prompt = cfg.prompt(method, data.name).path if method != "identity" else None  # a bad prompt fails first
-    dense = read_run(run)
-    ids = queries_to_rerank(data, dense, source=run)[:queries]
-    reranked, stats = Reranker(cfg).rerank_run(data, dense, method, ids)
-    out = Path(out)
-    write_run(out, reranked, tag=method)
-    gold = data.qrels["test"]
-    report = {
-        "task": data.name,
-        "method": method,
-        "depth": cfg.depth,
-        "n_queries": len(ids),
-        "backend": f"{cfg.backend.name}:{cfg.backend.model}",
-        "prompt": prompt,
-        "metrics": {
-            "dense": evaluate_run(gold, {q: dense[q] for q in ids}, measures, ids).aggregate,
-            method: evaluate_run(gold, reranked, measures, ids).aggregate,
-        },
-        "cost": stats.as_dict(),
-        "args": {"task": str(task), "run": str(run), "policy": str(policy) if policy else None, "queries": queries},
-    }
-    write_json(report_file, report)
-    return report
+    # never the run, the policy, the task's qrels, corpus …
+    with claim_outputs(
+        {"out": out, "report": report_file},
+        command="rerank run",
+        inputs=[run, policy, task],
+        overwrite=overwrite,
+        what="a reranked run",
+    ):
+        cfg = load_policy(policy) if policy is not None else RerankConfig()
+        parse_measures(measures)
+        if queries is not None:
+            check_int("queries", queries, 1)
+        data = load_task(task)
+        if method is None:
+            if data.name not in cfg.tasks:
+                raise ValueError(
+                    f"{policy or 'the built-in policy (no --policy)'}: tasks: no entry for task {data.name}; "
+                    "pass --method tourrank, listwise or identity"
+                )
+            method = cfg.tasks[data.name]
+        prompt = cfg.prompt(method, data.name).path if method != "identity" else None  # a bad prompt fails first
+        dense = read_run(run)
+        ids = queries_to_rerank(data, dense, source=run)[:queries]
+        reranked, stats = Reranker(cfg).rerank_run(data, dense, method, ids)
+        out = Path(out)
+        write_run(out, reranked, tag=method)
+        gold = data.qrels["test"]
+        report = {
+            "task": data.name,
+            "method": method,
+            "depth": cfg.depth,
+            "n_queries": len(ids),
+            "backend": f"{cfg.backend.name}:{cfg.backend.model}",
+            "prompt": prompt,
+            "metrics": {
+                "dense": evaluate_run(gold, {q: dense[q] for q in ids}, measures, ids).aggregate,
+                method: evaluate_run(gold, reranked, measures, ids).aggregate,
+            },
+            "cost": stats.as_dict(),
+            "args": {"task": str(task), "run": str(run), "policy": str(policy) if policy else None, "queries": queries},
+        }
+        write_json(report_file, report)
+        return report
 
 
 def _development(path: Path, runs: Path, split: str, dev_queries: int, seed: int) -> tuple:
@@ -207,49 +213,59 @@ def policy(
     Returns:
         The ``dev`` record: per task, the choice and the numbers.
     """
-    claim_output(out, overwrite, "a policy", command="rerank policy", inputs=[base, runs, *find_tasks(tasks)])
-    cfg = load_policy(base) if base is not None else RerankConfig()
-    parse_measures([metric])
-    check_int("dev_queries", dev_queries, 1)
-    methods = list(dict.fromkeys(methods))
-    sets = [_development(path, Path(runs), split, dev_queries, seed) for path in find_tasks(tasks)]
-    prompts = {d.name: {m: cfg.prompt(m, d.name).path for m in methods} for d, *_ in sets}  # all checked first
-    reranker = Reranker(cfg)
-    record: dict = {}
-    for data, qrels, dense, ids, about in sets:
-        scores, cost = {}, {}
-        for method in ["identity", *methods]:
-            reranked, stats = reranker.rerank_run(data, dense, method, ids)
-            scores[method] = evaluate_run(qrels, reranked, [metric], ids).aggregate[metric]
-            cost[method] = stats.as_dict()["per_query"]
-        top = max(methods, key=lambda m: (scores[m], -cost[m]["calls"])) if methods else "identity"
-        chosen = top if top != "identity" and scores[top] > scores["identity"] + min_gain else "identity"
-        record[data.name] = {
-            "chosen": chosen,
-            "n_queries": len(ids),
-            metric: scores,
-            "cost_per_query": cost,
-            "prompts": prompts[data.name],
-            **about,
-        }
-        log.info(
-            "%s: %s chosen (%s: %s)", data.name, chosen, metric, ", ".join(f"{m} {v:.4f}" for m, v in scores.items())
-        )
-    dropped = {t: m for t, m in cfg.tasks.items() if t not in record}
-    if dropped:
-        log.warning(
-            "%s: left out of %s, not evaluated on development queries here: %s",
-            base,
+    with claim_outputs(
+        {"out": out},
+        command="rerank policy",
+        inputs=[base, runs, *find_tasks(tasks)],
+        overwrite=overwrite,
+        what="a policy",
+    ):
+        cfg = load_policy(base) if base is not None else RerankConfig()
+        parse_measures([metric])
+        check_int("dev_queries", dev_queries, 1)
+        methods = list(dict.fromkeys(methods))
+        sets = [_development(path, Path(runs), split, dev_queries, seed) for path in find_tasks(tasks)]
+        prompts = {d.name: {m: cfg.prompt(m, d.name).path for m in methods} for d, *_ in sets}  # all checked first
+        reranker = Reranker(cfg)
+        record: dict = {}
+        for data, qrels, dense, ids, about in sets:
+            scores, cost = {}, {}
+            for method in ["identity", *methods]:
+                reranked, stats = reranker.rerank_run(data, dense, method, ids)
+                scores[method] = evaluate_run(qrels, reranked, [metric], ids).aggregate[metric]
+                cost[method] = stats.as_dict()["per_query"]
+            top = max(methods, key=lambda m: (scores[m], -cost[m]["calls"])) if methods else "identity"
+            chosen = top if top != "identity" and scores[top] > scores["identity"] + min_gain else "identity"
+            record[data.name] = {
+                "chosen": chosen,
+                "n_queries": len(ids),
+                metric: scores,
+                "cost_per_query": cost,
+                "prompts": prompts[data.name],
+                **about,
+            }
+            log.info(
+                "%s: %s chosen (%s: %s)",
+                data.name,
+                chosen,
+                metric,
+                ", ".join(f"{m} {v:.4f}" for m, v in scores.items()),
+            )
+        dropped = {t: m for t, m in cfg.tasks.items() if t not in record}
+        if dropped:
+            log.warning(
+                "%s: left out of %s, not evaluated on development queries here: %s",
+                base,
+                out,
+                ", ".join(f"{t}: {m}" for t, m in dropped.items()),
+            )
+        cfg.tasks = {t: r["chosen"] for t, r in record.items()}
+        cfg.dev = record
+        dump_policy(
+            cfg,
             out,
-            ", ".join(f"{t}: {m}" for t, m in dropped.items()),
+            "Reranking policy chosen by `obliq rerank policy` on development queries (the dev "
+            "section).\nIt names only the tasks evaluated there; other tasks keep the dense order.\n"
+            "Use it with: python evaluate.py … --rerank " + str(out),
         )
-    cfg.tasks = {t: r["chosen"] for t, r in record.items()}
-    cfg.dev = record
-    dump_policy(
-        cfg,
-        out,
-        "Reranking policy chosen by `obliq rerank policy` on development queries (the dev "
-        "section).\nIt names only the tasks evaluated there; other tasks keep the dense order.\n"
-        "Use it with: python evaluate.py … --rerank " + str(out),
-    )
-    return record
+        return record

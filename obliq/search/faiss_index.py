@@ -19,9 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import re
-import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -29,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
+from obliq.files import publish
 from obliq.search.exact import Corpus, ExactIndex, _cosines, _faiss, ranked
 
 log = logging.getLogger(__name__)
@@ -256,15 +255,9 @@ class VectorIndex:
 
     def _save(self, record: dict) -> None:
         faiss = _faiss()
-        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.", suffix=".tmp")
-        os.close(fd)
-        try:
-            (faiss.write_index_binary if self.spec.binary else faiss.write_index)(self.index, tmp)
+        with publish(self.path) as tmp:
+            (faiss.write_index_binary if self.spec.binary else faiss.write_index)(self.index, str(tmp))
             np.save(self.path.with_suffix(".rows.npy"), self.labels)
-            os.replace(tmp, self.path)
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
         meta = {**record, "build_s": self.build_s, "n_indexed": int(self.index.ntotal), "sha256": _sha256(self.path)}
         self.path.with_suffix(".json").write_text(json.dumps(meta, indent=2) + "\n")
 

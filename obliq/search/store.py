@@ -27,8 +27,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
-import tempfile
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -36,7 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
-from obliq.files import json_text, read_text, safe_name, write_json, write_text
+from obliq.files import json_text, publish, read_text, safe_name, write_json, write_text
 from obliq.search import encoders
 from obliq.search.exact import Corpus, npy_header, unit_float32
 from obliq.search.settings import RetrievalSettings
@@ -230,10 +228,8 @@ class Store:
         for old in (done, npy, ids_file, *folder.glob(f".{npy.name}.*.tmp")):
             old.unlink(missing_ok=True)  # this shard is redone: a killed run's leftovers go
         t0 = time.perf_counter()
-        fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{npy.name}.", suffix=".tmp")
-        os.close(fd)
         digest = _rows_digest(ids)
-        try:
+        with publish(npy) as tmp:
             out, at = None, 0
             for block in blocks:
                 block = unit_float32(block, f"{folder}: shard {shard.index} embeddings")
@@ -254,11 +250,6 @@ class Store:
                 dim = out.shape[1]
                 out.flush()
                 del out
-            os.chmod(tmp, 0o644)
-            os.replace(tmp, npy)
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
         write_text(ids_file, "".join(f"{i}\n" for i in ids))
         record = {
             "shard": {"index": shard.index, "count": shard.count},

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Literal
 
 from obliq.data.rows import parse_row, read_rows
-from obliq.files import atomic_write, claim_output, json_text, read_text, write_json
+from obliq.files import atomic_write, claim_outputs, json_text, read_text, write_json
 from obliq.llm.backends import BackendConfig
 from obliq.search.bm25 import BM25
 from obliq.search.settings import RetrievalSettings
@@ -117,44 +117,47 @@ def generate(
     shard = shard.resolved()
     out = shard.path(out)
     args = json.loads(json_text(locals()))
-    for written in (
-        Path(out),
-        Path(out).with_name(Path(out).name + ".rejects.jsonl"),
-        Path(out).with_name(Path(out).name + ".report.json"),
-    ):  # appended to on a resume: its own files only (their rows are checked before any is touched)
-        claim_output(written, what="synthetic rows", command="synth generate", inputs=[task, prompt_dir], append=True)
-    digest = prompts_digest(spec, prompt_dir)
-    _check_resume(Path(out), args, digest)
-    data = load_task(task)
-    args["corpus_sha256"] = data.corpus_sha256  # what a merge compares
-    read_done(Path(out), spec.name)  # another command's file, or a bad row: refused before the model loads
-    engine = backend.build()
-    report = asdict(
-        synthesize(
-            data,
-            spec,
-            engine,
-            out,
-            n_docs=n_docs,
-            seed=seed,
-            generation=generation,
-            prompt_dir=prompt_dir,
-            shard=shard,
-            fewshot=fewshot,
-            samples=samples,
+    outputs = {
+        "out": out,
+        "rejects": Path(out).with_name(Path(out).name + ".rejects.jsonl"),
+        "report": Path(out).with_name(Path(out).name + ".report.json"),
+    }
+    # appended to on a resume: its own files only (their rows are checked before any is touched)
+    with claim_outputs(
+        outputs, command="synth generate", inputs=[task, prompt_dir], what="synthetic rows", append=True
+    ):
+        digest = prompts_digest(spec, prompt_dir)
+        _check_resume(Path(out), args, digest)
+        data = load_task(task)
+        args["corpus_sha256"] = data.corpus_sha256  # what a merge compares
+        read_done(Path(out), spec.name)  # another command's file, or a bad row: refused before the model loads
+        engine = backend.build()
+        report = asdict(
+            synthesize(
+                data,
+                spec,
+                engine,
+                out,
+                n_docs=n_docs,
+                seed=seed,
+                generation=generation,
+                prompt_dir=prompt_dir,
+                shard=shard,
+                fewshot=fewshot,
+                samples=samples,
+            )
         )
-    )
-    write_json(out.with_name(out.name + ".report.json"), {"args": args, "prompts": digest, "report": report})
-    log.info(
-        "%s: %d rows written (%d already done), skipped %s, %d retries, %.1f tokens/s",
-        report["task"],
-        report["generated"],
-        report["already_done"],
-        report["skipped"],
-        report["retries"],
-        report["tokens_per_s"],
-    )
-    return report
+        write_json(out.with_name(out.name + ".report.json"), {"args": args, "prompts": digest, "report": report})
+        log.info(
+            "%s: %d rows written (%d already done), skipped %s, %d retries, %.1f tokens/s",
+            report["task"],
+            report["generated"],
+            report["already_done"],
+            report["skipped"],
+            report["retries"],
+            report["tokens_per_s"],
+        )
+        return report
 
 
 def merge(shards: list[Path], out: Path, overwrite: bool = False) -> dict:
@@ -178,47 +181,54 @@ def merge(shards: list[Path], out: Path, overwrite: bool = False) -> dict:
             or in none, a row of a document its shard did not take; ``out`` one of the shards.
         FileNotFoundError: a shard's report is missing.
     """
-    claim_output(out, overwrite, "rows", command="synth merge", inputs=shards)
-    reports = []
-    for file in map(Path, shards):
-        report_file = file.with_name(file.name + ".report.json")
-        if not report_file.is_file():
-            raise FileNotFoundError(f"{report_file}: the shard's report is missing (written by synth generate)")
-        reports.append(json.loads(read_text(report_file)))
-    check_same_run(
-        [
-            (
-                f.with_name(f.name + ".report.json"),
-                {**r["args"], "count": r["report"]["shard"]["count"], "prompts": r.get("prompts")},
-            )
-            for f, r in zip(map(Path, shards), reports)
-        ],
-        ignore=("shard", "out", "task"),
-    )  # the same corpus, sample, prompts, generator and settings (samples, few-shot examples)
-    first = reports[0]["args"]
-    task, n_docs, seed, count = first["task"], first["n_docs"], first["seed"], reports[0]["report"]["shard"]["count"]
-    data = load_task(task)
-    order, _ = sample_documents(data, n_docs, seed)
-    sample = [data.doc_ids[i] for i in order]
-    check_cover(sample, {r["report"]["shard"]["index"]: r["report"]["documents"] for r in reports}, count, "document")
-    rows: dict[str, dict[int, bytes]] = {}
-    for file, report in zip(map(Path, shards), reports):
-        taken = set(report["report"]["documents"])
-        for lineno, raw in enumerate(file.read_bytes().splitlines(), 1):
-            if raw.strip():
-                row = parse_row(raw, str(file), lineno)
-                if row.positive.id not in taken:
-                    raise ValueError(
-                        f"{file}:{lineno}: a row for document {row.positive.id!r}, not one of this shard's"
-                    )
-                number = (row.meta or {}).get("sample", 0)
-                rows.setdefault(row.positive.id, {})[number if isinstance(number, int) else 0] = raw
-    with atomic_write(out, "wb") as f:
-        for doc in sample:
-            for _, raw in sorted(rows.get(doc, {}).items()):
-                f.write(raw + b"\n")
-    n_rows = sum(len(r) for r in rows.values())
-    return {"out": str(out), "rows": n_rows, "documents": len(sample), "shards": count}
+    with claim_outputs({"out": out}, command="synth merge", inputs=shards, overwrite=overwrite, what="rows"):
+        reports = []
+        for file in map(Path, shards):
+            report_file = file.with_name(file.name + ".report.json")
+            if not report_file.is_file():
+                raise FileNotFoundError(f"{report_file}: the shard's report is missing (written by synth generate)")
+            reports.append(json.loads(read_text(report_file)))
+        check_same_run(
+            [
+                (
+                    f.with_name(f.name + ".report.json"),
+                    {**r["args"], "count": r["report"]["shard"]["count"], "prompts": r.get("prompts")},
+                )
+                for f, r in zip(map(Path, shards), reports)
+            ],
+            ignore=("shard", "out", "task"),
+        )  # the same corpus, sample, prompts, generator and settings (samples, few-shot examples)
+        first = reports[0]["args"]
+        task, n_docs, seed, count = (
+            first["task"],
+            first["n_docs"],
+            first["seed"],
+            reports[0]["report"]["shard"]["count"],
+        )
+        data = load_task(task)
+        order, _ = sample_documents(data, n_docs, seed)
+        sample = [data.doc_ids[i] for i in order]
+        check_cover(
+            sample, {r["report"]["shard"]["index"]: r["report"]["documents"] for r in reports}, count, "document"
+        )
+        rows: dict[str, dict[int, bytes]] = {}
+        for file, report in zip(map(Path, shards), reports):
+            taken = set(report["report"]["documents"])
+            for lineno, raw in enumerate(file.read_bytes().splitlines(), 1):
+                if raw.strip():
+                    row = parse_row(raw, str(file), lineno)
+                    if row.positive.id not in taken:
+                        raise ValueError(
+                            f"{file}:{lineno}: a row for document {row.positive.id!r}, not one of this shard's"
+                        )
+                    number = (row.meta or {}).get("sample", 0)
+                    rows.setdefault(row.positive.id, {})[number if isinstance(number, int) else 0] = raw
+        with atomic_write(out, "wb") as f:
+            for doc in sample:
+                for _, raw in sorted(rows.get(doc, {}).items()):
+                    f.write(raw + b"\n")
+        n_rows = sum(len(r) for r in rows.values())
+        return {"out": str(out), "rows": n_rows, "documents": len(sample), "shards": count}
 
 
 def audit_queries(rows: Path, task: Path, split: str = "test", real: bool = True) -> dict:
@@ -330,47 +340,47 @@ def filter_queries(
         overwrite: replace an existing ``out``.
     """
     args = json.loads(json_text(locals()))
-    written = [Path(out), *(Path(out).with_name(Path(out).name + x) for x in (".decisions.jsonl", ".report.json"))]
-    for path in written:
-        claim_output(path, overwrite, "rows", command="synth filter", inputs=[rows, task])
-    config = FilterConfig(split, lexical_quantile, dense_quantile, leaks, pick, per_document)
-    data = load_task(task)
-    candidates, report = filter_candidates(read_rows(rows), data, config, model, retrieval)
-    with atomic_write(out) as f:
-        for c in candidates:
-            if c.decision == "kept":
-                meta = {
-                    **(c.row.get("meta") or {}),
-                    "filter": {"bm25_rank": c.bm25_rank, "dense_rank": c.dense_rank, "leaked": c.leaked},
+    decisions, report_file = (Path(out).with_name(Path(out).name + x) for x in (".decisions.jsonl", ".report.json"))
+    outputs = {"out": out, "decisions": decisions, "report": report_file}
+    with claim_outputs(outputs, command="synth filter", inputs=[rows, task], overwrite=overwrite, what="rows"):
+        config = FilterConfig(split, lexical_quantile, dense_quantile, leaks, pick, per_document)
+        data = load_task(task)
+        candidates, report = filter_candidates(read_rows(rows), data, config, model, retrieval)
+        with atomic_write(out) as f:
+            for c in candidates:
+                if c.decision == "kept":
+                    meta = {
+                        **(c.row.get("meta") or {}),
+                        "filter": {"bm25_rank": c.bm25_rank, "dense_rank": c.dense_rank, "leaked": c.leaked},
+                    }
+                    f.write(json.dumps({**c.row, "meta": meta}, ensure_ascii=False) + "\n")
+        with atomic_write(decisions) as f:
+            for c in candidates:
+                record = {
+                    "id": c.row["id"],
+                    "doc_id": c.row["positive"]["id"],
+                    "sample": c.sample,
+                    "bm25_rank": c.bm25_rank,
+                    "dense_rank": c.dense_rank,
+                    "leaked": c.leaked,
+                    "decision": c.decision,
                 }
-                f.write(json.dumps({**c.row, "meta": meta}, ensure_ascii=False) + "\n")
-    with atomic_write(written[1]) as f:
-        for c in candidates:
-            record = {
-                "id": c.row["id"],
-                "doc_id": c.row["positive"]["id"],
-                "sample": c.sample,
-                "bm25_rank": c.bm25_rank,
-                "dense_rank": c.dense_rank,
-                "leaked": c.leaked,
-                "decision": c.decision,
-            }
-            f.write(json.dumps(record, ensure_ascii=False) + "\n")
-    write_json(written[2], {"args": args, "report": report})
-    print(format_audit(data.name, audit_rows(report)))
-    dropped = ", ".join(f"{r} {report['dropped'][r]}" for r in DROP_REASONS)
-    th = report["thresholds"]
-    print(
-        f"{data.name}: kept {report['kept']} of {report['candidates']} candidates "
-        f"({report['documents_kept']} of {report['documents']} documents); dropped: {dropped}\n"
-        f"thresholds from {th['real_queries']} {th['split']} queries ({th['real_pairs']} pairs): "
-        f"too lexical at BM25 rank <= {th['bm25_max_rank_dropped']} (q = {th['lexical_quantile']}; "
-        f"real rank-1 {100 * th['real_bm25_rank1']:.1f}%), "
-        + (
-            f"unanswerable below {th['dense_model']} rank {th['dense_top_k']} (q = {th['dense_quantile']}), "
-            if th["dense_top_k"] is not None
-            else "no dense check, "
+                f.write(json.dumps(record, ensure_ascii=False) + "\n")
+        write_json(report_file, {"args": args, "report": report})
+        print(format_audit(data.name, audit_rows(report)))
+        dropped = ", ".join(f"{r} {report['dropped'][r]}" for r in DROP_REASONS)
+        th = report["thresholds"]
+        print(
+            f"{data.name}: kept {report['kept']} of {report['candidates']} candidates "
+            f"({report['documents_kept']} of {report['documents']} documents); dropped: {dropped}\n"
+            f"thresholds from {th['real_queries']} {th['split']} queries ({th['real_pairs']} pairs): "
+            f"too lexical at BM25 rank <= {th['bm25_max_rank_dropped']} (q = {th['lexical_quantile']}; "
+            f"real rank-1 {100 * th['real_bm25_rank1']:.1f}%), "
+            + (
+                f"unanswerable below {th['dense_model']} rank {th['dense_top_k']} (q = {th['dense_quantile']}), "
+                if th["dense_top_k"] is not None
+                else "no dense check, "
+            )
+            + (f"entity-leak rate <= {100 * th['leak_rate']:.1f}%" if th["leak_rate"] is not None else "no leak check")
         )
-        + (f"entity-leak rate <= {100 * th['leak_rate']:.1f}%" if th["leak_rate"] is not None else "no leak check")
-    )
-    return report
+        return report

