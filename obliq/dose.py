@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from obliq.files import claim_outputs
+from obliq.claims import claim_outputs
 from obliq.search.settings import RetrievalSettings
 
 

@@ -26,8 +26,9 @@ import os
 from pathlib import Path
 from time import perf_counter
 
+from obliq.claims import claim_outputs
 from obliq.eval.results import write_retrieval
-from obliq.files import claim_outputs, safe_name, write_json
+from obliq.files import safe_name, write_json
 from obliq.search.encoders import load_encoder
 from obliq.search.retrieval import ENCODE_BLOCK, check_index, encode_shard, make_retriever
 from obliq.search.settings import RetrievalSettings

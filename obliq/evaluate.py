@@ -18,10 +18,11 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+from obliq.claims import claim_outputs
 from obliq.distributed import world
 from obliq.eval.metrics import DEFAULT_MEASURES, check_depth
 from obliq.eval.results import evaluate_tasks
-from obliq.files import claim_outputs, write_json
+from obliq.files import write_json
 from obliq.search.retrieval import check_index, is_run_file, make_retriever, retrieve_run_file
 from obliq.search.settings import RetrievalSettings
 from obliq.tasks import find_tasks, load_task

@@ -25,7 +25,8 @@ import torch
 
 from obliq import __version__
 from obliq.aliases import portable_name
-from obliq.files import claim_outputs, read_text, write_json, write_text
+from obliq.claims import claim_outputs
+from obliq.files import read_text, write_json, write_text
 from obliq.model.checkpoint import EXPORT_RECORD, load_checkpoint, read_checkpoint, weights_digest
 from obliq.model.encoder import BiEncoder
 from obliq.tasks.obliq_bench import OBLIQ_BENCH

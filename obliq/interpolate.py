@@ -24,7 +24,8 @@ from pathlib import Path
 
 import torch
 
-from obliq.files import claim_outputs, publish
+from obliq.claims import claim_outputs
+from obliq.files import publish
 from obliq.model.checkpoint import read_checkpoint, weights_digest
 
 LORA_WEIGHT = re.compile(r"\.lora_(A|B)\.")

@@ -22,7 +22,8 @@ import json
 import time
 from pathlib import Path
 
-from obliq.files import claim_outputs, write_json
+from obliq.claims import claim_outputs
+from obliq.files import write_json
 
 RECIPE = Path("configs/quickstart.yaml")
 

@@ -52,7 +52,7 @@ from lightning.pytorch.cli import LightningCLI
 
 from obliq.callbacks.checkpoints import SIGTERM_CHECKPOINT, CheckpointOnSigterm
 from obliq.callbacks.progress import StepProgressBar
-from obliq.files import process_record, running
+from obliq.claims import process_record, running
 
 log = logging.getLogger(__name__)
 
@@ -274,7 +274,7 @@ def _drop_refused_folder(before: str | None) -> None:
 def _claim_resume(folder: Path, last: Path) -> None:
     """Claim the resume of ``folder`` from its resume point ``last`` for this process: one claim per
     resume point (a folder made with ``os.mkdir``, which one of two processes wins), taken over only
-    from a process that no longer runs (:func:`obliq.files.running`).
+    from a process that no longer runs (:func:`obliq.claims.running`).
 
     Raises:
         ValueError: another running process claimed this resume point first.
@@ -796,8 +796,8 @@ def fit_and_export(args: list[str], out: str | os.PathLike, overwrite: bool = Fa
     Returns:
         The run, its final checkpoint and the adapter folder (what ``evaluate`` loads).
     """
+    from obliq.claims import claim_outputs
     from obliq.export import export
-    from obliq.files import claim_outputs
 
     configs = [a.split("=", 1)[1] if "=" in a else args[i + 1] for i, a in enumerate(args) if a.startswith("--config")]
     with claim_outputs(

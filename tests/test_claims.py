@@ -1,4 +1,4 @@
-"""Issue 30 §2: every command's outputs are claimed as one transaction (obliq.files.claim_outputs), and
+"""Issue 30 §2: every command's outputs are claimed as one transaction (obliq.claims.claim_outputs), and
 every atomic write goes through one helper (obliq.files.publish)."""
 
 from __future__ import annotations
@@ -9,7 +9,8 @@ import os
 
 import pytest
 
-from obliq.files import FOLDER_MARK, claim_outputs, output_owner, publish
+from obliq.claims import FOLDER_MARK, claim_outputs, output_owner
+from obliq.files import publish
 
 
 def _records(folder):
@@ -40,7 +41,7 @@ def test_a_claim_refused_after_others_were_taken_undoes_them(tmp_path):
     import sys
     import time
 
-    from obliq.files import process_start
+    from obliq.claims import process_start
 
     first = tmp_path / "first.json"
     (tmp_path / ".first.json.obliq").write_text(json.dumps({"command": "distill pairs", "complete": True}) + "\n")

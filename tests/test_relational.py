@@ -116,11 +116,11 @@ def test_knn_rows_get_the_teachers_in_batch_term_when_training(tiny_llama_dir, t
     rows with the term (the first step's loss is the same step's InfoNCE plus a positive KL), and with
     `model.guided_margin` the teacher masks candidates (at a margin above every gap, all but the positive: a zero
     loss); the card names the term."""
-    from obliq.eval.teachers import StylometricTeacher
     from support import csv_column, write_config, write_rows
 
     from obliq.cli import main as obliq_main
     from obliq.model.checkpoint import read_checkpoint
+    from obliq.search.teachers import StylometricTeacher
     from obliq.tasks import load_task
     from obliq.trainer import cli
 

@@ -409,7 +409,7 @@ def test_a_corrupt_embedding_cache_is_named_discarded_and_rebuilt(tmp_path, capl
 
 
 def _claim_at_once(path, barrier, done, results):
-    from obliq.files import claim_output
+    from obliq.claims import claim_output
 
     barrier.wait()
     try:
@@ -429,7 +429,7 @@ def test_of_two_commands_claiming_one_output_at_once_one_wins(tmp_path):
     import subprocess
     import sys
 
-    from obliq.files import claim_output, process_start
+    from obliq.claims import claim_output, process_start
 
     ctx = multiprocessing.get_context("fork")
     for trial in range(6):

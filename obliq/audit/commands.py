@@ -30,8 +30,9 @@ from obliq.audit.inputs import (
 from obliq.audit.report import figure, headline_p, markdown
 from obliq.audit.runs import model_run, query_values
 from obliq.audit.stats import BOOTSTRAP_RESAMPLES, CONFIDENCE, PERMUTATIONS
+from obliq.claims import claim_outputs
 from obliq.eval.metrics import check_depth, parse_measures
-from obliq.files import claim_outputs, json_text, safe_name, write_json
+from obliq.files import json_text, safe_name, write_json
 from obliq.search.retrieval import is_run_file
 from obliq.search.runs import write_run
 from obliq.search.settings import RetrievalSettings

@@ -20,11 +20,12 @@ from pathlib import Path
 from time import perf_counter
 from typing import Literal
 
+from obliq.claims import claim_outputs
 from obliq.data.teacher_table import write_teacher_table
 from obliq.distill.graph import KnnGraph, load_graph, teacher_graph
 from obliq.distill.pairs import knn_pairs, random_control
 from obliq.distill.purity import format_purity, graph_purity, labels_for
-from obliq.files import atomic_write, claim_outputs, read_id_table, write_json
+from obliq.files import atomic_write, read_id_table, write_json
 from obliq.search.teachers import TEACHER_MAX_LENGTH, StylometricConfig, load_teacher
 from obliq.tasks import Task, load_task
 

@@ -17,8 +17,9 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Literal
 
+from obliq.claims import claim_outputs
 from obliq.data.rows import parse_row, read_rows
-from obliq.files import atomic_write, claim_outputs, file_sha256, json_text, read_id_table, read_text, write_json
+from obliq.files import atomic_write, file_sha256, json_text, read_id_table, read_text, write_json
 from obliq.negatives.mine import (
     AttributeVeto,
     Bm25sBackend,

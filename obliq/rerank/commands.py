@@ -19,9 +19,10 @@ import random
 from pathlib import Path
 from typing import Literal
 
+from obliq.claims import claim_outputs
 from obliq.errors import check_int
 from obliq.eval.metrics import evaluate_run, parse_measures
-from obliq.files import claim_outputs, safe_name, write_json
+from obliq.files import safe_name, write_json
 from obliq.rerank.config import RerankConfig, dump_policy, load_policy
 from obliq.rerank.reranker import Reranker, queries_to_rerank
 from obliq.search.runs import read_run, write_run

@@ -19,8 +19,9 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Literal
 
+from obliq.claims import claim_outputs
 from obliq.data.rows import parse_row, read_rows
-from obliq.files import atomic_write, claim_outputs, json_text, read_text, write_json
+from obliq.files import atomic_write, json_text, read_text, write_json
 from obliq.llm.backends import BackendConfig
 from obliq.search.bm25 import BM25
 from obliq.search.settings import RetrievalSettings

@@ -204,7 +204,7 @@ def read_done(out: Path, task_name: str) -> tuple[set[tuple[str, int]], bool]:
         obliq.data.rows.RowError: a complete line is not a valid row (file:line:field).
         ValueError: a row of another task or source; a lone unreadable line in a file of unknown origin.
     """
-    from obliq.files import output_owner
+    from obliq.claims import output_owner
 
     if not out.is_file():
         return set(), False

@@ -30,7 +30,8 @@ import json
 import logging
 from pathlib import Path
 
-from obliq.files import atomic_write, claim_outputs, publish, write_json
+from obliq.claims import claim_outputs
+from obliq.files import atomic_write, publish, write_json
 from obliq.tasks.format import check_id
 from obliq.tasks.obliq_bench import OBLIQ_BENCH
 

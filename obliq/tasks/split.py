@@ -162,7 +162,8 @@ def split_task(task: Path, out: Path, dev_fraction: float = 0.5, seed: int = 0, 
     """
     import shutil
 
-    from obliq.files import atomic_write, claim_outputs, write_json
+    from obliq.claims import claim_outputs
+    from obliq.files import atomic_write, write_json
 
     task, out = Path(task), Path(out)
     with claim_outputs(
