@@ -187,7 +187,8 @@ def test_defaults_are_defined_once_and_every_entry_point_reads_them():
     from obliq.dose import dose_sweep
     from obliq.eval.bm25 import BM25, BM25_STEMMER
     from obliq.evaluate import evaluate
-    from obliq.model.encoder import PASSAGE_MAX_LENGTH, QUERY_MAX_LENGTH, BiEncoder, TextTokenizer
+    from obliq.model.encoder import BiEncoder
+    from obliq.model.tokenizer import PASSAGE_MAX_LENGTH, QUERY_MAX_LENGTH, TextTokenizer
 
     expected = {
         "query_max_length": QUERY_MAX_LENGTH,
