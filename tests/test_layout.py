@@ -21,6 +21,7 @@ LAYERS = {
     "text": 1,
     "aliases": 1,
     "shards": 1,
+    "runs": 1,  # run folders: versions, owners, resume points
     "data": 2,
     "loss": 2,
     "llm": 2,
@@ -35,12 +36,13 @@ LAYERS = {
     "negatives": 5,
     "callbacks": 5,
     "export": 6,
-    "trainer": 7,
+    "recipes": 7,  # a recipe read as data, the classes it may name, its work_dir layout
+    "trainer": 8,
     # commands that wire stages together
-    "quickstart": 8,
-    "dose": 8,
-    "evaluate": 8,
-    "cli": 9,
+    "quickstart": 9,
+    "dose": 9,
+    "evaluate": 9,
+    "cli": 10,
 }
 """The layer of every top-level module or package of obliq/; a module may import its own package and
 any lower layer, never a package beside it or above it."""
@@ -276,3 +278,19 @@ def test_no_two_stages_share_a_public_name(name):
         p.relative_to(REPO) for p in PACKAGE.rglob("*.py") if re.search(rf"^(def|class) {name}\b", p.read_text(), re.M)
     ]
     assert len(defined) <= 1, defined
+
+
+@pytest.mark.parametrize("recipe", sorted((REPO / "configs").glob("*.yaml")), ids=lambda p: p.name)
+def test_the_shipped_recipes_follow_the_work_dir_layout(recipe):
+    """The recipes spell the work_dir layout for their users; the Python that writes a recipe's inputs
+    takes it from obliq.recipes.WorkDir: the two agree (rows, runs and evaluation tasks)."""
+    from obliq.recipes import WorkDir, recipe_config
+
+    config = recipe_config(recipe)
+    layout = WorkDir(Path(config["work_dir"]))
+    assert Path(config["run_dir"]).is_relative_to(layout.train)
+    for source in config["data"]["sources"]:
+        assert Path(source["path"]).is_relative_to(layout.rows), source
+    for callback in config["trainer"].get("callbacks") or []:
+        for tasks in (callback.get("init_args") or {}).get("tasks") or []:
+            assert Path(tasks) == layout.tasks, callback

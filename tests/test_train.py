@@ -30,7 +30,7 @@ def _parser():
 
     from obliq.data import TrainingDataModule
     from obliq.model.module import RetrieverModule
-    from obliq.trainer import PARSER_MODE, add_recipe_arguments
+    from obliq.recipes import PARSER_MODE, add_recipe_arguments
 
     parser = ArgumentParser(exit_on_error=False, parser_mode=PARSER_MODE)
     parser.add_argument("--config", action="config")
