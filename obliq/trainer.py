@@ -26,6 +26,8 @@ many), batch size, world size or seed is refused when the data position is resto
 
 from __future__ import annotations
 
+import importlib
+import inspect
 import json
 import logging
 import os
@@ -161,17 +163,18 @@ def _logger_events(argv: list[str]) -> list[tuple]:
 
 
 def logger_swap(argv: list[str], config) -> list[str]:
-    """The arguments that make a logger whose class the command line (or a stacked config) swapped keep
+    """The argument that makes a logger whose class the command line (or a stacked config) swapped keep
     only :data:`LOGGER_CARRIES` of the earlier logger's settings, plus what was given at or after the swap.
 
     jsonargparse merges ``--trainer.logger=<another class>`` over the config's logger and keeps every
     init arg the new class also accepts (jsonargparse #460, Lightning #15796): the quickstart's
-    ``CSVLogger(name="logs")`` made every W&B sweep trial "logs" (C31). The fix re-parses with
-    ``--trainer.logger=null`` (nothing left to merge into) and the rebuilt logger.
+    ``CSVLogger(name="logs")`` made every W&B sweep trial "logs" (C31). The fix sets every other init
+    arg back to the new class's own default, in the final parse; what is kept is carried as written, so
+    ``${run_dir}`` in it resolves to the run's folder.
 
     Args:
         argv: the command line.
-        config: the parsed config (of the subcommand) whose ``trainer.logger`` is rebuilt.
+        config: the parsed config (of the subcommand) whose ``trainer.logger`` was merged.
 
     Returns:
         Extra arguments to append (none when no class was swapped). A list of loggers is left as it is.
@@ -199,9 +202,14 @@ def logger_swap(argv: list[str], config) -> list[str]:
         return []
     init = logger.get("init_args")
     init = init.as_dict() if isinstance(init, Namespace) else dict(init or {})
-    keep = {k: v for k, v in init.items() if k in LOGGER_CARRIES or k in explicit}
-    spec = {"class_path": logger.class_path, "init_args": keep}
-    return [f"{LOGGER}=null", f"{LOGGER}={json.dumps(spec, default=str)}"]
+    module, _, name = logger.class_path.rpartition(".")
+    params = inspect.signature(getattr(importlib.import_module(module), name)).parameters
+    reset = {
+        k: params[k].default
+        for k in init
+        if k not in LOGGER_CARRIES and k not in explicit and k in params and params[k].default is not params[k].empty
+    }
+    return [f"{LOGGER}={json.dumps({'init_args': reset}, default=str)}"] if reset else []
 
 
 class TrainCLI(LightningCLI):
@@ -222,7 +230,10 @@ class TrainCLI(LightningCLI):
     def parse_arguments(self, parser, args) -> None:
         """Parse with ``--run_dir`` set to this run's version folder (and ``last`` resolved), so the
         recipe's ``${run_dir}`` interpolations land in it, and with a swapped logger rebuilt
-        (:func:`logger_swap`). ``--print_config`` sees the final config and claims no folder."""
+        (:func:`logger_swap`). ``--print_config`` sees the final config and claims no folder.
+
+        Two parses at most: the first finds the run folder (and whether the logger was swapped), the
+        second, of the command line as given plus the folder, is the config the run uses."""
         if isinstance(args, (dict, Namespace)):
             return super().parse_arguments(parser, args)
         argv = list(sys.argv[1:] if args is None else args)
@@ -230,14 +241,13 @@ class TrainCLI(LightningCLI):
         quiet = [a for a in argv if a not in printing]
         config = parser.parse_args(quiet)
         sub = config.get("subcommand")
+        section = config[sub] if sub else config
         extra = []
         if sub in ("fit", None):  # None: built with run=False, a fit's config without the subcommand
-            section = config[sub] if sub else config
             asked = section.get("ckpt_path")
             folder, ckpt_path = run_folder(section.run_dir, asked, claim=self.claim and not printing)
             extra = [f"--run_dir={folder}"] + ([f"--ckpt_path={ckpt_path}"] if ckpt_path != asked else [])
-            config = parser.parse_args(quiet + extra)
-        extra += logger_swap(argv, config[sub] if sub else config)
+        extra += logger_swap(quiet, section)
         self.config = parser.parse_args(argv + extra) if extra or printing else config
 
     def instantiate_trainer(self, **kwargs):

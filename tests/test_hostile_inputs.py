@@ -182,7 +182,7 @@ def test_the_quickstart_never_writes_over_its_recipes_sources(tmp_path, capsys):
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(text)
     _fails(["quickstart", "--recipe", str(recipe)], capsys, "did not write", "knn.jsonl")
-    assert mine.read_text() == '{"mine": true}\n' and not (tmp_path / "task").exists()
+    assert mine.read_text() == '{"mine": true}\n' and not (tmp_path / "tasks").exists()
     outside = tmp_path / "outside.yaml"
     outside.write_text(text.replace("path: ${work_dir}/rows/knn.jsonl", f"path: {tmp_path.parent}/elsewhere.jsonl"))
     _fails(["quickstart", "--recipe", str(outside)], capsys, "outside the recipe's work_dir")
