@@ -14,7 +14,7 @@ Every system is evaluated with the same :class:`~obliq.search.settings.Retrieval
 tokens for queries and passages, no cache), through :func:`~obliq.search.retrieval.make_retriever`
 and :func:`~obliq.eval.results.evaluate_tasks`; each checkpoint's comparison with the baselines is the
 comparison report (:mod:`obliq.eval.report`: per-query NDCG@10, differences system − baseline),
-written beside its evaluation. A run's checkpoints are found with :func:`obliq.trainer.latest_run`.
+written beside its evaluation. A run's checkpoints are found with :func:`obliq.runs.latest_run`.
 
 Usage::
 
@@ -125,15 +125,15 @@ def compare_with_baselines(name: str, folder: Path, task: str, split: str) -> di
 
 def checkpoints(run_dir: Path, which: str) -> list[tuple[int, Path]]:
     """(step, file) of the newest run's step checkpoints (``all``) or of its final weights only (``last``)."""
-    from obliq.model.checkpoint import checkpoint_info
-    from obliq.trainer import latest_run
+    from obliq.model.checkpoint import checkpoint_info, step_checkpoints
+    from obliq.runs import latest_run
 
     run = latest_run(run_dir)
     if run is None:
         raise FileNotFoundError(f"{run_dir}: no run with a checkpoint")
     if which == "last":
         return [(checkpoint_info(run.newest).step, run.newest)]
-    return run.checkpoints()
+    return step_checkpoints(run.path)
 
 
 def curve(

@@ -59,7 +59,7 @@ def knn_source(recipe: str) -> tuple[Path, dict]:
             read every row once).
     """
     from obliq.data import named_source
-    from obliq.trainer import recipe_config
+    from obliq.recipes import recipe_config
 
     config = recipe_config(recipe)
     source = config["data"]["sources"][named_source(config["data"]["sources"], "knn", recipe)]
@@ -187,7 +187,7 @@ def _reused(name: str) -> dict:
     from distill_ablation import ROOT
 
     from obliq.model.checkpoint import checkpoint_info
-    from obliq.trainer import latest_run
+    from obliq.runs import latest_run
 
     line = next(
         json.loads(x)

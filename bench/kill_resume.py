@@ -158,7 +158,7 @@ def _start(config: Path, *extra: str) -> subprocess.Popen:
     tmp = config.parent / "tmp"
     tmp.mkdir(exist_ok=True)
     env = dict(os.environ, PYTHONHASHSEED="0", OMP_NUM_THREADS="1", PYTHONPATH=str(REPO), TMPDIR=str(tmp))
-    env["OBLIQ_RECIPE_IMPORTS"] = "bench.kill_resume"  # its SeenRows callback (obliq.trainer.RECIPE_IMPORTS)
+    env["OBLIQ_RECIPE_IMPORTS"] = "bench.kill_resume"  # its SeenRows callback (obliq.recipes.RECIPE_IMPORTS)
     return subprocess.Popen(
         [sys.executable, str(REPO / "train.py"), "fit", "--config", str(config), *extra],
         cwd=REPO,
@@ -178,7 +178,7 @@ def _lora(path: Path) -> dict:
 def _steps_done(folder: Path) -> int:
     """The highest step with a complete checkpoint in any run of the run folder (read from the file names:
     this is polled every millisecond while the run is being killed)."""
-    from obliq.trainer import run_versions
+    from obliq.runs import run_versions
 
     steps = [
         int(p.stem.split("step=")[1])
@@ -243,7 +243,7 @@ def main() -> None:
     ref_code = reference.wait(timeout=1200)
 
     ok = code == 0 and ref_code == 0
-    from obliq.trainer import latest_run
+    from obliq.runs import latest_run
 
     a = _lora(latest_run(out / f"whole-{args.seed}").last)
     b = _lora(latest_run(broken_dir).last)

@@ -44,7 +44,7 @@ def full_dimension(recipe: str) -> int:
     from transformers import AutoConfig
 
     from obliq.aliases import resolve_model
-    from obliq.trainer import recipe_config
+    from obliq.recipes import recipe_config
 
     backbone = recipe_config(recipe)["model"]["encoder"]["init_args"]["backbone"]
     return int(AutoConfig.from_pretrained(resolve_model(backbone)).hidden_size)

@@ -18,10 +18,10 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from obliq.callbacks.evaluation import RetrievalEvaluation
 
+from obliq.runs import SIGTERM_CHECKPOINT
+
 log = logging.getLogger(__name__)
 
-SIGTERM_CHECKPOINT = "sigterm.ckpt"
-"""The file :class:`CheckpointOnSigterm` writes in the run's folder."""
 SIGTERM_EXIT = 143
 """128 + SIGTERM: the status of a process ended by SIGTERM, which schedulers read as "not finished"."""
 

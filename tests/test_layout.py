@@ -23,6 +23,8 @@ LAYERS = {
     "text": 1,
     "aliases": 1,
     "shards": 1,
+    "runs": 2,  # run folders: versions, owners, resume points (claimed like outputs)
+    "recipes": 2,  # a recipe read as data, the classes it may name, its work_dir layout
     "data": 2,
     "loss": 2,
     "llm": 2,
@@ -191,7 +193,8 @@ def test_defaults_are_defined_once_and_every_entry_point_reads_them():
     from obliq.audit.commands import audit
     from obliq.dose import dose_sweep
     from obliq.evaluate import evaluate
-    from obliq.model.encoder import PASSAGE_MAX_LENGTH, QUERY_MAX_LENGTH, BiEncoder, TextTokenizer
+    from obliq.model.encoder import BiEncoder
+    from obliq.model.tokenizer import PASSAGE_MAX_LENGTH, QUERY_MAX_LENGTH, TextTokenizer
     from obliq.search.bm25 import BM25, BM25_STEMMER
 
     expected = {

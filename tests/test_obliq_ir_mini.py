@@ -70,7 +70,7 @@ def test_task_split_refuses_to_overwrite_or_to_write_into_its_input(tasks_dir, s
 
 
 def test_the_recipe_reads_what_the_chain_writes(chain):
-    from obliq.trainer import recipe_config
+    from obliq.recipes import recipe_config
 
     cfg = recipe_config(REPO / chain.RECIPE)
     assert Path(cfg["work_dir"]) == chain.ROOT and cfg["run_dir"] == f"{chain.ROOT}/train/mixture"

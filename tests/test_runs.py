@@ -127,7 +127,7 @@ def test_every_way_of_swapping_the_logger_class_carries_only_the_folder(swap, tm
 def _claim(args):
     run_dir, barrier, queue = args
     barrier.wait()
-    from obliq.trainer import run_folder
+    from obliq.runs import run_folder
 
     queue.put(str(run_folder(run_dir, None)[0]))
 
@@ -160,7 +160,7 @@ def _version(base: Path, n: int, owner: str | None, steps=(1, 2, 3), pid: int | 
 
 
 def test_resuming_an_earlier_checkpoint_goes_to_a_new_version_and_the_newest_resumes_in_place(tmp_path):
-    from obliq.trainer import run_folder
+    from obliq.runs import run_folder
 
     base = tmp_path / "runs"
     v0 = _version(base, 0, None)
@@ -175,7 +175,7 @@ def test_resuming_an_earlier_checkpoint_goes_to_a_new_version_and_the_newest_res
 
 
 def test_last_resumes_only_this_jobs_run(tmp_path, monkeypatch):
-    from obliq.trainer import run_folder
+    from obliq.runs import run_folder
 
     base = tmp_path / "runs"
     mine = _version(base, 0, "slurm:111_3")
@@ -212,7 +212,7 @@ def test_of_two_resumes_of_one_run_at_once_one_wins_and_the_other_refuses(tmp_pa
     Each resume point is claimed once (os.mkdir): a claim held by a running process refuses the other resume in
     one line; a claim left by a process that has ended is taken over."""
     from obliq.claims import process_start as _process_start
-    from obliq.trainer import run_folder
+    from obliq.runs import run_folder
 
     base = tmp_path / "runs"
     v0 = _version(base, 0, None, pid=1, start="1")  # its process has ended: resumable
@@ -239,12 +239,12 @@ def test_of_two_resumes_of_one_run_at_once_one_wins_and_the_other_refuses(tmp_pa
 
 
 def test_ddp_ranks_land_in_rank_zeros_folder(tmp_path, monkeypatch):
-    from obliq.trainer import run_folder
+    from obliq.runs import run_folder
 
     base = tmp_path / "runs"
     folder, _ = run_folder(base, None)  # rank 0 publishes its folder for the processes it starts
     child = subprocess.run(
-        [sys.executable, "-c", f"from obliq.trainer import run_folder; print(run_folder({str(base)!r}, None)[0])"],
+        [sys.executable, "-c", f"from obliq.runs import run_folder; print(run_folder({str(base)!r}, None)[0])"],
         env=dict(os.environ, LOCAL_RANK="1"),
         capture_output=True,
         text=True,
@@ -256,7 +256,7 @@ def test_ddp_ranks_land_in_rank_zeros_folder(tmp_path, monkeypatch):
     monkeypatch.delenv("OBLIQ_RUN_FOLDER")
     launch = {"TORCHELASTIC_RUN_ID": "job7", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29511"}
     rank1 = subprocess.Popen(
-        [sys.executable, "-c", f"from obliq.trainer import run_folder; print(run_folder({str(base)!r}, None)[0])"],
+        [sys.executable, "-c", f"from obliq.runs import run_folder; print(run_folder({str(base)!r}, None)[0])"],
         env={**{k: v for k, v in os.environ.items() if k != "OBLIQ_RUN_FOLDER"}, **launch, "RANK": "1"},
         stdout=subprocess.PIPE,
         text=True,

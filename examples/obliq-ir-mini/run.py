@@ -65,7 +65,7 @@ RUNS = {
 
 def work_dir(recipe: Path = RECIPE) -> Path:
     """The recipe's one folder (``work_dir``, relative to the repository root the chain runs in)."""
-    from obliq.trainer import recipe_config
+    from obliq.recipes import recipe_config
 
     return Path(recipe_config(Path(__file__).resolve().parents[2] / recipe)["work_dir"])
 
@@ -153,7 +153,7 @@ def synth_complete(rows: Path, docs: int, config: Path | None = None) -> bool:
 def source_path(recipe: Path, name: str) -> Path:
     """Where the recipe reads its source called ``name`` (``knn``, ``synthetic``)."""
     from obliq.data import named_source
-    from obliq.trainer import recipe_config
+    from obliq.recipes import recipe_config
 
     sources = recipe_config(recipe)["data"]["sources"]
     return Path(sources[named_source(sources, name, recipe)]["path"])
@@ -161,7 +161,7 @@ def source_path(recipe: Path, name: str) -> Path:
 
 def run_dir(recipe: Path, ablation: Path | None) -> Path:
     """The ``run_dir`` of the recipe, or of an ablation recipe stacked on it."""
-    from obliq.trainer import recipe_config
+    from obliq.recipes import recipe_config
 
     return Path(recipe_config(recipe, *([ablation] if ablation else []))["run_dir"])
 
@@ -169,7 +169,9 @@ def run_dir(recipe: Path, ablation: Path | None) -> Path:
 def stages(docs: int, data: Path, recipe: Path = RECIPE, overwrite: bool = False) -> list[Stage]:
     """The chain's stages for a sample of ``docs`` documents per task, reading the shared tasks in ``data``."""
     over = options(overwrite=True) if overwrite else []
-    tasks, synth, kept = ROOT / "tasks", ROOT / "synth", ROOT / "filter"
+    from obliq.recipes import WorkDir
+
+    tasks, synth, kept = WorkDir(ROOT).tasks, ROOT / "synth", ROOT / "filter"
     synthetic = source_path(recipe, "synthetic").parent  # the recipe reads <this folder>/*.jsonl
     out: list[Stage] = []
     for t in TASKS:
@@ -337,7 +339,8 @@ def _train(fit: list[str]) -> None:
     """``train.py fit`` (resumed with ``--ckpt_path last`` when the newest run has a checkpoint and is not
     finished; one CPU thread, :data:`TRAIN_THREADS`), then export its newest checkpoint."""
     from obliq.model.checkpoint import checkpoint_info
-    from obliq.trainer import latest_run, recipe_config
+    from obliq.recipes import recipe_config
+    from obliq.runs import latest_run
 
     configs = [fit[i + 1] for i, a in enumerate(fit) if a == "--config"]
     config = recipe_config(*configs)
@@ -474,7 +477,8 @@ def _curves(root: Path, recipe: Path = RECIPE) -> dict[str, list[dict]]:
     step checkpoint was written there."""
     import csv
 
-    from obliq.trainer import latest_run, recipe_config
+    from obliq.recipes import recipe_config
+    from obliq.runs import latest_run
 
     out = {}
     for name, ablation in RUNS.items():

@@ -15,6 +15,7 @@ import torch
 
 from obliq.aliases import portable_name
 from obliq.model.encoder import BiEncoder, LoraSettings, stored_settings
+from obliq.runs import FINAL
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,19 @@ def checkpoint_info(path: str | Path, ckpt: dict | None = None) -> CheckpointInf
         hyper_parameters=dict(ckpt.get("hyper_parameters") or {}),
         data=dict((ckpt.get("TrainingDataModule") or {}).get("stats") or {}),
     )
+
+
+def step_checkpoints(folder: str | Path) -> list[tuple[int, Path]]:
+    """``(step, file)`` of every step checkpoint below a run's folder (not ``last``/``final``), by step;
+    the step is read from each file (:func:`checkpoint_info`).
+
+    Args:
+        folder: a run folder (:attr:`obliq.runs.RunFolder.path`).
+    """
+    files = [
+        f for f in sorted(Path(folder).rglob("*.ckpt")) if f.name not in ("last.ckpt", FINAL) and not f.is_symlink()
+    ]
+    return sorted(((checkpoint_info(f).step, f) for f in files), key=lambda p: (p[0], str(p[1])))
 
 
 EXPORT_RECORD = "obliq_export.json"

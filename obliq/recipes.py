@@ -1,0 +1,112 @@
+"""Recipes: the ``train.py`` config files, read as data, and the folders a recipe's ``work_dir`` holds.
+
+A recipe names one folder, ``work_dir``, and derives the rest from it with OmegaConf interpolation: its
+evaluation tasks (``${work_dir}/tasks``), its training rows (``${work_dir}/rows/…``) and its runs
+(``run_dir: ${work_dir}/train``). The recipe files spell these paths for their users; Python code that
+writes a recipe's inputs takes them from :class:`WorkDir`. Configs are read in jsonargparse's
+``omegaconf+`` mode (:data:`PARSER_MODE`), and may name classes only under :data:`RECIPE_IMPORTS`.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+PARSER_MODE = "omegaconf+"
+"""jsonargparse's parser mode for training configs: ``${…}`` interpolation, resolved last."""
+
+
+def add_recipe_arguments(parser) -> None:
+    """The top-level settings a recipe has besides Lightning's: its ``work_dir`` and ``run_dir``."""
+    parser.add_argument(
+        "--work_dir",
+        type=str | None,
+        default=None,
+        help="The recipe's one folder, from which it derives its inputs (rows, tasks) and its "
+        "run_dir (${work_dir}); what the commands that build those inputs read.",
+    )
+    parser.add_argument(
+        "--run_dir",
+        type=str,
+        default="runs/train",
+        help="The recipe's runs; each run goes in a version of it, from which the recipe derives "
+        "its checkpoint, log and W&B folders (${run_dir}).",
+    )
+
+
+RECIPE_IMPORTS = ("obliq", "lightning.pytorch", "lightning.fabric", "torch.optim")
+"""The import paths a recipe's ``class_path`` (or any class a training command line names) may lie
+under: obliq's own classes (the encoder, callbacks, W&B logger, strategies), Lightning's (callbacks,
+loggers, strategies, plugins) and torch's optimisers and schedulers. ``$OBLIQ_RECIPE_IMPORTS`` adds
+more (comma-separated dot paths, e.g. ``bench,mylab.callbacks``) for code you trust."""
+
+
+def recipe_imports() -> list[str]:
+    """:data:`RECIPE_IMPORTS` and those of ``$OBLIQ_RECIPE_IMPORTS``."""
+    extra = [p.strip() for p in os.environ.get("OBLIQ_RECIPE_IMPORTS", "").split(",") if p.strip()]
+    return [*RECIPE_IMPORTS, *extra]
+
+
+def recipe_config(recipe: str | os.PathLike, *more: str | os.PathLike, **overrides) -> dict:
+    """A recipe's settings as plain data, its interpolations resolved (OmegaConf), without building
+    anything: what ``obliq quickstart``, ``obliq dose-sweep`` and the examples read to find a recipe's
+    folders and data sources.
+
+    Args:
+        recipe: a ``train.py`` config file.
+        more: configs stacked on it, as ``train.py fit --config A --config B`` stacks them (what a later
+            file sets replaces the earlier's; lists are replaced whole).
+        overrides: top-level keys to set before resolving (``run_dir="runs/x"``).
+
+    Raises:
+        FileNotFoundError: no such file.
+        ValueError: not a YAML mapping, or an interpolation that cannot be resolved (file named).
+    """
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    from obliq.files import check_yaml, read_text
+
+    try:
+        parts = []
+        for file in (recipe, *more):
+            text = read_text(file)
+            check_yaml(text, file)  # a key given twice, a nested-alias bomb: refused before loading
+            config = OmegaConf.create(text)
+            if not OmegaConf.is_dict(config):
+                raise ValueError(f"{file}: expected a mapping of settings")
+            parts.append(config)
+        config = OmegaConf.merge(*parts)
+        for key, value in overrides.items():
+            OmegaConf.update(config, key, value)
+        return OmegaConf.to_container(config, resolve=True)
+    except OmegaConfBaseException as err:
+        raise ValueError(f"{recipe}: {err}") from None
+
+
+@dataclass(frozen=True)
+class WorkDir:
+    """The layout of a recipe's ``work_dir``, the one folder its inputs and runs lie in.
+
+    Attributes:
+        path: the ``work_dir`` (a recipe's top-level ``work_dir`` setting).
+    """
+
+    path: Path
+
+    @property
+    def tasks(self) -> Path:
+        """``<work_dir>/tasks``: the evaluation tasks, one task folder each (``obliq task split``'s
+        output; what the recipe's ``RetrievalEvaluation`` reads)."""
+        return Path(self.path) / "tasks"
+
+    @property
+    def rows(self) -> Path:
+        """``<work_dir>/rows``: the training rows the recipe's data sources read."""
+        return Path(self.path) / "rows"
+
+    @property
+    def train(self) -> Path:
+        """``<work_dir>/train``: the runs (the recipe's ``run_dir``, or one ``run_dir`` per ablation below it)."""
+        return Path(self.path) / "train"
