@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from obliq.files import cache_dir
-from obliq.model.encoder import PASSAGE_MAX_LENGTH, QUERY_MAX_LENGTH
+from obliq.model.tokenizer import PASSAGE_MAX_LENGTH, QUERY_MAX_LENGTH
 from obliq.search.bm25 import BM25_STEMMER, K1, B
 from obliq.search.encoders import EncoderKind
 from obliq.search.faiss_index import IndexSpec
