@@ -141,6 +141,9 @@ def _check(path, command, what, inputs, overwrite, append, folder) -> _Claim:
         raise ValueError(f"{path} holds {owner!r} output, not {what} of {command!r}: choose another path")
     if folder and path.is_file():
         raise ValueError(f"{path} is a file, and {what} go in a folder: give a folder path")
+    shared = _in_launch() or append
+    if not shared:  # a running command's output: named as such, whatever its folder holds at this moment
+        _refuse_live_claim(path)
     taken = path.is_file() or (path.is_dir() and any(c.name != FOLDER_MARK for c in path.iterdir()))
     if taken and not (overwrite or append):
         raise FileExistsError(
@@ -155,7 +158,6 @@ def _check(path, command, what, inputs, overwrite, append, folder) -> _Claim:
             f"{path} is a folder that obliq did not record as {what} of {command!r}: it is not emptied; "
             "give a new or empty folder"
         )
-    shared = _in_launch() or append
     claim = _Claim(path, command, what, folder, taken, path.exists(), (path / FOLDER_MARK).is_file(), shared)
     if not (append and taken and owner is None):  # a file of unknown origin appended to is not recorded
         claim.record = {"command": command, "what": what, **process_record()}
@@ -340,6 +342,24 @@ def claim_output(
     return paths["output"]
 
 
+def _refuse_live_claim(path: Path) -> None:
+    """Refuse ``path`` while another running process holds its claim (a record not marked finished whose
+    process runs: :func:`running`). A record is whole when linked, so an unreadable one is stale.
+
+    Raises:
+        ValueError: naming the holder's command and pid.
+    """
+    try:
+        holder = json.loads(_record_file(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return
+    if isinstance(holder, dict) and not holder.get("complete") and running(holder):
+        raise ValueError(
+            f"{path}: {holder.get('command')!r} in process {holder.get('pid')} is writing it now: "
+            "wait for it, or give another path"
+        )
+
+
 def _take_claim(path: Path, record: dict) -> str | None:
     """Write ``path``'s claim record (:data:`OUTPUT_RECORD`) so that of two processes claiming it at once
     exactly one succeeds: the record is created with ``os.link`` (which fails when it exists); an earlier
@@ -370,16 +390,7 @@ def _take_claim(path: Path, record: dict) -> str | None:
         finally:
             if os.path.exists(tmp):
                 os.unlink(tmp)
-        try:
-            holder = json.loads(file.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            holder = None
-        # a record is whole when linked: unreadable is stale
-        if isinstance(holder, dict) and not holder.get("complete") and running(holder):
-            raise ValueError(
-                f"{path}: {holder.get('command')!r} in process {holder.get('pid')} is writing it now: "
-                "wait for it, or give another path"
-            )
+        _refuse_live_claim(path)
         old = f"{file}.{os.getpid()}.old"
         try:  # no claim: taken over by whoever renames it away first
             os.rename(file, old)

@@ -63,7 +63,8 @@ def test_c33_an_exported_instruct_decoder_reads_plain_text_as_the_adapter(tmp_pa
 
 @pytest.mark.slow
 def test_c33_a_failed_verification_names_the_chat_template(tmp_path, monkeypatch):
-    """Without the text-only modality the check fails, removes the merged folder and says why."""
+    """Without the text-only modality the check fails and says why; the export is one transaction (issue 30
+    §2), so neither the merged folder nor the adapter written before the check is left."""
     import obliq.export
 
     ckpt = make_checkpoint(tmp_path / "smol.ckpt", "smollm2")
@@ -71,7 +72,7 @@ def test_c33_a_failed_verification_names_the_chat_template(tmp_path, monkeypatch
     with pytest.raises(ValueError, match="'message' modality: sentence-transformers wraps every text in the") as err:
         obliq.export.export(ckpt, tmp_path / "out", merge=True)
     assert "chat template" in str(err.value) and "float32" not in str(err.value).split("chat template")[0][-40:]
-    assert not (tmp_path / "out" / "merged").exists() and (tmp_path / "out" / "adapter").is_dir()
+    assert not (tmp_path / "out" / "merged").exists() and not (tmp_path / "out" / "adapter").exists()
 
 
 @pytest.mark.slow
