@@ -59,10 +59,9 @@ def interpolate(
         result (None for full fine-tuning) and the weights digest of ``out``.
 
     Raises:
-        ValueError: no checkpoint; ``alpha`` outside [0, 1]; ``weights`` not one per checkpoint, negative or
-            not summing to 1; checkpoints of different backbones, encoder or
-            LoRA settings, or weights (names, shapes, dtypes); a full fine-tuning weight of another shape
-            than the backbone's.
+        ValueError: no checkpoint; ``alpha`` outside [0, 1] (or NaN); ``weights`` not one per checkpoint,
+            negative, NaN or not summing to 1; checkpoints of different backbones, encoder or LoRA settings, or
+            weights (names, shapes, dtypes); a full fine-tuning weight of another shape than the backbone's.
         FileNotFoundError / KeyError: as :func:`obliq.model.checkpoint.read_checkpoint`.
     """
     paths = [Path(p) for p in checkpoints]
@@ -71,7 +70,7 @@ def interpolate(
     if not 0.0 <= float(alpha) <= 1.0:
         raise ValueError(f"alpha: {alpha} is outside [0, 1] (0 is the base model, 1 the trained one)")
     shares = [1 / len(paths)] * len(paths) if weights is None else [float(w) for w in weights]
-    if len(shares) != len(paths) or min(shares) < 0 or abs(sum(shares) - 1) > 1e-9:
+    if len(shares) != len(paths) or not all(w >= 0 for w in shares) or not abs(sum(shares) - 1) <= 1e-9:  # NaN fails
         raise ValueError(
             f"weights: {weights} must give each of the {len(paths)} checkpoints a share >= 0, summing to 1"
         )

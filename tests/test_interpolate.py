@@ -113,6 +113,10 @@ def test_other_models_and_bad_alphas_are_refused_before_anything_is_written(tmp_
         interpolate([one], out, alpha=1.5)
     with pytest.raises(ValueError, match=re.escape("weights: [0.5, 0.6] must give each of the 2 checkpoints")):
         interpolate([one, one], out, weights=[0.5, 0.6])
+    with pytest.raises(ValueError, match="weights: "):
+        interpolate([one, one], out, weights=[float("nan"), 1.0])
+    with pytest.raises(ValueError, match="alpha: nan is outside"):
+        interpolate([one], out, alpha=float("nan"))
     with pytest.raises(ValueError, match="input"):
         interpolate([one], one)
     with pytest.raises(ValueError, match="interpolate: give at least one checkpoint"):
