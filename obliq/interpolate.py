@@ -74,6 +74,12 @@ def interpolate(
         raise ValueError(
             f"weights: {weights} must give each of the {len(paths)} checkpoints a share >= 0, summing to 1"
         )
+    real = [p.resolve() for p in paths]
+    twice = sorted({str(p) for p, r in zip(paths, real) if real.count(r) > 1})
+    if twice:  # a symlink (last.ckpt) and its target count as one: a soup would weigh it twice without saying
+        raise ValueError(f"checkpoints: {twice} name one file more than once; give each checkpoint once (--weights)")
+    if Path(out).is_dir():
+        raise ValueError(f"out: {out} is a folder; give the new checkpoint's file name (a .ckpt inside it)")
     ckpts = [read_checkpoint(p) for p in paths]
     _check_alike(paths, ckpts)
     with claim_outputs(

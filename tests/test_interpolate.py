@@ -117,8 +117,15 @@ def test_other_models_and_bad_alphas_are_refused_before_anything_is_written(tmp_
         interpolate([one, one], out, weights=[float("nan"), 1.0])
     with pytest.raises(ValueError, match="alpha: nan is outside"):
         interpolate([one], out, alpha=float("nan"))
+    (tmp_path / "last.ckpt").symlink_to(one)
+    with pytest.raises(ValueError, match="name one file more than once"):
+        interpolate([one, tmp_path / "last.ckpt"], out)
+    (tmp_path / "folder").mkdir()
+    with pytest.raises(ValueError, match="is a folder"):
+        interpolate([one], tmp_path / "folder")
     with pytest.raises(ValueError, match="input"):
         interpolate([one], one)
     with pytest.raises(ValueError, match="interpolate: give at least one checkpoint"):
         interpolate([], out)
-    assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["a.ckpt", "l64.ckpt", "r8.ckpt"]
+    left = sorted(p.name for p in tmp_path.iterdir())
+    assert not out.exists() and left == ["a.ckpt", "folder", "l64.ckpt", "last.ckpt", "r8.ckpt"]
