@@ -25,7 +25,7 @@ from obliq.eval.results import evaluate_tasks
 from obliq.files import write_json
 from obliq.search.retrieval import check_index, is_run_file, make_retriever, retrieve_run_file
 from obliq.search.settings import RetrievalSettings
-from obliq.tasks import find_tasks, load_task
+from obliq.tasks import find_tasks, load_query_split, load_task
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +38,7 @@ def evaluate(
     measures: str | list[str] = list(DEFAULT_MEASURES),
     latency_queries: int = 100,
     rerank: Path | None = None,
+    split: str = "test",
     overwrite: bool = False,
 ) -> list[dict]:
     """Evaluate a model (or BM25, or a run file) on tasks and write runs, metrics, a table and a Recall@k plot.
@@ -64,6 +65,10 @@ def evaluate(
             policy``): the tasks it names get their reranker over the dense top-N; the others keep
             the dense run. Cost (calls, tokens, seconds per query) is reported next to the metrics;
             ``run.dense.trec`` keeps the dense run and ``rerank_policy.yaml`` the policy as loaded.
+        split: the queries scored: ``test`` (``queries.jsonl`` + ``qrels/test.tsv``), or another side of a
+            split task, e.g. ``dev`` (``queries-dev.jsonl`` + ``qrels/dev.tsv``, written by ``obliq task split``;
+            refused where one of its queries is also a test query), the side to choose settings on. Its
+            tasks are named ``<task>-<split>``.
         overwrite: write into an ``output`` that already holds results (refused otherwise, before any work).
 
     Under ``torchrun`` (or any launcher that sets ``WORLD_SIZE``), the ranks share the encoding
@@ -78,7 +83,10 @@ def evaluate(
     rank = _join_process_group()
     model_file = Path(str(model)) if isinstance(model, (str, Path)) and Path(str(model)).exists() else None
     inputs = [*tasks, rerank, model_file]  # a run file or model folder inside the output would be rewritten
-    loaded = [load_task(p) for p in find_tasks(tasks)]
+    loaded = [
+        load_task(p) if split == "test" else load_query_split(p, split, apart_from=load_task(p))
+        for p in find_tasks(tasks)
+    ]
     for task in loaded:  # fail before any encoding or claim
         if is_run_file(model):
             retrieve_run_file(model, task)  # a run of another task is refused here (its depth when scored)

@@ -131,6 +131,8 @@ def export(
             # the dimensions the Matryoshka loss trained (none: only the full one); evaluate warns at another dim
             "matryoshka_dims": (ckpt.get("hyper_parameters") or {}).get("matryoshka_dims") or [],
         }
+        if ckpt["obliq"].get("interpolation"):  # obliq interpolate: α and the checkpoints it averaged
+            record["interpolation"] = ckpt["obliq"]["interpolation"]
         encoder.save_pretrained(adapter_dir)
         write_json(adapter_dir / EXPORT_RECORD, record)
         write_text(adapter_dir / "README.md", model_card(ckpt, encoder, "adapter", evaluation, base))
@@ -387,6 +389,15 @@ def model_card(ckpt: dict, encoder: BiEncoder, kind: str, evaluation: list[dict]
         "|---|---|",
         f"| optimizer steps | {ckpt.get('global_step', '?')} (epoch {ckpt.get('epoch', '?')}) |",
     ]
+    mixed = ckpt["obliq"].get("interpolation")
+    if mixed:  # the steps above are the newest source's: say what the weights are
+        sources = ", ".join(
+            f"{Path(s['checkpoint']).name} (step {s['step']}, share {s['weight']:g})" for s in mixed["sources"]
+        )
+        lines[-1] = f"| optimizer steps | {ckpt.get('global_step', '?')} (the newest of the interpolated checkpoints) |"
+        lines.append(
+            f"| interpolation | `obliq interpolate`: alpha {mixed['alpha']:g} toward the trained weights; {sources} |"
+        )
     loss = ckpt["obliq"].get("loss") or {}  # the loss's own citation() and settings, saved with the weights
     if loss:
         rest = {k: v for k, v in loss.items() if k not in ("loss", "references", "temperature", "scale")}

@@ -244,6 +244,7 @@ class TrainCLI(LightningCLI):
         section = config[sub] if sub else config
         extra = []
         if sub in ("fit", None):  # None: built with run=False, a fit's config without the subcommand
+            _check_teacher_settings(section)  # before a run folder is claimed
             asked = section.get("ckpt_path")
             folder, ckpt_path = run_folder(section.run_dir, asked, claim=self.claim and not printing)
             extra = [f"--run_dir={folder}"] + ([f"--ckpt_path={ckpt_path}"] if ckpt_path != asked else [])
@@ -290,6 +291,20 @@ class TrainCLI(LightningCLI):
         settings = data.as_dict()
         settings["sources"] = [dict(s) for s in settings["sources"]]
         TrainingDataModule(**settings).prepare_data()
+
+
+def _check_teacher_settings(config) -> None:
+    """Refuse ``model.relational_weight`` or ``model.guided_margin`` without ``data.teacher_vectors`` (the
+    teacher's vectors those terms read), before any folder is made or model loaded."""
+    model, data = config.get("model"), config.get("data")
+    if model is None or data is None or data.get("teacher_vectors"):
+        return
+    for setting, off in (("relational_weight", 0.0), ("guided_margin", None)):
+        if model.get(setting, off) not in (off, None):
+            raise ValueError(
+                f"model.{setting} = {model.get(setting)} needs the teacher's vectors: set data.teacher_vectors "
+                "(obliq distill graph --vectors_out writes them)"
+            )
 
 
 def cli(

@@ -5,6 +5,7 @@ checkpoint; checkpoints of different models are refused before anything is writt
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -98,6 +99,12 @@ def test_the_result_exports_like_any_checkpoint(tmp_path, minilm_path):
     interpolate([one, two], tmp_path / "soup.ckpt", alpha=0.5)
     report = export(tmp_path / "soup.ckpt", tmp_path / "out", merge=True)
     assert report["probe_min_cosine"] >= 0.999 and (tmp_path / "out" / "merged").is_dir()
+    # what the weights are travels with them: alpha and the sources in the record and the card
+    record = json.loads((tmp_path / "out" / "adapter" / "obliq_export.json").read_text())
+    assert record["interpolation"]["alpha"] == 0.5
+    assert [s["checkpoint"] for s in record["interpolation"]["sources"]] == [str(one), str(two)]
+    card = (tmp_path / "out" / "adapter" / "README.md").read_text()
+    assert "| interpolation | `obliq interpolate`: alpha 0.5" in card and "a.ckpt" in card and "b.ckpt" in card
 
 
 def test_other_models_and_bad_alphas_are_refused_before_anything_is_written(tmp_path, minilm_path):

@@ -152,3 +152,49 @@ def test_knn_rows_get_the_teachers_in_batch_term_when_training(tiny_llama_dir, t
     assert losses["guided"][0] == pytest.approx(0.0, abs=1e-6) and losses["none"][0] > 0.1  # only the positive left
     saved = read_checkpoint(next((tmp_path / "relational").rglob("last.ckpt")))
     assert saved["obliq"]["loss"]["relational_weight"] == 1.0
+
+
+def test_teacher_vectors_that_cannot_serve_are_refused_before_training(tiny_llama_dir, tasks_dir, tmp_path):
+    """Clean-clone findings: a teacher term without `data.teacher_vectors` is refused before a run folder is made;
+    a text file given as the vectors is named as not an archive; vectors of another corpus (none of the rows'
+    ids) are refused instead of leaving every teacher cosine NaN (no term at all)."""
+    from support import write_config, write_rows
+
+    from obliq.data import TrainingDataModule
+    from obliq.trainer import cli
+
+    rows = [
+        {
+            "id": f"knn-{i}",
+            "task": "t",
+            "source": "knn",
+            "query": f"anchor {i}",
+            "positive": {"id": f"doc-{i}", "text": f"document {i}"},
+            "negatives": [],
+            "meta": {"anchor_id": f"anchor-{i}"},
+        }
+        for i in range(8)
+    ]
+    write_rows(tmp_path / "knn.jsonl", rows)
+    config = write_config(tmp_path / "run", tmp_path / "knn.jsonl", tiny_llama_dir, max_steps=1)
+    for setting in ("--model.relational_weight=0.5", "--model.guided_margin=0.1"):
+        with pytest.raises(ValueError, match=f"{setting[2:].split('=')[0]} = .* needs the teacher's vectors"):
+            cli(["--config", str(config), setting], run=False)
+    assert not (tmp_path / "run" / "runs").exists()  # no version folder claimed
+    (tmp_path / "notes.txt").write_text("ids,vectors\n")
+    with pytest.raises(ValueError, match=r"notes\.txt: not an \.npz archive"):
+        TeacherTable(tmp_path / "notes.txt")
+    write_teacher_table(tmp_path / "other.npz", ["x", "y"], np.eye(2, dtype=np.float32))
+    data = TrainingDataModule(
+        sources=[{"name": "knn", "path": str(tmp_path / "knn.jsonl")}],
+        batch_size=4,
+        index_dir=str(tmp_path / "index"),
+        teacher_vectors=str(tmp_path / "other.npz"),
+    )
+    with pytest.raises(ValueError, match="holds none of the 16 document ids"):
+        data.setup("fit")
+    assert data.reader is None
+    write_teacher_table(tmp_path / "ours.npz", ["x", "doc-3"], np.eye(2, dtype=np.float32))
+    data.teacher = TeacherTable(tmp_path / "ours.npz")  # one shared id: a partial table is fine (a mixture)
+    data.setup("fit")
+    assert data.reader is not None and data.stats["rows_per_epoch"] == 8

@@ -134,3 +134,31 @@ def test_subset_and_split_errors(tmp_path):
     )
     with pytest.raises(ValueError, match="rounds to 0 development queries"):
         split_queries(one)
+
+
+def test_evaluate_scores_the_development_side_when_asked(tasks_dir, tmp_path):
+    """`obliq evaluate --split dev` (clean-clone finding: "choose α on dev" needs it) scores queries-dev.jsonl
+    against qrels/dev.tsv, never a test query; NDCG@10 checked against pytrec_eval on its own run and the
+    dev qrels."""
+    import pytrec_eval
+    from support import task_slice
+
+    from obliq.evaluate import evaluate
+    from obliq.search.runs import read_run
+    from obliq.tasks import read_qrels, split_task
+
+    task_slice(tasks_dir, "stance-tweets", tmp_path / "slice", n_queries=40, n_distractors=100)
+    split_task(tmp_path / "slice", tmp_path / "split", dev_fraction=0.5, seed=0)
+    dev = {o["_id"] for _, o in read_jsonl(tmp_path / "split" / "queries-dev.jsonl")}
+    test = {o["_id"] for _, o in read_jsonl(tmp_path / "split" / "queries.jsonl")}
+    assert dev and test and not dev & test
+    (summary,) = evaluate("bm25", [str(tmp_path / "split")], tmp_path / "dev", latency_queries=0, split="dev")
+    folder = tmp_path / "dev" / summary["task"]
+    assert summary["task"].endswith("-dev") and summary["n_queries"] == len(dev)
+    per_query = [json.loads(x) for x in (folder / "per_query.jsonl").read_text().splitlines()]
+    assert {q["query_id"] for q in per_query} == dev
+    run = {q: dict(docs) for q, docs in read_run(folder / "run.trec").items()}
+    qrels = {q: dict(j) for q, j in read_qrels(tmp_path / "split" / "qrels" / "dev.tsv").items()}
+    ref = pytrec_eval.RelevanceEvaluator(qrels, {"ndcg_cut.10"}).evaluate(run)
+    want = sum(r["ndcg_cut_10"] for r in ref.values()) / len(ref)
+    assert summary["metrics"]["NDCG@10"] == pytest.approx(want, abs=1e-9)

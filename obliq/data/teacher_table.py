@@ -48,6 +48,12 @@ class TeacherTable:
         self.path = Path(path)
         if not self.path.is_file():
             raise FileNotFoundError(f"{self.path}: no teacher vectors (obliq distill graph --vectors_out writes them)")
+        with open(self.path, "rb") as f:
+            if f.read(4) != b"PK\x03\x04":  # an .npz is a zip archive
+                raise ValueError(
+                    f"{self.path}: not an .npz archive of teacher vectors (obliq distill graph --vectors_out "
+                    "writes them)"
+                )
         try:
             with np.load(self.path, allow_pickle=False) as archive:
                 ids, vectors = archive["ids"], archive["vectors"]
