@@ -233,7 +233,7 @@ def _claim_all(outputs, command, inputs, overwrite, what, folders, append) -> tu
         _check(
             path,
             command if isinstance(command, str) else command[name],
-            what,
+            what if isinstance(what, str) else what[name],
             inputs,
             overwrite,
             append,
@@ -253,7 +253,7 @@ def claim_outputs(
     command: str | dict[str, str],
     inputs=(),
     overwrite: bool | str = False,
-    what: str = "results",
+    what: str | dict[str, str] = "results",
     folders=(),
     append: bool = False,
 ) -> Iterator[dict[str, Path | None]]:
@@ -303,7 +303,7 @@ def claim_outputs(
         inputs: every file and folder the command reads (None entries are skipped).
         overwrite: replace what is there (the command's ``--overwrite``); ``"own"``: replace only what
             is recorded as the command's output (a rerun of the quickstart), refusing anything else.
-        what: what the outputs hold, for messages.
+        what: what the outputs hold, for messages, or name → what.
         folders: the names of the outputs that are folders: each is made here, marked as this claim's.
         append: the command continues its own earlier outputs (``synth generate``): an existing file
             recorded as this command's, or without a record, is kept (the caller checks its content).

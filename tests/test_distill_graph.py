@@ -133,3 +133,14 @@ def test_graph_file_round_trip(tmp_path):
     (tmp_path / "bad.json").write_text('{"k": 1, "neighbours": {"a": ["zz"]}}')
     with pytest.raises(ValueError, match=r"bad\.json: neighbours\['a'\] holds 'zz'"):
         load_graph(tmp_path / "bad.json")
+
+
+def test_an_existing_file_as_vectors_out_is_named_as_teacher_vectors(tmp_path, tasks_dir):
+    """A user's file in the way of `--vectors_out` is refused, named for what would go there (not "a graph"),
+    before any work, and kept."""
+    from obliq.distill.commands import graph
+
+    (tmp_path / "mine.npz").write_bytes(b"the user's own archive")
+    with pytest.raises(FileExistsError, match=r"mine\.npz already holds teacher vectors: pass --overwrite true"):
+        graph(tasks_dir / "writing-news", tmp_path / "g.json", vectors_out=tmp_path / "mine.npz")
+    assert (tmp_path / "mine.npz").read_bytes() == b"the user's own archive" and not (tmp_path / "g.json").exists()

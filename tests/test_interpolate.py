@@ -134,5 +134,7 @@ def test_other_models_and_bad_alphas_are_refused_before_anything_is_written(tmp_
         interpolate([one], one)
     with pytest.raises(ValueError, match="interpolate: give at least one checkpoint"):
         interpolate([], out)
+    with pytest.raises(IsADirectoryError, match="folder: a folder, not a checkpoint file"):
+        interpolate([one, tmp_path / "folder"], out)
     left = sorted(p.name for p in tmp_path.iterdir())
     assert not out.exists() and left == ["a.ckpt", "folder", "l64.ckpt", "last.ckpt", "r8.ckpt"]

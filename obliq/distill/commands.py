@@ -93,7 +93,8 @@ def graph(
     if vectors_out is not None and Path(vectors_out).suffix != ".npz":
         raise ValueError(f"vectors_out: {vectors_out} must end in .npz (numpy adds the suffix otherwise)")
     outputs = {"out": out, "vectors_out": vectors_out}  # None: not asked for
-    with claim_outputs(outputs, command="distill graph", inputs=[task], overwrite=overwrite, what="a graph"):
+    what = {"out": "a graph", "vectors_out": "teacher vectors"}
+    with claim_outputs(outputs, command="distill graph", inputs=[task], overwrite=overwrite, what=what):
         t = load_task(task)
         model = load_teacher(teacher, stylometric, batch_size, max_length, trust_remote_code)
         g = teacher_graph(model, t.doc_ids, t.doc_texts, k, _groups(t, by_source))

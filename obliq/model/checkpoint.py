@@ -115,6 +115,7 @@ def read_checkpoint(path: str | Path) -> dict:
 
     Raises:
         FileNotFoundError: no such file.
+        IsADirectoryError: a folder.
         ValueError: not a readable checkpoint.
         KeyError: not an obliq training checkpoint (no ``obliq`` section).
     """
@@ -124,6 +125,8 @@ def read_checkpoint(path: str | Path) -> dict:
     from obliq.errors import weights_only_refusal
 
     path = Path(path)
+    if path.is_dir():
+        raise IsADirectoryError(f"{path}: a folder, not a checkpoint file (.ckpt)")
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such checkpoint")
     with path.open("rb") as f:
