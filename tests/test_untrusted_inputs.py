@@ -459,3 +459,26 @@ def test_of_two_commands_claiming_one_output_at_once_one_wins(tmp_path):
         sleeper.wait()
     assert claim_output(path, True, folder=True, command="evaluate") == path  # its process ended: taken over
     assert json.loads(record.read_text())["pid"] == os.getpid()
+
+
+def test_a_damaged_adapter_is_named_before_anything_is_encoded(tiny_llama_dir, tmp_path):
+    """Clean-clone findings 10, 11: an adapter whose weights file is cut short, or holds NaN, is refused with one
+    line naming the adapter (not a safetensors traceback, not a cache shard after encoding began)."""
+    from safetensors.torch import load_file, save_file
+
+    from obliq.model.encoder import BiEncoder, LoraSettings
+    from obliq.search.encoders import load_encoder
+
+    BiEncoder(tiny_llama_dir, lora=LoraSettings(r=2, alpha=4, dropout=0.0)).save_pretrained(tmp_path / "adapter")
+    weights = tmp_path / "adapter" / "adapter_model.safetensors"
+    whole = weights.read_bytes()
+    assert load_encoder(str(tmp_path / "adapter")) is not None
+    state = load_file(weights)
+    name = sorted(n for n in state if "lora_A" in n)[0]
+    state[name][0, 0] = float("nan")
+    save_file(state, weights)
+    with pytest.raises(ValueError, match=r"adapter: the adapter's weight .*lora_A.* holds NaN or infinite values"):
+        load_encoder(str(tmp_path / "adapter"))
+    weights.write_bytes(whole[: len(whole) // 2])
+    with pytest.raises(ValueError, match=r"adapter: the adapter's weights cannot be read \(Error while deserializ"):
+        load_encoder(str(tmp_path / "adapter"))

@@ -79,7 +79,8 @@ class BiEncoder(nn.Module):
     Raises:
         RuntimeError: the bidirectional self-test fails (a decoder that stayed causal, C03), or
             QLoRA is asked for without CUDA.
-        ValueError: the tokenizer has no pad token and no eos/unk token to use as one (C02).
+        ValueError: the tokenizer has no pad token and no eos/unk token to use as one (C02); the adapter's
+            weights file cannot be read (truncated, damaged) or holds NaN or infinite values.
     """
 
     def __init__(
@@ -175,8 +176,15 @@ class BiEncoder(nn.Module):
             warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing", category=FutureWarning)
             if adapter is not None:
                 from peft import PeftModel
+                from safetensors import SafetensorError
 
-                model = PeftModel.from_pretrained(model, adapter, is_trainable=lora is not None)
+                try:
+                    model = PeftModel.from_pretrained(model, adapter, is_trainable=lora is not None)
+                except SafetensorError as err:  # a truncated or damaged file: named, not a traceback
+                    raise ValueError(f"{adapter}: the adapter's weights cannot be read ({err})") from None
+                bad = [n for n, w in model.named_parameters() if "lora_" in n and not bool(torch.isfinite(w).all())]
+                if bad:  # refused here, before a corpus is encoded into the store with them
+                    raise ValueError(f"{adapter}: the adapter's weight {bad[0]} holds NaN or infinite values")
             elif lora is not None:
                 model = _apply_lora(model, lora)
         self.lora = lora
