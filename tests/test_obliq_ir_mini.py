@@ -99,7 +99,8 @@ def test_stages_call_the_existing_commands_in_order(chain, tmp_path):
     stages = chain.stages(7, tmp_path / "data", REPO / chain.RECIPE)
     names = [s.name for s in stages]
     assert names[:4] == [f"split-{t}" for t in chain.TASKS] and names[-1] == "report"
-    assert names.index("knn") < names.index("train-mixture") < names.index("eval-mixture")
+    assert names.index("knn") < names.index("train-mixture") < names.index("eval-mixture") < names.index("wise")
+    assert names.index("wise") == len(names) - 2  # after every evaluation (reusing their stores)
     synth = next(s for s in stages if s.name == "synth-math-theoremqa")
     task, rows = f"{chain.ROOT}/tasks/math-theoremqa", f"{chain.ROOT}/synth/math-theoremqa.jsonl"
     assert [argv[3:] for argv in synth.parallel] == [
@@ -244,6 +245,8 @@ def test_report_tables_every_system_and_compares_them_per_task(chain, split_task
         assert same["diff"] == 0  # identical runs
         assert result["carried"][t].startswith("neither")
     assert result["curves"] == {}  # no training run in this folder
+    assert result["wise"] is None and "WiSE-FT" not in table  # no interpolation stage run
+    assert set(result["interpolated_vs_base"]) == set(chain.TASKS)  # its row: the test side's verdicts
     assert result["filter"] == {} and "the filter" not in table  # no filter run either
 
     from obliq.synth.commands import filter_queries
@@ -280,3 +283,31 @@ def test_report_tables_every_system_and_compares_them_per_task(chain, split_task
         "–",
         f"{100 * kept['thresholds']['leak_rate']:.1f} %",
     ]
+
+
+def test_wise_chooses_alpha_on_the_dev_side_and_evaluates_only_that_on_test(chain, tmp_path, monkeypatch):
+    """The `wise` stage (issue 33 §3): alpha is the best mean dev NDCG@10 of the four tasks over base (0), the
+    interpolations and the mixture (1), a tie going to the larger alpha; only the chosen model is then evaluated
+    on the test side; the report shows the dev table. The dev evaluations are read from their folders (here
+    written beforehand, so that no command runs but the one test evaluation, recorded)."""
+    monkeypatch.setattr(chain, "ROOT", tmp_path)
+    calls = []
+    monkeypatch.setattr(chain, "_call", lambda argv, *a, **k: calls.append(argv))
+    means = {0.0: 0.10, 0.5: 0.30, 0.75: 0.30, 1.0: 0.20}  # 0.5 and 0.75 tie: 0.75, the smaller change
+    for alpha in chain.ALPHAS:
+        (tmp_path / "wise" / f"alpha-{alpha:g}" / "adapter").mkdir(parents=True)
+        (tmp_path / "wise" / f"alpha-{alpha:g}" / "adapter" / "obliq_encoder.json").write_text("{}")
+    for alpha, mean in means.items():
+        folder = tmp_path / "wise" / "dev" / f"alpha-{alpha:g}"
+        for i, t in enumerate(chain.TASKS):
+            (folder / f"{t}-dev").mkdir(parents=True)
+            ndcg = mean + (i - 1.5) / 100  # the four tasks average to `mean`
+            (folder / f"{t}-dev" / "summary.json").write_text(json.dumps({"metrics": {"NDCG@10": ndcg}}))
+        (folder / "results.md").write_text("|")
+    choice = chain.wise(REPO / chain.RECIPE)
+    assert choice["alpha"] == 0.75 and choice["model"] == str(tmp_path / "wise" / "alpha-0.75" / "adapter")
+    assert choice["dev_ndcg@10"]["0.5"]["mean"] == pytest.approx(0.30)
+    assert json.loads((tmp_path / "wise" / "choice.json").read_text()) == choice
+    (call,) = calls
+    assert call[3:6] == ["evaluate", "--model", choice["model"]] and "--split" not in call
+    assert call[call.index("--output") + 1] == str(tmp_path / "eval" / "mixture-interpolated")

@@ -24,7 +24,9 @@ outputs are complete, so a killed chain resumes where it stopped:
    single-source ablations, each then ``obliq export``-ed; a killed run resumes from its ``last.ckpt``.
 7. ``eval-<system>``: ``obliq evaluate`` of BM25, base MiniLM and the three trained models on the
    test side of the four tasks.
-8. ``report``: the Table-1-style comparison report (:mod:`obliq.eval.report`: paired significance per
+8. ``wise``: the mixture interpolated toward base MiniLM (``obliq interpolate``, WiSE-FT) at each α of
+   :data:`ALPHAS`, α chosen on the dev side of the four tasks, the chosen model evaluated on the test side.
+9. ``report``: the Table-1-style comparison report (:mod:`obliq.eval.report`: paired significance per
    task), which source carried each gain, the per-task dev NDCG@10 curves of the training callback
    (PNG) and the step checkpoints' scores.
 
@@ -47,14 +49,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from obliq.argv import options
+from obliq.recipes import WorkDir
 
 TASKS = ("stance-tweets", "math-theoremqa", "writing-news", "hearings-exchanges")
 RECIPE = Path("configs/obliq-ir-mini.yaml")
 KNN_TASK = "writing-news"
 SHARDS = 2
 """Generation shards run side by side, one CPU thread each (configs/synth/*.yaml ``backend.threads: 1``): both cores."""
-SYSTEMS = ("BM25", "MiniLM (base)", "mixture", "kNN only", "synthetic only")
+SYSTEMS = ("BM25", "MiniLM (base)", "mixture", "mixture interpolated", "kNN only", "synthetic only")
 """The table's rows, in order (the paper's Table 1 lists baselines first, then its models)."""
+ALPHAS = (0.5, 0.75)
+"""The WiSE-FT interpolations of the mixture toward base MiniLM tried on the dev side, beside α = 0 (base) and
+α = 1 (the mixture): ``obliq interpolate``, chosen by the mean dev NDCG@10 of the four tasks."""
 RUNS = {
     "mixture": None,
     "kNN only": Path("configs/ablations/obliq-ir-mini-knn-only.yaml"),
@@ -169,8 +175,6 @@ def run_dir(recipe: Path, ablation: Path | None) -> Path:
 def stages(docs: int, data: Path, recipe: Path = RECIPE, overwrite: bool = False) -> list[Stage]:
     """The chain's stages for a sample of ``docs`` documents per task, reading the shared tasks in ``data``."""
     over = options(overwrite=True) if overwrite else []
-    from obliq.recipes import WorkDir
-
     tasks, synth, kept = WorkDir(ROOT).tasks, ROOT / "synth", ROOT / "filter"
     synthetic = source_path(recipe, "synthetic").parent  # the recipe reads <this folder>/*.jsonl
     out: list[Stage] = []
@@ -268,8 +272,7 @@ def stages(docs: int, data: Path, recipe: Path = RECIPE, overwrite: bool = False
     }
     for name, model in models.items():
         folder = ROOT / "eval" / slug(name)
-        read = options(tasks=[tasks / t for t in TASKS], output=folder, latency_queries=0, retrieval={"batch_size": 64})
-        command = obliq("evaluate", *options(model=model), *read)
+        command = obliq("evaluate", *options(model=model), *_reading(folder))
         out.append(
             Stage(
                 f"eval-{slug(name)}",
@@ -279,6 +282,15 @@ def stages(docs: int, data: Path, recipe: Path = RECIPE, overwrite: bool = False
                 outputs=[folder / "results.md"],
             )
         )
+    mixture = run_dir(recipe, None) / "model" / "adapter"
+    out.append(
+        Stage(
+            "wise",
+            inputs=[tasks / t / "task.json" for t in TASKS] + [mixture / "obliq_encoder.json"],
+            outputs=[ROOT / "wise" / "choice.json", ROOT / "eval" / slug("mixture interpolated") / "results.md"],
+            run=lambda: wise(recipe),
+        )
+    )
     out.append(
         Stage(
             "report",
@@ -288,6 +300,56 @@ def stages(docs: int, data: Path, recipe: Path = RECIPE, overwrite: bool = False
         )
     )
     return out
+
+
+def _reading(output: Path, split: str = "test") -> list[str]:
+    """The options of every ``obliq evaluate`` of the chain: the four split tasks (``split``: ``test`` or
+    ``dev``), one reading (64 texts a batch, no latency timing), into ``output``."""
+    tasks = [WorkDir(ROOT).tasks / t for t in TASKS]
+    return options(tasks=tasks, output=output, latency_queries=0, retrieval={"batch_size": 64}) + (
+        options(split=split) if split != "test" else []
+    )
+
+
+def wise(recipe: Path = RECIPE) -> dict:
+    """The ``wise`` stage (issue 33 §3): the mixture's final weights interpolated toward base MiniLM
+    (``obliq interpolate``, WiSE-FT) at each α of :data:`ALPHAS`, each exported; base (α = 0), these and the
+    mixture (α = 1) evaluated on the dev side of the four tasks; the α of the best mean dev NDCG@10 (a tie:
+    the larger α, the smaller change) is then evaluated on the test side as ``mixture interpolated``.
+    Writes ``<work_dir>/wise/choice.json`` (α, the dev scores per α and task); returns it. Each step is
+    skipped when its output is there, so a killed stage resumes."""
+    from obliq.runs import latest_run
+
+    mixture = run_dir(recipe, None)
+    models: dict[float, str] = {0.0: "minilm", 1.0: str(mixture / "model" / "adapter")}
+    for alpha in ALPHAS:
+        out = ROOT / "wise" / f"alpha-{alpha:g}"
+        if not (out / "adapter" / "obliq_encoder.json").is_file():
+            ckpt = out.with_suffix(".ckpt")
+            newest = latest_run(mixture).newest
+            _call(obliq("interpolate", *options(checkpoints=[newest], alpha=alpha, out=ckpt, overwrite=True)))
+            _call(obliq("export", *options(checkpoint=ckpt, out=out, overwrite=True)))
+        models[alpha] = str(out / "adapter")
+    dev: dict[float, dict[str, float]] = {}
+    for alpha, model in sorted(models.items()):
+        folder = ROOT / "wise" / "dev" / f"alpha-{alpha:g}"
+        if not (folder / "results.md").is_file():
+            _call(obliq("evaluate", *options(model=model), *_reading(folder, "dev"), *options(overwrite=True)))
+        dev[alpha] = {
+            t: json.loads((folder / f"{t}-dev" / "summary.json").read_text())["metrics"]["NDCG@10"] for t in TASKS
+        }
+    mean = {alpha: sum(scores.values()) / len(scores) for alpha, scores in dev.items()}
+    chosen = max(mean, key=lambda a: (mean[a], a))
+    folder = ROOT / "eval" / slug("mixture interpolated")
+    _call(obliq("evaluate", *options(model=models[chosen]), *_reading(folder), *options(overwrite=True)))
+    choice = {
+        "alpha": chosen,
+        "model": models[chosen],
+        "dev_ndcg@10": {f"{a:g}": {**dev[a], "mean": mean[a]} for a in sorted(dev)},
+        "rule": "the best mean dev NDCG@10 of the four tasks; a tie: the larger alpha",
+    }
+    (ROOT / "wise" / "choice.json").write_text(json.dumps(choice, indent=2) + "\n")
+    return choice
 
 
 def _run_stage(stage: Stage, overwrite: bool) -> None:
@@ -396,14 +458,13 @@ def report(root: Path = ROOT, recipe: Path = RECIPE) -> dict:
     if missing:
         raise ValueError(f"{root}/eval: BM25 and the base model must be evaluated first ({', '.join(missing)} is not)")
     pairs = [
-        (b, a)
-        for b, a in [
-            ("mixture", "MiniLM (base)"),
-            ("kNN only", "MiniLM (base)"),
-            ("synthetic only", "MiniLM (base)"),
-            ("mixture", "synthetic only"),
-            ("mixture", "kNN only"),
-        ]
+        ("mixture", "MiniLM (base)"),
+        ("mixture interpolated", "MiniLM (base)"),
+        ("mixture interpolated", "mixture"),
+        ("kNN only", "MiniLM (base)"),
+        ("synthetic only", "MiniLM (base)"),
+        ("mixture", "synthetic only"),
+        ("mixture", "kNN only"),
     ]
     result = systems_report(
         folders,
@@ -413,20 +474,33 @@ def report(root: Path = ROOT, recipe: Path = RECIPE) -> dict:
         title="# obliq-ir-mini: test queries of the four tasks",
         notes=["", "The test side of each task's query split, laid out like the OBLIQ-IR paper's Table 1."],
     )
-    result["carried"], result["mixture_vs_base"] = {}, {}
+    result["carried"], result["mixture_vs_base"], result["interpolated_vs_base"] = {}, {}, {}
     lines = [report_markdown(result).rstrip(), "", "## Verdicts per task", ""]
     for t in TASKS:
-        worse = comparison(result, "mixture − MiniLM (base)", t)
-        if worse is not None:
-            significant = worse["diff"] < 0 and worse["ci_high"] < 0 and worse["p_value"] < 0.05
-            result["mixture_vs_base"][t] = (
-                "significantly WORSE than base" if significant else "not significantly worse than base"
-            )
-            lines.append(f"- {t}: the mixture is {result['mixture_vs_base'][t]}")
+        for system in ("mixture", "mixture interpolated"):
+            c = comparison(result, f"{system} − MiniLM (base)", t)
+            if c is not None:
+                verdict = _verdict(c)
+                result["mixture_vs_base" if system == "mixture" else "interpolated_vs_base"][t] = verdict
+                lines.append(f"- {t}: the {system} is {verdict} base")
         knn, synthetic = (comparison(result, f"{s} − MiniLM (base)", t) for s in ("kNN only", "synthetic only"))
         if knn is not None and synthetic is not None:
             result["carried"][t] = carried(knn, synthetic)
             lines.append(f"- {t}: the gain over base was carried by: {result['carried'][t]}")
+    choice = root / "wise" / "choice.json"
+    result["wise"] = json.loads(choice.read_text()) if choice.is_file() else None
+    if result["wise"]:
+        scores = result["wise"]["dev_ndcg@10"]
+        lines += [
+            "",
+            f"## The mixture interpolated toward base (WiSE-FT): alpha {result['wise']['alpha']:g}, chosen on dev",
+            "",
+            f"Rule: {result['wise']['rule']} (alpha 0: base MiniLM, 1: the mixture). Dev NDCG@10:",
+            "",
+            "| alpha | " + " | ".join(TASKS) + " | mean |",
+            "|---:|" + "---:|" * (len(TASKS) + 1),
+            *(f"| {a} | " + " | ".join(f"{row[t]:.4f}" for t in (*TASKS, "mean")) + " |" for a, row in scores.items()),
+        ]
     result["filter"] = filter_summary(root)
     if result["filter"]:
         lines += [
@@ -468,6 +542,16 @@ def report(root: Path = ROOT, recipe: Path = RECIPE) -> dict:
     _plot(curves, root / "curves.png")
     print("\n".join(lines))
     return result
+
+
+def _verdict(c: dict) -> str:
+    """A trained − base comparison in words: significantly above or below base (95% interval clear of 0 and
+    p < .05), or neither."""
+    if c["ci_low"] > 0 and c["p_value"] < 0.05:
+        return "significantly ABOVE"
+    if c["ci_high"] < 0 and c["p_value"] < 0.05:
+        return "significantly BELOW"
+    return "not significantly different from"
 
 
 def _curves(root: Path, recipe: Path = RECIPE) -> dict[str, list[dict]]:
