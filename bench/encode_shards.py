@@ -3,9 +3,10 @@ and a shard killed with SIGKILL resumes without redoing the other.
 
 1. one process encodes the task's corpus (``--shard.count 1``): the reference store;
 2. two processes encode shards 0 and 1 of 2 side by side: largest |difference| to the reference;
-3. shard 0 of 2 is encoded, shard 1 is started and SIGKILLed at a random moment of its encoding
-   (after its first block is on disk), then both are run again as a user would: shard 0 must be
-   skipped (its file's inode and mtime unchanged), shard 1 encoded, and the store equal the reference.
+3. shard 0 of 2 is encoded while shard 1, started beside it, is SIGKILLed at a random moment of its
+   encoding (after its first block is on disk), then both are run again side by side as a user would:
+   shard 0 must be skipped (its file's inode and mtime unchanged), shard 1 encoded, and the store equal
+   the reference.
 
 Each encoding is a real ``obliq encode`` process (MiniLM, ``--retrieval.passage_max_length``).
 
@@ -84,6 +85,21 @@ def encode(cmd: list[str]) -> dict:
     return json.loads(done.stdout[done.stdout.index("{") :])
 
 
+def start(cmd: list[str], log: Path) -> subprocess.Popen:
+    """``cmd`` started in the background, its standard output and error in ``log.out`` / ``log.err``."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(f"{log}.out", "w") as out, open(f"{log}.err", "w") as err:
+        return subprocess.Popen(cmd, stdout=out, stderr=err, env=ENV)
+
+
+def finish(proc: subprocess.Popen, log: Path) -> dict:
+    """Wait for a process of :func:`start`; its JSON report (exits with its log when it failed)."""
+    if proc.wait() != 0:
+        raise SystemExit(f"{' '.join(proc.args)}\nfailed:\n{Path(f'{log}.err').read_text()[-3000:]}")
+    stdout = Path(f"{log}.out").read_text()
+    return json.loads(stdout[stdout.index("{") :])
+
+
 def _settings(cache: Path, args):
     from obliq.search.settings import RetrievalSettings
 
@@ -132,19 +148,13 @@ def main(argv: list[str] | None = None) -> int:
     rows.append(("1 process", f"{one_s:.1f} s", f"{len(reference)} × {reference.shape[1]}", "reference"))
 
     t0 = time.perf_counter()
+    logs = [out / "logs" / f"two-{i}" for i in range(2)]
     procs = [
-        subprocess.Popen(
-            command(task, out / "two", args, "--shard.index", str(i), "--shard.count", "2"),
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            env=ENV,
-        )  # fmt: skip
-        for i in range(2)
+        start(command(task, out / "two", args, "--shard.index", str(i), "--shard.count", "2"), log)
+        for i, log in enumerate(logs)
     ]
-    for p in procs:
-        _, err = p.communicate()
-        if p.returncode != 0:
-            raise SystemExit(f"a shard failed:\n{err.decode()[-3000:]}")
+    for p, log in zip(procs, logs):
+        finish(p, log)
     two_s = time.perf_counter() - t0
     two = vectors(task, out / "two", args)
     worst = float(abs(two - reference).max())
@@ -159,9 +169,8 @@ def main(argv: list[str] | None = None) -> int:
     )
 
     cache = out / "killed"
-    encode(command(task, cache, args, "--shard.index", "0", "--shard.count", "2"))
     store = store_of(task, cache, args).folder
-    before = (store / "shard-0-of-2.npy").stat()
+    first = start(command(task, cache, args, "--shard.index", "0", "--shard.count", "2"), out / "logs" / "killed-0")
     victim = subprocess.Popen(
         command(task, cache, args, "--shard.index", "1", "--shard.count", "2", "--block_size", str(args.block_size)),
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=ENV,
@@ -171,9 +180,16 @@ def main(argv: list[str] | None = None) -> int:
     time.sleep(random.Random(args.seed).uniform(0, args.kill_delay))  # a random moment after the first block
     victim.send_signal(signal.SIGKILL)
     victim.wait()
+    finish(first, out / "logs" / "killed-0")
     finished = (store / "shard-1-of-2.json").is_file()  # the kill came too late: nothing to resume
     killed_at = "after it finished (use more --docs)" if finished else "while encoding"
-    resumed = [encode(command(task, cache, args, "--shard.index", str(i), "--shard.count", "2")) for i in range(2)]
+    before = (store / "shard-0-of-2.npy").stat()
+    logs = [out / "logs" / f"resumed-{i}" for i in range(2)]
+    procs = [
+        start(command(task, cache, args, "--shard.index", str(i), "--shard.count", "2"), log)
+        for i, log in enumerate(logs)
+    ]
+    resumed = [finish(p, log) for p, log in zip(procs, logs)]
     statuses = [next(iter(r["tasks"].values()))["status"] for r in resumed]
     after = (store / "shard-0-of-2.npy").stat()
     untouched = (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
@@ -182,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     passed = not finished and statuses == ["done", "encoded"] and untouched and worst_resumed <= 1e-6
     ok &= passed
     rows.append((
-        f"shard 1 SIGKILLed {killed_at}, both rerun",
+        f"shard 1 SIGKILLed {killed_at}, both rerun side by side",
         f"statuses {statuses}",
         f"shard 0 untouched: {untouched}; max |Δ| = {worst_resumed:.2e}",
         "resumed" if passed else "FAILED",

@@ -2,7 +2,8 @@
 measured with real queries whose relevant documents are known.
 
     python bench/false_negatives.py [--data ../shared/data/tasks] [--tasks stance-tweets math-theoremqa \\
-        writing-news hearings-exchanges] [--k 4] [--model minilm] [--out runs/bench/false-negatives.json]
+        writing-news hearings-exchanges] [--k 4] [--model minilm] [--max_length N] \\
+        [--out runs/bench/false-negatives.json]
 
 Per task, the development side of its query split (:func:`obliq.tasks.split_queries`, half the queries,
 seed 0, query groups kept whole: the queries a recipe may tune on, never the test side) gives one
@@ -13,7 +14,8 @@ row's other relevant documents). Methods:
 
 - ``bm25``: obliq's BM25, top k;
 - ``bm25 + 95%``: positive-aware filtering on BM25 scores (drop candidates above 95% of the positive's);
-- ``dense``: ``--model`` (all-MiniLM-L6-v2 by default), top k by cosine;
+- ``dense``: ``--model`` (all-MiniLM-L6-v2 by default, reading the evaluation's lengths or ``--max_length``
+  tokens), top k by cosine;
 - ``dense + 95%``: positive-aware filtering (NV-Retriever's TopK-PercPos, 95%);
 - ``dense + 95% + teacher veto``: also rule out the positive's 10 nearest neighbours in the stylometric
   teacher's space;
@@ -70,7 +72,7 @@ def dev_rows(task) -> tuple[list[dict], dict]:
     return rows, gold
 
 
-def measure(folder: Path, k: int, model: str) -> dict:
+def measure(folder: Path, k: int, model: str, max_length: int | None = None) -> dict:
     """Every method on one task: its false-negative counts and rate."""
     from obliq.files import read_id_table
     from obliq.negatives.mine import AttributeVeto, Bm25sBackend, DenseBackend, TeacherVeto, mine_negatives
@@ -80,7 +82,7 @@ def measure(folder: Path, k: int, model: str) -> dict:
     rows, gold = dev_rows(task)
     engines = {"bm25": Bm25sBackend(task.doc_texts)}
     t0 = time.perf_counter()
-    engines["dense"] = DenseBackend(task.doc_texts, model)
+    engines["dense"] = DenseBackend(task.doc_texts, model, query_max_length=max_length, passage_max_length=max_length)
     engines["teacher"] = DenseBackend(task.doc_texts, "stylometric")
     encode_s = time.perf_counter() - t0
     teacher_veto = TeacherVeto(task.doc_texts, "stylometric", 10)
@@ -150,9 +152,12 @@ def main() -> None:
     parser.add_argument("--tasks", nargs="+", default=list(TASKS))
     parser.add_argument("--k", type=int, default=4)
     parser.add_argument("--model", default="minilm")
+    parser.add_argument(
+        "--max_length", type=int, help="query and passage tokens the dense model reads (default: the evaluation's)"
+    )
     parser.add_argument("--out", type=Path, default=Path("runs/bench/false-negatives.json"))
     args = parser.parse_args()
-    results = [measure(args.data / t, args.k, args.model) for t in args.tasks]
+    results = [measure(args.data / t, args.k, args.model, args.max_length) for t in args.tasks]
     print(table(results))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=1) + "\n")

@@ -2,8 +2,9 @@
 
 MiniLM (all-MiniLM-L6-v2, full fine-tuning, AdamW, scale 50 = τ 0.02), GradCache chunk 8, two modes:
 
-- ``fixed`` (the original bench, kept for continuity): every text cut to 128 tokens, 1 hard negative
-  per query; queries, positives and negatives are passages of ../shared/data/tasks/writing-news.
+- ``fixed`` (the original bench, kept for continuity): every text cut to 128 tokens (``--fixed-length``),
+  1 hard negative per query; queries, positives and negatives are passages of
+  ../shared/data/tasks/writing-news.
 - ``real``: real training rows of variable length: the real queries of
   ../shared/data/tasks/hearings-exchanges (median ~21 tokens) with their relevant passage and 4 BM25
   hard negatives mined over the task's corpus by obliq's miner (median ~70 tokens, long tail), in a
@@ -32,7 +33,7 @@ a CPU shared with other jobs, one thread timed by CPU time measures the work don
 neighbours (wall times are recorded too).
 
     python bench/gradcache.py [--modes fixed real] [--batches 8 32 128] [--chunk 8] [--steps 3]
-                              [--levers 8 32] [--repeat 1] [--threads N] [--clock wall|cpu]
+                              [--fixed-length 128] [--levers 8 32] [--repeat 1] [--threads N] [--clock wall|cpu]
                               [--out runs/bench/gradcache.json]
 """
 
@@ -208,7 +209,7 @@ def _table(mode: str, batches: list[int], by: dict, levers: list[int], chunk: in
     levers = [b for b in levers if b in batches]
     lines = [
         f"{mode}: MiniLM-L6, "
-        f"{'all texts 128 tokens, 1' if mode == 'fixed' else f'real rows ≤ {LENGTH[mode]} tokens, 4'} "
+        f"{f'all texts {LENGTH[mode]} tokens, 1' if mode == 'fixed' else f'real rows ≤ {LENGTH[mode]} tokens, 4'} "
         f"hard negative(s), chunk {chunk}, "
         f"median {clock} time of {len(by[(mode, 'obliq', batches[0])]['times'])} steps, "
         f"{by[(mode, 'obliq', batches[0])]['threads']} "
@@ -247,6 +248,7 @@ def main() -> None:
     parser.add_argument("--chunk", type=int, default=8)
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--real-length", type=int, default=LENGTH["real"], help="token cut of the real rows")
+    parser.add_argument("--fixed-length", type=int, default=LENGTH["fixed"], help="token cut of the fixed rows")
     parser.add_argument(
         "--levers",
         type=int,
@@ -261,7 +263,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, help="write every measurement to this JSON file")
     parser.add_argument("--one", nargs=3, metavar=("MODE", "METHOD", "BATCH"), help=argparse.SUPPRESS)
     args = parser.parse_args()
-    LENGTH["real"] = args.real_length
+    LENGTH["real"], LENGTH["fixed"] = args.real_length, args.fixed_length
     if args.one:
         print(json.dumps(_one(args.one[0], args.one[1], int(args.one[2]), args.chunk, args.steps, args.threads)))
         return
@@ -271,7 +273,8 @@ def main() -> None:
             for _ in range(args.repeat):
                 for method in METHODS + (LEVERS if batch in args.levers else []):
                     one = {"one": [mode, method, batch], "chunk": args.chunk, "steps": args.steps}
-                    one |= {"real-length": args.real_length, "threads": args.threads or None}
+                    one |= {"real-length": args.real_length, "fixed-length": args.fixed_length}
+                    one |= {"threads": args.threads or None}
                     cmd = [sys.executable, __file__, *options(one)]
                     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
                     results.append(json.loads(out.strip().splitlines()[-1]))

@@ -311,6 +311,46 @@ def start_training(config: Path, *extra: str, cwd: Path = REPO, drop_env: tuple[
     )
 
 
+def fit_here(config: Path, *extra: str):
+    """``train.py fit --config <config> <extra>`` in this process, on one thread as :func:`start_training`'s
+    process (so the same numbers, to the bit), without the start-up of another process; returns the CLI."""
+    from obliq.trainer import cli
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return cli(["fit", "--config", str(config), *extra])
+    finally:
+        torch.set_num_threads(threads)
+
+
+COMMANDS = """import json, sys
+from obliq.cli import main
+for args in json.loads(sys.argv[1]):
+    main(args)
+"""
+"""A script that runs obliq command lines in turn (``["train", "fit", …]``, ``["evaluate", …]``), each as
+``obliq``, train.py and evaluate.py run one (:func:`obliq.cli.main`)."""
+
+
+def torchrun_commands(folder: Path, commands: list[list[str]], timeout: float = 600) -> None:
+    """Each of ``commands`` (obliq command lines) in turn, in ONE launch of two gloo processes (``torchrun
+    --standalone``, PYTHONHASHSEED 0, one thread each), so the processes import torch, Lightning and transformers
+    once for all of them (a process start costs more than a tiny model's steps). Lightning sees a torchelastic
+    launch (no launcher of its own) and each fit builds its own trainer and model; the first command that needs
+    the process group makes it (evaluate.py's own call, when it comes first), the later ones join it."""
+    script = folder / "commands.py"
+    folder.mkdir(parents=True, exist_ok=True)
+    script.write_text(COMMANDS)
+    env = dict(os.environ, PYTHONHASHSEED="0", OMP_NUM_THREADS="1")
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])  # as train.py
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(script)]
+    done = subprocess.run(
+        [*command, json.dumps(commands)], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout
+    )
+    assert done.returncode == 0, done.stderr[-5000:]
+
+
 def make_checkpoint(path: Path, backbone: str, r: int = 4, alpha: int = 8, length: int = 64, seed: int = 0, **kw):
     """A training checkpoint in obliq's format (what RetrieverModule.on_save_checkpoint writes) for a LoRA
     whose B matrices are drawn from N(0, 0.02) (seeded), so the merge changes the weights."""

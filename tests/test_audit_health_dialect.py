@@ -102,14 +102,36 @@ def test_bm25_rr_and_tests_match_hand_computation(bm25_audit, tasks_dir):
     assert "| bm25 | RR@10 | 647 |" in (out / "audit.md").read_text()
 
 
+def task_cut(task: Path, out: Path, queries: set[str], n_docs: int) -> Path:
+    """The task folder with only ``queries`` (both query files) and their judgements, and of the corpus
+    their gold answers and the first ``n_docs`` others, in file order."""
+    wanted = {d for q, d in gold(task).items() if q in queries}
+    (out / "qrels").mkdir(parents=True)
+    corpus = (task / "corpus.jsonl").read_text().splitlines()
+    docs = [ln for i, ln in enumerate(corpus) if i < n_docs or json.loads(ln)["_id"] in wanted]
+    (out / "corpus.jsonl").write_text("\n".join(docs) + "\n")
+    kept = {json.loads(ln)["_id"] for ln in docs}
+    lines = (task / "attributes.tsv").read_text().splitlines()
+    lines = lines[:1] + [ln for ln in lines[1:] if ln.split("\t")[0] in kept]
+    (out / "attributes.tsv").write_text("\n".join(lines) + "\n")
+    for name, split in (("queries.jsonl", "test"), ("queries-translated.jsonl", "translated")):
+        lines = (task / name).read_text().splitlines()
+        (out / name).write_text("\n".join(ln for ln in lines if json.loads(ln)["_id"] in queries) + "\n")
+        lines = (task / "qrels" / f"{split}.tsv").read_text().splitlines()
+        rows = lines[:1] + [ln for ln in lines[1:] if ln.split("\t")[0] in queries]
+        (out / "qrels" / f"{split}.tsv").write_text("\n".join(rows) + "\n")
+    (out / "task.json").write_text((task / "task.json").read_text())
+    return out
+
+
 @pytest.mark.slow
 def test_bm25_and_minilm_side_by_side(tmp_path, tasks_dir, minilm_path):
-    """A subset of pairs (40 AAL/translation pairs, 40 WME questions) and MiniLM cut at 32 passage and
-    64 query tokens, to stay fast on a loaded CPU."""
+    """A subset of pairs (40 AAL/translation pairs, 40 WME questions) over their answers and 100 other
+    documents, and MiniLM cut at 32 passage and 64 query tokens, to stay fast on a loaded CPU."""
     from sentence_transformers import SentenceTransformer
 
-    task = tasks_dir / "health-dialect"
-    lines = (task / "query_attributes.tsv").read_text().splitlines()
+    full = tasks_dir / "health-dialect"
+    lines = (full / "query_attributes.tsv").read_text().splitlines()
     keep = {ln.split("\t")[0] for ln in lines[1:] if ln.startswith("aal_")}
     keep = set(sorted(keep)[::10][:40])
     subset = (
@@ -119,6 +141,7 @@ def test_bm25_and_minilm_side_by_side(tmp_path, tasks_dir, minilm_path):
     )
     attributes = tmp_path / "query_attributes.tsv"
     attributes.write_text("\n".join(subset) + "\n")
+    task = task_cut(full, tmp_path / "health-dialect", {ln.split("\t")[0] for ln in subset[1:]}, 100)
     out = tmp_path / "out"
     result = audit(
         task,

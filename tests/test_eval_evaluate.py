@@ -89,8 +89,16 @@ QUERY_LEN, PASSAGE_LEN = 64, 128  # shorter than the defaults (256 / 1024) to ke
 
 @pytest.fixture(scope="module")
 def minilm_eval(tmp_path_factory, tasks_dir):
+    """Slices of the two real tasks (names kept): math-theoremqa's first 20 queries, writing-news's first 5,
+    their relevant documents and some others; what is checked (the store, the encodings, the run, the metrics
+    against pytrec_eval) holds on any corpus, and the whole tasks took ~50 s to encode on one CPU thread."""
+    from support import task_slice
+
     out = tmp_path_factory.mktemp("minilm")
-    tasks = [tasks_dir / "math-theoremqa", tasks_dir / "writing-news"]
+    tasks = [
+        task_slice(tasks_dir, "math-theoremqa", out / "tasks" / "math-theoremqa", 20, 40),
+        task_slice(tasks_dir, "writing-news", out / "tasks" / "writing-news", 5, 20),
+    ]
     argv = [
         "--model",
         "minilm",

@@ -20,8 +20,14 @@ def _python_blocks(card: str) -> list[str]:
     return re.findall(r"```python\n(.*?)```", card, flags=re.S)
 
 
+@pytest.fixture(scope="module")
+def smol_ckpt(tmp_path_factory, smollm2_path) -> Path:
+    """The C33 checkpoint (read only by both tests that export it): built once."""
+    return make_checkpoint(tmp_path_factory.mktemp("smol") / "smol.ckpt", "smollm2")
+
+
 @pytest.mark.slow
-def test_c33_an_exported_instruct_decoder_reads_plain_text_as_the_adapter(tmp_path, smollm2_path):
+def test_c33_an_exported_instruct_decoder_reads_plain_text_as_the_adapter(tmp_path, smollm2_path, smol_ckpt):
     """C33: SmolLM2-135M-Instruct LoRA (r 4, alpha 8, lora_B ~ N(0, 0.02), seed 0, prefixes "query: " /
     "passage: ", lengths 64). In plain sentence-transformers the merged folder gives cosine >= 0.999 with
     the adapter for every probe text, batched and one at a time (before: 0.74, every input wrapped in
@@ -31,7 +37,7 @@ def test_c33_an_exported_instruct_decoder_reads_plain_text_as_the_adapter(tmp_pa
     from obliq.export import PROBE, export
     from obliq.model.checkpoint import load_checkpoint
 
-    ckpt = make_checkpoint(tmp_path / "smol.ckpt", "smollm2")
+    ckpt = smol_ckpt
     report = export(ckpt, tmp_path / "out", merge=True)
     assert report["probe_min_cosine"] >= 0.999
     merged = tmp_path / "out" / "merged"
@@ -62,12 +68,12 @@ def test_c33_an_exported_instruct_decoder_reads_plain_text_as_the_adapter(tmp_pa
 
 
 @pytest.mark.slow
-def test_c33_a_failed_verification_names_the_chat_template(tmp_path, monkeypatch):
+def test_c33_a_failed_verification_names_the_chat_template(tmp_path, monkeypatch, smol_ckpt):
     """Without the text-only modality the check fails and says why; the export is one transaction (issue 30
     §2), so neither the merged folder nor the adapter written before the check is left."""
     import obliq.export
 
-    ckpt = make_checkpoint(tmp_path / "smol.ckpt", "smollm2")
+    ckpt = smol_ckpt
     monkeypatch.setattr(obliq.export, "TEXT_ONLY", None)  # what sentence-transformers infers by itself
     with pytest.raises(ValueError, match="'message' modality: sentence-transformers wraps every text in the") as err:
         obliq.export.export(ckpt, tmp_path / "out", merge=True)
@@ -121,7 +127,7 @@ def test_the_card_takes_only_this_checkpoints_evaluation_and_probes_must_check(t
     from support import task_slice
 
     # a small slice of the task (its name kept): what is checked is whose evaluation the card takes
-    task = str(task_slice(tasks_dir, "math-theoremqa", tmp_path / "tasks" / "math-theoremqa", 10, 40))
+    task = str(task_slice(tasks_dir, "math-theoremqa", tmp_path / "tasks" / "math-theoremqa", 3, 10))
     settings = dict(retrieval={"top_k": 100, "batch_size": 64, "cache": False}, latency_queries=0)
     from obliq.search.settings import RetrievalSettings
 

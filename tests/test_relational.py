@@ -116,7 +116,7 @@ def test_knn_rows_get_the_teachers_in_batch_term_when_training(tiny_llama_dir, t
     rows with the term (the first step's loss is the same step's InfoNCE plus a positive KL), and with
     `model.guided_margin` the teacher masks candidates (at a margin above every gap, all but the positive: a zero
     loss); the card names the term."""
-    from support import csv_column, write_config, write_rows
+    from support import csv_column, task_slice, write_config, write_rows
 
     from obliq.cli import main as obliq_main
     from obliq.model.checkpoint import read_checkpoint
@@ -124,7 +124,7 @@ def test_knn_rows_get_the_teachers_in_batch_term_when_training(tiny_llama_dir, t
     from obliq.tasks import load_task
     from obliq.trainer import cli
 
-    task_dir = tasks_dir / "writing-news"
+    task_dir = task_slice(tasks_dir, "writing-news", tmp_path / "news", 4, 30)  # 71 of its 702 documents: quick
     common = ["--task", str(task_dir), "--graph", str(tmp_path / "g.json")]
     obliq_main(["distill", "graph", "--task", str(task_dir), "--k", "2", "--out", str(tmp_path / "g.json"),
                 "--vectors_out", str(tmp_path / "t.npz")])  # fmt: skip
@@ -191,7 +191,7 @@ def test_teacher_vectors_that_cannot_serve_are_refused_before_training(tiny_llam
         index_dir=str(tmp_path / "index"),
         teacher_vectors=str(tmp_path / "other.npz"),
     )
-    with pytest.raises(ValueError, match="holds none of the 16 document ids"):
+    with pytest.raises(ValueError, match="holds none of the 16 document ids of the rows"):
         data.setup("fit")
     assert data.reader is None
     write_teacher_table(tmp_path / "ours.npz", ["x", "doc-3"], np.eye(2, dtype=np.float32))

@@ -1,5 +1,7 @@
-"""One real rerank: SmolLM2-135M-Instruct (CPU) reorders the BM25 top-20 of two math-theoremqa queries
-with TourRank and with the task-aware listwise prompt, through `obliq rerank run` (slow: ~40 s)."""
+"""One real rerank: SmolLM2-135M-Instruct (CPU) reorders the BM25 top-20 of the first math-theoremqa query
+with TourRank and with the task-aware listwise prompt, through `obliq rerank run` (slow: ~25 s; every new
+token reads the whole model, so the cost is the calls' replies: one query, not two; the scripted tests in
+test_rerank.py check several queries and their per-query costs)."""
 
 from __future__ import annotations
 
@@ -39,15 +41,15 @@ def test_smollm2_reranks_a_real_top20(tmp_path, tasks_dir, smollm2_path):
     assert calls["tourrank"] == 3  # 20 -> 10 -> 5 -> 2, one group each
     for method in ("tourrank", "listwise"):
         out = tmp_path / f"{method}.trec"
-        report = rerank_run(task.path, tmp_path / "bm25.trec", out, policy=policy, method=method, queries=2)
+        report = rerank_run(task.path, tmp_path / "bm25.trec", out, policy=policy, method=method, queries=1)
         cost = report["cost"]
-        assert report["n_queries"] == cost["queries"] == 2 and cost["calls"] == 2 * calls[method]
+        assert report["n_queries"] == cost["queries"] == 1 and cost["calls"] == calls[method]
         assert cost["prompt_tokens"] > 60 * cost["calls"] and cost["new_tokens"] > 0 and cost["seconds"] > 0
         assert 0 <= cost["failed_calls"] <= cost["calls"] and cost["per_query"]["calls"] == calls[method]
         assert set(report["metrics"]) == {"dense", method}
         assert json.loads(out.with_name(out.name + ".report.json").read_text())["cost"] == cost
         reranked = read_run(out)
-        assert list(reranked) == task.query_ids[:2]
+        assert list(reranked) == task.query_ids[:1]  # of the run's 179 queries
         for q, docs in reranked.items():
             order, before = top_k(docs, len(docs)), top_k(dense[q], len(dense[q]))
             assert len(set(order)) == len(order) == len(before)  # a permutation, nothing lost

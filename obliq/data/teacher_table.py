@@ -10,7 +10,7 @@ teacher's encoding of the task's corpus in the graph's own pass.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -71,6 +71,20 @@ class TeacherTable:
         if len(self.row) != len(ids):
             raise ValueError(f"{self.path}: an id is given twice")
         self.vectors = vectors
+
+    def check_covers(self, rows: Iterable) -> None:
+        """Refuse a table that holds none of the ids of ``rows`` (training rows: their kNN anchors and positives):
+        vectors of another corpus would leave every teacher cosine NaN, and so no teacher term at all.
+
+        Raises:
+            ValueError: no id of the rows is in the table (none to check: nothing refused).
+        """
+        ids = {i for row in rows for i in (row.query_id, row.positive.id) if i is not None}
+        if ids and not any(i in self.row for i in ids):
+            raise ValueError(
+                f"data.teacher_vectors {self.path} holds none of the {len(ids)} document ids of the rows it was "
+                f"checked on (e.g. {sorted(ids)[0]!r}): vectors of another corpus?"
+            )
 
     def __len__(self) -> int:
         return len(self.vectors)
