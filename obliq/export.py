@@ -396,7 +396,8 @@ def model_card(ckpt: dict, encoder: BiEncoder, kind: str, evaluation: list[dict]
         )
         lines[-1] = f"| optimizer steps | {ckpt.get('global_step', '?')} (the newest of the interpolated checkpoints) |"
         lines.append(
-            f"| interpolation | `obliq interpolate`: alpha {mixed['alpha']:g} toward the trained weights; {sources} |"
+            f"| interpolation | `obliq interpolate`: alpha {mixed['alpha']:g} (the share of the trained update kept; "
+            f"0: the base model); {sources} |"
         )
     loss = ckpt["obliq"].get("loss") or {}  # the loss's own citation() and settings, saved with the weights
     if loss:
