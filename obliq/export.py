@@ -387,14 +387,14 @@ def model_card(ckpt: dict, encoder: BiEncoder, kind: str, evaluation: list[dict]
         "",
         "| setting | value |",
         "|---|---|",
-        f"| optimizer steps | {ckpt.get('global_step', '?')} (epoch {ckpt.get('epoch', '?')}) |",
     ]
-    mixed = ckpt["obliq"].get("interpolation")
-    if mixed:  # the steps above are the newest source's: say what the weights are
+    mixed = ckpt["obliq"].get("interpolation")  # obliq interpolate: the steps are the newest source's
+    when = "the newest of the interpolated checkpoints" if mixed else f"epoch {ckpt.get('epoch', '?')}"
+    lines.append(f"| optimizer steps | {ckpt.get('global_step', '?')} ({when}) |")
+    if mixed:
         sources = ", ".join(
             f"{Path(s['checkpoint']).name} (step {s['step']}, share {s['weight']:g})" for s in mixed["sources"]
         )
-        lines[-1] = f"| optimizer steps | {ckpt.get('global_step', '?')} (the newest of the interpolated checkpoints) |"
         lines.append(
             f"| interpolation | `obliq interpolate`: alpha {mixed['alpha']:g} (the share of the trained update kept; "
             f"0: the base model); {sources} |"

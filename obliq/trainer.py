@@ -295,9 +295,15 @@ class TrainCLI(LightningCLI):
 
 def _check_teacher_settings(config) -> None:
     """Refuse ``model.relational_weight`` or ``model.guided_margin`` without ``data.teacher_vectors`` (the
-    teacher's vectors those terms read), before any folder is made or model loaded."""
+    teacher's vectors those terms read), and a ``data.teacher_vectors`` that is no ``.npz`` archive, before any
+    folder is made or model loaded."""
     model, data = config.get("model"), config.get("data")
-    if model is None or data is None or data.get("teacher_vectors"):
+    if data is not None and data.get("teacher_vectors"):
+        from obliq.data.teacher_table import check_archive
+
+        check_archive(data.get("teacher_vectors"))  # a missing or text file: refused before the folder too
+        return
+    if model is None or data is None:
         return
     for setting, off in (("relational_weight", 0.0), ("guided_margin", None)):
         if model.get(setting, off) not in (off, None):

@@ -180,10 +180,12 @@ def test_teacher_vectors_that_cannot_serve_are_refused_before_training(tiny_llam
     for setting in ("--model.relational_weight=0.5", "--model.guided_margin=0.1"):
         with pytest.raises(ValueError, match=f"{setting[2:].split('=')[0]} = .* needs the teacher's vectors"):
             cli(["--config", str(config), setting], run=False)
-    assert not (tmp_path / "run" / "runs").exists()  # no version folder claimed
     (tmp_path / "notes.txt").write_text("ids,vectors\n")
     with pytest.raises(ValueError, match=r"notes\.txt: not an \.npz archive"):
         TeacherTable(tmp_path / "notes.txt")
+    with pytest.raises(ValueError, match=r"notes\.txt: not an \.npz archive"):
+        cli(["--config", str(config), f"--data.teacher_vectors={tmp_path / 'notes.txt'}"], run=False)
+    assert not (tmp_path / "run" / "runs").exists()  # no version folder claimed by any of these
     write_teacher_table(tmp_path / "other.npz", ["x", "y"], np.eye(2, dtype=np.float32))
     data = TrainingDataModule(
         sources=[{"name": "knn", "path": str(tmp_path / "knn.jsonl")}],

@@ -32,6 +32,25 @@ def row_teacher_scores(rows: Sequence[TrainingRow], max_negatives: int) -> torch
     return out
 
 
+def check_archive(path: str | Path) -> Path:
+    """``path`` as a Path when it is a file that starts as an ``.npz`` archive (a zip) does; read nothing else
+    (what a recipe is checked with before a run folder is made).
+
+    Raises:
+        FileNotFoundError: no such file.
+        ValueError: not an ``.npz`` archive (a text file, say).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no teacher vectors (obliq distill graph --vectors_out writes them)")
+    with open(path, "rb") as f:
+        if f.read(4) != b"PK\x03\x04":
+            raise ValueError(
+                f"{path}: not an .npz archive of teacher vectors (obliq distill graph --vectors_out writes them)"
+            )
+    return path
+
+
 class TeacherTable:
     """The teacher's unit vectors by document id.
 
@@ -45,15 +64,7 @@ class TeacherTable:
     """
 
     def __init__(self, path: str | Path):
-        self.path = Path(path)
-        if not self.path.is_file():
-            raise FileNotFoundError(f"{self.path}: no teacher vectors (obliq distill graph --vectors_out writes them)")
-        with open(self.path, "rb") as f:
-            if f.read(4) != b"PK\x03\x04":  # an .npz is a zip archive
-                raise ValueError(
-                    f"{self.path}: not an .npz archive of teacher vectors (obliq distill graph --vectors_out "
-                    "writes them)"
-                )
+        self.path = check_archive(path)
         try:
             with np.load(self.path, allow_pickle=False) as archive:
                 ids, vectors = archive["ids"], archive["vectors"]
