@@ -95,6 +95,26 @@ def test_the_recipe_reads_what_the_chain_writes(chain):
         assert both["trainer"]["max_steps"] == cfg["trainer"]["max_steps"] and both["model"] == cfg["model"]
 
 
+def test_every_run_takes_one_epoch_of_the_mixture_rounded_to_the_evaluation_interval(chain, tmp_path, monkeypatch):
+    """Issue 33: the mixture sees each kept synthetic row and each dosed kNN pair at least once."""
+    monkeypatch.chdir(REPO)
+    recipe = tmp_path / "recipe.yaml"
+    cfg = yaml.safe_load((REPO / chain.RECIPE).read_text())
+    cfg["work_dir"] = str(tmp_path)
+    recipe.write_text(yaml.safe_dump(cfg))
+    (tmp_path / "rows" / "synthetic").mkdir(parents=True)
+    with pytest.raises(ValueError, match="'synthetic': no rows"):
+        chain.epoch_steps(recipe)
+    for task, n in (("a", 200), ("b", 171)):
+        (tmp_path / "rows" / "synthetic" / f"{task}.jsonl").write_text('{"q": 1}\n' * n + "\n")
+    knn = tmp_path / "rows" / "knn-writing.jsonl"
+    knn.write_text('{"q": 1}\n' * 50)
+    # 371 synthetic + min(50, dose 160) = 421 rows, 16 per step: 27 steps, evaluated every 10: 30
+    assert chain.epoch_steps(recipe) == 30
+    knn.write_text('{"q": 1}\n' * 1000)  # the dose caps the kNN pairs: 371 + 160 = 531 rows, 34 steps → 40
+    assert chain.epoch_steps(recipe) == 40
+
+
 def test_stages_call_the_existing_commands_in_order(chain, tmp_path):
     stages = chain.stages(7, tmp_path / "data", REPO / chain.RECIPE)
     names = [s.name for s in stages]

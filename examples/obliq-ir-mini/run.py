@@ -397,18 +397,55 @@ TRAIN_THREADS = {"OMP_NUM_THREADS": "1"}
 """Torch CPU threads of a training process (docs/decisions.md, "Threads on a shared 2-core CPU")."""
 
 
+def epoch_steps(recipe: Path = RECIPE) -> int:
+    """Optimizer steps of one epoch of the recipe's mixture: every source's rows (its ``count`` when set,
+    else every non-empty line of its files) over ``data.batch_size``, rounded up to a multiple of the
+    callbacks' intervals (``every_n_train_steps``, ``every_n_steps``: the last step is checkpointed and
+    evaluated). Every training run of the chain takes this many steps, so the mixture sees each kept
+    synthetic row and each dosed kNN pair at least once, and the single-source ablations get the same
+    budget (issue 33).
+
+    Raises:
+        ValueError: a source with no rows (the chain's earlier stages have not written them).
+    """
+    import glob
+    import math
+
+    from obliq.recipes import recipe_config
+
+    config = recipe_config(recipe)
+    rows = 0
+    for source in config["data"]["sources"]:
+        files = sorted(glob.glob(str(source["path"])))
+        lines = sum(1 for f in files for line in open(f, encoding="utf-8") if line.strip())
+        if not lines:
+            raise ValueError(f"{recipe}: data.sources {source.get('name')!r}: no rows at {source['path']}")
+        rows += min(lines, source["count"]) if source.get("count") else lines
+    intervals = [
+        c["init_args"][k]
+        for c in config["trainer"]["callbacks"]
+        for k in ("every_n_train_steps", "every_n_steps")
+        if c.get("init_args", {}).get(k)
+    ]
+    every = math.lcm(*intervals) if intervals else 1
+    return math.ceil(rows / config["data"]["batch_size"] / every) * every
+
+
 def _train(fit: list[str]) -> None:
-    """``train.py fit`` (resumed with ``--ckpt_path last`` when the newest run has a checkpoint and is not
-    finished; one CPU thread, :data:`TRAIN_THREADS`), then export its newest checkpoint."""
+    """``train.py fit`` for :func:`epoch_steps` steps (resumed with ``--ckpt_path last`` when the newest run
+    has a checkpoint and is not finished; one CPU thread, :data:`TRAIN_THREADS`), then export its newest
+    checkpoint."""
     from obliq.model.checkpoint import checkpoint_info
     from obliq.recipes import recipe_config
     from obliq.runs import latest_run
 
     configs = [fit[i + 1] for i, a in enumerate(fit) if a == "--config"]
     config = recipe_config(*configs)
+    steps = epoch_steps(Path(configs[0]))
     run = latest_run(config["run_dir"])
-    if run is None or checkpoint_info(run.newest).step < config["trainer"]["max_steps"]:
-        _call(fit + (["--ckpt_path", "last"] if run is not None else []), env=TRAIN_THREADS)
+    if run is None or checkpoint_info(run.newest).step < steps:
+        argv = fit + options(trainer={"max_steps": steps})
+        _call(argv + (["--ckpt_path", "last"] if run is not None else []), env=TRAIN_THREADS)
         run = latest_run(config["run_dir"])
     _call(obliq("export", *options(checkpoint=run.newest, out=Path(config["run_dir"]) / "model", overwrite=True)))
 
