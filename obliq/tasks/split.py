@@ -112,12 +112,20 @@ def load_query_split(
             sets training or thresholds is checked against): no query with one of their ids or texts.
 
     Raises:
-        FileNotFoundError / ValueError: as :func:`load_task`; with ``apart_from``, a query that is also a
+        FileNotFoundError: the folder has no such side (its sides named); otherwise as :func:`load_task`.
+        ValueError: as :func:`load_task`; with ``apart_from``, a query that is also a
             test query (same id, or the same normalised text) or a side read over another corpus.
     """
+    file = Path(path) / (queries or f"queries-{split}.jsonl")
+    if Path(path).is_dir() and not file.is_file():
+        sides = sorted(p.name[len("queries-") : -len(".jsonl")] for p in Path(path).glob("queries-*.jsonl"))
+        raise FileNotFoundError(
+            f"{path}: no {split!r} side ({file.name} is missing; the folder has "
+            + (f"the sides {', '.join(sides)}" if sides else "no side besides its test queries")
+            + "); `obliq task split --task <folder> --out <new folder>` writes a development side"
+        )
     task = load_task(path, queries=queries or f"queries-{split}.jsonl", splits=(split,))
     if apart_from is not None:
-        file = Path(path) / (queries or f"queries-{split}.jsonl")
         if task.corpus_sha256 != apart_from.corpus_sha256:
             raise ValueError(f"{path}: the {split} side was read over another corpus than the test side")
         test_ids, test_texts = set(apart_from.query_ids), {normalise_text(t) for t in apart_from.query_texts}
