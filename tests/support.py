@@ -324,26 +324,35 @@ def fit_here(config: Path, *extra: str):
         torch.set_num_threads(threads)
 
 
-COMMANDS = """import json, sys
+COMMANDS = """import importlib, json, os, sys
 from obliq.cli import main
-for args in json.loads(sys.argv[1]):
-    main(args)
+for step in json.loads(sys.argv[1]):
+    if isinstance(step, dict):  # {"call": "module:function", "args": [...]}: function(rank, *args)
+        module, name = step["call"].split(":")
+        getattr(importlib.import_module(module), name)(int(os.environ["RANK"]), *step["args"])
+    else:
+        main(step)
 """
-"""A script that runs obliq command lines in turn (``["train", "fit", …]``, ``["evaluate", …]``), each as
-``obliq``, train.py and evaluate.py run one (:func:`obliq.cli.main`)."""
+"""A script that runs its steps in turn: obliq command lines (``["train", "fit", …]``, ``["evaluate", …]``), each
+as ``obliq``, train.py and evaluate.py run one (:func:`obliq.cli.main`), or functions of the tests' modules
+called with the process's rank (``{"call": "support:gloo_grad_cache_worker", "args": [...]}``)."""
 
 
-def torchrun_commands(folder: Path, commands: list[list[str]], timeout: float = 600) -> None:
-    """Each of ``commands`` (obliq command lines) in turn, in ONE launch of two gloo processes (``torchrun
-    --standalone``, PYTHONHASHSEED 0, one thread each), so the processes import torch, Lightning and transformers
-    once for all of them (a process start costs more than a tiny model's steps). Lightning sees a torchelastic
-    launch (no launcher of its own) and each fit builds its own trainer and model; the first command that needs
-    the process group makes it (evaluate.py's own call, when it comes first), the later ones join it."""
+def torchrun_commands(folder: Path, commands: list, timeout: float = 600) -> None:
+    """Each of ``commands`` in turn, in ONE launch of two gloo processes (``torchrun --standalone``, PYTHONHASHSEED
+    0, one thread each), so the processes import torch, Lightning and transformers once for all of them (a
+    process start costs more than a tiny model's steps). A command is an obliq command line or a function of
+    the rank (``{"call": "module:function", "args": [...]}``, JSON arguments; this tests folder is importable),
+    such as the workers written for ``mp.spawn``, which make and end a process group of their own (on a file of
+    their own): these come first. Lightning sees a torchelastic launch (no launcher of its own) and each fit
+    builds its own trainer and model; the first command line that needs the process group makes it
+    (evaluate.py's own call, when it comes first), the later ones join it."""
     script = folder / "commands.py"
     folder.mkdir(parents=True, exist_ok=True)
     script.write_text(COMMANDS)
     env = dict(os.environ, PYTHONHASHSEED="0", OMP_NUM_THREADS="1")
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])  # as train.py
+    paths = [str(REPO), str(REPO / "tests"), *filter(None, [os.environ.get("PYTHONPATH")])]  # as train.py; tests
+    env["PYTHONPATH"] = os.pathsep.join(paths)
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(script)]
     done = subprocess.run(
         [*command, json.dumps(commands)], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout

@@ -305,18 +305,33 @@ def _text_keys(row: dict) -> set[str]:
     return {norm(row["query"]), norm(row["positive"]["text"]), *(norm(n["text"]) for n in row["negatives"][:4])}
 
 
+@pytest.fixture(scope="module")
+def arranged_rows(files):
+    """The three sources of the arrangement test: their rows by id, and each row's :func:`_text_keys` (computed
+    once for every parametrisation; read only)."""
+    rows = _rows_by_id(files["math"], files["stance"], files["hearings"])
+    return rows, {rid: frozenset(_text_keys(row)) for rid, row in rows.items()}
+
+
+def _no_tokens(texts, kind, instructions=None):
+    """A tokenizer that tokenizes nothing: for tests that read only the batches' row ids (the collator still
+    runs), where a real tokenizer's work is all cost."""
+    return {}
+
+
 @pytest.mark.parametrize(
     "group_by,order", [("none", "proportional"), ("task", "proportional"), ("source", "round-robin")]
 )
 @pytest.mark.parametrize("no_duplicates", [False, True])
 def test_arranged_steps_keep_every_row_once_per_epoch_and_resume_exactly(
-    files, tokenize, tmp_path, group_by, order, no_duplicates
+    files, arranged_rows, tmp_path, group_by, order, no_duplicates
 ):
     """Steps drawn from one group (source or task), texts kept apart within a step: still every row of the
     epoch exactly once on two ranks, the same number of steps, and a resume at any step goes on with the
-    next batch (the arranged order is a function of the seed and the epoch)."""
+    next batch (the arranged order is a function of the seed and the epoch). Only row ids are read: the
+    batches are not tokenized (_no_tokens)."""
     paths = [files["math"], files["stance"], files["hearings"]]
-    rows = _rows_by_id(*paths)
+    rows, text_keys = arranged_rows
     sources = [Source(str(paths[0])), Source(str(paths[1]), count=150), Source(str(paths[2]), weight=1.0)]
 
     def loader(rank):
@@ -326,7 +341,7 @@ def test_arranged_steps_keep_every_row_once_per_epoch_and_resume_exactly(
             num_workers=0,
             seed=2,
             index_dir=str(tmp_path),
-            tokenize=tokenize,
+            tokenize=_no_tokens,
             no_duplicates=no_duplicates,
             group_by=group_by,
             group_order=order,
@@ -344,12 +359,12 @@ def test_arranged_steps_keep_every_row_once_per_epoch_and_resume_exactly(
     pure = mixed = unclean = 0
     for epoch in (0, 1):
         epoch_steps = [whole[0][s] + whole[1][s] for s in range(epoch * steps, (epoch + 1) * steps)]
-        total = Counter(t for ids in epoch_steps for r in ids for t in _text_keys(rows[r]))
+        total = Counter(t for ids in epoch_steps for r in ids for t in text_keys[r])
         for ids in epoch_steps:  # one step: every rank's rows (one contrastive batch)
             if group_by != "none":
                 groups = {rows[r]["task"] if group_by == "task" else r.split("/")[0] for r in ids}
                 pure, mixed = pure + (len(groups) == 1), mixed + (len(groups) > 1)
-            here = Counter(t for r in ids for t in _text_keys(rows[r]))
+            here = Counter(t for r in ids for t in text_keys[r])
             if no_duplicates and group_by == "none":
                 # A text is in a step once, unless more rows hold it than there are steps (these rows'
                 # stance-tweets query is in 150 rows of the epoch's 58 steps): then it is spread evenly.

@@ -1,11 +1,13 @@
-"""Cross-device negatives: 2 gloo processes under DDP + GradCache give the loss and gradients of one
-process over the concatenated batch."""
+"""Two CPU processes (gloo): cross-device negatives under DDP + GradCache give the loss and gradients of one
+process over the concatenated batch; ranks sharing the encoding give one process's run; training under DDP and
+FSDP2 (evaluation callback, whole-adapter checkpoints, resume); evaluate.py under torchrun. Every check that
+needs two processes reads the outputs of ONE torchrun launch (the ``torchrun_launch`` fixture): a process start
+costs more than all of these tiny models' work."""
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
-from support import lora_encoder, two_gloo_ranks
+from support import lora_encoder, lora_weights
 
 from obliq.loss import InfoNCELoss
 from obliq.model import BiEncoder, LoraSettings
@@ -32,8 +34,10 @@ SHARDS = [
 
 @pytest.mark.distributed
 @pytest.mark.slow
-def test_two_processes_equal_one_process_with_the_concatenated_batch(tiny_llama_dir, tmp_path):
-    ranks = two_gloo_ranks(tiny_llama_dir, tmp_path, SHARDS, {"temperature": 0.05, "symmetric": True})
+def test_two_processes_equal_one_process_with_the_concatenated_batch(torchrun_launch, tiny_llama_dir):
+    """support.gloo_grad_cache_worker on each of the launch's 2 processes (a GradCache step under DDP on its
+    shard of SHARDS, symmetric InfoNCE at temperature 0.05) against one process over the concatenated batch."""
+    ranks = [torch.load(torchrun_launch / "gradcache" / f"rank{r}.pt", weights_only=True) for r in range(2)]
 
     enc = lora_encoder(tiny_llama_dir).eval()
     q = enc(enc.tokenize(SHARDS[0]["q"] + SHARDS[1]["q"], "query"))
@@ -87,8 +91,9 @@ def test_fsdp_units_never_mix_lora_and_frozen_weights(tiny_llama_dir, tmp_path):
 
 def _eval_worker(rank, path, task_dir, init_file, out_dir):
     """Each of 2 ranks encodes its share of the texts of a real task slice; the run must be the one
-    process's."""
+    process's. (A step of the torchrun launch: it makes and ends a process group of its own.)"""
     import json
+    from pathlib import Path
 
     from obliq.search.retrieval import make_retriever
     from obliq.search.settings import RetrievalSettings
@@ -98,32 +103,28 @@ def _eval_worker(rank, path, task_dir, init_file, out_dir):
     try:
         enc = lora_encoder(path).eval()
         retrieval = make_retriever(enc, RetrievalSettings(top_k=20, batch_size=4))(load_task(task_dir))
-        (out_dir / f"run{rank}.json").write_text(json.dumps(retrieval.run))
+        (Path(out_dir) / f"run{rank}.json").write_text(json.dumps(retrieval.run))
     finally:
         dist.destroy_process_group()
 
 
 @pytest.mark.distributed
 @pytest.mark.slow
-def test_two_ranks_encoding_shares_give_the_one_process_run(tiny_llama_dir, tasks_dir, tmp_path):
+def test_two_ranks_encoding_shares_give_the_one_process_run(torchrun_launch, tiny_llama_dir):
     """The corpus (45 texts: an odd share per rank) and the 15 queries are split over 2 gloo processes
     with batches of 4 (ranks pad to the same number of forward passes); the gathered embeddings give
     the one-process run: the same documents in the same order, scores within float rounding."""
     import json
 
-    from support import small_real_task
-
     from obliq.search.retrieval import make_retriever
     from obliq.search.settings import RetrievalSettings
     from obliq.tasks import load_task
 
-    task_dir = small_real_task(tasks_dir, tmp_path / "slice", n_distractors=40)
-    mp.spawn(_eval_worker, args=(tiny_llama_dir, task_dir, tmp_path / "init", tmp_path), nprocs=2, join=True)
     one = make_retriever(lora_encoder(tiny_llama_dir).eval(), RetrievalSettings(top_k=20, batch_size=4))(
-        load_task(task_dir)
+        load_task(torchrun_launch / "slice45")
     ).run
     for rank in (0, 1):
-        got = json.loads((tmp_path / f"run{rank}.json").read_text())
+        got = json.loads((torchrun_launch / "shares" / f"run{rank}.json").read_text())
         assert got.keys() == one.keys()
         for q in one:
             assert list(got[q]) == list(one[q])  # same ranking
@@ -152,24 +153,37 @@ def _evaluate_args(task_dir) -> list[str]:
     ]
 
 
+FSDP = {"class_path": "obliq.model.sharding.LoraModelParallelStrategy"}
+
+
 @pytest.fixture(scope="module")
 def torchrun_launch(tiny_llama_dir, tasks_dir, tmp_path_factory):
-    """ONE torchrun launch of 2 CPU processes for the tests below (support.torchrun_commands): first evaluate.py's
-    command (``obliq evaluate``, MiniLM on a real task slice, into ``<root>/two``; it makes the process group, as
-    evaluate.py does), then 2 training steps under DDP and under FSDP2 (``<root>/ddp``, ``<root>/fsdp``), each with
-    the evaluation callback at step 2 (the last) and a checkpoint monitoring its NDCG@10. Returns the root; its
-    ``slice`` is the task."""
+    """ONE torchrun launch of 2 CPU processes for every test here but the FSDP-unit one (support.torchrun_commands),
+    in turn: support.gloo_grad_cache_worker (into ``<root>/gradcache``) and :func:`_eval_worker` on ``slice45``
+    (``<root>/shares``), each on a process group of its own; evaluate.py's command (``obliq evaluate``, MiniLM on
+    ``slice``, into ``<root>/two``; it makes the launch's process group, as evaluate.py does); then 4 training
+    steps on 40 rows under DDP and under FSDP2 (``<root>/ddp``, ``<root>/fsdp``), each with the evaluation callback
+    at step 4 (the last) and a checkpoint monitoring its NDCG@10, and the FSDP2 run resumed from its step-2
+    checkpoint (``<root>/resumed``). Returns the root."""
     import yaml
     from support import small_real_task, task_rows, torchrun_commands, write_config, write_rows
 
     root = tmp_path_factory.mktemp("torchrun-launch")
     task_dir = small_real_task(tasks_dir, root / "slice", n_distractors=30)
-    rows = write_rows(root / "rows.jsonl", task_rows(tasks_dir, "math-theoremqa", limit=16))
-    commands = [["evaluate", *_evaluate_args(task_dir), "--output", str(root / "two")]]
-    fsdp = {"class_path": "obliq.model.sharding.LoraModelParallelStrategy"}
-    for name, strategy in [("ddp", "ddp"), ("fsdp", fsdp)]:
+    shares_task = small_real_task(tasks_dir, root / "slice45", n_distractors=40)
+    rows = write_rows(root / "rows.jsonl", task_rows(tasks_dir, "math-theoremqa", limit=40))
+    for folder in ("gradcache", "shares"):
+        (root / folder).mkdir()
+    grad_cache = [tiny_llama_dir, str(root / "gc.init"), str(root / "gradcache"), SHARDS]
+    shares = [tiny_llama_dir, str(shares_task), str(root / "eval.init"), str(root / "shares")]
+    commands = [
+        {"call": "support:gloo_grad_cache_worker", "args": [*grad_cache, {"temperature": 0.05, "symmetric": True}]},
+        {"call": "test_distributed:_eval_worker", "args": shares},
+        ["evaluate", *_evaluate_args(task_dir), "--output", str(root / "two")],
+    ]
+    for name, strategy in [("ddp", "ddp"), ("fsdp", FSDP), ("resumed", FSDP)]:
         config = write_config(
-            root / name, rows, tiny_llama_dir, max_steps=2, trainer__devices=2, trainer__strategy=strategy
+            root / name, rows, tiny_llama_dir, max_steps=4, trainer__devices=2, trainer__strategy=strategy
         )
         cfg = yaml.safe_load(config.read_text())
         cfg["trainer"]["callbacks"] += [
@@ -177,11 +191,11 @@ def torchrun_launch(tiny_llama_dir, tasks_dir, tmp_path_factory):
                 "class_path": "obliq.callbacks.RetrievalEvaluation",
                 "init_args": {
                     "tasks": [str(task_dir)],
-                    "every_n_steps": 2,
+                    "every_n_steps": 4,
                     "measures": ["NDCG@10", "Recall@10"],
                     "retrieval": EVALUATED,
                 },
-            },  # at step 2 (the last): the end adds no second evaluation
+            },  # at step 4 (the last): the end adds no second evaluation
             {
                 "class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
                 "init_args": {
@@ -189,12 +203,13 @@ def torchrun_launch(tiny_llama_dir, tasks_dir, tmp_path_factory):
                     "monitor": "eval/mean/NDCG@10",
                     "mode": "max",
                     "save_top_k": 1,
-                    "every_n_train_steps": 2,
+                    "every_n_train_steps": 4,
                 },
             },
         ]
         config.write_text(yaml.safe_dump(cfg))
-        commands.append(["train", "fit", "--config", str(config)])
+        resume = ["--ckpt_path", str(root / "fsdp" / "ckpt" / "epoch=0-step=2.ckpt")] if name == "resumed" else []
+        commands.append(["train", "fit", "--config", str(config), *resume])
     torchrun_commands(root, commands, timeout=900)
     return root
 
@@ -203,7 +218,7 @@ def torchrun_launch(tiny_llama_dir, tasks_dir, tmp_path_factory):
 @pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 def test_the_training_callback_evaluates_on_every_rank_under_ddp_and_fsdp2(strategy, torchrun_launch, tmp_path):
-    """2 CPU processes train 2 steps with the evaluation callback at step 2 (the last): under FSDP2 too (its
+    """2 CPU processes train 4 steps with the evaluation callback at step 4 (the last): under FSDP2 too (its
     parameters are sharded, so every rank must encode); the logged NDCG@10 equals one process's
     evaluation of the saved weights, and every rank got the value (the monitored checkpoint)."""
     import csv
@@ -227,6 +242,25 @@ def test_the_training_callback_evaluates_on_every_rank_under_ddp_and_fsdp2(strat
     )
     assert logged == [pytest.approx(one["metrics"]["NDCG@10"], abs=1e-9)]
     assert list((run / "best").glob("*.ckpt"))  # the monitor saw the value on every rank
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_fsdp2_on_two_cpu_processes_matches_ddp_saves_the_whole_adapter_and_resumes(torchrun_launch):
+    """The sharded path (Lightning's ModelParallelStrategy + FSDP2 ``fully_shard``, 2 gloo processes):
+    the same adapter as DDP after 4 steps; each checkpoint holds every LoRA weight at full shape
+    (gathered from both ranks, not rank 0's slice); a resume from step 2 ends bit-identical.
+    Rows carry 0-6 negatives (at most 2 used), so at some steps the ranks hold different numbers of
+    documents, hence of GradCache chunks: FSDP needs the same passes on both (idle passes pad).
+    The three fits (DDP, FSDP, the resume) are the launch's: each builds its own trainer and model from its
+    config, as train.py does."""
+    ddp, sharded = (lora_weights(torchrun_launch / name / "ckpt" / "last.ckpt") for name in ("ddp", "fsdp"))
+    assert sharded.keys() == ddp.keys() and len(ddp) == 2 * 7 * 2  # 2 layers x 7 projections x (A, B)
+    for key, value in ddp.items():
+        assert sharded[key].shape == value.shape, key
+        assert (sharded[key] - value).norm() <= 1e-5 * value.norm() + 1e-8, key
+    again = lora_weights(torchrun_launch / "resumed" / "ckpt" / "last.ckpt")
+    assert all(torch.equal(again[k], sharded[k]) for k in sharded)
 
 
 @pytest.mark.distributed

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -30,9 +32,23 @@ def _updates(ckpt: dict) -> dict[str, torch.Tensor]:
     return out
 
 
-def test_a_lora_soup_at_alpha_is_the_mean_update_scaled(tmp_path, minilm_path):
-    one = make_checkpoint(tmp_path / "a.ckpt", "minilm", length=32, seed=1)
-    two = make_checkpoint(tmp_path / "b.ckpt", "minilm", length=32, seed=2)
+@pytest.fixture(scope="module")
+def made(tmp_path_factory, minilm_path):
+    """The two seeded checkpoints the tests share (``a.ckpt`` seed 1, ``b.ckpt`` seed 2: MiniLM, r 4, length 32),
+    made once; :func:`_pair` copies them into a test's folder (none is written to in place)."""
+    folder = tmp_path_factory.mktemp("made")
+    return [
+        make_checkpoint(folder / f"{name}.ckpt", "minilm", length=32, seed=seed) for name, seed in (("a", 1), ("b", 2))
+    ]
+
+
+def _pair(made, folder):
+    """Copies of ``a.ckpt`` and ``b.ckpt`` (as make_checkpoint writes them: seeds 1 and 2) in ``folder``."""
+    return [Path(shutil.copy(ckpt, folder / ckpt.name)) for ckpt in made]
+
+
+def test_a_lora_soup_at_alpha_is_the_mean_update_scaled(tmp_path, made):
+    one, two = _pair(made, tmp_path)
     report = interpolate([one, two], tmp_path / "soup.ckpt", alpha=0.6)
     assert report["lora_rank"] == 8
     got = _updates(read_checkpoint(tmp_path / "soup.ckpt"))
@@ -91,11 +107,10 @@ def test_full_fine_tuning_interpolates_with_the_backbones_weights(tmp_path, mini
     assert torch.allclose(zero, encoder.eval().encode(TEXTS), atol=1e-6)
 
 
-def test_the_result_exports_like_any_checkpoint(tmp_path, minilm_path):
+def test_the_result_exports_like_any_checkpoint(tmp_path, made):
     from obliq.export import export
 
-    one = make_checkpoint(tmp_path / "a.ckpt", "minilm", length=32, seed=1)
-    two = make_checkpoint(tmp_path / "b.ckpt", "minilm", length=32, seed=2)
+    one, two = _pair(made, tmp_path)
     interpolate([one, two], tmp_path / "soup.ckpt", alpha=0.5)
     report = export(tmp_path / "soup.ckpt", tmp_path / "out", merge=True)
     assert report["probe_min_cosine"] >= 0.999 and (tmp_path / "out" / "merged").is_dir()
@@ -107,8 +122,8 @@ def test_the_result_exports_like_any_checkpoint(tmp_path, minilm_path):
     assert "| interpolation | `obliq interpolate`: alpha 0.5" in card and "a.ckpt" in card and "b.ckpt" in card
 
 
-def test_other_models_and_bad_alphas_are_refused_before_anything_is_written(tmp_path, minilm_path):
-    one = make_checkpoint(tmp_path / "a.ckpt", "minilm", length=32, seed=1)
+def test_other_models_and_bad_alphas_are_refused_before_anything_is_written(tmp_path, made):
+    one = Path(shutil.copy(made[0], tmp_path / "a.ckpt"))
     other_rank = make_checkpoint(tmp_path / "r8.ckpt", "minilm", r=8, length=32)
     other_length = make_checkpoint(tmp_path / "l64.ckpt", "minilm", length=64)
     out = tmp_path / "out.ckpt"

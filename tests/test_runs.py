@@ -124,19 +124,20 @@ def test_every_way_of_swapping_the_logger_class_carries_only_the_folder(swap, tm
 # --- version folders -----------------------------------------------------------------------------
 
 
-def _claim(args):
-    run_dir, barrier, queue = args
-    barrier.wait()
-    from obliq.runs import run_folder
-
-    queue.put(str(run_folder(run_dir, None)[0]))
+CLAIM = """barrier.wait()
+from obliq.runs import run_folder
+queue.put(str(run_folder(run_dir, None)[0]))
+"""
+"""What each process started at once runs: it waits for the others, then claims a version folder. Run as
+``exec(CLAIM, {...})``: a spawned process imports the module of its target, and this one imports torch."""
 
 
 def test_trainings_started_at_once_on_one_run_dir_get_one_folder_each(tmp_path):
     ctx = multiprocessing.get_context("spawn")
     n = 6
     barrier, queue = ctx.Barrier(n), ctx.Queue()
-    procs = [ctx.Process(target=_claim, args=((tmp_path / "runs", barrier, queue),)) for _ in range(n)]
+    names = {"run_dir": tmp_path / "runs", "barrier": barrier, "queue": queue}
+    procs = [ctx.Process(target=exec, args=(CLAIM, names)) for _ in range(n)]
     for p in procs:
         p.start()
     got = sorted(queue.get(timeout=120) for _ in procs)
@@ -255,13 +256,15 @@ def test_ddp_ranks_land_in_rank_zeros_folder(tmp_path, monkeypatch):
     # ranks started on their own (torchrun): rank 1 waits for the folder rank 0 claims for this launch
     monkeypatch.delenv("OBLIQ_RUN_FOLDER")
     launch = {"TORCHELASTIC_RUN_ID": "job7", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29511"}
+    started = "from obliq.runs import run_folder; print('started', flush=True)"
     rank1 = subprocess.Popen(
-        [sys.executable, "-c", f"from obliq.runs import run_folder; print(run_folder({str(base)!r}, None)[0])"],
+        [sys.executable, "-c", f"{started}; print(run_folder({str(base)!r}, None)[0])"],
         env={**{k: v for k, v in os.environ.items() if k != "OBLIQ_RUN_FOLDER"}, **launch, "RANK": "1"},
         stdout=subprocess.PIPE,
         text=True,
     )
-    time.sleep(3)
+    assert rank1.stdout.readline() == "started\n"  # obliq.runs imported: it is about to look for the folder
+    time.sleep(1)  # ... and finds none: it waits
     for key, value in launch.items():
         monkeypatch.setenv(key, value)
     monkeypatch.setenv("RANK", "0")

@@ -18,7 +18,6 @@ from support import (
     lora_weights,
     start_training,
     task_rows,
-    torchrun_commands,
     write_config,
     write_rows,
 )
@@ -346,6 +345,10 @@ def test_the_progress_line_of_a_max_steps_run_is_not_epoch_minus_two():
 
 @pytest.mark.slow
 def test_dose_sweep_trains_each_dose_and_writes_table_and_plot(tiny_llama_dir, tasks_dir, tmp_path):
+    """Each dose trains and is evaluated on math-theoremqa (a slice: its first 40 queries, their relevant problems
+    and 60 others, under the task's own name)."""
+    from support import task_slice
+
     from obliq.dose import dose_sweep
 
     rows = task_rows(tasks_dir, "math-theoremqa", limit=24)
@@ -358,7 +361,8 @@ def test_dose_sweep_trains_each_dose_and_writes_table_and_plot(tiny_llama_dir, t
     cfg["trainer"]["default_root_dir"] = cfg["trainer"]["logger"]["init_args"]["save_dir"] = "${run_dir}"
     cfg["trainer"]["callbacks"][0]["init_args"]["dirpath"] = "${run_dir}/ckpt"
     config.write_text(yaml.safe_dump(cfg))
-    result = dose_sweep(config, [0, 8], [str(tasks_dir / "math-theoremqa")], out=tmp_path / "sweep")
+    task = task_slice(tasks_dir, "math-theoremqa", tmp_path / "tasks" / "math-theoremqa", 40, 60)
+    result = dose_sweep(config, [0, 8], [str(task)], out=tmp_path / "sweep")
     assert result["doses"] == [0, 8] and len(result["ndcg@10"]["math-theoremqa"]) == 2
     [written] = (tmp_path / "sweep" / "dose-8").rglob("config.yaml")  # saved by the run (LoggedConfig)
     assert yaml.safe_load(written.read_text())["data"]["sources"][-1] == {
@@ -376,46 +380,6 @@ def test_dose_sweep_trains_each_dose_and_writes_table_and_plot(tiny_llama_dir, t
     table = (tmp_path / "sweep" / "dose_sweep.md").read_text()
     assert "| dose 8 |" in table and "dose 8 − dose 0 NDCG@10" in table  # each dose against the first
     assert json.loads((tmp_path / "sweep" / "dose_sweep.json").read_text())["systems"]["dose 8"]["metrics"]
-
-
-@pytest.mark.slow
-@pytest.mark.distributed
-def test_fsdp2_on_two_cpu_processes_matches_ddp_saves_the_whole_adapter_and_resumes(
-    tiny_llama_dir, rows_file, tmp_path
-):
-    """The sharded path (Lightning's ModelParallelStrategy + FSDP2 ``fully_shard``, 2 gloo processes):
-    the same adapter as DDP after 4 steps; each checkpoint holds every LoRA weight at full shape
-    (gathered from both ranks, not rank 0's slice); a resume from step 2 ends bit-identical.
-    Rows carry 0-6 negatives (at most 2 used), so at some steps the ranks hold different numbers of
-    documents, hence of GradCache chunks: FSDP needs the same passes on both (idle passes pad).
-    The three fits (DDP, FSDP, the resume) run one after the other in one torchrun launch: each builds
-    its own trainer and model from its config, as train.py does."""
-    fsdp = {"class_path": "obliq.model.sharding.LoraModelParallelStrategy"}
-    runs = {
-        name: write_config(
-            tmp_path / name, rows_file, tiny_llama_dir, max_steps=4, trainer__devices=2, trainer__strategy=strategy
-        )
-        for name, strategy in [("ddp", "ddp"), ("fsdp", fsdp), ("resumed", fsdp)]
-    }
-    step2 = tmp_path / "fsdp" / "ckpt" / "epoch=0-step=2.ckpt"
-    torchrun_commands(
-        tmp_path,
-        [
-            ["train", "fit", "--config", str(runs["ddp"])],
-            ["train", "fit", "--config", str(runs["fsdp"])],
-            ["train", "fit", "--config", str(runs["resumed"]), "--ckpt_path", str(step2)],
-        ],
-    )
-    ddp, sharded = (
-        lora_weights(tmp_path / "ddp" / "ckpt" / "last.ckpt"),
-        lora_weights(tmp_path / "fsdp" / "ckpt" / "last.ckpt"),
-    )
-    assert sharded.keys() == ddp.keys() and len(ddp) == 2 * 7 * 2  # 2 layers x 7 projections x (A, B)
-    for key, value in ddp.items():
-        assert sharded[key].shape == value.shape, key
-        assert (sharded[key] - value).norm() <= 1e-5 * value.norm() + 1e-8, key
-    again = lora_weights(tmp_path / "resumed" / "ckpt" / "last.ckpt")
-    assert all(torch.equal(again[k], sharded[k]) for k in sharded)
 
 
 class _Poisoned(torch.nn.Module):
