@@ -8,10 +8,12 @@ and a shard killed with SIGKILL resumes without redoing the other.
    shard 0 must be skipped (its file's inode and mtime unchanged), shard 1 encoded, and the store equal
    the reference.
 
-Each encoding is a real ``obliq encode`` process (MiniLM, ``--retrieval.passage_max_length``).
+Each encoding is a real ``obliq encode`` process (MiniLM, ``--retrieval.passage_max_length``; the encoder
+kind ``--encoder``: ``auto`` loads MiniLM through sentence-transformers, ``obliq`` through obliq's own
+BiEncoder, which skips importing sentence-transformers, seconds per process: what the smoke test uses).
 
     python bench/encode_shards.py [--task ../shared/data/tasks/hearings-exchanges] [--docs N] \\
-        [--out runs/bench/encode-shards]
+        [--encoder auto|obliq|sentence-transformers] [--out runs/bench/encode-shards]
 
 Prints a table and exits 1 when a check fails. A benchmark, not a test.
 """
@@ -71,6 +73,7 @@ def command(task: Path, cache: Path, args, *extra: str) -> list[str]:
         "--retrieval.cache_dir", str(cache),
         "--retrieval.passage_max_length", str(args.length),
         "--retrieval.batch_size", str(args.batch_size),
+        "--retrieval.encoder", args.encoder,
         *extra,
     ]  # fmt: skip
 
@@ -103,7 +106,9 @@ def finish(proc: subprocess.Popen, log: Path) -> dict:
 def _settings(cache: Path, args):
     from obliq.search.settings import RetrievalSettings
 
-    return RetrievalSettings(cache_dir=cache, passage_max_length=args.length, batch_size=args.batch_size)
+    return RetrievalSettings(
+        cache_dir=cache, passage_max_length=args.length, batch_size=args.batch_size, encoder=args.encoder
+    )
 
 
 def store_of(task: Path, cache: Path, args):
@@ -126,6 +131,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--task", default=str(DATA / "hearings-exchanges"))
     parser.add_argument("--docs", type=int, default=None, help="encode only the first N documents (a copy)")
     parser.add_argument("--model", default="minilm")
+    parser.add_argument(
+        "--encoder",
+        default="auto",
+        choices=["auto", "obliq", "sentence-transformers"],
+        help="--retrieval.encoder of every process: auto (MiniLM through sentence-transformers) or obliq "
+        "(through obliq's BiEncoder: no sentence-transformers import, seconds less per process)",
+    )
     parser.add_argument("--length", type=int, default=256, help="passage tokens")
     parser.add_argument("--batch_size", type=int, default=32)
     parser.add_argument("--block_size", type=int, default=256, help="passages written at a time by the killed shard")
@@ -205,7 +217,10 @@ def main(argv: list[str] | None = None) -> int:
     ))  # fmt: skip
 
     name = Path(args.task).name
-    print(f"\n`obliq encode` of {len(reference)} passages of {name} ({args.model}, {args.length} tokens)\n")
+    print(
+        f"\n`obliq encode` of {len(reference)} passages of {name} ({args.model}, {args.encoder} encoder, "
+        f"{args.length} tokens)\n"
+    )
     print("| run | time / status | result | check |\n|---|---|---|---|")
     for r in rows:
         print("| " + " | ".join(r) + " |")

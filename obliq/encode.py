@@ -91,13 +91,17 @@ def encode(
         what="corpus embeddings",
         append=True,
     ):
-        encoder = load_encoder(model, retrieval.encoder, retrieval.trust_remote_code)
+        # the model is loaded only when a shard is to be encoded: a rerun over written shards loads none
+        to_encode = overwrite or any(store.done(shard) is None for _, store in stores)
+        encoder = load_encoder(model, retrieval.encoder, retrieval.trust_remote_code) if to_encode else None
         report = {}
         for task, store in stores:
             t0 = perf_counter()
             record = None if overwrite else store.done(shard)
             status = "done" if record is not None else "encoded"
             if record is None:
+                if encoder is None:  # the shard was removed since the check above
+                    encoder = load_encoder(model, retrieval.encoder, retrieval.trust_remote_code)
                 record = encode_shard(encoder, task, retrieval, store, shard, block_size, overwrite)
             count, missing = store.status()
             report[task.name] = {

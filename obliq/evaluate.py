@@ -137,11 +137,12 @@ def _join_process_group() -> int:
     rank on its own GPU); returns this process's rank (0 alone)."""
     import os
 
-    import torch
-    import torch.distributed as dist
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # torch imported only then: BM25 alone never needs it
+        import torch
+        import torch.distributed as dist
 
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
-        if torch.cuda.is_available():
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+        if not dist.is_initialized():
+            if torch.cuda.is_available():
+                torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+            dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
     return world()[0]

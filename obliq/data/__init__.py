@@ -85,7 +85,11 @@ _LOADER = {"BatchRef", "Collator", "PlanSampler", "RowReader", "TrainingDataModu
 
 def __getattr__(name: str):
     """Import the loader (and Lightning, ~5 s) only when it is asked for: row validation, used by
-    every stage that writes training rows, stays light."""
+    every stage that writes training rows, stays light (the collator brings torch, not Lightning)."""
+    if name == "Collator":
+        from obliq.data.collate import Collator
+
+        return Collator
     if name in _LOADER:
         from obliq.data import datamodule
 

@@ -5,7 +5,6 @@ One implementation of each: :func:`obliq.eval.metrics.evaluate_run` is the proje
 """
 
 from obliq.eval.metrics import DEFAULT_MEASURES, Evaluation, evaluate_run
-from obliq.eval.significance import Comparison, compare, sign_flip_test
 
 __all__ = [
     "DEFAULT_MEASURES",
@@ -15,3 +14,15 @@ __all__ = [
     "evaluate_run",
     "sign_flip_test",
 ]
+
+_SIGNIFICANCE = {"Comparison", "compare", "sign_flip_test"}
+
+
+def __getattr__(name: str):
+    """Import the statistics (and scipy, ~1 s) only when they are asked for: a command that writes or
+    scores runs (``obliq encode``, ``obliq evaluate``) stays light."""
+    if name in _SIGNIFICANCE:
+        from obliq.eval import significance
+
+        return getattr(significance, name)
+    raise AttributeError(f"module 'obliq.eval' has no attribute {name!r}")

@@ -28,15 +28,17 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 from time import perf_counter
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from obliq.eval.metrics import DEFAULT_MEASURES, RECALL_CURVE_K, check_depth, evaluate_run, parse_measures
 from obliq.files import json_text, read_text, safe_name, write_json
-from obliq.model.checkpoint import exported_from
-from obliq.search.retrieval import Retrieval, Retriever
 from obliq.search.runs import write_run
 from obliq.tasks import Task
+
+if TYPE_CHECKING:  # torch comes with them: a benchmark's parent process (made_with) stays on numpy
+    from obliq.search.retrieval import Retrieval, Retriever
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +48,16 @@ SPLIT_NAMES = {"test": "gold", "pooled": "pooled"}
 def _cell(text: str) -> str:
     """``text`` as one markdown table cell: ``|`` escaped, control characters (a newline) shown as ``?``."""
     return re.sub(r"[\x00-\x1f\x7f]", "?", str(text)).replace("|", "\\|")
+
+
+def _exported_from(model) -> dict | None:
+    """:func:`obliq.model.checkpoint.exported_from` of a model folder; None for anything else (BM25, a run
+    file, an encoder in memory), without importing that module (and torch) for it."""
+    if not isinstance(model, str) or not Path(model).is_dir():
+        return None
+    from obliq.model.checkpoint import exported_from
+
+    return exported_from(model)
 
 
 def _percentiles(samples: list[float]) -> dict:
@@ -159,7 +171,7 @@ def evaluate_task(
         "validation": task.report,
         "environment": environment(),
         # an exported model's record of its checkpoint (what `obliq export --results` matches), else None
-        "model_export": exported_from(model) if isinstance(model, str) else None,
+        "model_export": _exported_from(model),
         **({"rerank": rerank} if rerank else {}),
     }
     if "pooled" in results:

@@ -1,7 +1,18 @@
 """The bi-encoder (backbone, bidirectional attention, LoRA, pooling) and its GradCache step."""
 
-from obliq.model.encoder import BiEncoder, LoraSettings, check_bidirectional, make_bidirectional
-from obliq.model.pooling import mean_pool
 from obliq.model.tokenizer import TextTokenizer
 
 __all__ = ["BiEncoder", "LoraSettings", "TextTokenizer", "check_bidirectional", "make_bidirectional", "mean_pool"]
+
+_TORCH = {name: "encoder" for name in ("BiEncoder", "LoraSettings", "check_bidirectional", "make_bidirectional")}
+_TORCH["mean_pool"] = "pooling"
+
+
+def __getattr__(name: str):
+    """Import the encoder and pooling (and torch, ~1 s) only when they are asked for: what reads only the
+    token-length defaults (:mod:`obliq.search.settings`, the embedding store, faiss indexes) stays light."""
+    if name in _TORCH:
+        import importlib
+
+        return getattr(importlib.import_module(f"obliq.model.{_TORCH[name]}"), name)
+    raise AttributeError(f"module 'obliq.model' has no attribute {name!r}")

@@ -4,9 +4,10 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-import torch
+if TYPE_CHECKING:  # only named in annotations: the token-length defaults below are read without torch
+    import torch
 
 Kind = Literal["query", "passage"]
 
