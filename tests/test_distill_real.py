@@ -132,7 +132,8 @@ def test_commands_end_to_end(tasks_dir, tmp_path, capsys):
 
 
 def test_cli_help_and_nested_settings(tasks_dir, tmp_path, capsys):
-    """jsonargparse builds --help from the docstrings and parses the stylometric settings."""
+    """jsonargparse builds --help from the docstrings and parses the stylometric settings (purity run on four of
+    writing-news's authors: what is checked is the parsing)."""
     from jsonargparse import auto_cli
 
     commands = {"distill": {"graph": graph, "pairs": pairs, "purity": purity}}
@@ -148,7 +149,7 @@ def test_cli_help_and_nested_settings(tasks_dir, tmp_path, capsys):
             "distill",
             "purity",
             "--task",
-            str(tasks_dir / "writing-news"),
+            str(news_folder(tasks_dir, tmp_path / "writing-news", n_authors=4)),
             "--k",
             "2",
             "--stylometric.ngram_max",

@@ -69,20 +69,21 @@ def one_process(tasks_dir, tmp_path_factory):
     return root, task_dir, task, vectors
 
 
-def test_two_processes_write_the_embeddings_of_one(one_process):
+def test_two_processes_write_the_embeddings_of_one(one_process, capsys):
+    """Shard 0 in another process and, at the same time, shard 1 in this one (one start-up less to pay)."""
     root, task_dir, task, reference = one_process
-    procs = [
-        subprocess.Popen(
-            _encode_cmd(task_dir, root / "two", "--shard.index", str(i), "--shard.count", "2"),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            env={**os.environ, "OMP_NUM_THREADS": "1"},
-        )
-        for i in range(2)
-    ]
-    for p in procs:
-        _, err = p.communicate(timeout=600)
-        assert p.returncode == 0, err.decode()[-3000:]
+    other = subprocess.Popen(
+        _encode_cmd(task_dir, root / "two", "--shard.index", "0", "--shard.count", "2"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    try:
+        here = _run_here(capsys, _encode_cmd(task_dir, root / "two", "--shard.index", "1", "--shard.count", "2"))
+    finally:
+        _, err = other.communicate(timeout=600)
+    assert other.returncode == 0, err.decode()[-3000:]
+    assert here["tasks"][task.name]["status"] == "encoded"
     settings = _settings(root / "two")
     store = Store.of("minilm", settings, task).folder
     assert sorted(f.name for f in store.glob("shard-*.npy")) == ["shard-0-of-2.npy", "shard-1-of-2.npy"]

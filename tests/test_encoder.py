@@ -292,17 +292,21 @@ def test_ids_are_the_tokenizers_own_truncation_of_the_whole_text(model, minilm_p
     texts = _hostile_texts()
     whole = {name: len(tokenizer("passage: " + t)["input_ids"]) for name, t in texts.items()}
     for limit in (8, 33, 128):
+        # the reference: the tokenizer's own truncation of each whole text (computed once, read twice)
+        want = {
+            name: tokenizer("passage: " + t, truncation=True, max_length=limit)["input_ids"]
+            for name, t in texts.items()
+        }
         text = TextTokenizer(tokenizer, passage_max_length=limit)
         batch = text(list(texts.values()), "passage")
-        for row, (name, t) in enumerate(texts.items()):
-            want = tokenizer("passage: " + t, truncation=True, max_length=limit)["input_ids"]
+        for row, name in enumerate(texts):
             got = batch["input_ids"][row][batch["attention_mask"][row].bool()].tolist()
-            assert got == want, (model, limit, name)
+            assert got == want[name], (model, limit, name)
         assert text.truncated["passage"] == sum(n > limit for n in whole.values()), (model, limit)
         one = TextTokenizer(tokenizer, passage_max_length=limit)  # one text at a time: the same ids
         for name, t in texts.items():
             ids = one([t], "passage")["input_ids"][0].tolist()
-            assert ids == tokenizer("passage: " + t, truncation=True, max_length=limit)["input_ids"], name
+            assert ids == want[name], name
 
 
 # ---------------------------------------------------------------- C47: RoBERTa-family position ids

