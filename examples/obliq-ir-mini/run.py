@@ -21,7 +21,8 @@ outputs are complete, so a killed chain resumes where it stopped:
 5. ``knn``: ``obliq distill graph`` (stylometric teacher, k = 3) and ``obliq distill pairs`` on writing-news.
 6. ``train-<run>``: ``python train.py fit --config configs/obliq-ir-mini.yaml`` for the mixture, and
    with ``--config configs/ablations/obliq-ir-mini-<source>-only.yaml`` stacked on it for the two
-   single-source ablations, each then ``obliq export``-ed; a killed run resumes from its ``last.ckpt``.
+   single-source ablations, each for one epoch of the mixture (:func:`epoch_steps`), then ``obliq export``-ed; a
+   killed run resumes from its ``last.ckpt``.
 7. ``eval-<system>``: ``obliq evaluate`` of BM25, base MiniLM and the three trained models on the
    test side of the four tasks.
 8. ``wise``: the mixture interpolated toward base MiniLM (``obliq interpolate``, WiSE-FT) at each α of
