@@ -113,6 +113,42 @@ def test_every_run_takes_one_epoch_of_the_mixture_rounded_to_the_evaluation_inte
     assert chain.epoch_steps(recipe) == 30
     knn.write_text('{"q": 1}\n' * 1000)  # the dose caps the kNN pairs: 371 + 160 = 531 rows, 34 steps → 40
     assert chain.epoch_steps(recipe) == 40
+    knn.write_text('{"q": 1}\n' * 50)  # repeat: true takes the whole dose from 50 rows: 531 rows again
+    cfg["data"]["sources"][1]["repeat"] = True
+    recipe.write_text(yaml.safe_dump(cfg))
+    assert chain.epoch_steps(recipe) == 40
+
+
+def test_a_training_stage_resumes_only_a_run_of_the_same_length(chain, tmp_path, monkeypatch):
+    """``_train``: resume an unfinished run started for the same steps; a run started for other steps (the rows
+    changed) or a redone stage (``--overwrite``) trains afresh; a finished run is only exported."""
+    import obliq.model.checkpoint
+    import obliq.runs
+
+    run = obliq.runs.RunFolder(tmp_path / "version_0")
+    run.path.mkdir()
+    state = {"steps_in_config": 30, "step": 10}
+    calls = []
+    monkeypatch.setattr(chain, "epoch_steps", lambda recipe: 30)
+    monkeypatch.setattr(chain, "_call", lambda argv, stdout=None, env=None: calls.append(argv))
+    monkeypatch.setattr(obliq.runs, "latest_run", lambda run_dir: run)
+    monkeypatch.setattr(type(run), "newest", property(lambda self: self.path / "last.ckpt"))
+    monkeypatch.setattr(obliq.model.checkpoint, "checkpoint_info", lambda p: type("I", (), {"step": state["step"]}))
+    fit = [sys.executable, "train.py", "fit", "--config", str(REPO / chain.RECIPE)]
+
+    def trained(fresh=False) -> list[str] | None:
+        (run.path / "config.yaml").write_text(yaml.safe_dump({"trainer": {"max_steps": state["steps_in_config"]}}))
+        calls.clear()
+        chain._train(fit, fresh)
+        assert calls[-1][3] == "export"  # the newest checkpoint is always exported
+        return calls[0] if len(calls) == 2 else None
+
+    assert trained()[-4:] == ["--trainer.max_steps", "30", "--ckpt_path", "last"]  # unfinished, same length
+    assert trained(fresh=True)[-2:] == ["--trainer.max_steps", "30"]  # the stage is redone: a new run
+    state["steps_in_config"] = 20
+    assert trained()[-2:] == ["--trainer.max_steps", "30"]  # started for 20 steps: not resumed to 30
+    state.update(steps_in_config=30, step=30)
+    assert trained() is None  # finished: exported only
 
 
 def test_stages_call_the_existing_commands_in_order(chain, tmp_path):

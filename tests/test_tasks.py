@@ -163,8 +163,10 @@ def test_evaluate_scores_the_development_side_when_asked(tasks_dir, tmp_path):
     want = sum(r["ndcg_cut_10"] for r in ref.values()) / len(ref)
     assert summary["metrics"]["NDCG@10"] == pytest.approx(want, abs=1e-9)
     # a side the folder does not have is named, with the sides it has and the command that writes one
-    with pytest.raises(FileNotFoundError, match=r"no 'valid' side .*the sides dev\).*obliq task split"):
+    with pytest.raises(
+        FileNotFoundError, match=r"no 'valid' side \(queries-valid.jsonl is missing; the folder's sides: test, dev\)$"
+    ):
         evaluate("bm25", [str(tmp_path / "split")], tmp_path / "valid", latency_queries=0, split="valid")
-    with pytest.raises(FileNotFoundError, match="no 'dev' side .*no side besides its test queries"):
+    with pytest.raises(FileNotFoundError, match=r"no 'dev' side .*sides: test\); `obliq task split"):
         evaluate("bm25", [str(tmp_path / "slice")], tmp_path / "none", latency_queries=0, split="dev")
     assert not (tmp_path / "valid").exists() and not (tmp_path / "none").exists()  # refused before any output

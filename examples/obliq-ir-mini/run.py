@@ -353,8 +353,9 @@ def wise(recipe: Path = RECIPE) -> dict:
     return choice
 
 
-def _run_stage(stage: Stage, overwrite: bool) -> None:
-    """Run a stage's commands (training: fit or resume, then export; evaluation: through a partial folder)."""
+def _run_stage(stage: Stage, overwrite: bool, fresh: bool = False) -> None:
+    """Run a stage's commands (training: fit or resume, then export, a new run when ``fresh``; evaluation:
+    through a partial folder)."""
     if stage.run is not None:
         stage.run()
         return
@@ -367,7 +368,7 @@ def _run_stage(stage: Stage, overwrite: bool) -> None:
             raise subprocess.CalledProcessError(1, failed[0])
     for argv in stage.commands:
         if "train.py" in argv:
-            _train(argv)
+            _train(argv, fresh)
             continue
         if "evaluate" in argv:  # a killed evaluation leaves a partial folder beside the real one, never in it
             final = Path(argv[argv.index("--output") + 1])
@@ -399,12 +400,12 @@ TRAIN_THREADS = {"OMP_NUM_THREADS": "1"}
 
 
 def epoch_steps(recipe: Path = RECIPE) -> int:
-    """Optimizer steps of one epoch of the recipe's mixture: every source's rows (its ``count`` when set,
-    else every non-empty line of its files) over ``data.batch_size``, rounded up to a multiple of the
-    callbacks' intervals (``every_n_train_steps``, ``every_n_steps``: the last step is checkpointed and
-    evaluated). Every training run of the chain takes this many steps, so the mixture sees each kept
-    synthetic row and each dosed kNN pair at least once, and the single-source ablations get the same
-    budget (issue 33).
+    """Optimizer steps of one epoch of the recipe's mixture: every source's rows (its ``count`` when set, at
+    most its non-empty lines unless it has ``repeat: true``; else every non-empty line of its files) over
+    ``data.batch_size``, rounded up to a multiple of the callbacks' intervals (``every_n_train_steps``,
+    ``every_n_steps``: the last step is checkpointed and evaluated). Every training run of the chain takes
+    this many steps, so the mixture sees each kept synthetic row and each dosed kNN pair at least once, and
+    the single-source ablations get the same budget (issue 33).
 
     Raises:
         ValueError: a source with no rows (the chain's earlier stages have not written them).
@@ -417,11 +418,14 @@ def epoch_steps(recipe: Path = RECIPE) -> int:
     config = recipe_config(recipe)
     rows = 0
     for source in config["data"]["sources"]:
-        files = sorted(glob.glob(str(source["path"])))
-        lines = sum(1 for f in files for line in open(f, encoding="utf-8") if line.strip())
+        lines = 0
+        for file in sorted(glob.glob(str(source["path"]))):
+            with open(file, encoding="utf-8") as f:
+                lines += sum(1 for line in f if line.strip())
         if not lines:
             raise ValueError(f"{recipe}: data.sources {source.get('name')!r}: no rows at {source['path']}")
-        rows += min(lines, source["count"]) if source.get("count") else lines
+        count = source.get("count")
+        rows += lines if not count else count if source.get("repeat") else min(lines, count)
     intervals = [
         c["init_args"][k]
         for c in config["trainer"]["callbacks"]
@@ -432,10 +436,14 @@ def epoch_steps(recipe: Path = RECIPE) -> int:
     return math.ceil(rows / config["data"]["batch_size"] / every) * every
 
 
-def _train(fit: list[str]) -> None:
-    """``train.py fit`` for :func:`epoch_steps` steps (resumed with ``--ckpt_path last`` when the newest run
-    has a checkpoint and is not finished; one CPU thread, :data:`TRAIN_THREADS`), then export its newest
-    checkpoint."""
+def _train(fit: list[str], fresh: bool = False) -> None:
+    """``train.py fit`` for :func:`epoch_steps` steps, then export its newest checkpoint. The newest run is
+    resumed (``--ckpt_path last``) when it has a checkpoint, was started for the same number of steps and is
+    not finished; a new run is started when ``fresh`` (the stage is redone: ``--overwrite`` after its rows
+    changed) or the newest run was started for another number of steps (its lr schedule spans those). One
+    CPU thread, :data:`TRAIN_THREADS`."""
+    import yaml
+
     from obliq.model.checkpoint import checkpoint_info
     from obliq.recipes import recipe_config
     from obliq.runs import latest_run
@@ -443,7 +451,10 @@ def _train(fit: list[str]) -> None:
     configs = [fit[i + 1] for i, a in enumerate(fit) if a == "--config"]
     config = recipe_config(*configs)
     steps = epoch_steps(Path(configs[0]))
-    run = latest_run(config["run_dir"])
+    run = None if fresh else latest_run(config["run_dir"])
+    if run is not None and (run.path / "config.yaml").is_file():
+        if yaml.safe_load((run.path / "config.yaml").read_text())["trainer"]["max_steps"] != steps:
+            run = None
     if run is None or checkpoint_info(run.newest).step < steps:
         argv = fit + options(trainer={"max_steps": steps})
         _call(argv + (["--ckpt_path", "last"] if run is not None else []), env=TRAIN_THREADS)
@@ -731,7 +742,10 @@ def main(argv: list[str] | None = None) -> None:
         print(f"== {stage.name}: {state}", flush=True)
         if args.dry_run:
             for argv in stage.parallel + stage.commands:
-                print("   " + " ".join(argv))
+                steps = " --trainer.max_steps <one epoch of the mixture: epoch_steps>" if "train.py" in argv else ""
+                print("   " + " ".join(argv) + steps)
+            if stage.run is not None:
+                print(f"   run.py's {stage.name}(), in this process")
             continue
         if state == "done":
             continue
@@ -742,7 +756,7 @@ def main(argv: list[str] | None = None) -> None:
             continue
         load, t0 = os.getloadavg()[0], time.perf_counter()
         try:
-            _run_stage(stage, args.overwrite)
+            _run_stage(stage, args.overwrite, fresh=state == "stale")
         finally:
             lock.unlink()
         timings = json.loads(timings_file.read_text()) if timings_file.is_file() else {}  # another shell's too

@@ -116,13 +116,17 @@ def load_query_split(
         ValueError: as :func:`load_task`; with ``apart_from``, a query that is also a
             test query (same id, or the same normalised text) or a side read over another corpus.
     """
-    file = Path(path) / (queries or f"queries-{split}.jsonl")
+    name_in_folder = queries or f"queries-{split}.jsonl"
+    file = Path(path) / name_in_folder
     if Path(path).is_dir() and not file.is_file():
-        sides = sorted(p.name[len("queries-") : -len(".jsonl")] for p in Path(path).glob("queries-*.jsonl"))
+        sides = ["test"] + sorted(p.name[len("queries-") : -len(".jsonl")] for p in Path(path).glob("queries-*.jsonl"))
         raise FileNotFoundError(
-            f"{path}: no {split!r} side ({file.name} is missing; the folder has "
-            + (f"the sides {', '.join(sides)}" if sides else "no side besides its test queries")
-            + "); `obliq task split --task <folder> --out <new folder>` writes a development side"
+            f"{path}: no {split!r} side ({name_in_folder} is missing; the folder's sides: {', '.join(sides)})"
+            + (
+                ""
+                if "dev" in sides
+                else "; `obliq task split --task <folder> --out <new folder>` writes a development side"
+            )
         )
     task = load_task(path, queries=queries or f"queries-{split}.jsonl", splits=(split,))
     if apart_from is not None:
