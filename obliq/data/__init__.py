@@ -80,18 +80,18 @@ __all__ = [
     "permute",
 ]
 
-_LOADER = {"BatchRef", "Collator", "PlanSampler", "RowReader", "TrainingDataModule"}
+_LAZY = {
+    "Collator": "collate",
+    **{n: "datamodule" for n in ("BatchRef", "PlanSampler", "RowReader", "TrainingDataModule")},
+}
+"""name → the module it is imported from on first use: the collator brings torch, the loader Lightning (~5 s)."""
 
 
 def __getattr__(name: str):
-    """Import the loader (and Lightning, ~5 s) only when it is asked for: row validation, used by
-    every stage that writes training rows, stays light (the collator brings torch, not Lightning)."""
-    if name == "Collator":
-        from obliq.data.collate import Collator
+    """Import the collator or the loader only when it is asked for: row validation, used by every stage that
+    writes training rows, stays light."""
+    if name in _LAZY:
+        import importlib
 
-        return Collator
-    if name in _LOADER:
-        from obliq.data import datamodule
-
-        return getattr(datamodule, name)
+        return getattr(importlib.import_module(f"obliq.data.{_LAZY[name]}"), name)
     raise AttributeError(f"module 'obliq.data' has no attribute {name!r}")
