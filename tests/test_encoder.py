@@ -201,7 +201,11 @@ def test_lora_on_smollm2_wraps_the_seven_projections_and_trains_only_lora(smollm
     assert all(p.grad is None for n, p in enc.named_parameters() if "lora_" not in n)
 
 
-def test_bert_lora_defaults_and_save_load_round_trip(minilm_path, tmp_path):
+def test_bert_lora_defaults_and_save_load_round_trip(minilm_path, tmp_path, monkeypatch):
+    import peft.utils.save_and_load as peft_save
+
+    asked = []  # saving never asks the hub about the base model (peft's save_embedding_layers="auto" does)
+    monkeypatch.setattr(peft_save, "check_file_exists_on_hf_hub", lambda *a, **k: asked.append(a) or True)
     enc = BiEncoder(minilm_path, lora=LoraSettings())
     kinds = {n.rsplit(".", 1)[-1] for n, m in enc.model.named_modules() if hasattr(m, "lora_A") and "lora_A" not in n}
     assert kinds == {"query", "key", "value", "dense"}
@@ -213,6 +217,7 @@ def test_bert_lora_defaults_and_save_load_round_trip(minilm_path, tmp_path):
     texts = ["one passage", "and another"]
     expect = enc.encode(texts, "passage")
     enc.save_pretrained(tmp_path / "adapter")
+    assert asked == []
     loaded = BiEncoder.from_pretrained(tmp_path / "adapter")
     assert torch.allclose(loaded.encode(texts, "passage"), expect, atol=1e-6)
     assert not torch.allclose(BiEncoder(minilm_path).encode(texts, "passage"), expect, atol=1e-3)

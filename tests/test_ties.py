@@ -210,3 +210,21 @@ def test_before_the_fix_faiss_alone_keeps_an_arbitrary_part_of_a_tie_group():
 
     _, ours = ExactIndex(x, ids=["a1", "a2", "a3", "b"]).search(x[:1], 2)
     assert ours[0].tolist() == [2, 1]
+
+
+def test_reciprocal_rank_fusion_by_hand_with_ties_in_trec_order():
+    """fuse_rrf: Σ 1 / (60 + rank) (Cormack et al. 2009) computed by hand; equal fused scores ranked as
+    trec_eval ranks them; depth reads only each run's top ranks; a query of one run is fused from it."""
+    from obliq.search.runs import fuse_rrf, top_k
+
+    a = {"q": {"d1": 0.9, "d2": 0.8, "d3": 0.7}, "only-a": {"x": 1.0}}
+    b = {"q": {"d3": 5.0, "d1": 4.0, "d4": 3.0}}
+    fused = fuse_rrf([a, b])
+    assert fused["q"] == pytest.approx({"d1": 1 / 61 + 1 / 62, "d2": 1 / 62, "d3": 1 / 61 + 1 / 63, "d4": 1 / 63})
+    assert top_k(fused["q"], 4) == ["d1", "d3", "d2", "d4"] and fused["only-a"] == {"x": 1 / 61}
+    swapped = fuse_rrf([{"q": {"x": 0.5, "y": 0.4}}, {"q": {"y": 0.9, "x": 0.1}}])["q"]
+    assert swapped["x"] == swapped["y"] and top_k(swapped, 2) == ["y", "x"]  # a tie: document id descending
+    shallow = fuse_rrf([a, b], depth=1)["q"]
+    assert shallow == {"d1": 1 / 61, "d3": 1 / 61} and top_k(shallow, 2) == ["d3", "d1"]
+    with pytest.raises(ValueError, match="at least two runs"):
+        fuse_rrf([a])

@@ -142,6 +142,17 @@ def _add_teacher_scores(rows: list[dict], g: KnnGraph, texts: list[str]) -> None
         row["meta"]["teacher_scores"] = [round(float(np.dot(anchor, vectors[position[d]])), 6) for d in docs]
 
 
+def _same_attribute_rate(t: Task, rows: list[dict]) -> dict:
+    """``{"same_attribute_rate": share of rows whose anchor and positive share the attribute}`` when the task
+    has an attributes.tsv (every corpus id labelled, or :func:`labels_for` raises); ``{}`` without one."""
+    path = t.path / ATTRIBUTES
+    if not path.is_file() or not rows:
+        return {}
+    label = dict(zip(t.doc_ids, labels_for(t.doc_ids, read_id_table(path), path)))
+    same = sum(label[r["meta"]["anchor_id"]] == label[r["positive"]["id"]] for r in rows)
+    return {"same_attribute_rate": round(same / len(rows), 4)}
+
+
 def pairs(
     task: Path,
     graph: Path,
@@ -153,6 +164,7 @@ def pairs(
     negative_source: Literal["random", "bm25"] = "random",
     instruction: str | None = None,
     teacher_scores: bool = False,
+    mutual: bool = False,
     report: Path | None = None,
     overwrite: bool = False,
 ) -> dict:
@@ -182,7 +194,9 @@ def pairs(
         overwrite: replace existing row files (refused otherwise).
 
     Returns:
-        The report: corpus size, k, edges, duplicates removed, rows, teacher, seed, files, seconds.
+        The report: corpus size, k, edges, duplicates removed, rows, teacher, seed, files, seconds; with
+        the task's attributes.tsv, ``same_attribute_rate``: the share of rows whose anchor and positive
+        share the attribute (e.g. the same author; the purity of §6.5 over the rows kept).
 
     Raises:
         ValueError: the graph was built on another corpus, or see :func:`obliq.distill.pairs.knn_pairs`.
@@ -214,7 +228,7 @@ def pairs(
         teacher = g.meta.get("teacher", {})
         teacher_name = teacher.get("model", teacher.get("kind")) if isinstance(teacher, dict) else str(teacher)
         rows, counts = knn_pairs(
-            g, texts, t.name, seed, both_directions, negatives, negative_source, instruction, teacher_name
+            g, texts, t.name, seed, both_directions, negatives, negative_source, instruction, teacher_name, mutual
         )
         if teacher_scores:
             _add_teacher_scores(rows, g, texts)
@@ -233,6 +247,9 @@ def pairs(
             "negatives": negatives,
             "negative_source": negative_source if negatives else None,
             "teacher_scores": teacher_scores,
+            "mutual": mutual,
+            "kept_share": round(counts["distinct_edges"] / max(1, counts["distinct_edges"] + counts["not_mutual"]), 4),
+            **_same_attribute_rate(t, rows),
             "graph": str(graph),
             "rows_file": str(out),
         }

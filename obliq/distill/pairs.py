@@ -74,13 +74,16 @@ def knn_pairs(
     negative_source: NegativeSource = "random",
     instruction: str | None = None,
     teacher: str | None = None,
+    mutual: bool = False,
 ) -> tuple[list[dict], dict]:
     """One training row per sampled edge of ``graph``.
 
     Edges are taken anchors in corpus order, nearest neighbour first. An edge whose two texts are
     the same document (equal after :func:`obliq.text.normalise_text`: an exact or near-exact
     duplicate) is dropped — it teaches nothing and would be a positive equal to its query. Unless
-    ``both_directions``, a–b and b–a are one pair, kept as the first one met.
+    ``both_directions``, a–b and b–a are one pair, kept as the first one met. With ``mutual``, only
+    edges the teacher draws both ways (b among a's k nearest and a among b's: mutual kNN, a standard
+    way to keep the neighbourhoods a teacher is surest of) are kept.
 
     Args:
         graph: the teacher's kNN graph.
@@ -94,11 +97,12 @@ def knn_pairs(
             neighbours, or a text equal to the anchor's or the positive's.
         instruction: optional ``instruction`` field of every row.
         teacher: the teacher's name, written in each row's ``meta``.
+        mutual: keep only mutual edges (a → b and b → a both in the graph).
 
     Returns:
         ``(rows, counts)``; rows are in edge order; counts has ``edges`` (directed edges of the
-        graph), ``identical_text_edges`` (dropped), ``duplicates_removed`` (b–a of an a–b kept),
-        ``distinct_edges`` and ``rows``.
+        graph), ``identical_text_edges`` (dropped), ``not_mutual`` (one-way edges dropped by ``mutual``),
+        ``duplicates_removed`` (b–a of an a–b kept), ``distinct_edges`` and ``rows``.
 
     Raises:
         ValueError: ``texts`` and the graph disagree in length, ``negatives`` < 0, or too few
@@ -110,11 +114,15 @@ def knn_pairs(
     if negatives < 0:
         raise ValueError(f"negatives must be >= 0, got {negatives}")
     same_text = _same_text_groups(texts)
+    nearest = [set(row) for row in graph.neighbours]
     edges, seen = [], set()
-    identical = duplicates = 0
+    identical = duplicates = one_way = 0
     for i, j, rank in graph.edges():
         if j in same_text[i]:
             identical += 1
+            continue
+        if mutual and i not in nearest[j]:
+            one_way += 1
             continue
         key = (i, j) if both_directions else (min(i, j), max(i, j))
         if key in seen:
@@ -168,6 +176,7 @@ def knn_pairs(
     counts = {
         "edges": graph.n_edges,
         "identical_text_edges": identical,
+        "not_mutual": one_way,
         "duplicates_removed": duplicates,
         "distinct_edges": len(seen),
         "rows": len(rows),

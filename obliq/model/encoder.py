@@ -327,10 +327,10 @@ class BiEncoder(nn.Module):
         if self.is_peft:  # the adapter names its base by the portable name, not this machine's path
             for config in self.model.peft_config.values():
                 config.base_model_name_or_path = backbone
-        with warnings.catch_warnings():  # peft looks the portable name up on the hub (offline: a warning)
-            warnings.filterwarnings("ignore", message="Could not find a config file")
+        if self.is_peft:  # obliq never resizes the vocabulary: no embedding layer to save, and no hub lookup
+            self.model.save_pretrained(folder, save_embedding_layers=False)  # ("auto" asks the hub for the base)
+        else:
             self.model.save_pretrained(folder)
-        if not self.is_peft:
             self.tokenizer.save_pretrained(folder)
         settings = dict(
             self.settings, backbone=backbone, lora=asdict(self.lora) if self.lora else None, is_adapter=self.is_peft

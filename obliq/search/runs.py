@@ -173,3 +173,35 @@ def write_run(path: str | Path, run: Run, tag: str = "obliq") -> None:
             for rank, did in enumerate(top_k(docs, len(docs)), 1):
                 score = docs[did]
                 f.write(f"{qid} Q0 {did} {rank} {float(score)!r} {tag}\n")
+
+
+def fuse_rrf(runs: Sequence[Run], k: int = 60, depth: int | None = None) -> Run:
+    """Reciprocal-rank fusion of several runs (Cormack, Clarke & Büttcher, SIGIR 2009): a document's fused
+    score is Σ over runs of 1 / (k + its rank in that run), rank 1 = the run's best in trec_eval's order
+    (score descending, then document id descending: :func:`top_k`); a run that does not hold the document
+    adds nothing. Only ranks are read, so runs on different score scales (a cosine, BM25) fuse alike.
+
+    Args:
+        runs: two or more runs (query id → document id → score); a query missing from a run is fused from
+            the others.
+        k: the rank constant (60, the paper's).
+        depth: read at most this many documents of each run per query (None: all it holds), so that a fused
+            ranking does not depend on how deep each run went beyond ``depth``.
+
+    Returns:
+        The fused run (query id → document id → fused score); ties are ranked as trec_eval ranks them.
+
+    Raises:
+        ValueError: fewer than two runs, ``k`` < 1 or ``depth`` < 1.
+    """
+    if len(runs) < 2:
+        raise ValueError(f"fusion needs at least two runs, got {len(runs)}")
+    if k < 1 or (depth is not None and depth < 1):
+        raise ValueError(f"k and depth must be at least 1, got k={k}, depth={depth}")
+    fused: Run = {}
+    for run in runs:
+        for qid, docs in run.items():
+            scores = fused.setdefault(qid, {})
+            for rank, did in enumerate(top_k(docs, depth or len(docs)), 1):
+                scores[did] = scores.get(did, 0.0) + 1.0 / (k + rank)
+    return fused
