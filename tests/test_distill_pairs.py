@@ -66,7 +66,6 @@ def test_one_row_per_edge_dedup_and_identical_texts():
 
 
 def test_mutual_keeps_only_edges_drawn_both_ways():
-    # a→b, b→a (mutual); a→c, c→b, b→c (b–c mutual); c→a one way (a's list holds c: a→c and c→a... see below)
     g = KnnGraph(["a", "b", "c", "d"], [[1, 2], [0, 2], [1, 3], [2, 0]], 2)
     texts = ["one", "two", "three", "four"]
     rows, counts = knn_pairs(g, texts, "t", mutual=True)
