@@ -127,6 +127,17 @@ def test_positives_of_the_same_query_are_not_negatives_of_each_other():
     assert rep.dropped["same_query_positive"] == 2 and rep.dropped["positive_id"] == 2
 
 
+def test_a_knn_rows_anchor_is_never_its_own_negative():
+    # a kNN row (obliq distill pairs): the query is the anchor document's text, so every backend ranks the
+    # anchor first; it is dropped as query_text (also under another id and other spacing), not kept
+    ids = ["a", "a2", "p", "n1", "n2"]
+    texts = ["Grey fog over the moor.", "grey fog over  the moor", "A letter from Wildfell.", "fog in London", "moor"]
+    rows = [_row(texts[0], "p", texts[2])]
+    out, rep = mine_negatives(rows, ids, texts, Bm25sBackend(texts), k=2)
+    assert [n["id"] for n in out[0]["negatives"]] == ["n2", "n1"]  # "moor" outranks "fog" (each term is in three documents: the shorter one wins)
+    assert rep.dropped["query_text"] == 2 and rep.dropped["positive_id"] == 0
+
+
 def test_bad_arguments():
     with pytest.raises(ValueError, match="k >= 1"):
         mine_negatives([], [], [], Bm25sBackend(["a"]), k=0)
