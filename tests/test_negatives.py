@@ -134,7 +134,7 @@ def test_a_knn_rows_anchor_is_never_its_own_negative():
     texts = ["Grey fog over the moor.", "grey fog over  the moor", "A letter from Wildfell.", "fog in London", "moor"]
     rows = [_row(texts[0], "p", texts[2])]
     out, rep = mine_negatives(rows, ids, texts, Bm25sBackend(texts), k=2)
-    assert [n["id"] for n in out[0]["negatives"]] == ["n2", "n1"]  # "moor" outranks "fog" (each term is in three documents: the shorter one wins)
+    assert [n["id"] for n in out[0]["negatives"]] == ["n2", "n1"]  # same idf: shorter wins
     assert rep.dropped["query_text"] == 2 and rep.dropped["positive_id"] == 0
 
 
