@@ -55,8 +55,9 @@ def recipe_config(recipe: str | os.PathLike, *more: str | os.PathLike, **overrid
 
     Args:
         recipe: a ``train.py`` config file.
-        more: configs stacked on it, as ``train.py fit --config A --config B`` stacks them (what a later
-            file sets replaces the earlier's; lists are replaced whole).
+        more: configs stacked on it, as ``train.py fit --config A --config B`` stacks them
+            (:func:`_stack_lists`: what a later file sets replaces the earlier's, except that a list of
+            mappings as long as the earlier one is merged item by item, as jsonargparse does).
         overrides: top-level keys to set before resolving (``run_dir="runs/x"``).
 
     Raises:
@@ -77,12 +78,43 @@ def recipe_config(recipe: str | os.PathLike, *more: str | os.PathLike, **overrid
             if not OmegaConf.is_dict(config):
                 raise ValueError(f"{file}: expected a mapping of settings")
             parts.append(config)
-        config = OmegaConf.merge(*parts)
+        config = parts[0]
+        for later in parts[1:]:
+            plain = (OmegaConf.to_container(c, resolve=False) for c in (config, later))
+            config = OmegaConf.merge(config, OmegaConf.create(_stack_lists(*plain)))
         for key, value in overrides.items():
             OmegaConf.update(config, key, value)
         return OmegaConf.to_container(config, resolve=True)
     except OmegaConfBaseException as err:
         raise ValueError(f"{recipe}: {err}") from None
+
+
+def _stack_lists(earlier, later):
+    """``later`` with each list of mappings that is as long as ``earlier``'s list at the same key replaced
+    by the item-by-item merge of the two: how jsonargparse stacks ``--config`` files for a list of
+    dataclasses (``data.sources``: a stacked ``[{path: x}]`` keeps the earlier file's ``count``), which
+    :func:`recipe_config` must read as ``train.py`` trains (checked against
+    :func:`obliq.trainer.train_config` in tests/test_train.py). Lists of other lengths, and items naming
+    another ``class_path``, are replaced whole (OmegaConf's rule). Plain data in (``${…}`` unresolved), plain
+    data out."""
+    if isinstance(earlier, dict) and isinstance(later, dict):
+        return {key: _stack_lists(earlier[key], value) if key in earlier else value for key, value in later.items()}
+    mappings = isinstance(earlier, list) and isinstance(later, list) and len(earlier) == len(later)
+    if mappings and all(isinstance(item, dict) for item in [*earlier, *later]):
+        return [
+            item
+            if item.get("class_path", old.get("class_path")) != old.get("class_path")
+            else _merge(old, _stack_lists(old, item))
+            for old, item in zip(earlier, later)
+        ]
+    return later
+
+
+def _merge(earlier: dict, later: dict) -> dict:
+    """OmegaConf's merge of two plain mappings, as plain data (``${…}`` unresolved)."""
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(OmegaConf.merge(earlier, later), resolve=False)
 
 
 @dataclass(frozen=True)

@@ -69,6 +69,7 @@ def test_every_config_loads_against_the_code(config):
         [base] = [c for c in CONFIGS if config.name.startswith(c.stem + "-")]
         stack = ["--config", str(base), *stack]
     cfg = _parser().parse_args(stack)
+    _reads_as_trained(stack, cfg)
     assert cfg.model.encoder.class_path == "obliq.model.BiEncoder"
     assert cfg.data.sources and all(s["name"] for s in cfg.data.sources)  # commands pick sources by name
     # one work folder, named once: every path it reads and writes follows --work_dir; outputs follow --run_dir
@@ -80,6 +81,55 @@ def test_every_config_loads_against_the_code(config):
     outputs = [c.init_args.dirpath for c in moved.trainer.callbacks if "dirpath" in c.init_args]
     outputs.append(moved.trainer.logger.init_args.save_dir)
     assert outputs and all(str(p).startswith("elsewhere/run") for p in outputs), outputs
+
+
+SOURCE_DEFAULTS = {"weight": None, "count": None, "name": None, "repeat": False}
+
+
+def _reads_as_trained(stack: list[str], cfg) -> None:
+    """recipe_config (what the quickstart, dose sweep and benches read) stacks ``stack`` as train.py's
+    parser did into ``cfg``: the same sources, steps, folders and callbacks."""
+    from obliq.recipes import recipe_config
+
+    read = recipe_config(*[a for a in stack if a != "--config"])
+    assert [SOURCE_DEFAULTS | s for s in read["data"]["sources"]] == [dict(s) for s in cfg.data.sources]
+    assert (read["work_dir"], read["run_dir"]) == (cfg.work_dir, cfg.run_dir)
+    assert read["trainer"].get("max_steps", cfg.trainer.max_steps) == cfg.trainer.max_steps
+    callbacks = [(c.class_path, c.init_args.as_dict()) for c in cfg.trainer.callbacks]
+    assert [c["class_path"] for c in read["trainer"]["callbacks"]] == [c[0] for c in callbacks]
+    for written, (_, parsed) in zip(read["trainer"]["callbacks"], callbacks):
+        assert _within(written.get("init_args", {}), parsed), (written, parsed)
+
+
+def _within(written, parsed) -> bool:
+    """Every value ``written`` sets is ``parsed``'s (which adds the defaults of nested settings)."""
+    if isinstance(written, dict):
+        return isinstance(parsed, dict) and all(k in parsed and _within(v, parsed[k]) for k, v in written.items())
+    return written == parsed
+
+
+def test_a_stacked_list_of_sources_reads_as_train_py_stacks_it(tmp_path):
+    """jsonargparse merges a stacked list of mappings as long as the earlier one item by item (a stacked
+    ``[{path: x}]`` keeps the quickstart's count 2000): recipe_config reads it the same way, so a bench or
+    the dose sweep never reads another dose than train.py trains; other lengths, and a callback of another
+    class, replace the earlier ones."""
+    base = "configs/quickstart.yaml"
+    same = tmp_path / "quickstart-same.yaml"
+    same.write_text(
+        "data:\n  sources:\n    - {name: knn, path: other.jsonl}\ntrainer:\n  callbacks:\n"
+        "    - {class_path: lightning.pytorch.callbacks.ModelCheckpoint, init_args: {every_n_train_steps: 5}}\n"
+        "    - {class_path: lightning.pytorch.callbacks.LearningRateMonitor}\n"
+    )
+    longer = tmp_path / "quickstart-longer.yaml"
+    longer.write_text("data:\n  sources:\n    - {name: knn, path: a.jsonl}\n    - {name: b, path: b.jsonl}\n")
+    for extra in (same, longer):
+        stack = ["--config", base, "--config", str(extra)]
+        cfg = _parser().parse_args(stack)
+        _reads_as_trained(stack, cfg)
+    cfg = _parser().parse_args(["--config", base, "--config", str(same)])
+    assert cfg.data.sources[0]["count"] == 2000 and cfg.data.sources[0]["path"] == "other.jsonl"  # merged
+    assert cfg.trainer.callbacks[0].init_args.every_n_train_steps == 5 and cfg.trainer.callbacks[0].init_args.dirpath
+    assert cfg.trainer.callbacks[1].class_path.endswith("LearningRateMonitor")
 
 
 @pytest.fixture(scope="module")
