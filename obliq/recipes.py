@@ -93,8 +93,8 @@ def _stack_lists(earlier, later):
     """``later`` with each list of mappings that is as long as ``earlier``'s list at the same key replaced
     by the item-by-item merge of the two: how jsonargparse stacks ``--config`` files for a list of
     dataclasses (``data.sources``: a stacked ``[{path: x}]`` keeps the earlier file's ``count``), which
-    :func:`recipe_config` must read as ``train.py`` trains (checked against
-    :func:`obliq.trainer.train_config` in tests/test_train.py). Lists of other lengths, and items naming
+    :func:`recipe_config` must read as ``train.py`` trains (checked against train.py's parser, for every
+    shipped recipe and ablation stack, in tests/test_train.py). Lists of other lengths, and items naming
     another ``class_path``, are replaced whole (OmegaConf's rule). Plain data in (``${…}`` unresolved), plain
     data out."""
     if isinstance(earlier, dict) and isinstance(later, dict):
