@@ -56,8 +56,8 @@ def recipe_config(recipe: str | os.PathLike, *more: str | os.PathLike, **overrid
     Args:
         recipe: a ``train.py`` config file.
         more: configs stacked on it, as ``train.py fit --config A --config B`` stacks them
-            (:func:`_stack_lists`: what a later file sets replaces the earlier's, except that a list of
-            mappings as long as the earlier one is merged item by item, as jsonargparse does).
+            (:func:`_stack`: what a later file sets replaces the earlier's, except that mappings merge and
+            a list of mappings as long as the earlier one is merged item by item, as jsonargparse does).
         overrides: top-level keys to set before resolving (``run_dir="runs/x"``).
 
     Raises:
@@ -78,10 +78,10 @@ def recipe_config(recipe: str | os.PathLike, *more: str | os.PathLike, **overrid
             if not OmegaConf.is_dict(config):
                 raise ValueError(f"{file}: expected a mapping of settings")
             parts.append(config)
-        config = parts[0]
+        plain = OmegaConf.to_container(parts[0], resolve=False)
         for later in parts[1:]:
-            plain = (OmegaConf.to_container(c, resolve=False) for c in (config, later))
-            config = OmegaConf.merge(config, OmegaConf.create(_stack_lists(*plain)))
+            plain = _stack(plain, OmegaConf.to_container(later, resolve=False))
+        config = OmegaConf.create(plain)
         for key, value in overrides.items():
             OmegaConf.update(config, key, value)
         return OmegaConf.to_container(config, resolve=True)
@@ -89,32 +89,28 @@ def recipe_config(recipe: str | os.PathLike, *more: str | os.PathLike, **overrid
         raise ValueError(f"{recipe}: {err}") from None
 
 
-def _stack_lists(earlier, later):
-    """``later`` with each list of mappings that is as long as ``earlier``'s list at the same key replaced
-    by the item-by-item merge of the two: how jsonargparse stacks ``--config`` files for a list of
-    dataclasses (``data.sources``: a stacked ``[{path: x}]`` keeps the earlier file's ``count``), which
-    :func:`recipe_config` must read as ``train.py`` trains (checked against train.py's parser, for every
-    shipped recipe and ablation stack, in tests/test_train.py). Lists of other lengths, and items naming
-    another ``class_path``, are replaced whole (OmegaConf's rule). Plain data in (``${…}`` unresolved), plain
-    data out."""
+def _stack(earlier, later):
+    """``later`` stacked on ``earlier`` as jsonargparse stacks ``--config`` files (plain data, ``${…}``
+    unresolved): mappings merge key by key; a list of mappings as long as the earlier one merges item by
+    item (a stacked ``data.sources: [{path: x}]`` keeps the earlier file's ``count``), unless an item names
+    another ``class_path`` (a short name is the full one's last part); anything else replaces what was
+    there. :func:`recipe_config` must read what ``train.py`` trains (checked against train.py's parser, for
+    every shipped recipe and ablation stack, in tests/test_train.py). Not followed: jsonargparse's carrying
+    of a replaced class's init args that the new class also accepts (its #460)."""
     if isinstance(earlier, dict) and isinstance(later, dict):
-        return {key: _stack_lists(earlier[key], value) if key in earlier else value for key, value in later.items()}
-    mappings = isinstance(earlier, list) and isinstance(later, list) and len(earlier) == len(later)
-    if mappings and all(isinstance(item, dict) for item in [*earlier, *later]):
-        return [
-            item
-            if item.get("class_path", old.get("class_path")) != old.get("class_path")
-            else _merge(old, _stack_lists(old, item))
-            for old, item in zip(earlier, later)
-        ]
+        return earlier | {key: _stack(earlier[key], value) if key in earlier else value for key, value in later.items()}
+    if isinstance(earlier, list) and isinstance(later, list) and len(earlier) == len(later):
+        if all(isinstance(item, dict) for item in [*earlier, *later]):
+            return [_stack(old, item) if _same_class(old, item) else item for old, item in zip(earlier, later)]
     return later
 
 
-def _merge(earlier: dict, later: dict) -> dict:
-    """OmegaConf's merge of two plain mappings, as plain data (``${…}`` unresolved)."""
-    from omegaconf import OmegaConf
-
-    return OmegaConf.to_container(OmegaConf.merge(earlier, later), resolve=False)
+def _same_class(earlier: dict, later: dict) -> bool:
+    """Whether two stacked items are settings of one class (either without ``class_path``: yes)."""
+    a, b = earlier.get("class_path"), later.get("class_path")
+    if not (isinstance(a, str) and isinstance(b, str)) or ("." in a and "." in b):
+        return a is None or b is None or a == b
+    return a.rsplit(".", 1)[-1] == b.rsplit(".", 1)[-1]
 
 
 @dataclass(frozen=True)

@@ -129,13 +129,19 @@ def test_positives_of_the_same_query_are_not_negatives_of_each_other():
 
 def test_a_knn_rows_anchor_is_never_its_own_negative():
     # a kNN row (obliq distill pairs): the query is the anchor document's text, so every backend ranks the
-    # anchor first; it is dropped as query_text (also under another id and other spacing), not kept
-    ids = ["a", "a2", "p", "n1", "n2"]
+    # anchor first; it is dropped as query_document, by text (also under another id and other spacing) and
+    # by meta.anchor_id (a document whose indexed text is not the query's: here a title before it)
+    ids = ["a", "a2", "p", "n1", "n2", "t"]
     texts = ["Grey fog over the moor.", "grey fog over  the moor", "A letter from Wildfell.", "fog in London", "moor"]
+    texts.append("Chapter One. Grey fog over the moor.")
     rows = [_row(texts[0], "p", texts[2])]
     out, rep = mine_negatives(rows, ids, texts, Bm25sBackend(texts), k=2)
+    assert [n["id"] for n in out[0]["negatives"]] == ["t", "n2"]  # without the anchor's id, its titled copy stays
+    assert rep.dropped["query_document"] == 2 and rep.dropped["positive_id"] == 0
+    rows[0]["meta"] = {"anchor_id": "t"}
+    out, rep = mine_negatives(rows, ids, texts, Bm25sBackend(texts), k=2)
     assert [n["id"] for n in out[0]["negatives"]] == ["n2", "n1"]  # same idf: shorter wins
-    assert rep.dropped["query_text"] == 2 and rep.dropped["positive_id"] == 0
+    assert rep.dropped["query_document"] == 3
 
 
 def test_bad_arguments():

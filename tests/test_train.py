@@ -96,7 +96,9 @@ def _reads_as_trained(stack: list[str], cfg) -> None:
     assert (read["work_dir"], read["run_dir"]) == (cfg.work_dir, cfg.run_dir)
     assert read["trainer"].get("max_steps", cfg.trainer.max_steps) == cfg.trainer.max_steps
     callbacks = [(c.class_path, c.init_args.as_dict()) for c in cfg.trainer.callbacks]
-    assert [c["class_path"] for c in read["trainer"]["callbacks"]] == [c[0] for c in callbacks]
+    assert [c["class_path"].rsplit(".", 1)[-1] for c in read["trainer"]["callbacks"]] == [
+        c[0].rsplit(".", 1)[-1] for c in callbacks
+    ]
     for written, (_, parsed) in zip(read["trainer"]["callbacks"], callbacks):
         assert _within(written.get("init_args", {}), parsed), (written, parsed)
 
@@ -122,14 +124,26 @@ def test_a_stacked_list_of_sources_reads_as_train_py_stacks_it(tmp_path):
     )
     longer = tmp_path / "quickstart-longer.yaml"
     longer.write_text("data:\n  sources:\n    - {name: knn, path: a.jsonl}\n    - {name: b, path: b.jsonl}\n")
-    for extra in (same, longer):
+    short = tmp_path / "quickstart-short.yaml"  # short class names: the same classes, merged
+    short.write_text(
+        "trainer:\n  callbacks:\n    - {class_path: ModelCheckpoint, init_args: {every_n_train_steps: 5}}\n"
+        "    - {class_path: RetrievalEvaluation, init_args: {every_n_steps: 5}}\n"
+    )
+    for extra in (longer, short, same):
         stack = ["--config", base, "--config", str(extra)]
         cfg = _parser().parse_args(stack)
         _reads_as_trained(stack, cfg)
-    cfg = _parser().parse_args(["--config", base, "--config", str(same)])
-    assert cfg.data.sources[0]["count"] == 2000 and cfg.data.sources[0]["path"] == "other.jsonl"  # merged
+    # cfg is the stack with `same`: its source merged into the quickstart's, its second callback replaced
+    assert cfg.data.sources[0]["count"] == 2000 and cfg.data.sources[0]["path"] == "other.jsonl"
     assert cfg.trainer.callbacks[0].init_args.every_n_train_steps == 5 and cfg.trainer.callbacks[0].init_args.dirpath
     assert cfg.trainer.callbacks[1].class_path.endswith("LearningRateMonitor")
+    one = tmp_path / "quickstart-one.yaml"  # a mapping where the recipe has a list: it replaces the list
+    one.write_text("trainer:\n  callbacks: {class_path: lightning.pytorch.callbacks.LearningRateMonitor}\n")
+    from obliq.recipes import recipe_config
+
+    assert recipe_config(base, one)["trainer"]["callbacks"] == {
+        "class_path": "lightning.pytorch.callbacks.LearningRateMonitor"
+    }
 
 
 @pytest.fixture(scope="module")

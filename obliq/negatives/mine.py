@@ -10,11 +10,12 @@ For each row the query is searched against the task corpus and the best-ranked d
   positive's text — the same document indexed twice;
 - ``same_query_positive``: the positive (by id or text) of another row with the same normalised query,
   e.g. the other relevant documents of a real query;
-- ``query_text``: a document whose normalised text is the row's query — a kNN row's anchor passage
-  (``obliq distill pairs``: the query *is* a corpus document, which every backend ranks first), or a
-  query copied from the corpus; as a negative it would teach that a text is not relevant to itself;
 - ``empty``: a document with no text left after normalisation (BM25 never ranks a document without a
   shared term, so this catches only punctuation-like texts);
+- ``query_document``: the row's query's own document — a kNN row's anchor (``obliq distill pairs``: the
+  query *is* a corpus document, which every backend ranks first), by ``meta.anchor_id`` or by normalised
+  text, or a query copied from the corpus; as a negative it would teach that a text is not relevant to
+  itself;
 - ``duplicate_text``: a copy (normalised text) of a negative already taken for the row;
 - ``veto``: a document the row's attribute rules out (:class:`AttributeVeto`: the same attribute as
   the positive in the task's ``attributes.tsv``, e.g. the same author; :class:`TeacherVeto`: in the
@@ -67,8 +68,8 @@ DROP_REASONS = (
     "positive_id",
     "positive_text",
     "same_query_positive",
-    "query_text",
     "empty",
+    "query_document",
     "duplicate_text",
     "veto",
     "above_positive",
@@ -380,7 +381,7 @@ def mine_negatives(
         for i, hits in zip(pending, rankings):
             row = rows[i]
             pos_id, pos_hash = row["positive"]["id"], text_hash(row["positive"]["text"])
-            query_hash = text_hash(row["query"])
+            query_hash, anchor = text_hash(row["query"]), (row.get("meta") or {}).get("anchor_id")
             group_ids, group_hashes = by_query[query_hash]
             for rank, (j, score) in enumerate(hits[seen_depth[i] :], start=seen_depth[i] + 1):
                 if len(chosen[i]) == want:
@@ -393,10 +394,10 @@ def mine_negatives(
                     reason = "positive_text"
                 elif doc_ids[j] in group_ids or hashes[j] in group_hashes:
                     reason = "same_query_positive"
-                elif hashes[j] == query_hash:
-                    reason = "query_text"
                 elif empty[j]:
                     reason = "empty"
+                elif hashes[j] == query_hash or doc_ids[j] == anchor:
+                    reason = "query_document"
                 elif hashes[j] in taken_hashes[i]:
                     reason = "duplicate_text"
                 elif j in vetoed[i]:
