@@ -295,12 +295,11 @@ def main() -> None:
     for name, train in trained.items():
         systems[name] = out / "eval" / ("obliq" if name == "obliq student" else "st")
         evaluate(train["model"], task, systems[name], name)
-    fused, systems[FUSED] = FUSED, out / "eval" / "fused"
-    fused_run = fuse_runs(systems["obliq student"], systems["stylometric teacher"], task, out)
-    evaluate(fused_run, task, systems[fused], fused)
+    systems[FUSED] = out / "eval" / "fused"
+    evaluate(fuse_runs(systems["obliq student"], systems["stylometric teacher"], task, out), task, systems[FUSED], FUSED)
     pairs_ = [
         (name, ref, f"{name} − {label}")
-        for name in (*trained, fused, "MiniLM (base)")
+        for name in (*trained, FUSED, "MiniLM (base)")
         for ref, label in (("stylometric teacher", "teacher"), ("MiniLM (base)", "base"))
         if name != ref
     ]
