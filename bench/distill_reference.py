@@ -296,7 +296,8 @@ def main() -> None:
         systems[name] = out / "eval" / ("obliq" if name == "obliq student" else "st")
         evaluate(train["model"], task, systems[name], name)
     systems[FUSED] = out / "eval" / "fused"
-    evaluate(fuse_runs(systems["obliq student"], systems["stylometric teacher"], task, out), task, systems[FUSED], FUSED)
+    fused_run = fuse_runs(systems["obliq student"], systems["stylometric teacher"], task, out)
+    evaluate(fused_run, task, systems[FUSED], FUSED)
     pairs_ = [
         (name, ref, f"{name} − {label}")
         for name in (*trained, FUSED, "MiniLM (base)")
