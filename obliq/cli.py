@@ -43,6 +43,7 @@ COMMANDS = {
     },
     "distill": {
         "graph": "obliq.distill.commands:graph",
+        "fuse": "obliq.distill.commands:fuse",
         "pairs": "obliq.distill.commands:pairs",
         "purity": "obliq.distill.commands:purity",
     },

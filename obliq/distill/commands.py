@@ -22,7 +22,7 @@ from typing import Literal
 
 from obliq.claims import claim_outputs
 from obliq.data.teacher_table import write_teacher_table
-from obliq.distill.graph import KnnGraph, load_graph, teacher_graph
+from obliq.distill.graph import KnnGraph, fuse_graphs, load_graph, teacher_graph
 from obliq.distill.pairs import knn_pairs, random_control
 from obliq.distill.purity import format_purity, graph_purity, labels_for
 from obliq.files import atomic_write, read_id_table, write_json
@@ -114,6 +114,49 @@ def graph(
         return {"graph": str(out), **summary, **({"vectors": str(vectors_out)} if vectors_out is not None else {})}
 
 
+def fuse(graphs: list[Path], out: Path, k: int = 10, rrf_k: int = 60, overwrite: bool = False) -> dict:
+    """Fuse kNN graphs of one corpus by reciprocal-rank fusion (:func:`obliq.distill.graph.fuse_graphs`).
+
+    The second round of issue 31: the teacher's graph fused with the graph of a round-one student
+    (``obliq distill graph --teacher <exported student>``), so ``distill pairs`` reads the neighbours both
+    agree on first. Build the inputs deeper than ``k`` (e.g. 30) so that agreement below rank ``k`` counts.
+
+    Args:
+        graphs: two or more graph files written by ``obliq distill graph`` on the same corpus.
+        out: the fused graph to write (JSON; ``meta.teacher`` is ``{"kind": "fused", "graphs": [...]}``
+            with each input's path, teacher and k).
+        k: neighbours per document in the fused graph.
+        rrf_k: the fusion constant (60, Cormack et al. 2009).
+        overwrite: replace an existing ``out`` (refused otherwise).
+
+    Returns:
+        A summary: graph file, corpus size, k, edges, the inputs, seconds.
+
+    Raises:
+        ValueError: graphs built on different corpora (their corpus sha256 differ) or over other documents,
+            fewer than two graphs, k < 1.
+    """
+    t0 = perf_counter()
+    with claim_outputs({"out": out}, command="distill fuse", inputs=list(graphs), overwrite=overwrite, what="a graph"):
+        loaded = [load_graph(p) for p in graphs]
+        digests = {g.meta.get("corpus_sha256") for g in loaded} - {None}
+        if len(digests) > 1:
+            raise ValueError(f"{', '.join(map(str, graphs))}: built on different corpora (corpus sha256 differ)")
+        g = fuse_graphs(loaded, k, rrf_k)
+        base = loaded[0].meta
+        inputs = [{"graph": str(p), "teacher": h.meta.get("teacher"), "k": h.k} for p, h in zip(graphs, loaded)]
+        g.meta = {
+            **{key: base[key] for key in ("task", "task_path", "corpus_sha256", "by_source") if key in base},
+            "teacher": {"kind": "fused", "graphs": inputs},
+            "rrf_k": rrf_k,
+            "seconds": round(perf_counter() - t0, 3),
+        }
+        g.save(out)
+        summary = {key: v for key, v in g.to_json().items() if key != "neighbours"}
+        log.info("%s: %d fused edges over %d documents (k=%d)", out, g.n_edges, len(g.ids), k)
+        return {"graph": str(out), **summary}
+
+
 def _add_teacher_scores(rows: list[dict], g: KnnGraph, texts: list[str]) -> None:
     """Write the graph's teacher's cosines (anchor with positive, then with each negative) into each row's
     ``meta.teacher_scores``; the teacher is the one the graph names, fitted on the same corpus.
@@ -132,6 +175,8 @@ def _add_teacher_scores(rows: list[dict], g: KnnGraph, texts: list[str]) -> None
         teacher = load_teacher("stylometric", StylometricConfig(**{k: v for k, v in settings.items() if k in fields}))
     elif kind == "encoder" and settings.get("model"):
         teacher = load_teacher(settings["model"], max_length=settings.get("max_length", TEACHER_MAX_LENGTH))
+    elif kind == "fused":
+        raise ValueError("a fused graph has no single teacher to score with: teacher_scores needs a teacher's graph")
     else:
         raise ValueError("the graph does not name its teacher (meta.teacher): rebuild it with obliq distill graph")
     vectors = teacher.encode(texts)
