@@ -147,13 +147,12 @@ def test_an_existing_file_as_vectors_out_is_named_as_teacher_vectors(tmp_path, t
 
 
 def rrf_reference(lists: list[list[int]], k: int, c: int = 60) -> list[int]:
-    """Reference fusion, by hand: float64 sums, stable sort by score then the first list's rank then index."""
+    """Reference fusion, by hand: float64 sums of 1 / (c + rank), sorted by score then index descending."""
     score: dict[int, float] = {}
     for row in lists:
         for rank, j in enumerate(row, 1):
             score[j] = score.get(j, 0.0) + 1.0 / (c + rank)
-    first = {j: r for r, j in enumerate(lists[0])}
-    return sorted(score, key=lambda j: (-round(score[j], 12), first.get(j, len(lists[0])), j))[:k]
+    return sorted(score, key=lambda j: (round(score[j], 12), f"d{j}"), reverse=True)[:k]
 
 
 def test_fused_graph_is_reciprocal_rank_fusion():
@@ -166,9 +165,9 @@ def test_fused_graph_is_reciprocal_rank_fusion():
     fused = fuse_graphs([g1, g2], k=3)
     # 1/61 + 1/62 = .03252 (b) > 1/63 + 1/61 = .03227 (d) > 1/62 (c) > 1/63 (e)
     assert fused.neighbours[0] == [1, 3, 2]
-    # a tie (each graph names one other) goes to the first graph's choice; both kept when k allows
-    assert fused.neighbours[1] == [0, 2] and fuse_graphs([g2, g1], k=1).neighbours[1] == [2]
-    assert fused.neighbours[3] == [0, 4] and fused.ids == ids and fused.k == 3
+    # a tie (each graph names one other) is ranked as trec_eval ranks it, whichever graph comes first
+    assert fused.neighbours[1] == [2, 0] and fuse_graphs([g2, g1], k=1).neighbours[1] == [2]
+    assert fused.neighbours[3] == [4, 0] and fused.ids == ids and fused.k == 3
     rng = np.random.default_rng(3)
     n = 40
     lists = [[rng.permutation([j for j in range(n) if j != i])[:8].tolist() for i in range(n)] for _ in range(3)]

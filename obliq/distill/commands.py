@@ -126,7 +126,7 @@ def fuse(graphs: list[Path], out: Path, k: int = 10, rrf_k: int = 60, overwrite:
         out: the fused graph to write (JSON; ``meta.teacher`` is ``{"kind": "fused", "graphs": [...]}``
             with each input's path, teacher and k).
         k: neighbours per document in the fused graph.
-        rrf_k: the fusion constant (60, Cormack et al. 2009).
+        rrf_k: the fusion's rank constant (60, Cormack et al. 2009).
         overwrite: replace an existing ``out`` (refused otherwise).
 
     Returns:

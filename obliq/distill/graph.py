@@ -212,49 +212,47 @@ def teacher_graph(
 def fuse_graphs(graphs: Sequence[KnnGraph], k: int, rrf_k: int = 60) -> KnnGraph:
     """Reciprocal-rank fusion of kNN graphs over one corpus: each document's fused neighbours.
 
-    A neighbour's score is the sum over graphs of ``1 / (rrf_k + rank)`` (rank 1 = nearest; a graph that
-    does not list it adds nothing), Cormack, Clarke & Büttcher (2009); the ``k`` best are kept. Scores
-    are exact fractions, and ties are ordered by the first graph's rank (unlisted last), then by corpus
-    position, so the fused graph is the same on every machine. Used for a second round of
+    Each graph is read as a run (anchor → its neighbours, ranked nearest first) and fused by the project's
+    one RRF, :func:`obliq.search.runs.fuse_rrf` (Cormack, Clarke & Büttcher, 2009: a neighbour scores the
+    sum over graphs of ``1 / (rrf_k + rank)``; a graph that does not list it adds nothing); the ``k``
+    best are kept, ties in trec_eval's order (:func:`obliq.search.runs.top_k`: then document id
+    descending), so the fused graph is the same on every machine. Used for a second round of
     distillation: the teacher's graph fused with the graph of the round-one student (issue 31).
 
     Args:
         graphs: two or more graphs over the same documents in the same order (:func:`load_graph`).
         k: fused neighbours per document (fewer when the graphs list fewer distinct ones).
-        rrf_k: the fusion constant (Cormack et al.: 60); must be ≥ 0.
+        rrf_k: the fusion's rank constant (Cormack et al.: 60).
 
     Returns:
         The fused graph; ``meta`` is empty (the caller records provenance); ``identical_twins`` is the
         largest count of the inputs.
 
     Raises:
-        ValueError: fewer than two graphs, ``k`` < 1, ``rrf_k`` < 0, or graphs over other documents
-            (the first differing id is named).
+        ValueError: fewer than two graphs, ``k`` or ``rrf_k`` < 1, or graphs over other documents (the
+            first differing id is named).
     """
-    from fractions import Fraction
+    from obliq.search.runs import fuse_rrf, top_k
 
     if len(graphs) < 2:
         raise ValueError(f"fusing needs at least two graphs, got {len(graphs)}")
     if k < 1:
         raise ValueError(f"k must be at least 1, got {k}")
-    if rrf_k < 0:
-        raise ValueError(f"rrf_k must be >= 0, got {rrf_k}")
-    first = graphs[0]
+    ids = graphs[0].ids
     for n, g in enumerate(graphs[1:], 2):
-        if g.ids != first.ids:
-            at = next((i for i, (a, b) in enumerate(zip(first.ids, g.ids)) if a != b), None)
-            where = f"position {at}: {g.ids[at]!r} against {first.ids[at]!r}" if at is not None else "lengths"
+        if g.ids != ids:
+            at = next((i for i, (a, b) in enumerate(zip(ids, g.ids)) if a != b), None)
+            where = f"position {at}: {g.ids[at]!r} against {ids[at]!r}" if at is not None else "lengths"
             raise ValueError(
-                f"graph {n} is over other documents than graph 1 ({len(g.ids)} against {len(first.ids)} ids; "
+                f"graph {n} is over other documents than graph 1 ({len(g.ids)} against {len(ids)} ids; "
                 f"first difference at {where})"
             )
-    neighbours = []
-    for i in range(len(first.ids)):
-        score: dict[int, Fraction] = {}
-        for g in graphs:
-            for rank, j in enumerate(g.neighbours[i], 1):
-                score[j] = score.get(j, Fraction(0)) + Fraction(1, rrf_k + rank)
-        first_rank = {j: r for r, j in enumerate(first.neighbours[i])}
-        order = sorted(score, key=lambda j: (-score[j], first_rank.get(j, len(first_rank)), j))
-        neighbours.append(order[:k])
-    return KnnGraph(list(first.ids), neighbours, k, max(g.identical_twins for g in graphs))
+    # a graph as a run: the nearest neighbour scores highest (-rank), so fuse_rrf reads the graph's ranks
+    runs = [
+        {ids[i]: {ids[j]: -float(r) for r, j in enumerate(row, 1)} for i, row in enumerate(g.neighbours)}
+        for g in graphs
+    ]
+    fused = fuse_rrf(runs, rrf_k)
+    position = {d: i for i, d in enumerate(ids)}
+    neighbours = [[position[d] for d in top_k(fused[d], k)] for d in ids]
+    return KnnGraph(list(ids), neighbours, k, max(g.identical_twins for g in graphs))
