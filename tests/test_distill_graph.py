@@ -181,9 +181,49 @@ def test_fusing_refuses_graphs_over_other_documents():
     from obliq.distill.graph import fuse_graphs
 
     g1 = KnnGraph(["a", "b"], [[1], [0]], 1)
-    with pytest.raises(ValueError, match=r"graph 2 is over other documents .*position 1: 'c' against 'b'"):
+    with pytest.raises(ValueError, match=r"graph 2 is over other documents .*'b' is only in graph 1"):
         fuse_graphs([g1, KnnGraph(["a", "c"], [[1], [0]], 1)], k=1)
     with pytest.raises(ValueError, match="at least two graphs"):
         fuse_graphs([g1], k=1)
-    with pytest.raises(ValueError, match="k must be at least 1"):
+    with pytest.raises(ValueError, match="k and rrf_k must be at least 1"):
         fuse_graphs([g1, g1], k=0)
+    with pytest.raises(ValueError, match="rrf_k=0"):
+        fuse_graphs([g1, g1], k=1, rrf_k=0)
+    # the same documents in another order are the same graph: fused with itself, it keeps its own ranking
+    g = KnnGraph(["a", "b", "c", "d"], [[1, 2, 3], [3, 0, 2], [0, 3, 1], [2, 1, 0]], 3)
+    order = ["d", "c", "b", "a"]
+    shuffled = KnnGraph(order, [[order.index(g.ids[j]) for j in g.neighbours[g.ids.index(d)]] for d in order], 3)
+    assert fuse_graphs([g, shuffled], k=2).neighbours == [row[:2] for row in g.neighbours]
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("3", "a graph is one JSON object, not int"),
+        ('{"k": null, "neighbours": {}}', "field 'k' must be an integer >= 1, got None"),
+        ('{"k": "thirty", "neighbours": {}}', "field 'k' must be an integer >= 1, got 'thirty'"),
+        ('{"k": 2, "neighbours": {"a": ["b", "b"], "b": []}}', r"neighbours\['a'\] lists 'b' twice"),
+        ('{"k": 2, "neighbours": {"a": ["a"], "b": []}}', r"neighbours\['a'\] lists its own anchor"),
+        (
+            '{"k": 2, "neighbours": {"a": [["b"]], "b": []}}',
+            r"neighbours\['a'\] holds \['b'\], which is not a document",
+        ),
+    ],
+)
+def test_a_malformed_graph_file_is_refused_by_name(tmp_path, text, message):
+    """A neighbour listed twice would be fused at its worse rank, a self-loop would take one of k places: refused."""
+    (tmp_path / "g.json").write_text(text)
+    with pytest.raises(ValueError, match=rf"g\.json: {message}"):
+        load_graph(tmp_path / "g.json")
+
+
+def test_fused_file_names_its_corpus_and_claims_by_source_only_when_every_input_does(tmp_path):
+    from obliq.distill.commands import fuse
+
+    KnnGraph(["a", "b", "c"], [[1, 2], [0, 2], [0, 1]], 2, 0, {"by_source": True}).save(tmp_path / "g1.json")
+    meta = {"corpus_sha256": "f" * 64, "by_source": False, "task": "t"}
+    KnnGraph(["a", "b", "c"], [[2, 1], [2, 0], [1, 0]], 2, 0, meta).save(tmp_path / "g2.json")
+    out = fuse(graphs=[tmp_path / "g1.json", tmp_path / "g2.json"], out=tmp_path / "f.json", k=2)
+    assert out["corpus_sha256"] == "f" * 64 and out["by_source"] is False
+    assert [g["by_source"] for g in out["teacher"]["graphs"]] == [True, False]
+    assert load_graph(tmp_path / "f.json").meta["corpus_sha256"] == "f" * 64

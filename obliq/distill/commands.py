@@ -122,7 +122,8 @@ def fuse(graphs: list[Path], out: Path, k: int = 10, rrf_k: int = 60, overwrite:
     agree on first. Build the inputs deeper than ``k`` (e.g. 30) so that agreement below rank ``k`` counts.
 
     Args:
-        graphs: two or more graph files written by ``obliq distill graph`` on the same corpus.
+        graphs: two or more graph files written by ``obliq distill graph`` on the same corpus (the fused
+            graph carries the corpus digest any of them has, and ``by_source`` only when all have it).
         out: the fused graph to write (JSON; ``meta.teacher`` is ``{"kind": "fused", "graphs": [...]}``
             with each input's path, teacher and k).
         k: neighbours per document in the fused graph.
@@ -144,9 +145,14 @@ def fuse(graphs: list[Path], out: Path, k: int = 10, rrf_k: int = 60, overwrite:
             raise ValueError(f"{', '.join(map(str, graphs))}: built on different corpora (corpus sha256 differ)")
         g = fuse_graphs(loaded, k, rrf_k)
         base = loaded[0].meta
-        inputs = [{"graph": str(p), "teacher": h.meta.get("teacher"), "k": h.k} for p, h in zip(graphs, loaded)]
+        inputs = [
+            {"graph": str(p), "teacher": h.meta.get("teacher"), "k": h.k, "by_source": h.meta.get("by_source", False)}
+            for p, h in zip(graphs, loaded)
+        ]
         g.meta = {
-            **{key: base[key] for key in ("task", "task_path", "corpus_sha256", "by_source") if key in base},
+            **{key: base[key] for key in ("task", "task_path") if key in base},
+            **({"corpus_sha256": digests.pop()} if digests else {}),
+            "by_source": all(h["by_source"] for h in inputs),  # only then are all fused edges across sources
             "teacher": {"kind": "fused", "graphs": inputs},
             "rrf_k": rrf_k,
             "seconds": round(perf_counter() - t0, 3),

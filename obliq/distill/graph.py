@@ -82,17 +82,22 @@ def load_graph(path: str | Path) -> KnnGraph:
 
     Raises:
         FileNotFoundError: no such file.
-        ValueError: not JSON, a missing field, or a neighbour id that is not an anchor id
-            (the file and the field are named).
+        ValueError: not JSON, not an object, a missing field, ``k`` not an integer ≥ 1, or a neighbour list
+            that holds an id that is not a document of the graph, its own anchor, or one id twice (the file
+            and the field are named).
     """
     path = Path(path)
     try:
         obj = json.loads(read_text(path))
     except json.JSONDecodeError as e:
         raise ValueError(f"{path}:{e.lineno}: invalid JSON ({e.msg})") from None
+    if not isinstance(obj, dict):
+        raise ValueError(f"{path}: a graph is one JSON object, not {type(obj).__name__}")
     for key in ("k", "neighbours"):
         if key not in obj:
             raise ValueError(f"{path}: missing field {key!r}")
+    if not isinstance(obj["k"], int) or isinstance(obj["k"], bool) or obj["k"] < 1:
+        raise ValueError(f"{path}: field 'k' must be an integer >= 1, got {obj['k']!r}")
     if not isinstance(obj["neighbours"], dict):
         raise ValueError(f"{path}: field 'neighbours' must be an object (id → list of ids)")
     ids = list(obj["neighbours"])
@@ -101,14 +106,19 @@ def load_graph(path: str | Path) -> KnnGraph:
     for d, row in obj["neighbours"].items():
         if not isinstance(row, list):
             raise ValueError(f"{path}: neighbours[{d!r}] must be a list of ids")
-        missing = [n for n in row if n not in pos]
+        missing = [n for n in row if not isinstance(n, str) or n not in pos]
         if missing:
             raise ValueError(f"{path}: neighbours[{d!r}] holds {missing[0]!r}, which is not a document of the graph")
+        if d in row:
+            raise ValueError(f"{path}: neighbours[{d!r}] lists its own anchor")
+        if len(set(row)) < len(row):
+            twice = next(n for i, n in enumerate(row) if n in row[:i])
+            raise ValueError(f"{path}: neighbours[{d!r}] lists {twice!r} twice")
         neighbours.append([pos[n] for n in row])
     meta = {
         key: v for key, v in obj.items() if key not in ("k", "neighbours", "corpus_size", "edges", "identical_twins")
     }
-    return KnnGraph(ids, neighbours, int(obj["k"]), int(obj.get("identical_twins", 0)), meta)
+    return KnnGraph(ids, neighbours, obj["k"], int(obj.get("identical_twins", 0)), meta)
 
 
 def count_identical_twins(vectors: np.ndarray) -> int:
@@ -220,7 +230,8 @@ def fuse_graphs(graphs: Sequence[KnnGraph], k: int, rrf_k: int = 60) -> KnnGraph
     distillation: the teacher's graph fused with the graph of the round-one student (issue 31).
 
     Args:
-        graphs: two or more graphs over the same documents in the same order (:func:`load_graph`).
+        graphs: two or more graphs over the same documents, in any order (:func:`load_graph`); the fused
+            graph keeps the first one's order.
         k: fused neighbours per document (fewer when the graphs list fewer distinct ones).
         rrf_k: the fusion's rank constant (Cormack et al.: 60).
 
@@ -229,27 +240,27 @@ def fuse_graphs(graphs: Sequence[KnnGraph], k: int, rrf_k: int = 60) -> KnnGraph
         largest count of the inputs.
 
     Raises:
-        ValueError: fewer than two graphs, ``k`` or ``rrf_k`` < 1, or graphs over other documents (the
-            first differing id is named).
+        ValueError: fewer than two graphs, ``k`` or ``rrf_k`` < 1, or graphs over other documents (an id
+            that only one holds is named).
     """
     from obliq.search.runs import fuse_rrf, top_k
 
     if len(graphs) < 2:
         raise ValueError(f"fusing needs at least two graphs, got {len(graphs)}")
-    if k < 1:
-        raise ValueError(f"k must be at least 1, got {k}")
+    if k < 1 or rrf_k < 1:
+        raise ValueError(f"k and rrf_k must be at least 1, got k={k}, rrf_k={rrf_k}")
     ids = graphs[0].ids
     for n, g in enumerate(graphs[1:], 2):
-        if g.ids != ids:
-            at = next((i for i, (a, b) in enumerate(zip(ids, g.ids)) if a != b), None)
-            where = f"position {at}: {g.ids[at]!r} against {ids[at]!r}" if at is not None else "lengths"
+        if set(g.ids) != set(ids):
+            other = sorted(set(g.ids) ^ set(ids))[0]
+            side = f"graph {n}" if other in g.ids else "graph 1"
             raise ValueError(
                 f"graph {n} is over other documents than graph 1 ({len(g.ids)} against {len(ids)} ids; "
-                f"first difference at {where})"
+                f"{other!r} is only in {side})"
             )
     # a graph as a run: the nearest neighbour scores highest (-rank), so fuse_rrf reads the graph's ranks
     runs = [
-        {ids[i]: {ids[j]: -float(r) for r, j in enumerate(row, 1)} for i, row in enumerate(g.neighbours)}
+        {g.ids[i]: {g.ids[j]: -float(r) for r, j in enumerate(row, 1)} for i, row in enumerate(g.neighbours)}
         for g in graphs
     ]
     fused = fuse_rrf(runs, rrf_k)
