@@ -135,7 +135,8 @@ def fuse(graphs: list[Path], out: Path, k: int = 10, rrf_k: int = 60, overwrite:
 
     Raises:
         ValueError: graphs built on different corpora (their corpus sha256 differ) or over other documents,
-            fewer than two graphs, k < 1.
+            fewer than two graphs, ``k`` or ``rrf_k`` < 1, or a malformed graph file (:func:`load_graph`).
+        FileExistsError: ``out`` exists and ``overwrite`` is off.
     """
     t0 = perf_counter()
     with claim_outputs({"out": out}, command="distill fuse", inputs=list(graphs), overwrite=overwrite, what="a graph"):
