@@ -133,7 +133,7 @@ def test_commands_end_to_end(tasks_dir, tmp_path, capsys):
         sum(attr[r["meta"]["anchor_id"]] == attr[r["positive"]["id"]] for r in kept) / len(kept), 4
     )
 
-    # a second round: the graph fused with another teacher's (here a word-free, shorter n-gram reading) reads as
+    # a second round: the graph fused with another teacher's (here the teacher at 1–2-character n-grams) reads as
     # any graph does; it has no single teacher to score with, and graphs of another corpus are refused
     other = graph(task=task, out=tmp_path / "g2.json", k=6, stylometric=StylometricConfig(ngram_max=2))
     fused = fuse(graphs=[tmp_path / "graph.json", tmp_path / "g2.json"], out=tmp_path / "fused.json", k=3)
