@@ -122,8 +122,9 @@ def fuse(graphs: list[Path], out: Path, k: int = 10, rrf_k: int = 60, overwrite:
     agree on first. Build the inputs deeper than ``k`` (e.g. 30) so that agreement below rank ``k`` counts.
 
     Args:
-        graphs: two or more graph files written by ``obliq distill graph`` on the same corpus (the fused
-            graph carries the corpus digest any of them has, and ``by_source`` only when all have it).
+        graphs: two or more graph files written by ``obliq distill graph`` on the same corpus (digests that
+            differ are refused; the fused graph carries the one digest they name, and ``by_source`` only when
+            every input has it).
         out: the fused graph to write (JSON; ``meta.teacher`` is ``{"kind": "fused", "graphs": [...]}``
             with each input's path, teacher and k).
         k: neighbours per document in the fused graph.
