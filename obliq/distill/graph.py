@@ -27,6 +27,7 @@ import numpy as np
 
 from obliq.files import read_text, write_json
 from obliq.search.exact import ExactIndex, unit_float32
+from obliq.search.runs import fuse_rrf, top_k
 
 
 @dataclass
@@ -243,8 +244,6 @@ def fuse_graphs(graphs: Sequence[KnnGraph], k: int, rrf_k: int = 60) -> KnnGraph
         ValueError: fewer than two graphs, ``k`` or ``rrf_k`` < 1, or graphs over other documents (an id
             that only one holds is named).
     """
-    from obliq.search.runs import fuse_rrf, top_k
-
     if len(graphs) < 2:
         raise ValueError(f"fusing needs at least two graphs, got {len(graphs)}")
     if k < 1 or rrf_k < 1:
