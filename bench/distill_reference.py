@@ -33,6 +33,7 @@ prints figures; it is not a test.
 from __future__ import annotations
 
 import argparse
+import filecmp
 import json
 import os
 import resource
@@ -186,10 +187,18 @@ def _child(kind: str, args: argparse.Namespace, out: Path, extra: list[str]) -> 
     return json.loads(result.read_text())
 
 
-def _reused(name: str) -> dict:
-    """The model, steps, wall / CPU seconds and peak RSS of an ablation run (``runs/abl/log.jsonl``)."""
+def _reused(name: str, pairs: Path) -> dict:
+    """The model, steps, wall / CPU seconds and peak RSS of an ablation run (``runs/abl/log.jsonl``).
+
+    Raises:
+        ValueError: the run's saved config (``config.yaml`` below its version folder) trained a ``knn`` source
+            whose rows differ from ``pairs`` (the recipe's), byte for byte: the table would compare two trainers
+            on different rows.
+    """
+    import yaml
     from distill_ablation import ROOT
 
+    from obliq.data import named_source
     from obliq.model.checkpoint import checkpoint_info
     from obliq.runs import latest_run
 
@@ -201,6 +210,16 @@ def _reused(name: str) -> dict:
     run = latest_run(ROOT / name / "train")
     if run is None or run.final is None:
         raise FileNotFoundError(f"{ROOT / name / 'train'}: no finished run of the ablation {name!r}")
+    saved = next(iter(sorted(run.path.rglob("config.yaml"))), None)
+    if saved is None:
+        raise FileNotFoundError(f"{run.path}: no config.yaml, so which pairs the ablation {name!r} read is unknown")
+    sources = yaml.safe_load(saved.read_text(encoding="utf-8"))["data"]["sources"]
+    trained = Path(sources[named_source(sources, "knn", str(saved))]["path"])
+    if not (trained.is_file() and filecmp.cmp(trained, pairs, shallow=False)):
+        raise ValueError(
+            f"{saved}: the ablation {name!r} trained on {trained}, which is not (or no longer) the same file as the "
+            f"recipe's knn source {pairs}"
+        )
     steps = checkpoint_info(run.final).step
     return {
         "model": str(ROOT / name / "export" / "final" / "adapter"),
@@ -277,7 +296,7 @@ def main() -> None:
     distill_ablation.EVAL_TOKENS = args.eval_tokens
     pairs, config = knn_source(args.recipe)
     rows = sum(1 for line in pairs.open(encoding="utf-8") if line.strip())
-    obliq = _reused(args.reuse) if args.reuse else _child("obliq", args, out, [])
+    obliq = _reused(args.reuse, pairs) if args.reuse else _child("obliq", args, out, [])
     epochs = obliq["steps"] * int(config["data"]["batch_size"]) / rows
     budget = (
         ["--wall_budget", str(obliq["train_wall_s"])]

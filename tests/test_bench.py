@@ -122,6 +122,23 @@ def test_distill_ablation_trains_evaluates_and_compares_a_run(writing):
     )
     assert (writing / "curve.png").stat().st_size > 0
 
+    # distill_reference --reuse refuses a run trained on other pairs than the recipe's (here one row fewer), before
+    # training anything
+    other = writing / "work" / "rows" / "knn-other.jsonl"
+    other.write_text("".join((writing / "work" / "rows" / "knn.jsonl").read_text().splitlines(True)[:-1]))
+    recipe = writing / "recipe-other.yaml"
+    recipe.write_text((writing / "recipe.yaml").read_text().replace("/rows/knn.jsonl", "/rows/knn-other.jsonl"))
+    args = ["bench/distill_reference.py", "--task", "writing-news", "--recipe", str(recipe), "--reuse", "smoke"]
+    done = subprocess.run(
+        [sys.executable, *args, "--out", str(writing / "ref-other")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env={**os.environ, **env},
+    )
+    assert done.returncode != 0 and "the ablation 'smoke' trained on" in done.stderr
+    assert "knn-other.jsonl" in done.stderr and not (writing / "ref-other" / "st").exists()
+
 
 def test_distill_reference_trains_both_students_on_the_same_pairs(writing):
     env = {"OBLIQ_DATA": str(writing / "data"), "OBLIQ_ABL_ROOT": str(writing / "abl-ref")}
