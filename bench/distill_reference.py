@@ -202,14 +202,17 @@ def _reused(name: str, pairs: Path) -> dict:
     from obliq.model.checkpoint import checkpoint_info
     from obliq.runs import latest_run
 
-    line = next(
-        json.loads(x)
-        for x in (ROOT / "log.jsonl").read_text().splitlines()
-        if json.loads(x)["name"] == name and "train_s" in json.loads(x)
-    )
+    timed = [x for x in map(json.loads, (ROOT / "log.jsonl").read_text().splitlines()) if x["name"] == name]
+    timed = [x for x in timed if "train_s" in x]
+    if not timed:
+        raise ValueError(f"{ROOT / 'log.jsonl'}: no line of a training named {name!r} (bench/distill_ablation.py run)")
+    line = timed[-1]  # the newest training of that name, as latest_run finds its newest run
     run = latest_run(ROOT / name / "train")
     if run is None or run.final is None:
-        raise FileNotFoundError(f"{ROOT / name / 'train'}: no finished run of the ablation {name!r}")
+        raise FileNotFoundError(f"{ROOT / name / 'train'}: its newest run of the ablation {name!r} has no final.ckpt")
+    exported = ROOT / name / "export" / "final" / "export.json"
+    if not exported.is_file() or Path(json.loads(exported.read_text())["checkpoint"]).resolve() != run.final.resolve():
+        raise FileNotFoundError(f"{exported}: missing, or exported from another checkpoint than {run.final}")
     saved = next(iter(sorted(run.path.rglob("config.yaml"))), None)
     if saved is None:
         raise FileNotFoundError(f"{run.path}: no config.yaml, so which pairs the ablation {name!r} read is unknown")
@@ -217,8 +220,8 @@ def _reused(name: str, pairs: Path) -> dict:
     trained = Path(sources[named_source(sources, "knn", str(saved))]["path"])
     if not (trained.is_file() and filecmp.cmp(trained, pairs, shallow=False)):
         raise ValueError(
-            f"{saved}: the ablation {name!r} trained on {trained}, which is not (or no longer) the same file as the "
-            f"recipe's knn source {pairs}"
+            f"{saved}: the ablation {name!r} trained on {trained} (relative paths: to the folder it ran in; read "
+            f"here as {trained.resolve()}), which is missing or not the same file as the recipe's knn source {pairs}"
         )
     steps = checkpoint_info(run.final).step
     return {
