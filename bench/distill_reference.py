@@ -202,8 +202,8 @@ def _reused(name: str, pairs: Path) -> dict:
     from obliq.model.checkpoint import checkpoint_info
     from obliq.runs import latest_run
 
-    timed = [x for x in map(json.loads, (ROOT / "log.jsonl").read_text().splitlines()) if x["name"] == name]
-    timed = [x for x in timed if "train_s" in x]
+    lines = map(json.loads, (ROOT / "log.jsonl").read_text().splitlines())
+    timed = [x for x in lines if x["name"] == name and "train_s" in x]
     if not timed:
         raise ValueError(f"{ROOT / 'log.jsonl'}: no line of a training named {name!r} (bench/distill_ablation.py run)")
     line = timed[-1]  # the newest training of that name, as latest_run finds its newest run
