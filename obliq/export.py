@@ -66,7 +66,9 @@ def export(
     the recipe's settings, the evaluation table when ``results`` is given, how to load it).
 
     Args:
-        checkpoint: a training checkpoint (``.ckpt``).
+        checkpoint: a training checkpoint (``.ckpt``), or a LoRA adapter folder (obliq's adapter export, or a
+            sentence-transformers + peft folder such as the paper's OBLIQ-IR-3B-LoRA:
+            :func:`obliq.model.adapter.adapter_checkpoint`), merged and verified the same way.
         out: output folder.
         merge: also write a merged sentence-transformers folder (prompts ``query`` / ``document``
             hold the prefixes, and per-task prompts for mteb's OBLIQ-Bench tasks, :func:`task_prompts`;
@@ -102,7 +104,12 @@ def export(
         probe = [line for line in read_text(probe_file).splitlines() if line.strip()]
         if not probe:
             raise ValueError(f"{probe_file}: no probe text (one per line): nothing would check the merge")
-    ckpt = read_checkpoint(checkpoint)
+    if Path(checkpoint).is_dir():  # an adapter folder (the paper's OBLIQ-IR-3B-LoRA, obliq's own adapter export)
+        from obliq.model.adapter import adapter_checkpoint
+
+        ckpt = adapter_checkpoint(checkpoint, trust_remote_code)
+    else:
+        ckpt = read_checkpoint(checkpoint)
     base = card_base_model(ckpt["obliq"]["encoder"]["backbone"], base_model)
     for name, tensor in ckpt["state_dict"].items():  # a diverged run's weights are not a model to publish
         if not isinstance(tensor, torch.Tensor):
@@ -390,7 +397,10 @@ def model_card(ckpt: dict, encoder: BiEncoder, kind: str, evaluation: list[dict]
     ]
     mixed = ckpt["obliq"].get("interpolation")  # obliq interpolate: the steps are the newest source's
     when = "the newest of the interpolated checkpoints" if mixed else f"epoch {ckpt.get('epoch', '?')}"
-    lines.append(f"| optimizer steps | {ckpt.get('global_step', '?')} ({when}) |")
+    if ckpt["obliq"].get("imported"):  # an adapter folder trained elsewhere: its training is not known here
+        lines.append(f"| source | the adapter folder `{ckpt['obliq']['imported']}` (its training is not recorded) |")
+    else:
+        lines.append(f"| optimizer steps | {ckpt.get('global_step', '?')} ({when}) |")
     if mixed:
         sources = ", ".join(
             f"{Path(s['checkpoint']).name} (step {s['step']}, share {s['weight']:g})" for s in mixed["sources"]

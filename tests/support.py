@@ -397,3 +397,55 @@ def csv_column(csv_text: str, name: str) -> list[str]:
     lines = csv_text.strip().splitlines()
     col = lines[0].split(",").index(name)
     return [line.split(",")[col] for line in lines[1:] if line.split(",")[col]]
+
+
+# --- published checkpoints (replicas) ---------------------------------------------------------------
+
+SMALL = {
+    # the published heads-to-KV-heads ratio and head size = hidden / heads, at a few thousand parameters a layer
+    "nvidia/llama-3.2-nv-embedqa-1b-v2": {"hidden_size": 64, "num_attention_heads": 8, "head_dim": 8},
+    "nvidia/llama-nv-embed-reasoning-3b": {"hidden_size": 96, "num_attention_heads": 6, "head_dim": 16},
+}
+
+
+def save_published_replica(folder: Path, name: str, tokenizer_path: str, seed: int = 0) -> str:
+    """A replica of a published NV-Embed checkpoint: its ``config.json`` exactly as published
+    (:data:`obliq.model.bidirectional.PUBLISHED`: ``model_type: llama_bidirec``, the ``auto_map`` to NVIDIA's
+    own file, ``pooling: avg``, llama3 rope scaling, tied embeddings, the 128,256-token vocabulary) with 2
+    layers of the sizes in :data:`SMALL`, and ``LlamaModel``'s weight names in ``model.safetensors``, random
+    (seeded) and written by transformers' plain ``LlamaModel``; ``tokenizer_path``'s tokenizer (its ids lie
+    below the vocabulary)."""
+    from transformers import AutoTokenizer, LlamaConfig, LlamaModel
+
+    from obliq.model.bidirectional import PUBLISHED
+
+    small = {**SMALL[name], "num_hidden_layers": 2, "num_key_value_heads": 2, "intermediate_size": 256}
+    published = dict(PUBLISHED[name], **small)
+    keep = {k: v for k, v in published.items() if k not in ("architectures", "auto_map", "model_type", "pooling")}
+    torch.manual_seed(seed)
+    folder.mkdir(parents=True, exist_ok=True)
+    LlamaModel(LlamaConfig(**keep)).save_pretrained(folder)
+    AutoTokenizer.from_pretrained(tokenizer_path).save_pretrained(folder)
+    (folder / "config.json").write_text(json.dumps(published, indent=2))
+    return str(folder)
+
+
+def nemo_reference(request: dict, folder: Path) -> dict:
+    """``tests/nemo_reference.py`` on ``request`` in a process of its own (NeMo's class registers itself with
+    transformers on import; obliq is never imported there); its output."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "request.json").write_text(json.dumps(request))
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "tests" / "nemo_reference.py"),
+            str(folder / "request.json"),
+            str(folder / "out.pt"),
+        ],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    return torch.load(folder / "out.pt", weights_only=True)

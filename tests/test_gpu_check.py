@@ -1,5 +1,6 @@
 """bench/gpu_check.py: the CPU smoke run with a tiny Llama writes every section (numbers or a skip
-reason), and its FLOP count equals torch's FlopCounterMode on a real forward/backward."""
+reason), its FLOP count equals torch's FlopCounterMode on a real forward/backward, and the 3B plan
+(meta device) counts the card's LoRA parameters, memory terms and steps."""
 
 import importlib.util
 import json
@@ -39,7 +40,8 @@ def test_tiny_cpu_run_reports_every_section(tmp_path, capsys):
         _gpu_check().main(["--tiny", "--device", "cpu", "--threads", "1", "--steps", "2", "--out", str(out)])
     finally:
         torch.set_num_threads(threads)
-    assert "| train_bf16 | rows/s |" in capsys.readouterr().out  # the printed table
+    printed = capsys.readouterr().out
+    assert "| train_bf16 | rows/s |" in printed and "| optimizer steps | 483 |" in printed  # the printed tables
     result = json.loads(out.read_text())
     for section, keys in SECTIONS.items():
         got = result[section]
@@ -49,6 +51,8 @@ def test_tiny_cpu_run_reports_every_section(tmp_path, capsys):
             assert all(_number(got[k]) for k in keys), (section, got)
     assert "skipped" not in result["train_bf16"] and "skipped" not in result["latency"]  # both run on CPU
     assert "CUDA" in result["train_qlora"]["skipped"]
+    assert result["plan"]["lora_params"] == 24_313_856  # the 3B plan, whatever the run's own model
+    assert result["plan"]["mfu_source"] == "assumed, not measured"  # a CPU run measures no GPU MFU
     faiss = result["faiss"]
     assert _number(faiss["cpu"]["search_s"])
     assert _number(faiss["gpu"]["search_s"]) if "skipped" not in faiss["gpu"] else faiss["gpu"]["skipped"]
@@ -90,3 +94,80 @@ def test_byte_tokenizer_needs_no_file():
     tok = _gpu_check().byte_tokenizer()
     ids = tok(["é a"])["input_ids"][0]
     assert len(ids) == 4 and max(ids) < len(tok) == 259 and tok.pad_token_id == 0
+
+
+def test_plan_only_counts_the_3b_run_on_the_meta_device(tmp_path, capsys):
+    """--plan-only: the 3B model built on the meta device gives the card's ~24M LoRA parameters (exactly
+    28 layers × 868,352), memory terms that add up to the totals, and ceil(rows / 320) steps."""
+    gc = _gpu_check()
+    out = tmp_path / "plan.json"
+    gc.main(["--plan-only", "--out", str(out)])
+    assert "| optimizer steps | 483 |" in capsys.readouterr().out
+    plan = json.loads(out.read_text())["plan"]
+    assert plan["lora_params"] == plan["lora_params_formula"] == 28 * 868_352 == 24_313_856
+    assert round(plan["lora_params"] / 1e6) == 24  # the card's "~24M"
+    # the recipe read from configs/obliq-ir-3b.yaml is the one the GPU sections time per device
+    assert (plan["anchors_per_device"], plan["negatives"], plan["chunk"], plan["length"]) == (
+        gc.RECIPE["anchors"],
+        gc.RECIPE["negatives"],
+        gc.RECIPE["chunk"],
+        gc.RECIPE["length"],
+    )
+    assert plan["devices"] == 40 and plan["anchors_per_step"] == 320
+    terms = {**plan["memory_gib"], **plan["activations_gib"]}
+    assert all(_number(v) and v > 0 for v in terms.values()), terms
+    for mode, activations in plan["activations_gib"].items():
+        assert plan["total_gib"][mode] == pytest.approx(sum(plan["memory_gib"].values()) + activations)
+        for gpu in ("H100", "H200"):
+            fits = plan["fits"][gpu]
+            assert fits["headroom_gib"][mode] == pytest.approx(fits["capacity_gib"] - plan["total_gib"][mode])
+    assert plan["memory_gib"]["frozen_weights_bf16"] == pytest.approx(2 * plan["frozen_params"] / 2**30)
+    assert plan["activations_gib"]["checkpointing"] < plan["activations_gib"]["no_checkpointing"]
+    assert plan["steps"] == math.ceil(154_361 / 320) == 483  # the last step holds the remaining 121 anchors
+    assert plan["mfu"] == gc.ASSUMED_MFU and plan["mfu_source"] == "assumed, not measured"
+    assert plan["predicted_minutes"] == pytest.approx(483 * plan["model_tflop_per_step"] / (0.35 * 989.4 * 40) / 60)
+
+
+@pytest.mark.filterwarnings("ignore:.*is_gradient_checkpointing:FutureWarning")
+def test_activation_bytes_equal_the_saved_tensors_of_a_small_llama():
+    """activation_bytes' per-layer figure against torch's saved-tensors hooks on a small LoRA Llama
+    (the 3B's head counts, narrower) run forward on CPU under bf16 autocast: a second layer adds
+    exactly its bytes. CPU dropout keeps its fp32 noise (4 B per element) where CUDA keeps a bool mask."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoConfig, AutoModel
+
+    from obliq.model.bidirectional import PUBLISHED, register
+    from obliq.model.encoder import DECODER_LORA_TARGETS
+
+    gc = _gpu_check()
+    register()
+    drop = ("architectures", "auto_map", "transformers_version", "torch_dtype")
+    small = {k: v for k, v in PUBLISHED["nvidia/llama-nv-embed-reasoning-3b"].items() if k not in drop}
+    small.update(hidden_size=192, intermediate_size=512, head_dim=8, vocab_size=300)
+    tokens = (2, 24)
+
+    def saved_bytes(layers: int):
+        config = AutoConfig.for_model(**dict(small, num_hidden_layers=layers))
+        torch.manual_seed(0)
+        model = get_peft_model(
+            AutoModel.from_config(config, dtype=torch.bfloat16),
+            LoraConfig(r=16, lora_alpha=32, lora_dropout=0.05, target_modules=DECODER_LORA_TARGETS),
+        ).train()
+        params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+        seen: dict = {}
+
+        def pack(t):
+            storage = t.untyped_storage()
+            if storage.data_ptr() not in params:
+                seen[storage.data_ptr()] = storage.nbytes()
+            return t
+
+        ids = torch.randint(3, 300, tokens)
+        with torch.autocast("cpu", dtype=torch.bfloat16), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            model(input_ids=ids, attention_mask=torch.ones_like(ids))
+        return sum(seen.values()), config
+
+    one, _ = saved_bytes(1)
+    two, config = saved_bytes(2)
+    want = gc.activation_bytes(config, 16, tokens[0] * tokens[1], mask_bytes=4)
+    assert two - one == want["per_layer"]

@@ -68,7 +68,9 @@ def test_a_crafted_checkpoint_runs_no_code_on_export_or_resume(trained, tiny_lla
 
     with pytest.raises(ValueError, match="trained on backbone"):  # the user's backbone is checked
         export(crafted, tmp_path / "out", backbone=tiny_llama_dir)
-    load_checkpoint(crafted)  # the checkpoint's own backbone: loaded without trust_remote_code, its code unused
+    # the checkpoint's own backbone asks for code obliq does not have: refused, never loaded as another class
+    with pytest.raises(ValueError, match="auto_map names the model's own class 'evil.EvilConfig'.*trust_remote_code"):
+        load_checkpoint(crafted)
     with pytest.raises(ValueError, match="cannot resume with another model: model.encoder.init_args.backbone"):
         cli(
             [

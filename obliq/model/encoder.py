@@ -23,6 +23,7 @@ from torch import nn
 
 from obliq.aliases import portable_name, resolve_model
 from obliq.files import read_text, write_json
+from obliq.model.bidirectional import check_loading, check_model_code, make_bidirectional
 from obliq.model.pooling import mean_pool
 from obliq.model.tokenizer import PASSAGE_MAX_LENGTH, QUERY_MAX_LENGTH, Kind, TextTokenizer
 
@@ -119,6 +120,7 @@ class BiEncoder(nn.Module):
         )
         self.name_or_path = backbone
         path = resolve_model(backbone)
+        family = check_model_code(path, trust_remote_code)  # a published family read as data; unknown code refused
         self.tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
         _ensure_pad_token(self.tokenizer)
         positions = model_capacity(path, AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code))
@@ -146,11 +148,12 @@ class BiEncoder(nn.Module):
         if quantization:
             kwargs["quantization_config"] = _bnb_config(quantization, _DTYPES[dtype])
         try:
-            model = AutoModel.from_pretrained(path, **kwargs)
+            model, loading = AutoModel.from_pretrained(path, output_loading_info=True, **kwargs)
         except pickle.UnpicklingError as err:  # a pickled pytorch_model.bin holding more than tensors
             from obliq.errors import weights_only_refusal
 
             raise weights_only_refusal(err, f"{path} (its pytorch_model.bin or another pickle)") from None
+        check_loading(path, loading, every_weight=family is not None)
         if getattr(model, "pooler", None) is not None:
             model.pooler = None  # BERT's CLS pooler is unused by mean pooling; drop it (and its LoRA)
         causal = _has_causal_attention(model)
@@ -182,6 +185,12 @@ class BiEncoder(nn.Module):
                     model = PeftModel.from_pretrained(model, adapter, is_trainable=lora is not None)
                 except SafetensorError as err:  # a truncated or damaged file: named, not a traceback
                     raise ValueError(f"{adapter}: the adapter's weights cannot be read ({err})") from None
+                except (RuntimeError, ValueError) as err:  # other shapes, or modules the base lacks
+                    first = next((line.strip() for line in str(err).splitlines()[1:] if line.strip()), str(err))
+                    raise ValueError(
+                        f"{adapter}: the adapter does not fit the base model {backbone!r} ({first[:300]}): it was "
+                        "trained on another model; load it on its own base"
+                    ) from None
                 bad = [n for n, w in model.named_parameters() if "lora_" in n and not bool(torch.isfinite(w).all())]
                 if bad:  # refused here, before a corpus is encoded into the store with them
                     raise ValueError(f"{adapter}: the adapter's weight {bad[0]} holds NaN or infinite values")
@@ -501,19 +510,6 @@ def _instruction(task) -> str | None:
 
 def _has_causal_attention(model: nn.Module) -> bool:
     return any(getattr(m, "is_causal", False) is True for m in model.modules())
-
-
-def make_bidirectional(model: nn.Module) -> None:
-    """Turn a transformers decoder's attention bidirectional (NV-Embed style), in place.
-
-    transformers ≥ 5 builds a bidirectional mask when ``config.is_causal`` is False, but the SDPA
-    path still passes ``is_causal=True`` to the kernel when the mask is None (no padding) unless
-    each attention module's ``is_causal`` flag is False too (C03) — so both are set.
-    """
-    model.config.is_causal = False
-    for module in model.modules():
-        if getattr(module, "is_causal", None) is True:
-            module.is_causal = False
 
 
 @torch.no_grad()

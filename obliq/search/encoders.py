@@ -64,10 +64,12 @@ class SentenceTransformerEncoder:
     def __init__(self, name_or_path: str, device: str | None = None, trust_remote_code: bool = False):
         from sentence_transformers import SentenceTransformer
 
+        from obliq.model.bidirectional import check_model_code
+
         self.name_or_path = str(name_or_path)
-        self.model = SentenceTransformer(
-            resolve_model(name_or_path), device=device, trust_remote_code=trust_remote_code
-        )
+        path = resolve_model(name_or_path)
+        check_model_code(path, trust_remote_code)  # a published family (llama_bidirec) read as data
+        self.model = SentenceTransformer(path, device=device, trust_remote_code=trust_remote_code)
         self.capacity = self.model.max_seq_length
 
     def prompt(self, kind: Kind, task=None) -> str:
@@ -246,8 +248,9 @@ def _load_encoder(model: str, encoder: EncoderKind, trust_remote_code: bool) -> 
         if (path / OBLIQ_CONFIG).is_file():
             enc = BiEncoder.from_pretrained(path, **kwargs)
         elif (path / "adapter_config.json").is_file():
-            base = json.loads(read_text(path / "adapter_config.json"))["base_model_name_or_path"]
-            enc = BiEncoder(base, adapter=str(path), **kwargs)
+            from obliq.model.adapter import adapter_base, st_reading
+
+            enc = BiEncoder(adapter_base(path), adapter=str(path), **st_reading(path), **kwargs)
         else:
             enc = BiEncoder(model, **kwargs)
         if torch.cuda.is_available():

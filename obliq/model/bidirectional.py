@@ -1,0 +1,249 @@
+"""Published bidirectional decoders read as data: NV-Embed's ``llama_bidirec`` family without remote code.
+
+NVIDIA publishes its bidirectional Llama embedders (``nvidia/llama-nv-embed-reasoning-3b``, the recipe's
+backbone, and ``nvidia/llama-3.2-nv-embedqa-1b-v2``) with ``model_type: llama_bidirec`` and an
+``auto_map`` to a Python file of its own (``llama_bidirectional_model.LlamaBidirectionalModel``), so
+transformers loads them only with ``trust_remote_code=True``. The class is transformers' ``LlamaModel``
+with every attention non-causal and a non-causal padding mask, its config ``LlamaConfig`` plus
+``pooling`` (``avg``: the masked mean) and ``temperature``, its weights ``LlamaModel``'s (NeMo
+Automodel's ``LlamaBidirectionalModel``, ``../shared/reference/published-formats.md``).
+
+obliq registers a class of its own for each family of :data:`FAMILIES` with transformers' Auto classes
+(:func:`register`), so ``AutoConfig`` / ``AutoModel`` — and through them sentence-transformers and peft —
+read such a folder with ``trust_remote_code=False``, as data; :func:`check_model_code` refuses, before
+anything loads, a folder whose ``auto_map`` names a class obliq does not implement (transformers would
+otherwise load it as another class when its ``model_type`` is one it knows), and a ``pooling`` obliq
+does not implement; :func:`check_loading` refuses a backbone whose file did not load whole. The next
+family published the same way (a Mistral or Qwen bidirectional checkpoint) is one :class:`Family` entry.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from torch import nn
+
+from obliq.files import read_text
+
+
+@dataclass(frozen=True)
+class Family:
+    """A bidirectional decoder family published with remote code, read by obliq as data.
+
+    Attributes:
+        model_type: the ``model_type`` of its ``config.json``.
+        config: the transformers configuration class it extends (by name).
+        model: the transformers model class whose weights and forward it has (by name).
+        remote_classes: the ``auto_map`` ``AutoModel`` entries (``file.Class``) it stands for.
+        poolings: the ``pooling`` values of its configuration obliq implements (``avg``: masked mean).
+    """
+
+    model_type: str
+    config: str
+    model: str
+    remote_classes: tuple[str, ...]
+    poolings: tuple[str, ...] = ("avg",)
+
+
+FAMILIES = (
+    Family("llama_bidirec", "LlamaConfig", "LlamaModel", ("llama_bidirectional_model.LlamaBidirectionalModel",)),
+)
+"""The published bidirectional families obliq reads without remote code."""
+
+
+def make_bidirectional(model: nn.Module) -> None:
+    """Turn a transformers decoder's attention bidirectional (NV-Embed style), in place.
+
+    transformers ≥ 5 builds a bidirectional mask when ``config.is_causal`` is False, but the SDPA
+    path still passes ``is_causal=True`` to the kernel when the mask is None (no padding) unless
+    each attention module's ``is_causal`` flag is False too (C03) — so both are set.
+    """
+    model.config.is_causal = False
+    for module in model.modules():
+        if getattr(module, "is_causal", None) is True:
+            module.is_causal = False
+
+
+def _classes(family: Family) -> tuple[type, type]:
+    """obliq's configuration and model class of ``family``: the transformers classes it names, the
+    configuration with ``pooling`` and ``temperature`` fields, the model bidirectional once built."""
+    import transformers
+
+    base_config, base_model = getattr(transformers, family.config), getattr(transformers, family.model)
+    name = family.remote_classes[0].rsplit(".", 1)[-1]
+    config = type(
+        name.replace("Model", "Config"),
+        (base_config,),
+        {
+            "__module__": __name__,
+            "__annotations__": {"pooling": str, "temperature": float},
+            "model_type": family.model_type,
+            "pooling": "avg",
+            "temperature": 1.0,
+        },
+    )
+
+    def __init__(self, config):
+        base_model.__init__(self, config)
+        make_bidirectional(self)
+
+    model = type(name, (base_model,), {"__module__": __name__, "config_class": config, "__init__": __init__})
+    return config, model
+
+
+_REGISTERED: dict[str, tuple[type, type]] = {}
+
+
+def register() -> None:
+    """Register obliq's class of every family in :data:`FAMILIES` with ``AutoConfig`` and ``AutoModel``
+    (idempotent; replaces a class another library registered under the same ``model_type``)."""
+    from transformers import AutoConfig, AutoModel
+
+    for family in FAMILIES:
+        if family.model_type not in _REGISTERED:
+            _REGISTERED[family.model_type] = _classes(family)
+        config, model = _REGISTERED[family.model_type]
+        AutoConfig.register(family.model_type, config, exist_ok=True)
+        AutoModel.register(config, model, exist_ok=True)
+
+
+def _config_file(path: str | os.PathLike) -> Path | None:
+    """The ``config.json`` a model folder (or a hub id in the local cache) loads, or None."""
+    folder = Path(os.path.expanduser(str(path)))
+    if not folder.is_dir():
+        try:
+            from huggingface_hub import try_to_load_from_cache
+
+            cached = try_to_load_from_cache(str(path), "config.json")
+        except Exception:  # not a hub id: nothing to check here, the loader names the problem
+            return None
+        return Path(cached) if isinstance(cached, str) else None
+    return folder / "config.json" if (folder / "config.json").is_file() else None
+
+
+def check_model_code(path: str | os.PathLike, trust_remote_code: bool = False) -> Family | None:
+    """Register obliq's families and check, before anything loads, that ``path``'s configuration asks for
+    no code obliq does not have.
+
+    Args:
+        path: a model folder, or a hub id (its cached ``config.json`` is read when there is one).
+        trust_remote_code: the user's own opt-in to run a model's code; then an unknown ``auto_map`` passes.
+
+    Returns:
+        The :class:`Family` obliq reads the model as, or None (a model transformers reads itself, or the
+        model's own code, opted in).
+
+    Raises:
+        ValueError: the ``auto_map`` names an ``AutoModel`` class obliq does not implement and
+            ``trust_remote_code`` is off (one line naming the class and the opt-in); the configuration's
+            ``pooling`` is one obliq does not implement; ``config.json`` is not a JSON object.
+    """
+    register()
+    file = _config_file(path)
+    if file is None:
+        return None
+    try:
+        config = json.loads(read_text(file))
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{file}: not valid JSON ({err})") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"{file}: not a JSON object (a model configuration)")
+    family = next((f for f in FAMILIES if f.model_type == config.get("model_type")), None)
+    remote = (config.get("auto_map") or {}).get("AutoModel") if isinstance(config.get("auto_map"), dict) else None
+    if isinstance(remote, list | tuple):  # ["file.Class", "file.FastClass"]
+        remote = remote[0]
+    if remote and (family is None or remote.split("--")[-1] not in family.remote_classes):
+        if trust_remote_code:  # the user's opt-in: the model's own class loads, not obliq's
+            return None
+        known = ", ".join(f"{f.model_type} ({', '.join(f.remote_classes)})" for f in FAMILIES)
+        raise ValueError(
+            f"{file}: auto_map names the model's own class {remote!r} (model_type "
+            f"{config.get('model_type')!r}), which obliq does not implement and will not load as another class; "
+            f"set trust_remote_code: true to run that code yourself (obliq reads {known} as data)"
+        )
+    if family is not None and config.get("pooling", "avg") not in family.poolings:
+        raise ValueError(
+            f"{file}: pooling {config['pooling']!r} is not implemented by obliq for {family.model_type} "
+            f"(it implements {', '.join(family.poolings)}: the masked mean); refusing rather than pool otherwise"
+        )
+    return family
+
+
+def check_loading(path: str, loading: dict, every_weight: bool) -> None:
+    """Refuse a backbone whose weights did not all load (transformers fills a missing weight with random
+    values and only warns): missing or mismatched keys always, unexpected ones (weights of the file the
+    model did not read) for a published family (:data:`FAMILIES`), whose file must be read whole. A causal
+    LM's unused ``lm_head`` is unexpected and harmless for other backbones; BERT's CLS ``pooler``, which mean
+    pooling never uses (BiEncoder drops it; a full fine-tune saves none), may be missing.
+
+    Args:
+        path: the folder, for the message.
+        loading: transformers' loading report (``from_pretrained(..., output_loading_info=True)``).
+        every_weight: refuse unexpected keys too.
+
+    Raises:
+        ValueError: naming the folder and the first keys of each kind.
+    """
+    kinds = ["missing_keys", "mismatched_keys"] + (["unexpected_keys"] if every_weight else [])
+    found = {k: sorted(str(x) for x in loading.get(k) or () if not str(x).startswith("pooler.")) for k in kinds}
+    found = {k: v for k, v in found.items() if v}
+    if found:
+        said = "; ".join(
+            f"{len(v)} {k.replace('_', ' ')} ({', '.join(v[:3])}{', …' if len(v) > 3 else ''})"
+            for k, v in found.items()
+        )
+        raise ValueError(
+            f"{path}: the backbone's weights do not match its configuration: {said}; "
+            "refusing to encode with random weights"
+        )
+
+
+PUBLISHED = {
+    "nvidia/llama-3.2-nv-embedqa-1b-v2": {
+        "architectures": ["LlamaBidirectionalModel"],
+        "auto_map": {
+            "AutoConfig": "llama_bidirectional_model.LlamaBidirectionalConfig",
+            "AutoModel": "llama_bidirectional_model.LlamaBidirectionalModel",
+        },
+        "model_type": "llama_bidirec",
+        "hidden_size": 2048,
+        "intermediate_size": 8192,
+        "num_hidden_layers": 16,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "head_dim": 64,
+        "max_position_embeddings": 131072,
+        "pooling": "avg",
+        "rms_norm_eps": 1e-05,
+        "rope_scaling": {
+            "factor": 32.0,
+            "high_freq_factor": 4.0,
+            "low_freq_factor": 1.0,
+            "original_max_position_embeddings": 8192,
+            "rope_type": "llama3",
+        },
+        "rope_theta": 500000.0,
+        "tie_word_embeddings": True,
+        "torch_dtype": "bfloat16",
+        "vocab_size": 128256,
+        "bos_token_id": 128000,
+        "eos_token_id": 128001,
+        "transformers_version": "4.44.2",
+    },
+}
+"""``config.json`` of the published checkpoints (``../shared/reference/published-formats.md``). The 3B
+reasoning model's is its 1B sibling's with the 3B's published sizes (Llama-3.2-3B: hidden 3072, 28
+layers, 24 heads, 8 KV heads, head size 128, intermediate 8192); the fields the reference does not
+list for it are taken as the 1B's. Tests build small replicas from these; ``bench/gpu_check.py``
+plans the 3B run from its."""
+PUBLISHED["nvidia/llama-nv-embed-reasoning-3b"] = dict(
+    PUBLISHED["nvidia/llama-3.2-nv-embedqa-1b-v2"],
+    hidden_size=3072,
+    num_hidden_layers=28,
+    num_attention_heads=24,
+    num_key_value_heads=8,
+    head_dim=128,
+)
