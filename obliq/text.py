@@ -5,7 +5,9 @@
 - :func:`normalise_text` / :func:`text_hash`: "the same document" for the whole project (the
   negative-vs-positive check of training rows, the loss's duplicate mask, the hard-negative miner,
   kNN pairs);
-- :func:`words`: lowercase ``\\w+`` tokens, the unit of word counts in prompts and replies;
+- :func:`fold` / :func:`words`: NFKC + case folding, then ``\\w+`` tokens: obliq's one lexical tokenizer
+  (BM25 evaluation and hard-negative mining, the synthetic-query audit and filter, word counts and
+  copy checks in prompts and replies);
 - :func:`load_function_words`: the built-in function-word lists (``obliq/function_words/``), used by
   the stylometric teacher and by the synthetic-query audit's entity heuristic.
 """
@@ -24,7 +26,8 @@ FUNCTION_WORD_LISTS = Path(__file__).with_name("function_words")
 """Folder of the built-in function-word lists (``<name>.txt``: ``english``, ``mosteller-wallace``)."""
 
 _BAD_CHARS = re.compile("[\x00\ud800-\udfff]")
-_WORD = re.compile(r"\w+")
+WORD = re.compile(r"\w+")
+"""A word: a run of Unicode letters, digits and underscores (Python's ``\\w``)."""
 
 
 def repair_text(text: str) -> tuple[str, int]:
@@ -81,9 +84,30 @@ def id_hash(row_id: str) -> int:
     return int.from_bytes(digest, "little", signed=True)
 
 
+def nfkc(text: str) -> str:
+    """Unicode NFKC (Unicode Standard Annex #15, https://unicode.org/reports/tr15/): "e" + U+0301
+    (decomposed, NFD) becomes "é", the ligature "ﬁ" (U+FB01) "fi", a full-width "Ａ" "A" (C50)."""
+    return text if text.isascii() else unicodedata.normalize("NFKC", text)
+
+
+def fold(text: str) -> str:
+    """The form in which lexical matching compares words: NFKC, case folding, NFKC again.
+
+    Case folding is Unicode's lowercasing for caseless matching (``str.casefold``: "ß" → "ss"); the
+    second NFKC recomposes what folding decomposes ("ǰ" folds to "j" + U+030C, which would cut a
+    ``\\w+`` word). The Unicode Standard's "compatibility caseless match" (§3.13), in composed form.
+    ASCII text is only lowercased (the same result).
+    Without it a word written in another Unicode form never matches (``shared/cases/C50``).
+    """
+    if text.isascii():
+        return text.lower()
+    return unicodedata.normalize("NFKC", unicodedata.normalize("NFKC", text).casefold())
+
+
 def words(text: str) -> list[str]:
-    """The ``\\w+`` tokens of a text, lowercased (the unit of lengths and copy checks)."""
-    return _WORD.findall(text.lower())
+    """The ``\\w+`` tokens of :func:`fold` of a text: obliq's one lexical tokenizer (BM25, the
+    synthetic-query audit, lengths and copy checks)."""
+    return WORD.findall(fold(text))
 
 
 def load_function_words(spec: str) -> list[str]:

@@ -1,11 +1,14 @@
-"""BM25: Lucene scoring by hand (C17), empty documents, and the data README's reference figures."""
+"""BM25: Lucene scoring by hand (C17), empty documents, the data README's reference figures, and text in
+another Unicode form (C50: NFKC + case folding, one tokenizer for evaluation, mining and the audit)."""
 
 from __future__ import annotations
 
 import math
+import unicodedata
 
 import numpy as np
 import pytest
+from support import make_task
 
 from obliq.eval.metrics import evaluate_run
 from obliq.search.bm25 import BM25
@@ -71,3 +74,78 @@ def test_reproduces_the_data_readme_reference_unstemmed(tasks_dir):
         ev = evaluate_run(task.qrels["test"], run, ["NDCG@10", "Recall@100"], task.query_ids)
         assert ev.aggregate["NDCG@10"] == pytest.approx(ndcg, abs=5e-5), name
         assert ev.aggregate["Recall@100"] == pytest.approx(recall, abs=5e-5), name
+
+
+# C50: the same words in another Unicode form (NFD accents, a ligature). Corpus built so that the
+# case's scores hold: analysed lengths 11, 9, 7, 8, 8, 7 (avgdl 50/6 = 8.3333), every query term in
+# one document once (df 1, N 6), two terms a query; d4-d6 share no word (nor a pre-fix token) with a query.
+C50_DOCS = {
+    "d1": unicodedata.normalize("NFD", "The café crème served at the little corner shop each morning"),
+    "d2": "A \ufb01nancial \ufb01rm opened its new office in London",  # U+FB01 "ﬁ"
+    "d3": unicodedata.normalize("NFC", "A naïve résumé lists every summer job"),
+    "d4": "Fresh bread and butter are sold every day",
+    "d5": "The river flooded the valley after heavy rain",
+    "d6": "Students wrote essays about ancient Roman history",
+}
+C50_QUERIES = {
+    "q1": unicodedata.normalize("NFC", "café crème"),
+    "q2": "financial firm",
+    "q3": unicodedata.normalize("NFD", "naïve résumé"),
+}
+C50_SCORES = {("q1", "d1"): 1.528826, ("q2", "d2"): 1.597309, ("q3", "d3"): 1.672216}
+
+
+def test_c50_unicode_forms_match_through_obliq_evaluate(tmp_path):
+    import pytrec_eval
+
+    from obliq.evaluate import evaluate
+    from obliq.search.runs import read_run
+
+    assert unicodedata.normalize("NFC", C50_DOCS["d1"]) != C50_DOCS["d1"] != C50_QUERIES["q1"]  # forms differ
+    task = make_task(
+        tmp_path / "c50",
+        [{"_id": d, "text": t} for d, t in C50_DOCS.items()],
+        [{"_id": q, "text": t} for q, t in C50_QUERIES.items()],
+        [(q, d, 1) for q, d in C50_SCORES],
+    )
+    (summary,) = evaluate("bm25", [str(task)], tmp_path / "out", measures=["NDCG@10", "Recall@10"], latency_queries=0)
+    assert summary["metrics"] == {"NDCG@10": pytest.approx(1.0, abs=1e-6), "Recall@10": pytest.approx(1.0, abs=1e-6)}
+    run = read_run(tmp_path / "out" / "c50" / "run.trec")
+    assert {q: list(docs) for q, docs in run.items()} == {q: [d] for q, d in C50_SCORES}  # nothing else shares a term
+    lengths, avgdl = {"d1": 11, "d2": 9, "d3": 7}, 50 / 6
+    for (q, d), expected in C50_SCORES.items():
+        assert 2 * lucene(1, 1, 6, lengths[d], avgdl, 0.9, 0.4) == pytest.approx(expected, abs=1e-6)
+        assert run[q][d] == pytest.approx(expected, abs=1e-6), (q, d)
+    qrels = {q: {d: 1} for q, d in C50_SCORES}
+    ref = pytrec_eval.RelevanceEvaluator(qrels, {"ndcg_cut.10", "recall.10"}).evaluate(run)
+    assert all(ref[q]["ndcg_cut_10"] == 1.0 and ref[q]["recall_10"] == 1.0 for q in qrels)
+
+
+def test_c50_one_tokenizer_for_evaluation_mining_and_the_audit(monkeypatch):
+    import obliq.text
+    from obliq.negatives.mine import Bm25sBackend
+    from obliq.synth.audit import jaccard, leaked, source_rank
+    from obliq.text import fold, words
+
+    assert fold("\ufb01nancial") == "financial" and fold(unicodedata.normalize("NFD", "Crème")) == "crème"
+    assert fold("STRASSE") == fold("Straße") and fold("\u01f0") == "\u01f0"  # folding's "j" + U+030C recomposed
+    texts, queries = list(C50_DOCS.values()), list(C50_QUERIES.values())
+    for stemmer in ("english", None):  # stemming runs on the folded words
+        tokens = BM25([], stemmer=stemmer).tokenize(queries)
+        assert tokens == [
+            ["café", "crème"],
+            ["financi" if stemmer else "financial", "firm"],
+            ["naïv" if stemmer else "naïve", "résumé"],
+        ]
+    assert BM25([], stemmer=None).tokenize(texts) == [words(t) for t in texts]
+    folded = []
+    monkeypatch.setattr(obliq.text, "fold", lambda t: folded.append(t) or fold(t))  # every path goes through it
+    mined = Bm25sBackend(texts, ids=list(C50_DOCS)).score(queries, [0, 1, 2])
+    assert mined == pytest.approx(list(C50_SCORES.values()), abs=1e-6) and folded == texts + queries
+    folded.clear()
+    audit_index = BM25(texts)
+    assert [source_rank(audit_index, q, j) for j, q in enumerate(queries)] == [1, 1, 1]
+    assert jaccard(queries[0], texts[0]) == pytest.approx(2 / 10)  # {café, crème} of d1's 10 distinct words
+    assert jaccard(queries[1], "\ufb01nancial FIRM") == 1.0 and folded[-2:] == [queries[1], "\ufb01nancial FIRM"]
+    nfd = unicodedata.normalize("NFD", "We met at the Café Müller.")
+    assert leaked(unicodedata.normalize("NFC", "Visit Café Müller"), nfd) == {"Café", "Müller"}  # case kept

@@ -4,10 +4,13 @@ Scoring is Lucene's BM25 as implemented by bm25s (Lù, 2024; ``method="lucene"``
 idf = ln(1 + (N − df + 0.5) / (df + 0.5)), term weight = tf / (tf + k1 · (1 − b + b · |d| / avgdl)),
 no (k1 + 1) factor; a query term repeated in the query counts each time.
 
-Text analysis, chosen to stay close to the data README's reference BM25: lowercase, tokens are
-``\\w+`` runs (Unicode letters, digits, underscore), no stop-word list, then the Snowball English
-stemmer (Porter2, via PyStemmer). Pass ``stemmer=None`` for the README's exact reference
-(unstemmed tokens), which it reproduces to four decimals.
+Text analysis, chosen to stay close to the data README's reference BM25: Unicode NFKC and case
+folding (:func:`obliq.text.fold`, Unicode TR15: a word in decomposed form (NFD) or with a ligature
+matches its plain spelling, C50), tokens are ``\\w+`` runs (Unicode letters, digits, underscore), no
+stop-word list, then the Snowball English stemmer (Porter2, via PyStemmer). This one tokenizer
+(:func:`obliq.text.words`) serves evaluation, hard-negative mining (both backends) and the
+synthetic-query audit. Pass ``stemmer=None`` for the README's exact reference (unstemmed tokens),
+which it reproduces to four decimals.
 
 Parameters: k1 = 0.9, b = 0.4 — the Anserini / Pyserini defaults, and the README's reference.
 
@@ -21,14 +24,13 @@ whatever depth was asked for (issue 24 §2).
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 
 import numpy as np
 
 from obliq.search.exact import ranked, tie_keys
+from obliq.text import words
 
-TOKEN = re.compile(r"\w+")
 K1 = 0.9
 B = 0.4
 BM25_STEMMER = "english"
@@ -72,8 +74,9 @@ class BM25:
             self._bm25.index(tokens, show_progress=False)
 
     def tokenize(self, texts: Sequence[str]) -> list[list[str]]:
-        """Lowercase ``\\w+`` tokens of each text, stemmed when a stemmer is set."""
-        out = [TOKEN.findall(t.lower()) for t in texts]
+        """The ``\\w+`` tokens of each text after NFKC and case folding (:func:`obliq.text.words`),
+        stemmed when a stemmer is set."""
+        out = [words(t) for t in texts]
         if self._stemmer is not None:
             out = [self._stemmer.stemWords(t) for t in out]
         return out

@@ -5,7 +5,8 @@ For each (query, source document) pair:
 - **entity leak**: the query contains a named entity of the source. No well-kept NER installs
   offline from PyPI with its model inside a package (spaCy's English models are published on
   GitHub, not PyPI; the PyPI copies are third-party re-uploads), so obliq uses a documented
-  **capitalised-token heuristic**: the source's entity tokens are its ``\\w+`` tokens of at least two
+  **capitalised-token heuristic**: the source's entity tokens are its ``\\w+`` tokens (after Unicode
+  NFKC, :func:`obliq.text.nfkc`, so that NFD accents and ligatures do not cut words, C50) of at least two
   characters, containing a letter, whose first character is upper case, that are not the first
   token of a sentence (text start, or after ``.``, ``!``, ``?``, ``:``, a newline or an opening
   quote/bracket; a ``.`` after a title such as ``Ms`` or ``Dr`` or after an initial does not end a
@@ -14,8 +15,9 @@ For each (query, source document) pair:
   leaks when one of those tokens appears in it with the same spelling (case-sensitive). Known
   limits: it misses lower-case entities (``@user``, hashtags) and single letters, and counts
   mid-sentence capitalised common words (titles such as ``Chairman``, ``Court``).
-- **token Jaccard**: ``|Q ∩ D| / |Q ∪ D|`` over the sets of lowercase ``\\w+`` tokens of query and
-  source (no stemming, no stop-word removal).
+- **token Jaccard**: ``|Q ∩ D| / |Q ∪ D|`` over the sets of tokens of query and source from obliq's
+  one lexical tokenizer, BM25's (:func:`obliq.text.words`: NFKC, case folding, ``\\w+``; no stemming,
+  no stop-word removal).
 - **BM25 rank of the source** for the query over the whole task corpus (obliq's one BM25,
   :class:`obliq.search.bm25.BM25`): 1 + the number of documents scoring strictly higher; ``None``
   when the source shares no term with the query (never retrieved).
@@ -28,15 +30,13 @@ each) and real queries compare on the same footing.
 from __future__ import annotations
 
 import functools
-import re
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from obliq.search.bm25 import BM25
-from obliq.text import load_function_words
+from obliq.text import WORD, load_function_words, nfkc, words
 
-_TOKEN = re.compile(r"\w+")
 _SENTENCE_START = set(".!?:\n\"“‘'([{")
 _TITLES = frozenset("mr mrs ms dr prof sen rep gov gen lt col sgt capt st jr sr rev hon mt ft".split())
 
@@ -51,7 +51,8 @@ def entity_tokens(text: str) -> set[str]:
     """Capitalised-token entities of a text (see the module notes for the exact rule)."""
     stop = function_words()
     found = set()
-    for m in _TOKEN.finditer(text):
+    text = nfkc(text)
+    for m in WORD.finditer(text):
         tok = m.group()
         if len(tok) < 2 or not tok[0].isupper() or not any(c.isalpha() for c in tok):
             continue
@@ -60,7 +61,7 @@ def entity_tokens(text: str) -> set[str]:
         before = text[: m.start()].rstrip(" \t")
         initial = not before or before[-1] in _SENTENCE_START
         if initial and before.endswith("."):  # "Ms. Ingram", "J. Smith": an abbreviation, not a sentence end
-            prev = _TOKEN.findall(before[-12:])
+            prev = WORD.findall(before[-12:])
             initial = not prev or not (prev[-1].lower() in _TITLES or (len(prev[-1]) == 1 and prev[-1].isupper()))
         if initial and not (tok.isupper() and sum(c.isalpha() for c in tok) >= 2):
             continue
@@ -69,9 +70,9 @@ def entity_tokens(text: str) -> set[str]:
 
 
 def leaked(query: str, source: str) -> set[str]:
-    """The source's entity tokens that the query contains (case-sensitive, whole tokens)."""
+    """The source's entity tokens that the query contains (case-sensitive, whole tokens, both NFKC)."""
     ents = entity_tokens(source)
-    return ents & set(_TOKEN.findall(query)) if ents else set()
+    return ents & set(WORD.findall(nfkc(query))) if ents else set()
 
 
 def leaks(query: str, source: str) -> bool:
@@ -80,8 +81,8 @@ def leaks(query: str, source: str) -> bool:
 
 
 def jaccard(query: str, source: str) -> float:
-    """Token Jaccard of lowercase ``\\w+`` token sets; 0.0 when both are empty."""
-    a, b = set(_TOKEN.findall(query.lower())), set(_TOKEN.findall(source.lower()))
+    """Token Jaccard of :func:`obliq.text.words` token sets (BM25's tokens, unstemmed); 0.0 when both are empty."""
+    a, b = set(words(query)), set(words(source))
     return len(a & b) / len(a | b) if a | b else 0.0
 
 
