@@ -11,6 +11,10 @@ and counts what it read and produced (``calls``: chats answered, ``prompt_tokens
 (:func:`obliq.llm.reply.end_ids`; False: cut by ``max_new_tokens``). Callers never read raw replies:
 they call :func:`ask`, the one reading path (budget, reasoning removed, :class:`~obliq.llm.reply.Reply`).
 
+Both backends are fed the token ids of :func:`obliq.llm.chat.chat_ids`: the chat template's markers
+are control ids, the messages' text (documents, queries) is text, so a special token string inside a
+document cannot close the user turn or forge another (``shared/cases/C55``).
+
 Reasoning models: ``reasoning=False`` (the default) asks the chat template to switch reasoning off
 (``enable_thinking=False``, which Qwen3-style templates read; others ignore it); with
 ``reasoning=True`` the model reasons and every reply's budget grows by ``reasoning_tokens``. Either
@@ -30,6 +34,7 @@ from typing import Protocol, runtime_checkable
 
 from obliq.aliases import check_model_name, resolve_model
 from obliq.errors import check_int
+from obliq.llm.chat import chat_ids
 from obliq.llm.prompts import Messages
 from obliq.llm.reply import REASONING_DELIMITERS, Reply, clean_reply, end_ids, reasoning_delimiters
 
@@ -98,7 +103,8 @@ def ask(
 
 
 class TransformersBackend:
-    """``transformers`` ``generate`` with the model's chat template, batched with left padding.
+    """``transformers`` ``generate`` with the model's chat template (:func:`obliq.llm.chat.chat_ids`),
+    batched with left padding.
 
     Args:
         model: an alias (``smollm2``), a local folder or a hub id (:func:`obliq.aliases.resolve_model`).
@@ -165,14 +171,11 @@ class TransformersBackend:
         ends = set(self.end_ids)
         devices = [self.device] if self.device.type == "cuda" else []
         for i in range(0, len(prompts), self.batch_size):
-            enc = self.tokenizer.apply_chat_template(
-                list(prompts[i : i + self.batch_size]),
-                add_generation_prompt=True,
-                padding=True,
-                return_tensors="pt",
-                return_dict=True,
-                enable_thinking=self.reasoning,
-            ).to(self.device)
+            rows = [
+                chat_ids(self.tokenizer, chat, enable_thinking=self.reasoning)
+                for chat in prompts[i : i + self.batch_size]
+            ]
+            enc = self.tokenizer.pad({"input_ids": rows}, padding=True, return_tensors="pt").to(self.device)
             sampling = (
                 dict(do_sample=True, temperature=temperature, top_p=self.top_p)
                 if temperature > 0
@@ -219,6 +222,9 @@ class VLLMBackend:
         reasoning: let a reasoning model reason (default off, through the chat template).
         reasoning_tokens: extra reply budget when it reasons.
 
+    Prompts go in as token ids (``prompt_token_ids``) built by :func:`obliq.llm.chat.chat_ids`, the ids
+    the transformers backend gets, not through ``LLM.chat``, which tokenizes the rendered text with
+    special-token parsing over the whole of it, documents included (vllm-project/vllm PR #31735).
     Generation stops on every end id of :func:`obliq.llm.reply.end_ids` (vLLM's ``stop_token_ids``), and
     replies keep special tokens, as with transformers.
 
@@ -251,7 +257,7 @@ class VLLMBackend:
             max_model_len=max_model_len,
         )
         self.top_p, self.reasoning, self.reasoning_tokens = top_p, reasoning, reasoning_tokens
-        tokenizer = self.llm.get_tokenizer()
+        self.tokenizer = tokenizer = self.llm.get_tokenizer()
         from transformers import GenerationConfig
 
         try:
@@ -280,10 +286,9 @@ class VLLMBackend:
             )
             for s in seeds
         ]
+        ids = [chat_ids(self.tokenizer, chat, enable_thinking=self.reasoning) for chat in prompts]
         start = time.perf_counter()
-        results = self.llm.chat(
-            list(prompts), params, use_tqdm=False, chat_template_kwargs={"enable_thinking": self.reasoning}
-        )
+        results = self.llm.generate([{"prompt_token_ids": row} for row in ids], params, use_tqdm=False)
         self.seconds += time.perf_counter() - start
         out, self.finished = [], []
         self.calls += len(results)
