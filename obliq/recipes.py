@@ -9,6 +9,7 @@ writes a recipe's inputs takes them from :class:`WorkDir`. Configs are read in j
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -87,6 +88,46 @@ def recipe_config(recipe: str | os.PathLike, *more: str | os.PathLike, **overrid
         return OmegaConf.to_container(config, resolve=True)
     except OmegaConfBaseException as err:
         raise ValueError(f"{recipe}: {err}") from None
+
+
+def recipe_spelling(argv: list[str]) -> list[str]:
+    """``argv`` with every ``${key}`` in a ``--name=value`` (or ``--name value``) read as a recipe file
+    reads it, from the top of the recipe: ``--run_dir='${work_dir}/sweep'`` means the recipe's
+    ``work_dir``, as ``run_dir: ${work_dir}/sweep`` in the file does, and as :func:`recipe_config` reads it.
+
+    jsonargparse rewrites a loaded file's ``${…}`` relative to where each value sits
+    (``omegaconf_absolute_to_relative_paths``, so that a config under the ``fit`` subcommand resolves),
+    but not a command-line value, which it then resolves from the top of *all* subcommands
+    (``Interpolation key 'work_dir' not found``, jsonargparse #864; C51). This applies that same function
+    to each command-line value at its own key, so one spelling means one thing in a file, on the command
+    line, with or without the subcommand; resolution itself stays jsonargparse's, after the run's version
+    folder is set (a value's ``${run_dir}`` lands in it). ``--config`` files are left to the loader.
+    """
+    from jsonargparse._optionals import omegaconf_absolute_to_relative_paths
+
+    from obliq.files import load_yaml
+
+    out = list(argv)
+    for i, token in enumerate(out):
+        option, eq, value = token.partition("=")
+        at = i if eq else i + 1
+        if not eq and (at >= len(out) or out[at].startswith("--")):
+            continue
+        value = value if eq else out[at]
+        if not option.startswith("--") or option == "--config" or "${" not in value:
+            continue
+        data = load_yaml(value, option) if value.lstrip()[:1] in ("{", "[") else value
+        keys = option[2:].removesuffix("+").split(".")  # `--trainer.callbacks+=…` appends to a list
+        data = [data] if option.endswith("+") else data
+        for key in reversed(keys):
+            data = {key: data}
+        data = omegaconf_absolute_to_relative_paths(data)
+        for key in keys:
+            data = data[key]
+        data = data[0] if option.endswith("+") else data
+        value = data if isinstance(data, str) else json.dumps(data)
+        out[at] = f"{option}={value}" if eq else value
+    return out
 
 
 def _stack(earlier, later):

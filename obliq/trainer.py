@@ -5,7 +5,8 @@ quickstart`` and ``obliq dose-sweep`` call it too).
 Configs are read in jsonargparse's ``omegaconf+`` mode: a recipe names its run folder once, as the
 top-level ``run_dir``, and derives every output folder from it with OmegaConf interpolation
 (``default_root_dir: ${run_dir}``, ``dirpath: ${run_dir}/checkpoints``). Interpolations are resolved
-after the command line is read, so ``--run_dir=runs/other`` moves all of them.
+after the command line is read, so ``--run_dir=runs/other`` moves all of them; a command-line value may
+use them too, spelled as in the recipe (``--run_dir='${work_dir}/sweep'``, :func:`~obliq.recipes.recipe_spelling`).
 
 **Every run its own folder** (:mod:`obliq.runs`): each ``fit`` runs in a version folder of the recipe's
 ``run_dir`` (:func:`~obliq.runs.run_folder`), which records its owner; ``--ckpt_path last`` resumes the
@@ -14,11 +15,10 @@ The recipe's files are read as :mod:`obliq.recipes` reads them.
 
 **A resume never ignores the command line.** A checkpoint is data: its stored settings are compared
 with the user's (:func:`resume_differences`), never merged over them (Lightning's own
-``_parse_ckpt_path`` would). Training settings the user changed are applied, and said so: ``lr``,
-``weight_decay``, ``warmup_ratio`` (the schedule continues from the checkpoint's step with the new
-values), ``max_grad_norm``, ``max_bad_steps``, ``chunk_size``, ``temperature``, ``seed``,
-``gather_across_devices``, ``symmetric``, and the encoder's lengths, dtype, attention kernel and gradient
-checkpointing. What the trained weights depend on is refused with the list of differences: the
+``_parse_ckpt_path`` would). Every module setting and every encoder setting the checkpoint records that
+the user changed is applied, and said so (``lr``, ``warmup_ratio``: the schedule continues from the
+checkpoint's step with the new values; ``matryoshka_dims``, ``temperature``, …: from the next step).
+What the trained weights depend on (:data:`REFUSED`) is refused with the list of differences: the
 backbone, LoRA, bidirectionality, prefixes and instructions. A changed data mixture (other rows, even as
 many), batch size, world size or seed is refused when the data position is restored
 (:mod:`obliq.data.datamodule`).
@@ -40,33 +40,34 @@ from lightning.pytorch.cli import LightningCLI
 
 from obliq.callbacks.checkpoints import CheckpointOnSigterm
 from obliq.callbacks.progress import StepProgressBar
-from obliq.recipes import PARSER_MODE, add_recipe_arguments, recipe_imports
+from obliq.recipes import PARSER_MODE, add_recipe_arguments, recipe_imports, recipe_spelling
 from obliq.runs import FINAL, RUN_FOLDER_ENV, RunFolder, drop_refused_folder, run_folder
 
 log = logging.getLogger(__name__)
 
-APPLIED = (
-    "lr",
-    "weight_decay",
-    "warmup_ratio",
-    "max_grad_norm",
-    "max_bad_steps",
-    "chunk_size",
-    "temperature",
-    "seed",
-    "gather_across_devices",
-    "symmetric",
-    "teacher_loss",
-    "teacher_weight",
-    "teacher_temperature",
-)
-"""Module settings a resume takes from the user even when the checkpoint was trained with others."""
-ENCODER_IDENTITY = ("backbone", "bidirectional", "query_prefix", "passage_prefix", "use_instructions")
-"""Encoder settings the trained weights depend on: a resume that changes one is refused."""
+REFUSED = ("backbone", "bidirectional", "query_prefix", "passage_prefix", "use_instructions", "lora")
+"""Encoder settings the trained weights depend on: a resume that changes one is refused. Every other
+setting a checkpoint records is applied from the user's config, and said so (:func:`resume_differences`)."""
+UNRECORDED = {
+    "trust_remote_code": "never taken from a file: the command line's alone",
+    "adapter": "a resume's weights are the checkpoint's",
+    "gradient_checkpointing": "not in BiEncoder.settings",
+    "quantization": "not in BiEncoder.settings",
+}
+"""BiEncoder settings a checkpoint does not record (``obliq.encoder`` holds ``BiEncoder.settings``), so a
+resume has nothing to compare them with: the user's value is used."""
+
+
+def _defaults(cls) -> dict:
+    return {n: p.default for n, p in inspect.signature(cls).parameters.items() if p.default is not p.empty}
 
 
 def resume_differences(ckpt: dict, model: dict, source: object) -> list[str]:
-    """What the user asks that differs from the checkpoint's own settings.
+    """What the user asks that differs from the checkpoint's own settings: every ``RetrieverModule``
+    setting (its saved hyper-parameters, key by key) and every encoder setting the checkpoint records,
+    derived from the settings themselves, so a new one is never left out (C58; Lightning #20801, PR #21455
+    applies the command line's values on a resume). A setting the checkpoint predates is compared with its
+    default, what the checkpoint was trained with.
 
     Args:
         ckpt: the checkpoint (read with ``weights_only=True``).
@@ -78,34 +79,37 @@ def resume_differences(ckpt: dict, model: dict, source: object) -> list[str]:
         One line per applied difference (``model.lr: 0.001 in the checkpoint, 0.0005 now: applied``).
 
     Raises:
-        ValueError: a difference in what the trained weights depend on (:data:`ENCODER_IDENTITY`,
-            LoRA), listing every such difference.
+        ValueError: a difference in what the trained weights depend on (:data:`REFUSED`), listing every
+            such difference.
     """
     from obliq.aliases import portable_name
+    from obliq.model.encoder import BiEncoder
+    from obliq.model.module import RetrieverModule
 
-    applied, refused = [], []
-    stored = ckpt.get("hyper_parameters") or {}
-    for key in APPLIED:
-        if key in stored and key in model and stored[key] != model[key]:
-            applied.append(f"model.{key}: {stored[key]!r} in the checkpoint, {model[key]!r} now: applied")
-    saved = (ckpt.get("obliq") or {}).get("encoder") or {}
+    saved = ckpt.get("obliq") or {}
+    stored = {**_defaults(RetrieverModule), **(ckpt.get("hyper_parameters") or {})}
     asked = dict((model.get("encoder") or {}).get("init_args") or {})
-    for key, value in saved.items():
-        if key not in asked or key == "trust_remote_code":
+    encoder = {**_defaults(BiEncoder), **(saved.get("encoder") or {}), "lora": saved.get("lora")}
+    pairs = [(f"model.{k}", stored.get(k), v) for k, v in model.items() if k != "encoder"]
+    for key, value in asked.items():
+        if key == "lora" and isinstance(value, dict) and isinstance(encoder["lora"], dict):
+            pairs += [
+                (f"model.encoder.init_args.lora.{k}", encoder["lora"][k], value[k])
+                for k in value
+                if k in encoder["lora"]
+            ]
+        elif key not in UNRECORDED:
+            pairs.append((f"model.encoder.init_args.{key}", encoder.get(key), value))
+    applied, refused = [], []
+    for name, before, now in pairs:
+        same = portable_name(before) == portable_name(now) if name.endswith(".backbone") else before == now
+        if same:
             continue
-        same = portable_name(value) == portable_name(asked[key]) if key == "backbone" else value == asked[key]
-        if not same:
-            line = f"model.encoder.init_args.{key}: {value!r} in the checkpoint, {asked[key]!r} now"
-            (refused if key in ENCODER_IDENTITY else applied).append(
-                line + ("" if key in ENCODER_IDENTITY else ": applied")
-            )
-    lora, asked_lora = (ckpt.get("obliq") or {}).get("lora"), asked.get("lora")
-    if isinstance(asked_lora, dict) and lora is not None:
-        for key, value in lora.items():
-            if key in asked_lora and asked_lora[key] != value:
-                refused.append(
-                    f"model.encoder.init_args.lora.{key}: {value!r} in the checkpoint, {asked_lora[key]!r} now"
-                )
+        line = f"{name}: {before!r} in the checkpoint, {now!r} now"
+        if name.startswith("model.encoder.") and name.split(".")[3] in REFUSED:
+            refused.append(line)
+        else:
+            applied.append(line + ": applied")
     if refused:
         raise ValueError(
             f"{source}: cannot resume with another model: "
@@ -233,10 +237,12 @@ class TrainCLI(LightningCLI):
         (:func:`logger_swap`). ``--print_config`` sees the final config and claims no folder.
 
         Two parses at most: the first finds the run folder (and whether the logger was swapped), the
-        second, of the command line as given plus the folder, is the config the run uses."""
+        second, of the command line as given plus the folder, is the config the run uses. A ``${…}`` in a
+        command-line value means what it means in the recipe file (:func:`~obliq.recipes.recipe_spelling`,
+        jsonargparse #864), with or without the ``fit`` subcommand (:func:`train_config`)."""
         if isinstance(args, (dict, Namespace)):
             return super().parse_arguments(parser, args)
-        argv = list(sys.argv[1:] if args is None else args)
+        argv = recipe_spelling(list(sys.argv[1:] if args is None else args))  # ${work_dir} as in the recipe
         printing = [a for a in argv if a.startswith("--print_config")]
         quiet = [a for a in argv if a not in printing]
         config = parser.parse_args(quiet)
