@@ -3,8 +3,9 @@ inside an input folder), never a pattern, never replaced without ``--overwrite``
 output (a record beside each output names the command that wrote it), never two running commands' at once;
 all checked before any is claimed, all withdrawn when the command fails.
 
-A claim's record names the claiming process (host, pid, start time: :func:`process_record`), so a claim
-held by a running process is told from one a killed process left (:func:`running`).
+A claim's record names the claiming process (host, pid, start time, scheduler job: :func:`process_record`),
+so a claim held by a running process is told from one a killed process left (:func:`holder_state`); a
+claim of another machine's process, which a pid cannot tell, is never taken over.
 """
 
 from __future__ import annotations
@@ -42,19 +43,77 @@ def process_start(pid: int) -> str | None:
         return None
 
 
+_LAUNCH_KEYS = (
+    "SLURM_JOB_ID",
+    "SLURM_ARRAY_JOB_ID",
+    "SLURM_ARRAY_TASK_ID",
+    "SLURM_STEP_ID",
+    "SLURM_RESTART_COUNT",
+    "TORCHELASTIC_RUN_ID",
+    "TORCHELASTIC_RESTART_COUNT",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+)
+
+
+def job_owner() -> str | None:
+    """The scheduler job this process belongs to: ``slurm:<array job>_<task>`` for a SLURM array task,
+    ``slurm:<job id>``, ``torchelastic:<run id>`` (torchrun with a rendezvous id), or None (no scheduler).
+    A requeued SLURM job keeps its id, so it finds its own run again."""
+    env = os.environ
+    if env.get("SLURM_ARRAY_JOB_ID") and env.get("SLURM_ARRAY_TASK_ID"):
+        return f"slurm:{env['SLURM_ARRAY_JOB_ID']}_{env['SLURM_ARRAY_TASK_ID']}"
+    if env.get("SLURM_JOB_ID"):
+        return f"slurm:{env['SLURM_JOB_ID']}"
+    if env.get("TORCHELASTIC_RUN_ID", "none") not in ("", "none"):
+        return f"torchelastic:{env['TORCHELASTIC_RUN_ID']}"
+    return None
+
+
+def launch_id() -> str:
+    """What the processes of one launch (of one job) share, and the next launch (a requeue) does not."""
+    return ";".join(f"{k}={os.environ[k]}" for k in _LAUNCH_KEYS if k in os.environ)
+
+
 def process_record() -> dict:
-    """This process as a record names it: ``{"host", "pid", "process_start"}`` (:func:`running` reads it)."""
-    return {"host": socket.gethostname(), "pid": os.getpid(), "process_start": process_start(os.getpid())}
+    """This process as a record names it: ``{"host", "pid", "process_start", "job", "launch"}``
+    (:func:`holder_state` reads it)."""
+    return {
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "process_start": process_start(os.getpid()),
+        "job": job_owner(),
+        "launch": launch_id(),
+    }
 
 
-def running(record: dict) -> bool:
-    """Whether another process a record names (:func:`process_record`) still runs on this machine (another
-    machine's cannot be known: False)."""
+def holder_state(record: dict) -> str:
+    """Whether the process a record names (:func:`process_record`) still runs, as far as this process can
+    tell on a file system that several machines share:
+
+    - ``"running"`` / ``"ended"``: a process of this machine, told by its pid and start time (a reused pid
+      has another start); this very process counts as ended (it holds nothing against itself);
+    - ``"ended"``: an earlier launch of this process's own scheduler job on any machine (a requeued job: the
+      scheduler ended that attempt before starting this one);
+    - ``"unknown"``: any other machine's process — a pid means nothing on another host, so obliq cannot
+      tell whether it runs, and a caller refuses rather than take over (issue 49 §2).
+    """
     pid = record.get("pid")
-    if record.get("host") != socket.gethostname() or not isinstance(pid, int) or pid == os.getpid():
-        return False
-    start = process_start(pid)
-    return start is not None and start == record.get("process_start")
+    if record.get("host") == socket.gethostname():
+        if not isinstance(pid, int) or pid == os.getpid():
+            return "ended"
+        start = process_start(pid)
+        return "running" if start is not None and start == record.get("process_start") else "ended"
+    job = record.get("job", record.get("owner"))
+    if job is not None and job == job_owner() and record.get("launch") != launch_id():
+        return "ended"
+    return "unknown"
+
+
+def holder_text(record: dict) -> str:
+    """A record's holder in words, for refusals: ``'evaluate' in process 123 on host h``."""
+    command = f"{record['command']!r} in " if record.get("command") else ""
+    return f"{command}process {record.get('pid')} on host {record.get('host')}"
 
 
 def _in_launch() -> bool:
@@ -281,8 +340,9 @@ def claim_outputs(
     - never two commands' at once: the record beside each output (:data:`OUTPUT_RECORD`: the command,
       ``what``, and this process: host, pid, start time) is created exclusively (:func:`_take_claim`), so
       of two commands claiming one output at the same moment one wins and the other refuses, and the
-      claim of a running process is not taken over; the ranks of one launch (``WORLD_SIZE`` > 1) and
-      the shards of an ``append`` output (``obliq encode``'s store) share their output.
+      claim of a running process, or of one on another machine (which cannot be told ended), is not
+      taken over; the ranks of one launch (``WORLD_SIZE`` > 1) and the shards of an ``append`` output
+      (``obliq encode``'s store) share their output.
     - a refused claim undoes those taken before it: a refused call leaves nothing (no record, folder
       or mark, nothing emptied).
 
@@ -343,8 +403,9 @@ def claim_output(
 
 
 def _refuse_live_claim(path: Path) -> None:
-    """Refuse ``path`` while another running process holds its claim (a record not marked finished whose
-    process runs: :func:`running`). A record is whole when linked, so an unreadable one is stale.
+    """Refuse ``path`` while another process may hold its claim: a record not marked finished whose process
+    runs, or whose process is on another machine and so cannot be told ended (:func:`holder_state`). A
+    record is whole when linked, so an unreadable one is stale.
 
     Raises:
         ValueError: naming the holder's command and pid.
@@ -353,10 +414,16 @@ def _refuse_live_claim(path: Path) -> None:
         holder = json.loads(_record_file(path).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return
-    if isinstance(holder, dict) and not holder.get("complete") and running(holder):
+    if not isinstance(holder, dict) or holder.get("complete"):
+        return
+    state = holder_state(holder)
+    if state == "running":
+        raise ValueError(f"{path}: {holder_text(holder)} is writing it now: wait for it, or give another path")
+    if state == "unknown":
         raise ValueError(
-            f"{path}: {holder.get('command')!r} in process {holder.get('pid')} is writing it now: "
-            "wait for it, or give another path"
+            f"{path}: {holder_text(holder)} claimed it and has not finished; from host {socket.gethostname()} "
+            f"obliq cannot tell whether it still runs: wait for it, or, if it has ended, delete "
+            f"{_record_file(path)} (its claim) and rerun"
         )
 
 

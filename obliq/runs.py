@@ -29,7 +29,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from obliq.claims import process_record, running
+from obliq.claims import holder_state, holder_text, job_owner, process_record
+from obliq.claims import launch_id as _launch
 
 log = logging.getLogger(__name__)
 
@@ -45,36 +46,6 @@ RUN_FOLDER_ENV = "OBLIQ_RUN_FOLDER"
 """Where rank 0 publishes its run folder to the processes Lightning's launcher starts after it (DDP)."""
 RESUME_POINTS = ("last.ckpt", SIGTERM_CHECKPOINT, "hpc_ckpt_*.ckpt")
 """Checkpoints ``--ckpt_path last`` resumes from: ModelCheckpoint's last, the SIGTERM one, Lightning's SLURM one."""
-_LAUNCH_KEYS = (
-    "SLURM_JOB_ID",
-    "SLURM_ARRAY_JOB_ID",
-    "SLURM_ARRAY_TASK_ID",
-    "SLURM_STEP_ID",
-    "SLURM_RESTART_COUNT",
-    "TORCHELASTIC_RUN_ID",
-    "TORCHELASTIC_RESTART_COUNT",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-)
-
-
-def job_owner() -> str | None:
-    """The scheduler job this process belongs to: ``slurm:<array job>_<task>`` for a SLURM array task,
-    ``slurm:<job id>``, ``torchelastic:<run id>`` (torchrun with a rendezvous id), or None (no scheduler).
-    A requeued SLURM job keeps its id, so it finds its own run again."""
-    env = os.environ
-    if env.get("SLURM_ARRAY_JOB_ID") and env.get("SLURM_ARRAY_TASK_ID"):
-        return f"slurm:{env['SLURM_ARRAY_JOB_ID']}_{env['SLURM_ARRAY_TASK_ID']}"
-    if env.get("SLURM_JOB_ID"):
-        return f"slurm:{env['SLURM_JOB_ID']}"
-    if env.get("TORCHELASTIC_RUN_ID", "none") not in ("", "none"):
-        return f"torchelastic:{env['TORCHELASTIC_RUN_ID']}"
-    return None
-
-
-def _launch() -> str:
-    """What the processes of one launch (of one job) share, and the next launch does not."""
-    return ";".join(f"{k}={os.environ[k]}" for k in _LAUNCH_KEYS if k in os.environ)
 
 
 def _global_rank_zero() -> bool:
@@ -174,11 +145,17 @@ def run_folder(run_dir: str | os.PathLike, ckpt_path: str | None, claim: bool = 
             folder, resume = run.path, str(run.last)
         else:
             mine = [r for r in run_versions(base) if r.last and (r.record or {}).get("owner") == job_owner()]
-            busy = next((r for r in mine if running(r.record or {})), None)  # this job's, still running
-            if busy is not None:
+            busy = next((r for r in mine if run_state(r) != "ended"), None)  # this job's, running or untold
+            if busy is not None and run_state(busy) == "running":
                 raise ValueError(
                     f"{busy.path}: still trained by process {busy.record.get('pid')} on this machine; "
                     "--ckpt_path last would start a new run from step 0: wait for it to end, or drop --ckpt_path"
+                )
+            if busy is not None:
+                raise ValueError(
+                    f"{busy.path}: trained by {holder_text(busy.record)}, which did not finish; from this host "
+                    f"obliq cannot tell whether it still trains: resume it there, or, if it has ended, pass "
+                    f"--ckpt_path {busy.last} (it resumes in a new version folder; nothing is overwritten)"
                 )
     elif ckpt_path and Path(ckpt_path).is_file():
         inside = next(
@@ -207,6 +184,31 @@ def run_folder(run_dir: str | os.PathLike, ckpt_path: str | None, claim: bool = 
     return folder, resume
 
 
+def check_checkpoint_folders(folder: Path, dirpaths, ckpt_path: str | None) -> None:
+    """Refuse a checkpoint folder (a ``ModelCheckpoint``'s ``dirpath``) set outside the run's folder that
+    already holds checkpoints: the run would write over an earlier run's (the same step names, ``last.ckpt``),
+    against the promise that a second run never writes over the first one's. A resume from a checkpoint in
+    that folder (or ``--ckpt_path last`` that Lightning resolves there) continues there: the same run.
+
+    Raises:
+        ValueError: naming the folder, what it holds and the run's folder.
+    """
+    for given in dirpaths:
+        if not given:
+            continue
+        path = Path(given)
+        if path.resolve().is_relative_to(Path(folder).resolve()):
+            continue
+        held = sorted(p.name for p in path.glob("*.ckpt")) if path.is_dir() else []
+        resumed = ckpt_path == "last" or (ckpt_path and Path(ckpt_path).resolve().is_relative_to(path.resolve()))
+        if held and not resumed:  # "last" left to Lightning: it resumes from that folder's own last.ckpt
+            raise ValueError(
+                f"{path}: this checkpoint folder (ModelCheckpoint dirpath) lies outside the run's folder {folder} "
+                f"and holds {len(held)} checkpoints of an earlier run ({', '.join(held[:3])}): this run would write "
+                "over them; set dirpath under ${run_dir} (e.g. ${run_dir}/checkpoints), or move those files"
+            )
+
+
 def drop_refused_folder(before: str | None) -> None:
     """After a ``fit`` that failed: remove the version folder it claimed, when this process made it and
     it holds nothing but its owner record and saved config (a refused run leaves no empty
@@ -233,7 +235,7 @@ def drop_refused_folder(before: str | None) -> None:
 def _claim_resume(folder: Path, last: Path) -> None:
     """Claim the resume of ``folder`` from its resume point ``last`` for this process: one claim per
     resume point (a folder made with ``os.mkdir``, which one of two processes wins), taken over only
-    from a process that no longer runs (:func:`obliq.claims.running`).
+    from a process that has ended (:func:`obliq.claims.holder_state`; another machine's cannot be told: refused).
 
     Raises:
         ValueError: another running process claimed this resume point first.
@@ -247,8 +249,8 @@ def _claim_resume(folder: Path, last: Path) -> None:
             holder = json.loads((lock / OWNER_FILE).read_text())
         except (OSError, ValueError):
             holder = None  # being written by the winner: it runs
-        if holder is None or running(holder):
-            who = f"process {holder.get('pid')}" if holder else "another process"
+        if holder is None or holder_state(holder) != "ended":
+            who = holder_text(holder) if holder else "another process"
             raise ValueError(
                 f"{folder}: {who} is resuming it from {last.name} already; one resume at a time "
                 f"(wait for it, or drop --ckpt_path to start a new run; a claim its process left unwritten: {lock})"
@@ -256,11 +258,22 @@ def _claim_resume(folder: Path, last: Path) -> None:
     _record(lock, str(last))
 
 
+def run_state(run: RunFolder) -> str:
+    """``"running"``, ``"ended"`` or ``"unknown"`` for the process that last ran ``run``
+    (:func:`obliq.claims.holder_state` of its owner record): a run whose ``final.ckpt`` was written after
+    its record has ended, wherever it ran; one of another machine that did not finish cannot be told."""
+    record = run.record or {}
+    if run.final is not None and run.final.stat().st_mtime >= (run.path / OWNER_FILE).stat().st_mtime:
+        return "ended"
+    return holder_state(record)
+
+
 def _may_resume(run: RunFolder) -> bool:
     """Whether this job may continue ``run`` in place: a scheduler job only its own runs; a process
-    without a scheduler only runs made without one, and none whose process still runs on this machine."""
+    without a scheduler only runs made without one whose process has ended (never one still running
+    here, nor one of another machine that did not finish: :func:`run_state`)."""
     record = run.record or {}
-    return record.get("owner") == job_owner() and not (job_owner() is None and running(record))
+    return record.get("owner") == job_owner() and not (job_owner() is None and run_state(run) != "ended")
 
 
 def resumable_run(run_dir: str | os.PathLike) -> RunFolder | None:

@@ -41,7 +41,7 @@ from lightning.pytorch.cli import LightningCLI
 from obliq.callbacks.checkpoints import CheckpointOnSigterm
 from obliq.callbacks.progress import StepProgressBar
 from obliq.recipes import PARSER_MODE, add_recipe_arguments, recipe_imports, recipe_spelling
-from obliq.runs import FINAL, RUN_FOLDER_ENV, RunFolder, drop_refused_folder, run_folder
+from obliq.runs import FINAL, RUN_FOLDER_ENV, RunFolder, check_checkpoint_folders, drop_refused_folder, run_folder
 
 log = logging.getLogger(__name__)
 
@@ -256,6 +256,15 @@ class TrainCLI(LightningCLI):
             extra = [f"--run_dir={folder}"] + ([f"--ckpt_path={ckpt_path}"] if ckpt_path != asked else [])
         extra += logger_swap(quiet, section)
         self.config = parser.parse_args(argv + extra) if extra or printing else config
+        if sub in ("fit", None) and self.claim and not printing:
+            final = self.config[sub] if sub else self.config
+            callbacks = [c for c in final.trainer.get("callbacks") or [] if hasattr(c, "get")]
+            dirpaths = [
+                (c.get("init_args") or {}).get("dirpath")
+                for c in callbacks
+                if str(c.get("class_path", "")).endswith("ModelCheckpoint")
+            ]
+            check_checkpoint_folders(Path(final.run_dir), dirpaths, final.get("ckpt_path"))
 
     def instantiate_trainer(self, **kwargs):
         """The trainer, with :class:`~obliq.callbacks.CheckpointOnSigterm` in the run's folder."""

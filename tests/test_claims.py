@@ -52,7 +52,7 @@ def test_a_claim_refused_after_others_were_taken_undoes_them(tmp_path):
         held = {"command": "distill pairs", "host": os.uname().nodename, "pid": sleeper.pid}
         (tmp_path / ".second.json.obliq").write_text(json.dumps({**held, "process_start": process_start(sleeper.pid)}))
         before = {p.name: p.read_text() for p in tmp_path.iterdir()}
-        with pytest.raises(ValueError, match=f"in process {sleeper.pid} is writing it now"):
+        with pytest.raises(ValueError, match=f"in process {sleeper.pid} on host \\S+ is writing it now"):
             with claim_outputs(
                 {"first": first, "second": tmp_path / "second.json"}, command="distill pairs", overwrite=True
             ):
@@ -108,7 +108,7 @@ def test_a_second_process_is_refused_while_the_first_holds_the_claim(tmp_path):
     first.start()
     try:
         assert held.wait(60)
-        with pytest.raises(ValueError, match=f"'evaluate' in process {first.pid} is writing it now"):
+        with pytest.raises(ValueError, match=f"'evaluate' in process {first.pid} on host \\S+ is writing it now"):
             with claim_outputs({"out": out}, command="evaluate", overwrite=True, folders=["out"]):
                 pass
     finally:

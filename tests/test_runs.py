@@ -229,7 +229,9 @@ def test_of_two_resumes_of_one_run_at_once_one_wins_and_the_other_refuses(tmp_pa
         record.update(pid=sleeper.pid, process_start=_process_start(sleeper.pid))  # as if the other one had won
         (lock / "owner.json").write_text(json.dumps(record))
         (v0 / "owner.json").write_text(json.dumps({**record, "pid": 1, "process_start": "1"}))
-        with pytest.raises(ValueError, match=f"process {sleeper.pid} is resuming it from last.ckpt already"):
+        with pytest.raises(
+            ValueError, match=f"process {sleeper.pid} on host \\S+ is resuming it from last.ckpt already"
+        ):
             run_folder(base, "last")
         sleeper.kill()
         sleeper.wait()

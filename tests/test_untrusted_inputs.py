@@ -454,7 +454,7 @@ def test_of_two_commands_claiming_one_output_at_once_one_wins(tmp_path):
         record = tmp_path / ".held.obliq"
         held = json.loads(record.read_text())
         record.write_text(json.dumps({**held, "pid": sleeper.pid, "process_start": process_start(sleeper.pid)}))
-        with pytest.raises(ValueError, match=f"'evaluate' in process {sleeper.pid} is writing it now"):
+        with pytest.raises(ValueError, match=f"'evaluate' in process {sleeper.pid} on host \\S+ is writing it now"):
             claim_output(path, True, folder=True, command="evaluate")
     finally:
         sleeper.kill()
