@@ -81,9 +81,10 @@ def graph(
         batch_size: texts per forward pass of an encoder teacher.
         max_length: token limit of an encoder teacher.
         trust_remote_code: let an encoder teacher run its own code from the hub (off by default).
-        vectors_out: also write the teacher's vectors of the corpus here (``.npz``: ``ids``, ``vectors``;
-            :class:`obliq.data.teacher_table.TeacherTable`), what training's in-batch teacher terms read
-            (``data.teacher_vectors``).
+        vectors_out: also write the teacher's vectors of the corpus here (``.npz``: ``ids``, ``vectors``, and
+            what they encode: ``text_hashes``, ``corpus_sha256``; :class:`obliq.data.teacher_table.TeacherTable`),
+            what training's in-batch teacher terms read (``data.teacher_vectors``; a row whose document's text
+            is not the one encoded is refused).
         overwrite: replace existing outputs (refused otherwise).
 
     Returns:
@@ -108,7 +109,8 @@ def graph(
         }
         g.save(out)
         if vectors_out is not None:
-            write_teacher_table(Path(vectors_out), g.ids, g.vectors)
+            text_of = dict(zip(t.doc_ids, t.doc_texts))  # what each vector encodes: checked where rows are read
+            write_teacher_table(Path(vectors_out), g.ids, g.vectors, [text_of[i] for i in g.ids], t.corpus_sha256)
         summary = {key: v for key, v in g.to_json().items() if key != "neighbours"}
         log.info("%s: %d edges over %d documents (k=%d) in %.1f s", out, g.n_edges, len(g.ids), k, summary["seconds"])
         return {"graph": str(out), **summary, **({"vectors": str(vectors_out)} if vectors_out is not None else {})}

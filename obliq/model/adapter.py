@@ -6,32 +6,64 @@ sentence-transformers folder whose model is a peft adapter (``adapter_config.jso
 paper's OBLIQ-IR-3B-LoRA, as sentence-transformers + peft save it). ``obliq evaluate`` encodes either with
 :class:`~obliq.model.BiEncoder`; ``obliq export`` reads either as a checkpoint (:func:`adapter_checkpoint`) to
 merge it.
+
+The base an adapter names may be a path relative to the adapter's own folder (what
+:meth:`~obliq.model.BiEncoder.save_pretrained` records for a base given as a relative path), read by
+:func:`resolve_base`: never from the current folder, where the same relative path may be another model.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import asdict
 from pathlib import Path
 
-from obliq.aliases import resolve_model
+from obliq.aliases import _ALIASES, resolve_model
 from obliq.files import read_text
 
 ADAPTER_CONFIG = "adapter_config.json"
 
 
-def adapter_base(path: Path) -> str:
-    """The base model a peft adapter folder names (``adapter_config.json``'s ``base_model_name_or_path``),
-    checked to exist before anything loads.
+def resolve_base(file: Path, field: str, base: str) -> str:
+    """The base model that ``file`` (an adapter's ``adapter_config.json`` or ``obliq_encoder.json``) names in
+    ``field``, a relative path read from the file's folder, as :func:`obliq.rerank.config.load_policy` reads
+    the paths of a policy file (issue 49 §3). An alias, an absolute path, a hub id (``owner/name``) found
+    nowhere here, or a relative path found in neither folder, is returned as given.
 
     Raises:
-        ValueError: the file names no base.
+        ValueError: ambiguous: a relative path that exists from the current folder but not beside the file
+            (an adapter written before bases were recorded relative to it: trained from which folder is
+            unknown, and the current folder's may be another model), or beside the file and from the
+            current folder as two different folders.
+    """
+    if base.lower() in _ALIASES or os.path.isabs(os.path.expanduser(base)):
+        return base
+    beside, here = file.parent / base, Path(base)
+    if here.exists() and not (beside.exists() and os.path.samefile(beside, here)):
+        found = f"beside it as {beside} and " if beside.exists() else f"not beside it ({beside}), only "
+        raise ValueError(
+            f"{file}: field {field}: the relative path {base!r} is ambiguous: found {found}from the current "
+            f"folder as {here.resolve()}, which may be another model; write the base's absolute path, or its "
+            f"path relative to {file.parent}, in {field}"
+        )
+    return str(beside) if beside.exists() else base
+
+
+def adapter_base(path: Path) -> str:
+    """The base model a peft adapter folder names (``adapter_config.json``'s ``base_model_name_or_path``, a
+    relative path read from the adapter's folder: :func:`resolve_base`), checked to exist before anything
+    loads.
+
+    Raises:
+        ValueError: the file names no base, or a relative path that is ambiguous (:func:`resolve_base`).
         FileNotFoundError: the base is a folder that does not exist here (the adapter's file named).
     """
     file = path / ADAPTER_CONFIG
     base = json.loads(read_text(file)).get("base_model_name_or_path")
     if not isinstance(base, str) or not base:
         raise ValueError(f"{file}: base_model_name_or_path is missing: which model the adapter adapts is unknown")
+    base = resolve_base(file, "base_model_name_or_path", base)
     try:
         resolve_model(base)
     except FileNotFoundError as err:

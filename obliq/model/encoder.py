@@ -122,6 +122,7 @@ class BiEncoder(nn.Module):
         path = resolve_model(backbone)
         family = check_model_code(path, trust_remote_code)  # a published family read as data; unknown code refused
         self.tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+        check_vocabulary(self.tokenizer, path)
         _ensure_pad_token(self.tokenizer)
         positions = model_capacity(path, AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code))
         if positions and max(query_max_length, passage_max_length) > positions:
@@ -328,11 +329,14 @@ class BiEncoder(nn.Module):
 
         Without LoRA the whole backbone is saved. :meth:`from_pretrained` reads it back. The base model
         is recorded by its portable name (:func:`obliq.aliases.portable_name`: a packaged model's hub
-        id, not this machine's path), so the folder loads wherever obliq is installed.
+        id, not this machine's path), so the folder loads wherever obliq is installed; a base given as a
+        relative path is recorded relative to ``folder``, as :func:`obliq.model.adapter.resolve_base` reads it.
         """
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
         backbone = portable_name(self.settings["backbone"])
+        if self.is_peft and not os.path.isabs(os.path.expanduser(backbone)) and os.path.isdir(backbone):
+            backbone = os.path.relpath(backbone, folder)  # a relative base: from the adapter's folder (resolve_base)
         if self.is_peft:  # the adapter names its base by the portable name, not this machine's path
             for config in self.model.peft_config.values():
                 config.base_model_name_or_path = backbone
@@ -354,9 +358,13 @@ class BiEncoder(nn.Module):
         are read from it (:func:`stored_settings`), so it cannot switch on ``trust_remote_code`` —
         that comes from ``overrides`` (the caller's own command line or config) alone.
 
+        An adapter's ``backbone`` given as a relative path is read from ``folder``
+        (:func:`obliq.model.adapter.resolve_base`), not from the current folder.
+
         Raises:
             FileNotFoundError: ``folder`` has no ``obliq_encoder.json``.
-            ValueError: the file is not a JSON object of encoder settings (the file named).
+            ValueError: the file is not a JSON object of encoder settings (the file named); an adapter's
+                relative ``backbone`` that is ambiguous (:func:`~obliq.model.adapter.resolve_base`).
         """
         folder = Path(folder)
         cfg_file = folder / CONFIG_NAME
@@ -370,6 +378,10 @@ class BiEncoder(nn.Module):
         lora = saved.get("lora") if isinstance(saved, dict) else None
         if not saved.get("is_adapter"):
             settings["backbone"] = str(folder)
+        elif "backbone" not in overrides:
+            from obliq.model.adapter import resolve_base
+
+            settings["backbone"] = resolve_base(cfg_file, "backbone", settings["backbone"])
         settings.update(overrides)
         base = str(settings["backbone"])
         if saved.get("is_adapter") and _local_path(base) and not os.path.exists(os.path.expanduser(base)):
@@ -486,6 +498,29 @@ def model_capacity(path: str, config) -> int | None:
         limits.append(json.loads(read_text(st_config)).get("max_seq_length"))
     limits = [int(n) for n in limits if n]
     return min(limits) if limits else None
+
+
+PROBE = "The quick brown fox jumps over the lazy dog while five wizards box."
+"""The sentence :func:`check_vocabulary` tokenizes: common English words, which any real vocabulary knows."""
+
+
+def check_vocabulary(tokenizer, model: object) -> None:
+    """Refuse a tokenizer that reads every word as unknown (issue 49 §3): a model folder without its tokenizer
+    files (``vocab.txt``, ``tokenizer.json``, …) loads, with transformers 5, a tokenizer of the config's class
+    with no vocabulary (BERT's: 5 special tokens), which maps every word to the unknown token, and the model
+    would encode and be scored on nothing but that token.
+
+    Raises:
+        ValueError: :data:`PROBE` tokenizes to no id, or to the unknown token's id only (``model`` named).
+    """
+    ids = tokenizer(PROBE, add_special_tokens=False)["input_ids"]
+    unknown = getattr(tokenizer, "unk_token_id", None)
+    if not ids or (unknown is not None and all(i == unknown for i in ids)):
+        raise ValueError(
+            f"{model}: field tokenizer: every word of a probe sentence is the unknown token {tokenizer.unk_token!r} "
+            f"(a vocabulary of {len(tokenizer)} tokens): the folder lacks its tokenizer files (tokenizer.json, "
+            "vocab.txt, …); copy them from the model it was saved from"
+        )
 
 
 def _ensure_pad_token(tokenizer) -> None:

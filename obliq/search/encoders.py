@@ -70,6 +70,10 @@ class SentenceTransformerEncoder:
         path = resolve_model(name_or_path)
         check_model_code(path, trust_remote_code)  # a published family (llama_bidirec) read as data
         self.model = SentenceTransformer(path, device=device, trust_remote_code=trust_remote_code)
+        if getattr(self.model, "tokenizer", None) is not None:  # a text model: refused without its vocabulary
+            from obliq.model.encoder import check_vocabulary
+
+            check_vocabulary(self.model.tokenizer, path)
         self.capacity = self.model.max_seq_length
 
     def prompt(self, kind: Kind, task=None) -> str:
@@ -174,15 +178,24 @@ def fingerprint(model: str) -> str:
 
 
 def _adapter_base(path: Path) -> str | None:
-    """The base model an adapter folder loads, or None (not an adapter, or unreadable: then no base)."""
+    """The base model an adapter folder loads (a relative path read from the folder,
+    :func:`obliq.model.adapter.resolve_base`), or None (not an adapter, or unreadable or ambiguous: then no
+    base; loading it refuses the same)."""
+    from obliq.model.adapter import resolve_base
+
     if not path.is_dir():
         return None
     try:
         if (path / OBLIQ_CONFIG).is_file():
             saved = json.loads(read_text(path / OBLIQ_CONFIG))
-            return str(saved["backbone"]) if saved.get("is_adapter") else None
+            return (
+                resolve_base(path / OBLIQ_CONFIG, "backbone", str(saved["backbone"]))
+                if saved.get("is_adapter")
+                else None
+            )
         if (path / "adapter_config.json").is_file():
-            return str(json.loads(read_text(path / "adapter_config.json"))["base_model_name_or_path"])
+            base = str(json.loads(read_text(path / "adapter_config.json"))["base_model_name_or_path"])
+            return resolve_base(path / "adapter_config.json", "base_model_name_or_path", base)
     except (ValueError, KeyError, TypeError):
         return None
     return None

@@ -68,7 +68,7 @@ from obliq.search.candidates import best_candidates, candidate_rows, candidate_s
 from obliq.search.encoders import Encoder, load_encoder
 from obliq.search.exact import Corpus, ExactIndex, set_threads, tie_keys, unit_float32
 from obliq.search.faiss_index import VectorIndex, factory_string, recall_vs_exact
-from obliq.search.runs import Run, read_run, run_from_search
+from obliq.search.runs import Run, check_run_corpus, read_run, run_from_search
 from obliq.search.settings import RetrievalSettings
 from obliq.search.store import IncompleteStore, Store
 from obliq.shards import Shard
@@ -426,6 +426,7 @@ def retrieve_run_file(path: str | Path, task: Task) -> Retrieval:
             f"{path}: holds no query of task {task.name} ({seen}; the task's like {task.query_ids[0]!r}): "
             "a run of another task?"
         )
+    check_run_corpus(path, run, task)  # a run of another corpus, or ranking documents this corpus lacks
     missing = [q for q in task.query_ids if q not in run]
     if missing:
         log.warning(

@@ -5,6 +5,13 @@ ranked as trec_eval ranks them: score descending, then document id descending (t
 ignored on reading, as trec_eval ignores it). A document listed twice for a query keeps its first
 occurrence in ranking order (its highest score; C08). mteb's saved predictions read as a run too
 (:func:`read_mteb_predictions`); :func:`read_ranking` reads either.
+
+A run obliq writes for a task (:func:`write_run` with ``task``) carries what it was retrieved from, in a
+record beside it, ``<run>.json`` (:func:`run_record`): ``run_sha256`` (the run file's bytes), ``task``,
+``corpus_sha256`` (:attr:`obliq.tasks.Task.corpus_sha256`) and ``n_docs``. :func:`check_run_corpus` refuses a
+run scored on a task whose corpus is not the one recorded, and any run (a foreign TREC file has no record)
+that names documents the task's corpus lacks (issue 49 §3: a run of a corpus that lost documents would be
+scored as the full corpus's).
 """
 
 from __future__ import annotations
@@ -17,8 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
-from obliq.files import open_text
-from obliq.tasks import check_id
+from obliq.files import file_sha256, open_text, read_text, write_json
+from obliq.tasks import Task, check_id
 
 log = logging.getLogger(__name__)
 
@@ -153,11 +160,13 @@ def top_k(docs: dict[str, float], k: int) -> list[str]:
     return [d for d, _ in sorted(docs.items(), key=lambda x: (x[1], x[0]), reverse=True)[:k]]
 
 
-def write_run(path: str | Path, run: Run, tag: str = "obliq") -> None:
+def write_run(path: str | Path, run: Run, tag: str = "obliq", task: Task | None = None) -> None:
     """Write a run in TREC format, ranked as trec_eval ranks it (score desc, then doc id desc).
 
     Scores are written with ``repr`` so that reading the file back gives the same floats, hence
-    the same ranking and metrics (:func:`read_run`).
+    the same ranking and metrics (:func:`read_run`). With ``task`` (the task the run was retrieved
+    from), its record is written beside it (:func:`run_record`); without, a record left there by an
+    earlier write is removed (it would describe another run).
 
     Raises:
         ValueError: a query or document id that a TREC run cannot hold (empty, or with whitespace, C25).
@@ -173,6 +182,54 @@ def write_run(path: str | Path, run: Run, tag: str = "obliq") -> None:
             for rank, did in enumerate(top_k(docs, len(docs)), 1):
                 score = docs[did]
                 f.write(f"{qid} Q0 {did} {rank} {float(score)!r} {tag}\n")
+    record = run_record(path)
+    if task is None:
+        record.unlink(missing_ok=True)
+    else:
+        made = {"run_sha256": file_sha256(path), "task": task.name, "corpus_sha256": task.corpus_sha256}
+        write_json(record, made | {"n_docs": len(task.doc_ids)})
+
+
+def run_record(path: str | Path) -> Path:
+    """Where the record of what a run was retrieved from lies: ``<run>.json`` beside it (module notes)."""
+    path = Path(path)
+    return path.with_name(path.name + ".json")
+
+
+def check_run_corpus(path: str | Path, run: Run, task: Task) -> None:
+    """Refuse the run read from ``path`` for scoring on ``task`` when it was not retrieved from the task's
+    corpus (module notes; issue 49 §3): its record (:func:`run_record`) names another corpus digest, or no
+    longer describes the file; or the run ranks, for a query of the task, a document the corpus lacks (the
+    one check a foreign TREC file, without a record, gets).
+
+    Raises:
+        ValueError: the record's ``run_sha256`` or ``corpus_sha256`` does not hold, or a ``docid`` is not in
+            the task's corpus (the file, the field and an example named).
+    """
+    path, record_file = Path(path), run_record(path)
+    if record_file.is_file():
+        try:
+            record = json.loads(read_text(record_file))
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{record_file}: not valid JSON ({err})") from None
+        if not isinstance(record, dict) or record.get("run_sha256") != file_sha256(path):
+            raise ValueError(
+                f"{record_file}: field run_sha256: {path.name} was changed since obliq wrote it, so its record of "
+                f"the corpus no longer holds; remove {record_file.name} to score it as a foreign run"
+            )
+        if task.corpus_sha256 and record.get("corpus_sha256") != task.corpus_sha256:
+            raise ValueError(
+                f"{record_file}: field corpus_sha256: {path.name} was retrieved from another corpus "
+                f"({str(record.get('corpus_sha256'))[:12]}…, {record.get('n_docs')} documents) than task "
+                f"{task.name}'s ({task.corpus_sha256[:12]}…, {len(task.doc_ids)} documents): retrieve it again"
+            )
+    corpus = set(task.doc_ids)
+    absent = sorted({d for q in task.query_ids for d in run.get(q, ()) if d not in corpus})
+    if absent:
+        raise ValueError(
+            f"{path}: field docid: {len(absent)} documents ranked for task {task.name}'s queries are not in its "
+            f"corpus {task.path / 'corpus.jsonl'} (e.g. {absent[0]!r}): a run of another corpus"
+        )
 
 
 def fuse_rrf(runs: Sequence[Run], k: int = 60, depth: int | None = None) -> Run:
