@@ -63,6 +63,7 @@ COMMANDS = {
     "dose-sweep": "obliq.dose:dose_sweep",
     "audit": "obliq.audit.commands:audit",
     "rerank": {"run": "obliq.rerank.commands:run", "policy": "obliq.rerank.commands:policy"},
+    "cache": "obliq.search.cache:cache",
 }
 """subcommand name → its function as ``"module:function"`` (:func:`command` imports it; a function itself
 works too), or → a dict of sub-subcommands (``obliq synth generate``)."""
@@ -166,13 +167,14 @@ def _expand(argv: list[str]) -> list[str]:
 
 
 def check_config_files(argv: list[str]) -> None:
-    """:func:`obliq.files.check_yaml` on every ``--config FILE`` of a command line, naming the file: of two
-    stacked configs, the one with a key given twice is the one named.
+    """:func:`obliq.files.check_config` on every ``--config FILE`` of a command line, naming the file: of two
+    stacked configs, the one with a key given twice (or that is not YAML, not UTF-8, too large or not a
+    mapping) is the one named.
 
     Raises:
-        ValueError: see :func:`~obliq.files.check_yaml` (``file:line``).
+        ValueError: see :func:`~obliq.files.check_config` (``file:line``).
     """
-    from obliq.files import check_yaml, read_text
+    from obliq.files import check_config
 
     for i, tok in enumerate(argv):
         name = (
@@ -183,7 +185,7 @@ def check_config_files(argv: list[str]) -> None:
             else None
         )
         if name and Path(name).is_file():
-            check_yaml(read_text(name), name)
+            check_config(name)
 
 
 def setup_logging() -> None:

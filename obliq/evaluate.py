@@ -20,7 +20,7 @@ from pathlib import Path
 
 from obliq.claims import claim_outputs
 from obliq.distributed import world
-from obliq.eval.metrics import DEFAULT_MEASURES, check_depth
+from obliq.eval.metrics import DEFAULT_MEASURES, check_depth, parse_measures
 from obliq.eval.results import evaluate_tasks
 from obliq.files import write_json
 from obliq.search.retrieval import check_index, is_run_file, make_retriever, retrieve_run_file
@@ -59,7 +59,10 @@ def evaluate(
             ``ivf-pq``, ``int8``, ``binary``…, its parameters and rescoring: an approximate one reports
             its recall against exact search), ``dim`` (a Matryoshka truncation), BM25's k1/b/stemmer,
             trust_remote_code (:class:`obliq.search.settings.RetrievalSettings`).
-        measures: metrics reported (trec_eval names accepted), e.g. ``[NDCG@10,Recall@100]``.
+        measures: metrics reported (trec_eval names accepted), e.g. ``[NDCG@10,Recall@100]``. A cut-off
+            that is not a rank (``NDCG@0``) is refused before anything is read; one deeper than the
+            ranking (``retrieval.top_k``, or a run file's depth, against the task's corpus) before anything
+            is retrieved (:func:`obliq.eval.metrics.check_depth`).
         latency_queries: queries timed one at a time for latency p50/p95 (0: none).
         rerank: a reranking policy file (configs/rerank/…, or one written by ``obliq rerank
             policy``): the tasks it names get their reranker over the dense top-N; the others keep
@@ -80,6 +83,7 @@ def evaluate(
         list on the other ranks of a process group.
     """
     config = {k: v for k, v in locals().items()}
+    parse_measures(measures)  # a bad name or cut-off (NDCG@0): refused before any task is read
     rank = _join_process_group()
     model_file = Path(str(model)) if isinstance(model, (str, Path)) and Path(str(model)).exists() else None
     inputs = [*tasks, rerank, model_file]  # a run file or model folder inside the output would be rewritten
@@ -88,8 +92,8 @@ def evaluate(
         for p in find_tasks(tasks)
     ]
     for task in loaded:  # fail before any encoding or claim
-        if is_run_file(model):
-            retrieve_run_file(model, task)  # a run of another task is refused here (its depth when scored)
+        if is_run_file(model):  # a run of another task, or one too shallow for a measure, is refused here
+            check_depth(measures, retrieve_run_file(model, task).depth, task.max_ranked, f"the depth of {model}")
         else:
             check_depth(measures, retrieval.top_k, task.max_ranked)
             if str(model).lower() != "bm25":

@@ -3,10 +3,13 @@
 - :func:`open_text` is how obliq opens every text input (JSONL, TSV, TREC, YAML): UTF-8 with a
   leading byte-order mark removed (spreadsheet tools and some editors write one, and it would
   otherwise become part of the first id); :func:`strip_bom` does the same for readers that work on
-  bytes (the training-row index keeps byte offsets).
+  bytes (the training-row index keeps byte offsets). Bytes that are not UTF-8 are refused with the
+  file and line named (:func:`not_utf8`), and no line read by iterating it (or :func:`bounded_lines`)
+  may exceed :data:`MAX_LINE` characters: a file of one endless line is refused, not read into memory.
 - :func:`publish` writes a file or folder through a temporary one beside it, renamed into place, so a
   killed process leaves the old one or the new one, never half of one; :func:`atomic_write` is the
-  same for a file written through an open handle.
+  same for a file written through an open handle. A write that fails (disk full, a read-only or
+  forbidden folder) is a :class:`WriteError` naming the file.
 - :func:`read_id_table` reads the ``id<TAB>value`` tables tasks carry (attributes, sources).
 - :func:`safe_name` turns a name found in a file (a task's name) into a folder name that cannot
   leave the output folder.
@@ -16,16 +19,20 @@
   becomes ``null``), so any JSON reader can read it back; paths and dataclasses become plain values.
 - :func:`cache_dir` is where obliq caches what it computes (``$OBLIQ_CACHE``, default ``~/.cache/obliq``).
 - :func:`check_yaml` / :func:`load_yaml`: every YAML obliq reads (configs, recipes, policies, prompt
-  files) is refused when a key is given twice in one mapping (a plain loader keeps the last silently)
-  or when its aliases expand past :data:`MAX_YAML_NODES` (a nested-alias "billion laughs" would run
-  until killed); :func:`install_yaml_checks` puts the check in front of jsonargparse's loaders.
+  files) is refused when it is not YAML (:class:`NotYaml`: file and line named), longer than
+  :data:`MAX_YAML_SIZE`, when a key is given twice in one mapping (a plain loader keeps the last
+  silently) or when its aliases expand past :data:`MAX_YAML_NODES` (a nested-alias "billion laughs"
+  would run until killed); :func:`install_yaml_checks` puts the check in front of jsonargparse's
+  loaders, and :func:`check_config` checks each ``--config`` file by its name (a mapping of settings).
 """
 
 from __future__ import annotations
 
 import codecs
 import dataclasses
+import errno
 import hashlib
+import io
 import json
 import math
 import os
@@ -47,17 +54,101 @@ def cache_dir() -> Path:
     return Path(os.environ.get("OBLIQ_CACHE", Path.home() / ".cache" / "obliq"))
 
 
+MAX_LINE = 16 * 2**20
+"""The longest line obliq reads from a text input (qrels, runs, JSONL rows, TSV tables), in characters (bytes
+for a reader of bytes): 16 MiB (16,777,216), far above any document, id list or run line, so a file of one
+endless line (a binary file, a JSON array on one line) is refused before it fills the memory."""
+
+
+def _too_long(source: object, lineno: int, limit: int = MAX_LINE) -> ValueError:
+    """The one-line error for a line over ``limit`` characters (``source`` and line named)."""
+    return ValueError(
+        f"{source}:{lineno}: a line of more than {limit:,} characters (the most obliq reads in one line): "
+        "not a text file of lines?"
+    )
+
+
+def bounded_lines(f: IO, source: object, limit: int = MAX_LINE) -> Iterator:
+    """The lines of an open file (text or bytes), none read past ``limit`` characters (or bytes).
+
+    Raises:
+        ValueError: a line longer than ``limit`` (``source`` and line named).
+    """
+    lineno = 0
+    while line := f.readline(limit + 1):
+        lineno += 1
+        if len(line) > limit and line[-1:] not in ("\n", b"\n"):
+            raise _too_long(source, lineno, limit)
+        yield line
+
+
+def not_utf8(path: str | os.PathLike) -> ValueError:
+    """The one-line error for a file that is not UTF-8 text: a binary file (a NUL byte in its first 8 KiB),
+    or the line and byte of its first invalid byte (Latin-1 or Windows-1252 text, say)."""
+    with open(path, "rb") as f:
+        if b"\0" in f.read(8192):
+            return ValueError(f"{path}: a binary file, not UTF-8 text")
+        f.seek(0)
+        try:
+            for lineno, raw in enumerate(bounded_lines(f, path), 1):
+                try:
+                    raw.decode("utf-8")
+                except UnicodeDecodeError as err:
+                    return ValueError(
+                        f"{path}:{lineno}: not UTF-8 text (byte 0x{raw[err.start]:02x} at byte {err.start + 1} of "
+                        "the line: Latin-1 or Windows-1252?); save the file as UTF-8"
+                    )
+        except ValueError as err:  # a line too long to look at: that is the error then
+            return err
+    return ValueError(f"{path}: not UTF-8 text")
+
+
+class _TextFile(io.TextIOWrapper):
+    """A UTF-8 text file whose lines (when iterated) are bounded (:data:`MAX_LINE`) and whose bytes that
+    are not UTF-8 raise :func:`not_utf8`'s error (file and line named) instead of a bare codec error."""
+
+    def __init__(self, path: str | os.PathLike):
+        super().__init__(open(path, "rb"), encoding="utf-8-sig")
+        self.path, self.lineno = path, 0
+
+    def __next__(self) -> str:
+        try:
+            line = self.readline(MAX_LINE + 1)
+        except UnicodeDecodeError:
+            raise not_utf8(self.path) from None
+        if not line:
+            raise StopIteration
+        self.lineno += 1
+        if len(line) > MAX_LINE and line[-1] != "\n":
+            raise _too_long(self.path, self.lineno)
+        return line
+
+    def read(self, size: int | None = -1) -> str:
+        try:
+            return super().read(size)
+        except UnicodeDecodeError:
+            raise not_utf8(self.path) from None
+
+
 def open_text(path: str | os.PathLike) -> IO[str]:
-    """Open a text file for reading as UTF-8, dropping a leading byte-order mark (C28).
+    """Open a text file for reading as UTF-8, dropping a leading byte-order mark (C28); iterating it
+    yields lines of at most :data:`MAX_LINE` characters.
 
     Raises:
         FileNotFoundError: no such file.
+        ValueError: (while reading) bytes that are not UTF-8, or a line over :data:`MAX_LINE` characters
+            (file and line named).
     """
-    return open(path, encoding="utf-8-sig")
+    return _TextFile(path)
 
 
 def read_text(path: str | os.PathLike) -> str:
-    """The whole of a text file, as :func:`open_text` reads it."""
+    """The whole of a text file, as :func:`open_text` reads it.
+
+    Raises:
+        FileNotFoundError: no such file.
+        ValueError: bytes that are not UTF-8 (file and line named: :func:`not_utf8`).
+    """
     with open_text(path) as f:
         return f.read()
 
@@ -65,6 +156,32 @@ def read_text(path: str | os.PathLike) -> str:
 def strip_bom(data: bytes) -> bytes:
     """``data`` without a leading UTF-8 byte-order mark (for readers of the first line of a file in bytes)."""
     return data[len(BOM) :] if data.startswith(BOM) else data
+
+
+class WriteError(OSError):
+    """A file or folder that could not be written (disk full, a read-only or forbidden folder), named in one
+    line; ``errno`` is the cause's. Whatever was at the path before is left as it was (:func:`publish`)."""
+
+    def __str__(self) -> str:
+        return str(self.args[-1])
+
+
+_WRITE_CAUSES = {
+    errno.ENOSPC: "no space left on the device",
+    errno.EDQUOT: "the disk quota is used up",
+    errno.EFBIG: "the file is too large for the file system",
+    errno.EROFS: "a read-only file system",
+    errno.EACCES: "no permission to write there",
+    errno.EPERM: "no permission to write there",
+}
+"""What a failed write's errno means, for :func:`write_failed`; the ones that only a write raises (all but the
+permissions) make any error inside :func:`publish`'s block a write error."""
+
+
+def write_failed(path: str | os.PathLike, err: OSError) -> WriteError:
+    """The one-line error for ``path`` that could not be written because of ``err``."""
+    why = _WRITE_CAUSES.get(err.errno) or err.strerror or str(err)
+    return WriteError(err.errno, f"{path}: could not be written ({why}); what was there before is left as it was")
 
 
 @contextmanager
@@ -79,25 +196,36 @@ def publish(path: str | os.PathLike, folder: bool = False) -> Iterator[Path]:
     Raises:
         FileExistsError: (``folder``) ``path`` is a folder that is not empty, e.g. one another process
             published first: a folder is never replaced.
+        WriteError: ``path`` could not be written: its folder could not be made or written in (read-only,
+            no permission), the disk is full (ENOSPC, EDQUOT, EFBIG or EROFS inside the block), or the rename
+            failed (``path`` named; :func:`write_failed`).
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if folder:
-        tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"))
-    else:
-        fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        os.close(fd)
-        tmp = Path(name)
     try:
-        yield tmp
-        if not folder:
-            os.chmod(tmp, 0o644)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if folder:
+            tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"))
+        else:
+            fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+            os.close(fd)
+            tmp = Path(name)
+    except OSError as err:
+        raise write_failed(path, err) from None
+    try:
         try:
+            yield tmp
+        except OSError as err:  # a full disk inside the block is this path's; other errors (a missing input) are not
+            if isinstance(err, WriteError) or err.errno not in set(_WRITE_CAUSES) - {errno.EACCES, errno.EPERM}:
+                raise
+            raise write_failed(path, err) from None
+        try:
+            if not folder:
+                os.chmod(tmp, 0o644)
             os.replace(tmp, path)
         except OSError as err:
             if folder and path.is_dir():
                 raise FileExistsError(f"{path}: a folder is there already (published by another process?)") from err
-            raise
+            raise write_failed(path, err) from None
     finally:
         if folder:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -166,19 +294,51 @@ MAX_YAML_NODES = 200_000
 """The most nodes a YAML document may hold once its aliases are expanded (a recipe holds a few hundred)."""
 
 
-def check_yaml(text: str, source: object = "YAML") -> None:
+MAX_YAML_SIZE = 4 * 2**20
+"""The longest YAML document obliq parses (a config, recipe, policy or prompt file): 4 MiB (4,194,304
+characters of text, or bytes of a ``--config`` file, checked before it is read); a recipe is a few kB, and a
+YAML parser reads about a megabyte a second."""
+
+
+class NotYaml(ValueError):
+    """Text that is not YAML: the file (or source), line and the parser's problem in one line."""
+
+
+def _not_yaml(err, source: object) -> NotYaml:
+    """:class:`NotYaml` for a ``yaml.YAMLError``: where it is (``file:line``) and what, with a hint for a tab."""
+    mark = getattr(err, "problem_mark", None)
+    where = f"{source}:{mark.line + 1}" if mark is not None else f"{source}"
+    what = getattr(err, "problem", None) or str(err).splitlines()[0]
+    col = f", column {mark.column + 1}" if mark is not None else ""
+    hint = "; indent with spaces: YAML refuses tabs" if "\\t" in what else ""
+    return NotYaml(f"{where}: not valid YAML ({what}{col}){hint}")
+
+
+def check_yaml(text: str, source: object = "YAML"):
     """Refuse a YAML document that a loader would read wrongly or forever, before it is loaded.
 
+    Returns:
+        Its composed root node (``yaml.Node``; None for an empty document).
+
     Raises:
-        ValueError: a key given twice in one mapping (file, line and key named); aliases that expand
-            to more than :data:`MAX_YAML_NODES` nodes (refused in time linear in the document's size).
-        yaml.YAMLError: not YAML at all.
+        NotYaml: not YAML at all (a ValueError: ``source``, line and problem named).
+        ValueError: longer than :data:`MAX_YAML_SIZE`; a key given twice in one mapping (file, line and key
+            named); aliases that expand to more than :data:`MAX_YAML_NODES` nodes (refused in time linear in
+            the document's size).
     """
     import yaml
 
-    root = yaml.compose(text, Loader=yaml.SafeLoader)
+    if len(text) > MAX_YAML_SIZE:
+        raise ValueError(
+            f"{source}: {len(text):,} characters of YAML, more than the {MAX_YAML_SIZE:,} obliq reads "
+            "(a config is a few kB): refused before parsing"
+        )
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError as err:
+        raise _not_yaml(err, source) from None
     if root is None:
-        return
+        return None
     size: dict[int, int] = {}
     visiting: set[int] = set()
     stack = [(root, False)]
@@ -220,6 +380,7 @@ def check_yaml(text: str, source: object = "YAML") -> None:
         stack.extend((c, False) for c in children if id(c) not in size)
     if isinstance(root, yaml.MappingNode):
         _check_dotted_keys(root, source)
+    return root
 
 
 def _check_dotted_keys(root, source: object) -> None:
@@ -256,15 +417,42 @@ def load_yaml(text: str, source: object = "YAML"):
     """``yaml.safe_load`` of ``text`` after :func:`check_yaml`.
 
     Raises:
-        ValueError: see :func:`check_yaml`, and a YAML syntax error (``source`` named).
+        ValueError: see :func:`check_yaml` (a YAML syntax error is a :class:`NotYaml`, ``source`` named).
     """
     import yaml
 
+    check_yaml(text, source)
     try:
-        check_yaml(text, source)
         return yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        raise ValueError(f"{source}: not valid YAML ({str(err).splitlines()[0]})") from None
+    except yaml.YAMLError as err:  # a construction error (an unknown tag): the composer let it through
+        raise _not_yaml(err, source) from None
+
+
+def check_config(path: str | os.PathLike) -> None:
+    """Check a ``--config`` file by its name before jsonargparse reads it (:func:`obliq.cli.check_config_files`):
+    at most :data:`MAX_YAML_SIZE` (checked on its size, before reading), UTF-8 (:func:`read_text`), YAML
+    (:func:`check_yaml`) and a mapping of settings (``key: value``), as jsonargparse reads one.
+
+    Raises:
+        ValueError: the first of these it is not, in one line naming the file (and line where there is one).
+    """
+    import yaml
+
+    size = os.path.getsize(path)
+    if size > MAX_YAML_SIZE:
+        raise ValueError(
+            f"{path}: {size:,} bytes of YAML, more than the {MAX_YAML_SIZE:,} obliq reads (a config is a few kB)"
+        )
+    root = check_yaml(read_text(path), path)
+    if not isinstance(root, yaml.MappingNode):
+        kind = (
+            "an empty file (or only comments)"
+            if root is None
+            else "a list"
+            if isinstance(root, yaml.SequenceNode)
+            else f"the single value {root.value[:40]!r}"
+        )
+        raise ValueError(f"{path}: a config is a YAML mapping of settings (key: value), not {kind}")
 
 
 def install_yaml_checks() -> None:
@@ -281,7 +469,10 @@ def install_yaml_checks() -> None:
 
         def checked(text, *args, _base=base, **kwargs):
             if isinstance(text, str):
-                check_yaml(text, "config")
+                try:
+                    check_yaml(text, "config")
+                except NotYaml:  # not YAML: the loader raises its own error, and jsonargparse reads a string
+                    pass
             return _base(text, *args, **kwargs)
 
         checked._obliq_checked = True

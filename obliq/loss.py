@@ -17,6 +17,10 @@ its own positive included); its own positive stays the target. In the reverse di
 positive, or another row's copy of query ``i``. The masks are built on the whole gathered batch, so
 they hold in one process, across devices and across GradCache chunks. With ``matryoshka_dims`` the
 loss is taken at several nested dimensions and summed (:func:`matryoshka`).
+
+A row whose every candidate is masked adds 0 (C05's right value). A step in which no row has a negative
+left trains nothing (loss 0, gradient 0): :func:`check_negatives` refuses it, counting with these masks
+(:func:`negatives_left`).
 """
 
 from __future__ import annotations
@@ -70,6 +74,31 @@ def false_negative_masks(
         reverse |= _same(positive_keys, query_keys)
     reverse[rows, rows] = False
     return forward, reverse
+
+
+def negatives_left(
+    positive_index: torch.Tensor,
+    doc_keys: torch.Tensor,
+    query_keys: torch.Tensor | None = None,
+    mask: torch.Tensor | None = None,
+    symmetric: bool = False,
+) -> torch.Tensor:
+    """(B,) the candidates each row's contrastive loss still scores beside its target, once the in-batch
+    false negatives (:func:`false_negative_masks`) and ``mask`` are left out: the documents its query
+    meets and, with ``symmetric``, the queries its positive meets. A row at 0 adds loss 0 and no gradient.
+
+    Args:
+        positive_index, doc_keys, query_keys, mask, symmetric: as :func:`info_nce` takes them.
+    """
+    rows = torch.arange(len(positive_index), device=positive_index.device)
+    forward, reverse = false_negative_masks(positive_index, doc_keys, query_keys)
+    if mask is not None:
+        forward = forward | mask.to(forward.device)
+        forward[rows, positive_index] = False
+    left = (~forward).sum(1) - 1
+    if symmetric:
+        left = left + (~reverse).sum(1) - 1
+    return left
 
 
 def info_nce(
@@ -135,6 +164,7 @@ def teacher_distillation(
     kind: str = "kl",
     temperature: float = 0.05,
     teacher_temperature: float = 0.05,
+    reduction: str = "mean",
 ) -> torch.Tensor:
     """Distillation of a teacher's scores over each row's own candidates (its positive, then its hard
     negatives, as the batch holds them): the listwise KL divergence of the student's softmax from the
@@ -151,13 +181,18 @@ def teacher_distillation(
         kind: ``kl`` or ``margin-mse``.
         temperature: τ of the student's softmax (kl).
         teacher_temperature: τ of the teacher's softmax (kl).
+        reduction: ``mean``, or ``none``: each scored row's term (what a mean over several ranks' rows
+            needs, :meth:`obliq.model.RetrieverModule.objective`).
 
     Returns:
-        Scalar float32: the mean over the rows with scores (0 when none has).
+        Scalar float32: the mean over the rows with scores (0 when none has); with ``none``, (n_scored,)
+        float32, one term per row with scores.
 
     Raises:
-        ValueError: an unknown ``kind`` or a non-positive temperature.
+        ValueError: an unknown ``kind`` or ``reduction``, or a non-positive temperature.
     """
+    if reduction not in ("mean", "none"):
+        raise ValueError(f"reduction must be 'mean' or 'none', got {reduction!r}")
     if kind not in ("kl", "margin-mse"):
         raise ValueError(f"teacher loss must be 'kl' or 'margin-mse', got {kind!r}")
     if temperature <= 0 or teacher_temperature <= 0:
@@ -179,6 +214,8 @@ def teacher_distillation(
             terms.append((p * gap).sum())
         else:
             terms.append((((s[0] - s[1:]) - (t[0] - t[1:])) ** 2).mean())
+    if reduction == "none":
+        return torch.stack(terms).float() if terms else queries.new_zeros(0)
     if not terms:
         return queries.sum() * 0.0  # keeps the graph: a step without scores contributes nothing
     return torch.stack(terms).mean().float()
@@ -256,7 +293,7 @@ def relational_distillation(
     return (p * gap).sum(1).mean().float()
 
 
-def matryoshka(loss_fn, queries: torch.Tensor, docs: torch.Tensor, dims, weights=None) -> torch.Tensor:
+def matryoshka(loss_fn, queries: torch.Tensor, docs: torch.Tensor, dims, weights=None, parts=None) -> torch.Tensor:
     """A loss at nested dimensions: Σ_i w_i · loss_fn(q[:, :d_i] / ‖·‖, docs[:, :d_i] / ‖·‖).
 
     Matryoshka representation learning (Kusupati et al., 2022), as sentence-transformers'
@@ -270,6 +307,7 @@ def matryoshka(loss_fn, queries: torch.Tensor, docs: torch.Tensor, dims, weights
         queries: (B, h) and docs: (M, h) embeddings.
         dims: the dimensions, each in 1 … h.
         weights: one per dimension (default 1 each).
+        parts: None, or a list to which each dimension's loss (unweighted, detached) is appended.
 
     Returns:
         The weighted sum, float32.
@@ -286,7 +324,10 @@ def matryoshka(loss_fn, queries: torch.Tensor, docs: torch.Tensor, dims, weights
         if not 1 <= dim <= width:
             raise ValueError(f"matryoshka_dims: {dim} is outside 1 … {width} (the embedding size)")
         q, d = (F.normalize(x[:, :dim].double(), dim=-1) for x in (queries, docs))
-        total = total + weight * loss_fn(q, d).double()
+        value = loss_fn(q, d).double()
+        if parts is not None:
+            parts.append(value.detach().float())
+        total = total + weight * value
     return total.float()
 
 
@@ -341,7 +382,10 @@ class InfoNCELoss(nn.Module):
         gradient already is its share of the global loss's, so the average is scaled back up."""
         return float(world()[1]) if self.gather_across_devices else 1.0
 
-    def forward(self, queries, docs, positive_index, doc_keys=None, query_keys=None, mask=None) -> torch.Tensor:
+    def forward(
+        self, queries, docs, positive_index, doc_keys=None, query_keys=None, mask=None, parts=None
+    ) -> torch.Tensor:
+        """The loss (module notes); ``parts``: a list for each Matryoshka dimension's loss (:func:`matryoshka`)."""
         if self.gather_across_devices and world()[1] > 1:
             if mask is not None:
                 raise ValueError("a guided mask (model.guided_margin) is not gathered across devices: train on one")
@@ -355,7 +399,7 @@ class InfoNCELoss(nn.Module):
             return info_nce(q, d, positive_index, doc_keys, self.temperature, query_keys, self.symmetric, mask)
 
         if self.matryoshka_dims:
-            return matryoshka(nce, queries, docs, self.matryoshka_dims, self.matryoshka_weights)
+            return matryoshka(nce, queries, docs, self.matryoshka_dims, self.matryoshka_weights, parts)
         return nce(queries, docs)
 
     def citation(self) -> dict:
@@ -375,3 +419,57 @@ class InfoNCELoss(nn.Module):
             out["matryoshka_weights"] = self.matryoshka_weights or [1.0] * len(self.matryoshka_dims)
             out["references"].append("Kusupati et al. 2022 (Matryoshka)")
         return out
+
+
+def check_negatives(loss: InfoNCELoss, batch: dict, step: int, mask: torch.Tensor | None = None, data=None) -> None:
+    """Refuse a training step in which no row has a negative left (issue 49 §4): every row's loss is then 0
+    with gradient 0 (one row and no hard negative; every in-batch document a copy of the row's positive,
+    e.g. rows that all share one positive), so the step, and a run made of such steps, trains nothing.
+    Counted with the loss's own masks (:func:`negatives_left`) on the step's whole batch: every rank's
+    documents when the loss gathers them; without gathering, the step trains when any rank's rows do.
+
+    Args:
+        loss: the step's :class:`InfoNCELoss` (its ``symmetric`` and ``gather_across_devices``; a wrapper
+            without them counts as InfoNCELoss's defaults).
+        batch: the collated batch (:class:`obliq.data.collate.Collator`): ``positive_index``, ``doc_keys``,
+            ``query_keys`` and ``row_ids``, on the step's device.
+        step: the global step, named in the message.
+        mask: the step's guided mask (``model.guided_margin``), or None.
+        data: the data module whose sources the message names (``sources``), or None.
+
+    Raises:
+        ValueError: ``no negative left in step N: …``, naming the rows, the data, why and what to change.
+    """
+    positive_index, doc_keys, query_keys = batch["positive_index"], batch["doc_keys"], batch["query_keys"]
+    rank, size = world()
+    symmetric = getattr(loss, "symmetric", False)  # a wrapper loss: InfoNCELoss's defaults
+    gathered = size > 1 and getattr(loss, "gather_across_devices", True)
+    if gathered and mask is not None:
+        return  # the loss refuses a guided mask across devices itself
+    if gathered:
+        counts = gather(torch.tensor([len(doc_keys)], device=doc_keys.device))
+        positive_index = gather(positive_index + counts[:rank].sum())
+        doc_keys, query_keys = gather(doc_keys), gather(query_keys)
+    left = negatives_left(positive_index, doc_keys, query_keys, mask, symmetric).sum().reshape(1)
+    if size > 1 and not gathered:
+        left = gather(left).sum()
+    if int(left):
+        return
+    n_rows, hard = len(positive_index), len(doc_keys) - len(positive_index)
+    if n_rows == 1 and hard == 0:
+        why = "its one row has no hard negative and no other row to lend it one"
+    else:
+        why = (
+            f"its {n_rows} rows hold {hard} hard negatives, and every document beside a row's own positive is "
+            "masked for it (the same id or text as its positive or its query, or the positive of a row with the "
+            "same query" + (", or scored above it by the guide, model.guided_margin)" if mask is not None else ")")
+        )
+    ids = [str(i) for i in batch.get("row_ids", [])]
+    rows = ", ".join(map(repr, ids[:3])) + (f" and {len(ids) - 3} more" if len(ids) > 3 else "")
+    sources = ", ".join(str(getattr(s, "path", s)) for s in getattr(data, "sources", None) or [])
+    raise ValueError(
+        f"no negative left in step {step}: {why}; rows {rows}"
+        + (f" of {sources}" if sources else "")
+        + ". Such a step trains at loss 0 with gradient 0: give the rows hard negatives (data.max_negatives, "
+        "obliq negatives mine), raise data.batch_size, or mix in rows with other positives"
+    )

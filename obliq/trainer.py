@@ -22,6 +22,11 @@ What the trained weights depend on (:data:`REFUSED`) is refused with the list of
 backbone, LoRA, bidirectionality, prefixes and instructions. A changed data mixture (other rows, even as
 many), batch size, world size or seed is refused when the data position is restored
 (:mod:`obliq.data.datamodule`).
+
+**A fit that trains nothing says so** (issue 49 §4): settings that train no batch (``max_steps``,
+``max_epochs`` or ``limit_train_batches`` 0) are refused before a folder is claimed or a model loaded;
+a fit that took no optimizer step all the same is an error after it (:meth:`TrainCLI.after_fit`),
+except a resume already at its last step: ``already at step N of N: nothing to train``, exit 0.
 """
 
 from __future__ import annotations
@@ -251,6 +256,7 @@ class TrainCLI(LightningCLI):
         extra = []
         if sub in ("fit", None):  # None: built with run=False, a fit's config without the subcommand
             _check_teacher_settings(section)  # before a run folder is claimed
+            _check_trains(section)
             asked = section.get("ckpt_path")
             folder, ckpt_path = run_folder(section.run_dir, asked, claim=self.claim and not printing)
             extra = [f"--run_dir={folder}"] + ([f"--ckpt_path={ckpt_path}"] if ckpt_path != asked else [])
@@ -296,6 +302,33 @@ class TrainCLI(LightningCLI):
         for line in resume_differences(ckpt, model.as_dict() if hasattr(model, "as_dict") else dict(model), path):
             log.warning("resume from %s: %s", path, line)
 
+    def after_fit(self) -> None:
+        """A fit that took no optimizer step says so: a resume already at its last step is done (one line,
+        exit 0, as a rerun of a finished job should be); any other is an error (exit 2), never a silent 0."""
+        import torch
+
+        trainer = self.trainer
+        path = trainer.ckpt_path  # the checkpoint Lightning resumed from (``last`` resolved), or None
+        # its step, as Lightning restored it (mapped, not read: the weights are not needed)
+        start = int(torch.load(path, map_location="cpu", weights_only=True, mmap=True)["global_step"]) if path else 0
+        if trainer.global_step > start:
+            return
+        total = self.model.total_steps() if hasattr(self.model, "total_steps") else trainer.max_steps
+        if start and start == total:
+            if trainer.is_global_zero:
+                log.warning("already at step %d of %d: nothing to train", start, total)
+            return
+        if start > total > 0:
+            knob = "trainer.max_steps" if trainer.max_steps and trainer.max_steps > 0 else "trainer.max_epochs"
+            raise ValueError(
+                f"the checkpoint is at step {start}, past the {total} steps of this run ({knob}): nothing to train; "
+                f"raise {knob} to train on"
+            )
+        raise ValueError(
+            f"the fit trained no batch: no optimizer step from step {start} of {total} (trainer.limit_train_batches "
+            f"{trainer.limit_train_batches}; steps skipped as non-finite: {getattr(self.model, 'bad_steps', 0)})"
+        )
+
     def before_instantiate_classes(self) -> None:
         from obliq.data import TrainingDataModule
 
@@ -306,6 +339,18 @@ class TrainCLI(LightningCLI):
         settings = data.as_dict()
         settings["sources"] = [dict(s) for s in settings["sources"]]
         TrainingDataModule(**settings).prepare_data()
+
+
+def _check_trains(config) -> None:
+    """Refuse a ``fit`` whose trainer settings leave nothing to train (``trainer.max_steps``,
+    ``max_epochs`` or ``limit_train_batches`` 0), before any folder is made or model loaded: Lightning
+    would stop at once and exit 0 (issue 49 §4). Whatever else trains no batch is refused after the fit
+    (:meth:`TrainCLI.after_fit`)."""
+    trainer = config.get("trainer") or {}
+    for key in ("max_steps", "max_epochs", "limit_train_batches"):
+        value = trainer.get(key)
+        if value is not None and not isinstance(value, bool) and value == 0:
+            raise ValueError(f"trainer.{key} is {value}: the fit would train no batch (set it above 0)")
 
 
 def _check_teacher_settings(config) -> None:

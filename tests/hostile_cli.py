@@ -342,7 +342,16 @@ if __name__ == "__main__":
     case(
         "comparisons",
         "compare against a run missing queries",
-        run("compare", str(w / "a.trec"), str(w / "b.trec"), "--qrels", str(t / "qrels" / "test.tsv"), cwd=w),
+        run(
+            "compare",
+            str(w / "a.trec"),
+            str(w / "b.trec"),
+            "--qrels",
+            str(t / "qrels" / "test.tsv"),
+            "--whole_ranking",
+            "true",
+            cwd=w,
+        ),
         "has no result for 1 of the 2 judged queries",
     )
     done = run(
@@ -353,6 +362,8 @@ if __name__ == "__main__":
         str(t / "qrels" / "test.tsv"),
         "--missing",
         "drop",
+        "--whole_ranking",
+        "true",
         cwd=w,
     )
     case("comparisons", "compare --missing drop names what it compares", done, '"queries_compared": 1', exit_code=0)
@@ -420,7 +431,7 @@ if __name__ == "__main__":
         "not one run: k is 2",
     )
     (w / "h.tsv").write_text("q1\td1\t1.0\nq2\td2\t1\n")
-    done = run("metrics", "--qrels", str(w / "h.tsv"), "--run", str(w / "a.trec"), "--measures", "NDCG@10", cwd=w)
+    done = run("metrics", "--qrels", str(w / "h.tsv"), "--run", str(w / "a.trec"), "--measures", "NDCG@1", cwd=w)
     case("inputs", "headerless qrels whose first grade is 1.0", done, '"n_queries": 2', exit_code=0)
     dose = f"""
 from obliq.data import Source, TrainingDataModule

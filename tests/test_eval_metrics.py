@@ -204,7 +204,7 @@ def test_obliq_metrics_refuses_an_empty_run_or_one_of_another_task_and_counts_st
         score_files(qrels, empty)
     with pytest.raises(ValueError, match="none of its 1 queries"):
         score_files(qrels, other)
-    out = score_files(qrels, partial, "NDCG@10")
+    out = score_files(qrels, partial, "NDCG@10", whole_ranking=True)
     assert out["metrics"]["NDCG@10"] == pytest.approx(0.5)  # q1 = 1, q2 missing = 0
     assert out["run_queries_not_in_qrels"] == 1 and out["qrels_queries_not_in_run"] == 1
     assert "1 run queries not in qrels" in caplog.text

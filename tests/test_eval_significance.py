@@ -60,7 +60,7 @@ def _c20_files(tmp_path, n):
 @pytest.mark.parametrize("n, expected", [(1, 1.0), (3, 0.25), (5, 0.0625)])
 def test_c20_a_handful_of_queries_gives_the_exact_sign_flip_p(tmp_path, capsys, n, expected):
     runs, qrels = _c20_files(tmp_path, n)
-    obliq_main(["compare", *runs, "--qrels", qrels])
+    obliq_main(["compare", *runs, "--qrels", qrels, "--whole_ranking"])  # C20's runs rank two documents
     out = json.loads(capsys.readouterr().out)
     assert out["mean_a"] == pytest.approx(0.630930, abs=1e-6) and out["mean_b"] == 1.0
     assert out["diff"] == pytest.approx(0.369070, abs=1e-6)
@@ -130,6 +130,7 @@ def test_obliq_compare_command(tmp_path, capsys):
             "1000",
             "--missing",
             "zero",  # q3, missing from a.trec, scores 0 (trec_eval -c)
+            "--whole_ranking",
         ]
     )
     out = json.loads(capsys.readouterr().out)
@@ -154,13 +155,13 @@ def test_compare_refuses_runs_that_miss_judged_queries_unless_told_what_to_do(tm
     sparse = tmp_path / "sparse.trec"
     sparse.write_text("\n".join(kept) + "\n")
     with pytest.raises(ValueError, match=r"has no result for \d+ of the 12 judged queries"):
-        compare_files(full, sparse, tmp_path / qrels)
-    dropped = compare_files(full, sparse, tmp_path / qrels, missing="drop")
+        compare_files(full, sparse, tmp_path / qrels, whole_ranking=True)
+    dropped = compare_files(full, sparse, tmp_path / qrels, missing="drop", whole_ranking=True)
     held = {line.split()[0] for line in kept}
     assert dropped["queries_compared"] == dropped["n_queries"] == len(held) < 12
     assert len(dropped["missing_from_b"]) == 12 - len(held)
     with pytest.raises(SystemExit):
-        obliq_main(["compare", str(full), str(sparse), "--qrels", str(tmp_path / qrels)])
+        obliq_main(["compare", str(full), str(sparse), "--qrels", str(tmp_path / qrels), "--whole_ranking"])
     assert "--missing zero" in capsys.readouterr().err
 
 

@@ -34,6 +34,7 @@ def test_c28_a_bom_before_a_headerless_trec_qrels_changes_nothing(tmp_path, caps
             "--measures",
             "NDCG@10",
             "--per_query",
+            "--whole_ranking",  # one document per query: the run is each query's whole ranking
         ]
     )
     out = json.loads(capsys.readouterr().out)
@@ -193,23 +194,16 @@ def test_evaluate_refuses_a_cutoff_deeper_than_top_k_and_the_curve_stops_at_the_
     assert "1000" in whole["recall_curve"]
 
 
-def test_obliq_metrics_flags_measures_deeper_than_the_run(tmp_path, capsys, caplog):
+def test_obliq_metrics_refuses_measures_deeper_than_the_run_unless_it_is_the_whole_ranking(tmp_path, capsys):
     (tmp_path / "q.tsv").write_text("q1\td1\t1\n")
     (tmp_path / "r.trec").write_text("q1 Q0 d2 1 2.0 r\nq1 Q0 d1 2 1.0 r\n")
-    obliq_main(
-        [
-            "metrics",
-            "--qrels",
-            str(tmp_path / "q.tsv"),
-            "--run",
-            str(tmp_path / "r.trec"),
-            "--measures",
-            "Recall@1,Recall@1000",
-        ]
-    )
+    argv = ["metrics", "--qrels", str(tmp_path / "q.tsv"), "--run", str(tmp_path / "r.trec")]
+    with pytest.raises(SystemExit) as stop:
+        obliq_main([*argv, "--measures", "Recall@1,Recall@1000"])
+    assert stop.value.code == 2 and "measure Recall@1000 cuts at 1000" in capsys.readouterr().err
+    obliq_main([*argv, "--measures", "Recall@1,Recall@1000", "--whole_ranking"])  # tests/test_cut_rules.py
     out = json.loads(capsys.readouterr().out)
     assert out["run_depth"] == 2 and out["deeper_than_run"] == ["Recall@1000"]
-    assert "Recall@1000 cut deeper" in caplog.text
 
 
 def test_the_obliq_console_script_exits_0_on_success_and_2_on_bad_input(tmp_path):
@@ -232,6 +226,7 @@ def test_the_obliq_console_script_exits_0_on_success_and_2_on_bad_input(tmp_path
             str(tmp_path / "run.trec"),
             "--measures",
             "NDCG@10",
+            "--whole_ranking",
         ],
         capture_output=True,
         text=True,

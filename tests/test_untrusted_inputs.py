@@ -482,5 +482,5 @@ def test_a_damaged_adapter_is_named_before_anything_is_encoded(tiny_llama_dir, t
     with pytest.raises(ValueError, match=r"adapter: the adapter's weight .*lora_A.* holds NaN or infinite values"):
         load_encoder(str(tmp_path / "adapter"))
     weights.write_bytes(whole[: len(whole) // 2])
-    with pytest.raises(ValueError, match=r"adapter: the adapter's weights cannot be read \(Error while deserializ"):
+    with pytest.raises(ValueError, match=r"adapter_model\.safetensors: a safetensors file cut short"):
         load_encoder(str(tmp_path / "adapter"))

@@ -193,7 +193,7 @@ def audit(
             retrieval_s = perf_counter() - t0
             values = query_values(run, loaded, measures, lean, lean_k, lean_relevant_only)
             folder = output / slug
-            write_run(folder / "run.trec", {q: run.get(q, {}) for q in loaded.query_ids}, tag=slug)
+            write_run(folder / "run.trec", {q: run.get(q, {}) for q in loaded.query_ids}, tag=slug, task=loaded)
             with (folder / "per_query.jsonl").open("w", encoding="utf-8") as f:
                 for q, r in attributes.rows.items():
                     row = {

@@ -28,12 +28,24 @@ Runs are TREC files or mteb's saved predictions, read by :func:`obliq.search.run
 
 Duplicates (C08): a run listing the same document twice for a query keeps its first occurrence in
 ranking order (its highest score); repeated qrels rows are read once (:func:`read_qrels`).
+
+Cut-offs and depth, one rule for every command (refuse rather than guess):
+
+- a cut-off is a rank, a whole number ≥ 1 (trec_eval's ``ndcg_cut.k``): ``NDCG@0``, ``NDCG@2.5`` or
+  ``Recall@-1`` is refused when the measure is parsed (:func:`parse_measures`), before any file is read
+  or any document retrieved (trec_eval would abort the process once the run is scored);
+- a measure cut at k is computed on a ranking only when the ranking reaches ``min(k, corpus size)``
+  (:func:`check_depth`). ``obliq evaluate`` knows both (``retrieval.top_k`` or a run file's depth, and
+  the task's corpus); ``obliq metrics`` and ``obliq compare`` know only the run, so a cut-off deeper
+  than the run is refused unless ``--whole_ranking true`` says the run is each query's whole ranking
+  (:func:`check_run_depth`): trec_eval then scores it as given.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,10 +68,14 @@ def parse_measures(names: str | Iterable[str]) -> dict[str, object]:
     """Map measure names to ir_measures measures, keeping the caller's spelling as the key.
 
     ``NDCG@k`` and ``Recall@k`` are accepted (as are ir_measures' own names: ``nDCG@10``, ``R@100``,
-    ``RR``, ``P@5``, ``AP``…). A comma-separated string is split.
+    ``RR``, ``P@5``, ``AP``…). A comma-separated string is split. A cut-off ``k`` is a rank, a whole
+    number ≥ 1 written in decimal digits (trec_eval's ``-m ndcg_cut.k``, ``P.k``): ``NDCG@0``,
+    ``NDCG@2.5`` and ``Recall@-1`` are refused here, where trec_eval itself would abort the process
+    only once the run is scored (pytrec_eval asserts on a cut-off below 1, after all retrieval work).
 
     Raises:
-        ValueError: an unknown measure name, or one trec_eval does not compute.
+        ValueError: an unknown measure name, a cut-off that is not a rank, or a measure trec_eval does
+            not compute; the message names the measure.
     """
     import ir_measures
 
@@ -67,6 +83,7 @@ def parse_measures(names: str | Iterable[str]) -> dict[str, object]:
         names = [n for n in (s.strip() for s in names.split(",")) if n]
     out = {}
     for name in names:
+        _check_cutoff(name)
         try:
             out[name] = ir_measures.parse_measure(name)
         except (ValueError, NameError, SyntaxError, TypeError) as e:
@@ -89,23 +106,77 @@ def cutoff(measure) -> int | None:
     return int(value) if value is not None else None
 
 
-def check_depth(measures: str | Iterable[str], top_k: int, n_docs: int, what: str = "retrieval.top_k") -> None:
-    """Refuse a measure that cuts deeper than the ranking it is computed on.
+MAX_CUTOFF = 2**31 - 1
+"""The deepest cut-off accepted (beyond a 64-bit integer, pytrec_eval names the measure by another cut)."""
 
-    A ranking of ``top_k`` documents measures a cut-off ``k`` only when ``top_k ≥ min(k, n_docs)``:
+
+def _check_cutoff(name: str) -> None:
+    """Refuse ``name`` when it has a cut-off (``…@k``) that is not a whole number in 1 … :data:`MAX_CUTOFF`
+    written in decimal digits, no leading zero (ir_measures reads ``@010`` as an octal literal and refuses it)."""
+    head, at, cut = str(name).rpartition("@")
+    if at and not (re.fullmatch(r"[1-9][0-9]*", cut.strip()) and 1 <= int(cut) <= MAX_CUTOFF):
+        raise ValueError(
+            f"measure {name!r}: the cut-off {cut.strip()!r} is not a rank (a whole number of documents from 1 to "
+            f"{MAX_CUTOFF:,}, as trec_eval cuts a ranking); try {head.strip() or 'NDCG'}@10"
+        )
+
+
+def check_depth(
+    measures: str | Iterable[str],
+    depth: int,
+    n_docs: int | None,
+    what: str = "retrieval.top_k",
+    fix: str | None = None,
+) -> None:
+    """Refuse a measure that cuts deeper than the ranking it is computed on: the one depth rule of
+    ``obliq evaluate``, ``obliq metrics``, ``obliq compare``, the audit and the training callback.
+
+    A ranking ``depth`` documents deep measures a cut-off ``k`` only when ``depth ≥ min(k, n_docs)``:
     Recall@1000 of a top-100 run is not Recall@1000 (relevant documents at ranks 101…1000 would
-    count as missing), unless the corpus has at most 100 documents and the ranking is complete.
+    count as missing), unless the corpus has at most 100 documents and the ranking is complete. Where
+    the corpus is unknown (``n_docs`` None: a run file scored alone), every cut-off needs ``depth ≥ k``;
+    a caller told that the run is each query's whole ranking (``--whole_ranking true``) skips the check.
+
+    Args:
+        measures: names, see :func:`parse_measures`.
+        depth: documents ranked per query (for a run, its deepest query's).
+        n_docs: documents each query is ranked over (the corpus, or the largest candidate set); None: unknown.
+        what: the setting or file that set the depth, as the message names it.
+        fix: what the message suggests (default: raise ``what``).
 
     Raises:
         ValueError: the first such measure, naming it, the depth and how to fix it.
     """
     for name, measure in parse_measures(measures).items():
         k = cutoff(measure)
-        if k is not None and top_k < min(k, n_docs):
+        need = k if k is None or n_docs is None else min(k, n_docs)
+        if k is not None and depth < need:
+            held = f"{what}={depth}" + (" documents per query" if n_docs is None else f" of {n_docs} documents")
             raise ValueError(
-                f"measure {name} cuts at {k} but the ranking holds {what}={top_k} of {n_docs} documents: "
-                f"raise {what} to {min(k, n_docs)} or leave {name} out"
+                f"measure {name} cuts at {k} but the ranking holds {held}: "
+                f"{fix or f'raise {what} to {need}'} or leave {name} out"
             )
+
+
+def check_run_depth(measures: str | Iterable[str], run: Run, path: object, whole_ranking: bool = False) -> int:
+    """The depth of ``run`` (its deepest query's ranking), once :func:`check_depth` allows ``measures``
+    on it: the corpus is unknown, so a cut-off deeper than the run is refused unless ``whole_ranking``
+    says the run is each query's whole ranking (every document its system returns, or its whole corpus).
+
+    Raises:
+        ValueError: a measure cuts deeper than the run (named, with the file).
+    """
+    depth = max((len(docs) for docs in run.values()), default=0)
+    if not whole_ranking:
+        check_depth(
+            measures,
+            depth,
+            None,
+            f"the depth of {path}",
+            f"rank deeper, pass --whole_ranking true if {path} holds each query's whole ranking (every document "
+            "its system returns, or the whole corpus),",
+        )
+    return depth
 
 
 def _rr_cutoff(measure) -> int | None:
@@ -203,6 +274,7 @@ def score_files(
     run: Path,
     measures: str = ",".join(DEFAULT_MEASURES),
     per_query: bool = False,
+    whole_ranking: bool = False,
 ) -> dict:
     """Score a TREC run file against qrels with trec_eval's conventions (the `obliq metrics` command).
 
@@ -213,42 +285,36 @@ def score_files(
             task (:func:`obliq.search.runs.read_mteb_predictions`).
         measures: comma-separated measure names, e.g. ``NDCG@10,Recall@100``.
         per_query: also return each query's values.
+        whole_ranking: the run is each query's whole ranking (every document its system returns, or
+            the whole corpus): a measure that cuts deeper than the run is then scored as trec_eval scores
+            the run as given, and listed in ``deeper_than_run``. Without it such a measure is refused
+            (:func:`check_run_depth`, the rule ``obliq evaluate`` and ``obliq compare`` apply).
 
     Returns:
         ``{"metrics": {name: mean}, "n_queries": …, "n_excluded": …, "run_depth": …,
         "deeper_than_run": […], "run_queries_not_in_qrels": …, "qrels_queries_not_in_run": …}`` (+
         ``"per_query"``). Queries of the qrels that the run lacks score 0 (trec_eval ``-c``); run
-        queries without judgements are ignored and counted. ``deeper_than_run`` flags the measures
-        whose cut-off exceeds the run's deepest ranking (``run_depth``): they are not measured at the
-        depth they name unless the corpus is that small.
+        queries without judgements are ignored and counted. ``run_depth`` is the run's deepest ranking.
 
     Raises:
-        ValueError: the qrels hold no judgement; the run has no line, or none of its queries is in
-            the qrels (a wrong pair of files).
+        ValueError: a bad measure name or cut-off (before any file is read); the qrels hold no judgement;
+            the run has no line, or none of its queries is in the qrels (a wrong pair of files); a
+            measure cuts deeper than the run without ``whole_ranking``.
     """
+    parsed = parse_measures(measures)  # before any file is read
     judged = read_qrels(qrels)
     ranked = check_run(read_ranking(run), judged, run, qrels)
-    ev = evaluate_run(judged, ranked, measures)
-    depth = max(len(docs) for docs in ranked.values())
-    deeper = {name: cutoff(m) for name, m in parse_measures(measures).items() if (cutoff(m) or 0) > depth}
+    depth = check_run_depth(parsed, ranked, run, whole_ranking)
+    ev = evaluate_run(judged, ranked, parsed)
     out: dict = {
         "metrics": ev.aggregate,
         "n_queries": ev.n_queries,
         "n_excluded": ev.n_excluded,
         "run_depth": depth,
-        "deeper_than_run": sorted(deeper),
+        "deeper_than_run": sorted(name for name, m in parsed.items() if (cutoff(m) or 0) > depth),
         "run_queries_not_in_qrels": len(ranked.keys() - judged.keys()),
         "qrels_queries_not_in_run": len(judged.keys() - ranked.keys()),
     }
-    if deeper:
-        log.warning(
-            "%s holds at most %d documents per query: %s cut deeper and are not measured at their depth "
-            "(unless the corpus has at most %d documents)",
-            run,
-            depth,
-            ", ".join(sorted(deeper)),
-            depth,
-        )
     for key in ("run_queries_not_in_qrels", "qrels_queries_not_in_run"):
         if out[key]:
             log.warning("%s: %d %s", run, out[key], key.replace("_", " "))

@@ -78,9 +78,9 @@ def write_retrieval(task: Task, retrieval: Retrieval, output: Path, model: str) 
     """
     output = Path(output)
     tag = Path(model).name or model
-    write_run(output / "run.trec", retrieval.run, tag=tag)
+    write_run(output / "run.trec", retrieval.run, tag=tag, task=task)  # with the corpus it ranked
     if retrieval.dense_run is not None:
-        write_run(output / "run.dense.trec", retrieval.dense_run, tag=tag)
+        write_run(output / "run.dense.trec", retrieval.dense_run, tag=tag, task=task)
     return {
         "task": task.name,
         "model": model,
@@ -378,8 +378,10 @@ def evaluate_tasks(
     """Retrieve and score every task, write each task's files and the report over all of them.
 
     Raises:
-        ValueError: two tasks share a name (their files would collide).
+        ValueError: two tasks share a name (their files would collide); a bad measure name or cut-off
+            (:func:`obliq.eval.metrics.parse_measures`): both before the first retrieval.
     """
+    parse_measures(measures)
     folders = [safe_name(t.name, "task name") for t in tasks]
     if len(set(folders)) != len(folders):
         raise ValueError(f"task names must be unique as folder names, got {[t.name for t in tasks]}")

@@ -41,6 +41,11 @@ EXACT_MAX_UNITS = 20
 """Up to this many non-zero units, the sign-flip test enumerates all 2^n patterns (about a million)."""
 TIE = 0.001
 """Per-query differences within this are ties (the paper's Table 7)."""
+MAX_RESAMPLES = 1_000_000
+"""The most bootstrap draws, or Monte Carlo sign patterns, one comparison takes (100 × the paper's
+10,000): the Monte Carlo p-value's floor is then 1e-6, and the bootstrap keeps one float per draw
+(8 MB) on top of its bounded batches; beyond it a typo (``--resamples 10000000000``) would run for
+hours, or exhaust memory, before printing anything."""
 
 _MAX_CELLS = 4_000_000  # entries of one resampling matrix (bounds memory at ~32 MB)
 
@@ -366,6 +371,22 @@ class Comparison:
         )
 
 
+def check_resamples(name: str, value) -> None:
+    """Refuse ``value`` unless it is an integer in 1 … :data:`MAX_RESAMPLES` (``name`` is the setting's).
+
+    Raises:
+        ValueError: ``"<name>: …"``, naming the limit.
+    """
+    from obliq.errors import check_int
+
+    check_int(name, value, 1)
+    if value > MAX_RESAMPLES:
+        raise ValueError(
+            f"{name}: at most {MAX_RESAMPLES:,} (obliq.eval.significance.MAX_RESAMPLES; the paper's interval "
+            f"takes {BOOTSTRAP_RESAMPLES:,}), got {value:,}"
+        )
+
+
 def compare(
     per_query_a: dict[str, float],
     per_query_b: dict[str, float],
@@ -388,8 +409,11 @@ def compare(
         confidence: level of the interval.
 
     Raises:
-        ValueError: the two query sets differ, or are empty.
+        ValueError: the two query sets differ, or are empty; ``resamples`` or ``permutations`` outside
+            1 … :data:`MAX_RESAMPLES`.
     """
+    check_resamples("resamples", resamples)
+    check_resamples("permutations", permutations)
     if set(per_query_a) != set(per_query_b):
         only = sorted(set(per_query_a) ^ set(per_query_b))
         raise ValueError(f"the runs were evaluated on different queries ({len(only)} differ, e.g. {only[0]})")
@@ -439,6 +463,7 @@ def compare_files(
     subset: str | None = None,
     split: str | None = None,
     missing: Literal["refuse", "zero", "drop"] = "refuse",
+    whole_ranking: bool = False,
 ) -> dict:
     """Run B against run A on one qrels file: mean difference, its paired-bootstrap interval and the
     sign-flip test's p-value with its method and n (the ``obliq compare`` command).
@@ -465,30 +490,38 @@ def compare_files(
         subset / split: for mteb predictions holding several: which (default: the only one).
         missing: judged queries a run holds nothing for: ``refuse`` (the default), ``zero`` (they score
             0, trec_eval ``-c``) or ``drop`` (compare only the queries both runs hold).
+        whole_ranking: each run is each query's whole ranking (every document its system returns, or the
+            whole corpus): a measure that cuts deeper than a run is then scored as trec_eval scores the run
+            as given. Without it such a measure is refused, as ``obliq metrics`` and ``obliq evaluate``
+            refuse it (:func:`obliq.eval.metrics.check_run_depth`).
 
     Returns:
         The :class:`Comparison` as a dict (differences are B − A), with ``p_text``, ``missing``,
-        ``queries_compared`` and, per run, the judged queries it has no result for (``missing_from_a``,
-        ``missing_from_b``).
+        ``whole_ranking``, ``queries_compared`` and, per run, the judged queries it has no result for
+        (``missing_from_a``, ``missing_from_b``).
 
     Raises:
-        ValueError: a run that is empty or holds no query of the qrels (a run of another task:
-            :func:`obliq.eval.metrics.check_run`); judged queries a run lacks with ``missing="refuse"``;
-            ``resamples`` or ``permutations`` below 1.
+        ValueError: before any file is read: a bad measure name or cut-off
+            (:func:`obliq.eval.metrics.parse_measures`), ``resamples`` or ``permutations`` outside 1 …
+            :data:`MAX_RESAMPLES`; then a run that is empty or holds no query of the qrels (a run of another
+            task: :func:`obliq.eval.metrics.check_run`); a measure that cuts deeper than a run without
+            ``whole_ranking``; judged queries a run lacks with ``missing="refuse"``.
     """
-    from obliq.errors import check_int
-    from obliq.eval.metrics import check_run, evaluate_run
+    from obliq.eval.metrics import check_run, check_run_depth, evaluate_run, parse_measures
     from obliq.search.runs import read_ranking
     from obliq.tasks import read_qrels
 
-    check_int("resamples", resamples, 1)
-    check_int("permutations", permutations, 1)
+    parse_measures([measure])
+    check_resamples("resamples", resamples)
+    check_resamples("permutations", permutations)
     if missing not in ("refuse", "zero", "drop"):
         raise ValueError(f"missing: 'refuse', 'zero' or 'drop', got {missing!r}")
     judged = read_qrels(qrels)
+    rankings = [check_run(read_ranking(run, task, subset, split), judged, run, qrels) for run in (run_a, run_b)]
+    for run, ranked in zip((run_a, run_b), rankings):  # both runs read and checked before either is scored
+        check_run_depth([measure], ranked, run, whole_ranking)
     values, lacking = [], []
-    for run in (run_a, run_b):
-        ranked = check_run(read_ranking(run, task, subset, split), judged, run, qrels)
+    for ranked in rankings:
         ev = evaluate_run(judged, ranked, [measure])
         values.append({q: v[measure] for q, v in ev.per_query.items()})
         lacking.append(sorted(q for q in ev.per_query if not ranked.get(q)))
@@ -509,5 +542,11 @@ def compare_files(
             raise ValueError(f"{run_a} and {run_b} hold no judged query in common")
         values = [{q: v for q, v in vals.items() if q in keep} for vals in values]
     out = compare(values[0], values[1], measure, resamples, permutations, seed, tie).as_dict()
-    out.update(missing=missing, queries_compared=len(values[0]), missing_from_a=lacking[0], missing_from_b=lacking[1])
+    out.update(
+        missing=missing,
+        queries_compared=len(values[0]),
+        missing_from_a=lacking[0],
+        missing_from_b=lacking[1],
+        whole_ranking=whole_ranking,
+    )
     return out

@@ -25,7 +25,7 @@ from obliq.aliases import portable_name, resolve_model
 from obliq.files import read_text, write_json
 from obliq.model.bidirectional import check_loading, check_model_code, make_bidirectional
 from obliq.model.pooling import mean_pool
-from obliq.model.tokenizer import PASSAGE_MAX_LENGTH, QUERY_MAX_LENGTH, Kind, TextTokenizer
+from obliq.model.tokenizer import PASSAGE_MAX_LENGTH, QUERY_MAX_LENGTH, Kind, TextTokenizer, check_vocabulary
 
 log = logging.getLogger(__name__)
 
@@ -464,21 +464,8 @@ def _local_path(name: str) -> bool:
 
 
 POSITION_OFFSET_MODELS = frozenset(
-    {
-        "roberta",
-        "xlm-roberta",
-        "xlm-roberta-xl",
-        "camembert",
-        "mpnet",
-        "roberta-prelayernorm",
-        "data2vec-text",
-        "xmod",
-        "ibert",
-        "longformer",
-        "luke",
-        "markuplm",
-        "layoutlmv3",
-    }
+    "roberta xlm-roberta xlm-roberta-xl camembert mpnet roberta-prelayernorm data2vec-text xmod ibert longformer "
+    "luke markuplm layoutlmv3".split()
 )
 """transformers model types whose position ids start at ``padding_idx + 1`` (``create_position_ids_from_input_ids``):
 a table of 514 position embeddings holds 512 tokens (C47; transformers #14243, #9116, #15292, #1363)."""
@@ -498,29 +485,6 @@ def model_capacity(path: str, config) -> int | None:
         limits.append(json.loads(read_text(st_config)).get("max_seq_length"))
     limits = [int(n) for n in limits if n]
     return min(limits) if limits else None
-
-
-PROBE = "The quick brown fox jumps over the lazy dog while five wizards box."
-"""The sentence :func:`check_vocabulary` tokenizes: common English words, which any real vocabulary knows."""
-
-
-def check_vocabulary(tokenizer, model: object) -> None:
-    """Refuse a tokenizer that reads every word as unknown (issue 49 §3): a model folder without its tokenizer
-    files (``vocab.txt``, ``tokenizer.json``, …) loads, with transformers 5, a tokenizer of the config's class
-    with no vocabulary (BERT's: 5 special tokens), which maps every word to the unknown token, and the model
-    would encode and be scored on nothing but that token.
-
-    Raises:
-        ValueError: :data:`PROBE` tokenizes to no id, or to the unknown token's id only (``model`` named).
-    """
-    ids = tokenizer(PROBE, add_special_tokens=False)["input_ids"]
-    unknown = getattr(tokenizer, "unk_token_id", None)
-    if not ids or (unknown is not None and all(i == unknown for i in ids)):
-        raise ValueError(
-            f"{model}: field tokenizer: every word of a probe sentence is the unknown token {tokenizer.unk_token!r} "
-            f"(a vocabulary of {len(tokenizer)} tokens): the folder lacks its tokenizer files (tokenizer.json, "
-            "vocab.txt, …); copy them from the model it was saved from"
-        )
 
 
 def _ensure_pad_token(tokenizer) -> None:

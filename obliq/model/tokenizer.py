@@ -168,3 +168,26 @@ class TextTokenizer:
             self.truncated[kind] += len(over)
         features = [{"input_ids": a, "attention_mask": m} for a, m in zip(enc["input_ids"], enc["attention_mask"])]
         return dict(self.tokenizer.pad(features, padding=True, return_tensors="pt"))
+
+
+PROBE = "The quick brown fox jumps over the lazy dog while five wizards box."
+"""The sentence :func:`check_vocabulary` tokenizes: common English words, which any real vocabulary knows."""
+
+
+def check_vocabulary(tokenizer, model: object) -> None:
+    """Refuse a tokenizer that reads every word as unknown (issue 49 §3): a model folder without its tokenizer
+    files (``vocab.txt``, ``tokenizer.json``, …) loads, with transformers 5, a tokenizer of the config's class
+    with no vocabulary (BERT's: 5 special tokens), which maps every word to the unknown token, and the model
+    would encode and be scored on nothing but that token.
+
+    Raises:
+        ValueError: :data:`PROBE` tokenizes to no id, or to the unknown token's id only (``model`` named).
+    """
+    ids = tokenizer(PROBE, add_special_tokens=False)["input_ids"]
+    unknown = getattr(tokenizer, "unk_token_id", None)
+    if not ids or (unknown is not None and all(i == unknown for i in ids)):
+        raise ValueError(
+            f"{model}: field tokenizer: every word of a probe sentence is the unknown token {tokenizer.unk_token!r} "
+            f"(a vocabulary of {len(tokenizer)} tokens): the folder lacks its tokenizer files (tokenizer.json, "
+            "vocab.txt, …); copy them from the model it was saved from"
+        )

@@ -92,7 +92,7 @@ def run(
         ids = queries_to_rerank(data, dense, source=run)[:queries]
         reranked, stats = Reranker(cfg).rerank_run(data, dense, method, ids)
         out = Path(out)
-        write_run(out, reranked, tag=method)
+        write_run(out, reranked, tag=method, task=data)
         gold = data.qrels["test"]
         report = {
             "task": data.name,

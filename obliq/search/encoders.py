@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, Protocol
 
-from obliq.aliases import resolve_model
+from obliq.aliases import check_model, resolve_model
 from obliq.files import read_text
 
 Kind = Literal["query", "passage"]
@@ -71,7 +71,7 @@ class SentenceTransformerEncoder:
         check_model_code(path, trust_remote_code)  # a published family (llama_bidirec) read as data
         self.model = SentenceTransformer(path, device=device, trust_remote_code=trust_remote_code)
         if getattr(self.model, "tokenizer", None) is not None:  # a text model: refused without its vocabulary
-            from obliq.model.encoder import check_vocabulary
+            from obliq.model.tokenizer import check_vocabulary
 
             check_vocabulary(self.model.tokenizer, path)
         self.capacity = self.model.max_seq_length
@@ -237,6 +237,7 @@ def load_encoder(model: str, encoder: EncoderKind = "auto", trust_remote_code: b
 
     from obliq.errors import weights_only_refusal
 
+    check_model(model)  # damaged weights, a path of the wrong kind, a hub id not cached offline: one line
     try:
         return _load_encoder(model, encoder, trust_remote_code)
     except pickle.UnpicklingError as err:  # a pickled pytorch_model.bin holding more than tensors

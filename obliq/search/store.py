@@ -3,8 +3,10 @@ corpus-embedding cache is, and ``obliq search`` / ``evaluate`` read (docs/format
 
 A store is a folder (Tevatron's ``(reps, lookup)`` shard contract, as files that memory-map):
 
-- ``store.json``: ``{"format", "fingerprint", "shards"}``, the fingerprint being how the vectors were
-  made (model and its files, encoder kind, passage length, corpus digest and size);
+- ``store.json``: ``{"format", "fingerprint", "shards", "model"}``, the fingerprint being how the vectors
+  were made (model and its files, encoder kind, passage length, corpus digest and size: :func:`model_key`),
+  ``model`` the name it was last written under (for ``obliq cache``); its mtime is when it was last used
+  (written or opened);
 - per shard ``i`` of ``n``: ``shard-<i>-of-<n>.npy`` ((rows, d) float32, unit rows, C order: what
   ``np.load(mmap_mode="r")`` maps without reading it), ``shard-<i>-of-<n>.ids`` (the rows' document
   ids, one a line), and ``shard-<i>-of-<n>.json`` (index, count, rows, dimension, bytes, the SHA-256 of
@@ -19,7 +21,10 @@ leaves no shard behind, only its temporary file (removed by the next run of that
 shard is untouched, and a rerun encodes only the shards without a ``.json``.
 
 :class:`Store` is one such folder with the fingerprint it must hold, made once per (model, reading
-settings, task) by :meth:`Store.of`; everything that reads or writes a store goes through it.
+settings, task) by :meth:`Store.of`; everything that reads or writes a store goes through it. A store
+of an obliq export is found by the weights digest the export records, so exporting the same weights
+again finds the same store instead of adding one; ``obliq cache`` (:mod:`obliq.search.cache`) lists and
+prunes stores.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -80,6 +86,58 @@ def _read_json(file: Path) -> dict:
         raise ValueError(f"{file}: not a JSON file ({err})") from None
 
 
+EXPORT_SMALL = 4 * 2**20
+"""An export's files up to this size are part of its store key by content (settings, prompts, tokenizer);
+larger ones (weights) by name and size, the weights being the digest the export records."""
+
+
+def model_key(model: str) -> str:
+    """How a store's fingerprint names the model its vectors come from.
+
+    An obliq export (a folder whose ``obliq_export.json`` records ``weights_sha256``,
+    :data:`obliq.model.checkpoint.EXPORT_RECORD`) is named by that digest, the content of its files up to
+    :data:`EXPORT_SMALL` and the names and sizes of the larger ones, and, for an adapter, its base model's
+    fingerprint: exporting the same checkpoint again (new files, new times) finds the same store. An export
+    with a file changed after its record was written (an edit in place), and any other model, is named by
+    :func:`obliq.search.encoders.fingerprint` (its files' path, sizes and times).
+    """
+    from obliq.aliases import resolve_model
+
+    path = Path(resolve_model(model))
+    record = path / "obliq_export.json"  # obliq.model.checkpoint.EXPORT_RECORD (not imported: it loads torch)
+    if not record.is_file():
+        return encoders.fingerprint(model)
+    try:
+        digest = json.loads(read_text(record)).get("weights_sha256")
+        written = record.stat().st_mtime_ns
+        files = sorted(p for p in path.rglob("*") if p.is_file() and p.name not in (record.name, "README.md"))
+        edited = any(f.stat().st_mtime_ns > written for f in files)
+    except (OSError, ValueError, AttributeError):
+        return encoders.fingerprint(model)
+    if not isinstance(digest, str) or edited:
+        return encoders.fingerprint(model)
+    content = hashlib.sha256()
+    for f in files:
+        size = f.stat().st_size
+        content.update(json.dumps([str(f.relative_to(path)), size]).encode())
+        if size <= EXPORT_SMALL:
+            content.update(f.read_bytes())
+    base = encoders._adapter_base(path)
+    return f"obliq export weights_sha256:{digest} files:{content.hexdigest()[:16]}" + (
+        f" on {encoders.fingerprint(base)}" if base else ""
+    )
+
+
+def model_name(model: str) -> str:
+    """The name a store records for the model it was written with: an alias's hub id, a path made absolute,
+    anything else (a hub id) as given (what ``obliq cache prune --model`` matches)."""
+    from obliq.aliases import portable_name
+
+    name = portable_name(model)
+    path = Path(os.path.expanduser(name))
+    return str(path.resolve()) if path.exists() else name
+
+
 @dataclass(frozen=True)
 class Store:
     """One task corpus's embeddings on disk (see the module notes): a folder, and the fingerprint of how
@@ -88,10 +146,12 @@ class Store:
     Attributes:
         folder: the store's folder.
         fingerprint: how the vectors were made (:meth:`of`); a store made otherwise is refused or redone.
+        model: the model's name as ``store.json`` records it (:func:`model_name`; not compared).
     """
 
     folder: Path
     fingerprint: dict
+    model: str = ""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "folder", Path(self.folder))
@@ -102,13 +162,14 @@ class Store:
         ``evaluate`` / ``obliq search`` read, ``<store root>/<task>-<20 hex digits of the fingerprint>``
         under :meth:`~obliq.search.settings.RetrievalSettings.store_root`.
 
-        The fingerprint: the model's files (:func:`obliq.search.encoders.fingerprint`: path, sizes,
-        mtimes), the encoder kind, the passage max length, the corpus file's SHA-256 and size, and the
+        The fingerprint: the model (:func:`model_key`: an export's recorded weights digest, else its files'
+        path, sizes and times, :func:`obliq.search.encoders.fingerprint`), the encoder kind, the passage
+        max length, the corpus file's SHA-256 and size, and the
         task's ``prompt_name`` when it has one (a per-task document prompt changes the vectors). ``dim``
         and the index settings are not part of it: one store serves every truncation and index.
         """
         made = {
-            "model": encoders.fingerprint(model),
+            "model": model_key(model),
             "encoder": settings.encoder,
             "passage_max_length": settings.passage_max_length,
             "corpus_sha256": task.corpus_sha256,
@@ -116,7 +177,7 @@ class Store:
             **({"prompt_name": task.prompt_name} if task.prompt_name else {}),
         }
         key = hashlib.sha256(json_text(made, indent=None).encode()).hexdigest()[:20]
-        return cls(Path(settings.store_root()) / f"{safe_name(task.name, 'task name')}-{key}", made)
+        return cls(Path(settings.store_root()) / f"{safe_name(task.name, 'task name')}-{key}", made, model_name(model))
 
     def shard_files(self, shard: Shard) -> tuple[Path, Path, Path]:
         """``(.npy, .ids, .json)`` of one shard."""
@@ -183,7 +244,9 @@ class Store:
                 old = _read_json(file)
             except ValueError:
                 old = {}
-            if old == head:
+            if {k: old.get(k) for k in head} == head:
+                if self.model and old.get("model") != self.model:
+                    write_json(file, {**head, "model": self.model})
                 return
             if not overwrite and old.get("fingerprint") == head["fingerprint"]:
                 raise ValueError(
@@ -195,7 +258,7 @@ class Store:
                     f"{file}: a store of other embeddings ({old.get('fingerprint')}); pass --overwrite true"
                 )
             self.clear()
-        write_json(file, head)
+        write_json(file, {**head, "model": self.model} if self.model else head)
 
     def clear(self) -> None:
         """Delete the store's files (its shards, saved indexes and ``store.json``), nothing else."""
@@ -283,6 +346,10 @@ class Store:
         count, missing = self.status()
         if missing:
             raise IncompleteStore(folder, missing, count)
+        try:
+            os.utime(folder / STORE_FILE)  # last used: what `obliq cache prune --older_than` goes by
+        except OSError:  # a store on a read-only disk is read all the same
+            pass
         position = {d: r for r, d in enumerate(doc_ids)}
         taken, parts, records = {}, [], []
         for i in range(count):

@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from obliq.files import open_text, read_text, strip_bom
+from obliq.files import bounded_lines, open_text, read_text, strip_bom
 from obliq.text import repair_text
 
 log = logging.getLogger(__name__)
@@ -84,7 +84,7 @@ def read_jsonl(path: str | Path, required: tuple[str, ...] = ("_id", "text")) ->
     path = Path(path)
     rows, repairs = [], 0
     with path.open("rb") as f:
-        for lineno, raw in enumerate(f, 1):
+        for lineno, raw in enumerate(bounded_lines(f, path), 1):  # a line past MAX_LINE is refused
             raw = strip_bom(raw) if lineno == 1 else raw
             try:
                 line = raw.decode("utf-8")
@@ -144,7 +144,8 @@ def read_qrels(path: str | Path) -> Qrels:
         ValueError: no judgement at all (an empty or header-only file); a line has the wrong number
             of columns, a grade that is not an integer of trec_eval's range, or an id a TREC run
             cannot hold (whitespace, C25); the same (query, document) pair has two different grades
-            (file and lines named).
+            (file and lines named); bytes that are not UTF-8, or a line over
+            :data:`obliq.files.MAX_LINE` characters (file and line named: :func:`obliq.files.open_text`).
     """
     path = Path(path)
     qrels: Qrels = {}
