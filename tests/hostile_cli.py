@@ -684,6 +684,7 @@ print(b.corpus_cache, b.run == a)
         detail=done.stdout + done.stderr,
     )
     round_four(w, t, common, qs, ck)
+    round_five(w, t, common)
 
 
 def round_four(w: Path, t: Path, common: list[str], qs: str, ck: Path) -> None:
@@ -805,6 +806,59 @@ def round_four(w: Path, t: Path, common: list[str], qs: str, ck: Path) -> None:
         "has shape",
         ok=export.returncode == 0 and not (w / "r4" / "e2").exists(),
     )
+
+
+def round_five(w: Path, t: Path, common: list[str]) -> None:
+    """The classes of issue 49 (trust, round five), each tried once like the others."""
+    import unicodedata
+
+    r = w / "r5"
+    r.mkdir()
+    # C50: a corpus in another Unicode form (NFD, ligatures) is found by BM25, not scored 0
+    u = r / "unicode"
+    (u / "qrels").mkdir(parents=True)
+    docs = {"d1": unicodedata.normalize("NFD", "café crème au lait"), "d2": "the ﬁnancial ﬁrm", "d3": "plain text"}
+    (u / "corpus.jsonl").write_text("".join(json.dumps({"_id": k, "text": v}) + "\n" for k, v in docs.items()))
+    (u / "queries.jsonl").write_text('{"_id": "q1", "text": "café crème"}\n{"_id": "q2", "text": "financial firm"}\n')
+    (u / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\nq1\td1\t1\nq2\td2\t1\n")
+    done = run("evaluate", "--model", "bm25", "--tasks", str(u), "--output", str(r / "u"), *common, cwd=w)
+    summary = json.loads(read(next((r / "u").glob("*/summary.json"), r / "none")) or b"{}")
+    case("numbers", "BM25 over NFD and ligature text", done, exit_code=0,
+         ok=(summary.get("metrics") or {}).get("NDCG@5") == 1.0)  # fmt: skip
+    # a config that is not YAML, qrels not in UTF-8, a cut of 0, unbounded resamples, a cut deeper than the run
+    (r / "bad.yaml").write_bytes(b"\x00\x01binary\xff")
+    case("configs", "a --config that is not YAML", run("evaluate", "--config", str(r / "bad.yaml"), cwd=w), "bad.yaml")
+    (r / "latin1.tsv").write_bytes("query-id\tcorpus-id\tscore\nq1\td1\t1\nq2\tcaf\xe9\t1\n".encode("latin-1"))
+    (r / "run.trec").write_text("q1 Q0 d1 1 2.0 x\nq1 Q0 d2 2 1.0 x\nq2 Q0 d2 1 2.0 x\n")
+    case("inputs", "qrels in Latin-1", run("metrics", "--qrels", str(r / "latin1.tsv"), "--run", str(r / "run.trec"),
+         cwd=w), "latin1.tsv:3", "not UTF-8")  # fmt: skip
+    qrels = str(t / "qrels" / "test.tsv")
+    case("numbers", "a measure cut at 0", run("metrics", "--qrels", qrels, "--run", str(r / "run.trec"),
+         "--measures", "NDCG@0", cwd=w), "NDCG@0")  # fmt: skip
+    case("numbers", "NDCG@10 of a run 2 deep", run("metrics", "--qrels", qrels, "--run", str(r / "run.trec"),
+         "--measures", "NDCG@10", cwd=w), "NDCG@10")  # fmt: skip
+    case("resources", "compare --resamples 10^12", run("compare", str(r / "run.trec"), str(r / "run.trec"),
+         "--qrels", qrels, "--resamples", "1000000000000", cwd=w), "resamples")  # fmt: skip
+    # models: an empty weights file, a hub id typo offline, a file of the wrong kind
+    from obliq.aliases import minilm_dir
+
+    empty = r / "empty-model"
+    shutil.copytree(minilm_dir(), empty)
+    (empty / "model.safetensors").write_bytes(b"")
+    case("models", "an empty model.safetensors", run("evaluate", "--model", str(empty), "--tasks", str(t),
+         "--output", str(r / "e1"), *common, cwd=w), "model.safetensors")  # fmt: skip
+    case("models", "a hub id typo offline", run("evaluate", "--model", "sentence-transformers/all-MiniLM-L6-v3",
+         "--tasks", str(t), "--output", str(r / "e2"), *common, cwd=w), "not in the local cache")  # fmt: skip
+    case("models", "a corpus file as --model", run("evaluate", "--model", str(t / "corpus.jsonl"), "--tasks", str(t),
+         "--output", str(r / "e3"), *common, cwd=w), "corpus.jsonl")  # fmt: skip
+    # a run file scored against a corpus that lost a document it ranks
+    shrunk = r / "shrunk"
+    shutil.copytree(t, shrunk)
+    kept = [line for line in (t / "corpus.jsonl").read_text().splitlines() if '"d2"' not in line]
+    (shrunk / "corpus.jsonl").write_text("\n".join(kept) + "\n")
+    (shrunk / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\nq1\td1\t1\n")
+    case("numbers", "a run ranking a document the corpus lost", run("evaluate", "--model", str(r / "run.trec"),
+         "--tasks", str(shrunk), "--output", str(r / "e4"), *common, cwd=w), "d2")  # fmt: skip
 
 
 if __name__ == "__main__":
