@@ -10,7 +10,8 @@ How the pieces fit (the batch structure and guarantees are in the package docstr
 - :class:`RowReader`, a map-style dataset that reads and re-validates a :class:`BatchRef`'s rows
   with one ``pread`` each; and
 - :class:`~obliq.data.collate.Collator`, which tokenizes them with the injected ``tokenize(texts, kind)``
-  and adds a teacher's in-batch cosines (:class:`~obliq.data.teacher_table.TeacherTable`) when one is given.
+  and adds a teacher's in-batch cosines (:class:`~obliq.data.teacher_table.TeacherTable`) when one is given
+  (:class:`StepCollator`, the loader's, its vectors too: the model's relational term spans every rank).
 
 Exact resume. The loader is torchdata's ``StatefulDataLoader``, which Lightning 2.x checkpoints by
 itself (``loops.fit_loop.state_dict.combined_loader`` in the checkpoint) and restores before the
@@ -37,6 +38,7 @@ from typing import Any, Literal, NamedTuple
 
 import lightning as L
 import numpy as np
+import torch
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch.utils.data import Dataset, DistributedSampler
 from torchdata.stateful_dataloader import StatefulDataLoader
@@ -56,6 +58,41 @@ class BatchRef(NamedTuple):
     step: int
     source: np.ndarray
     row: np.ndarray
+
+
+def collision_line(c: dict) -> str:
+    """The log line of :meth:`~obliq.data.mixture.MixturePlan.collisions`: every role pair counted."""
+    by_pair = ", ".join(f"{name} {n}" for name, n in c["pairs"].items())
+    return (
+        f"epoch {c['epoch']} of {c['steps']} steps: {c['colliding_pairs']} pairs of rows meet one text in a step "
+        f"({by_pair}; by id or normalised text), {c['rows_colliding']} rows in {c['steps_colliding']} steps; of "
+        f"these, {c['rows_own_text_as_document']} rows meet their own query text as a document and "
+        f"{c['rows_sharing_a_query']} share a query with another row (the loss masks such false negatives)"
+    )
+
+
+class StepCollator(Collator):
+    """:class:`~obliq.data.collate.Collator`, and with a teacher its vectors of the batch's texts too:
+    ``teacher_query_vectors`` (B, d) and ``teacher_doc_vectors`` (M, d), float32, NaN rows where it has none.
+    From them the model takes the teacher's cosines between every rank's rows (the relational term over the
+    whole step, as one process computes it: :meth:`obliq.model.RetrieverModule.objective`); a batch's own
+    ``teacher_cosines`` are only its rank's block of that matrix."""
+
+    def __call__(self, rows: Sequence[TrainingRow]) -> dict[str, Any]:
+        batch = super().__call__(rows)
+        if self.teacher is not None:
+            batch["teacher_query_vectors"] = self._vectors([row.query_id for row in rows])
+            batch["teacher_doc_vectors"] = self._vectors(batch["doc_ids"])
+        return batch
+
+    def _vectors(self, ids: Sequence[str | None]) -> torch.Tensor:
+        table = self.teacher
+        out = np.full((len(ids), table.vectors.shape[1]), np.nan, dtype=np.float32)
+        for n, i in enumerate(ids):
+            r = table.row.get(i) if i is not None else None
+            if r is not None:
+                out[n] = table.vectors[r]
+        return torch.from_numpy(out)
 
 
 class RowReader(Dataset):
@@ -302,8 +339,9 @@ class TrainingDataModule(L.LightningDataModule):
         group_order: ``proportional`` or ``round-robin`` (with ``group_by``).
         teacher_vectors: a teacher's vectors (``obliq distill graph --vectors_out``), for its in-batch terms.
 
-    The in-step collisions of the first epoch (:meth:`~obliq.data.mixture.MixturePlan.collisions`) are
-    logged at setup and kept in :attr:`stats`.
+    The in-step collisions of the first epoch (:meth:`~obliq.data.mixture.MixturePlan.collisions`: a text
+    twice in a step, every role pair counted) are logged when a loader is made (:func:`collision_line`) and
+    kept in :attr:`stats` (``stats["collisions"]``).
 
     Raises:
         ValueError: bad arguments; a file shared by two sources; two sources of one name; (fail mode) a
@@ -512,17 +550,12 @@ class TrainingDataModule(L.LightningDataModule):
         collisions = self.plan.collisions(0)
         self.stats["collisions"] = collisions
         how = "in plain order" if self.arrangement.plain else f"arranged {self.stats['arrangement']}"
-        rank_zero_info(
-            f"data: steps {how}; "
-            f"epoch 0 of {collisions['steps']} steps: {collisions['rows_own_text_as_document']} rows meet their own "
-            f"query text as a document and {collisions['rows_sharing_a_query']} share a query with another row of "
-            f"their step, in {collisions['steps_affected']} steps (masked in the loss)"
-        )
+        rank_zero_info(f"data: steps {how}; {collision_line(collisions)}")
         return PlanLoader(
             self.reader,
             sampler=PlanSampler(self.plan, rank),
             batch_size=None,
-            collate_fn=Collator(self.tokenize, self.max_negatives, self.teacher),
+            collate_fn=StepCollator(self.tokenize, self.max_negatives, self.teacher),
             num_workers=self.num_workers,
             persistent_workers=self.num_workers > 0,
             prefetch_factor=self.prefetch_factor if self.num_workers > 0 else None,

@@ -37,10 +37,15 @@ held, one int64 per row):
   and weights) or in turn (``round-robin``); each group's remainder is left to the epoch's last steps,
   the only steps that may mix groups. The number of steps per epoch does not change.
 - ``no_duplicates``: no text twice in a step in any role (query, positive, negative, by id or
-  normalised text; sentence-transformers' ``NoDuplicatesBatchSampler``): a row whose keys meet the
-  step's is deferred to a later step. Rows that cannot be placed without a collision (at the end of
-  an epoch, or where one text is in more rows than there are steps) are placed anyway and counted:
-  :meth:`MixturePlan.collisions` reports the rows and steps affected in any plan.
+  normalised text; sentence-transformers' ``NoDuplicatesBatchSampler``), the steps keeping their sizes
+  and number (:func:`_arrange`). Guarantees: (i) a row is put with a text of its own only if, at its
+  turn, every step with room held one (first fit, most shared rows first, smaller steps first);
+  (ii) when one text must repeat (in ``m`` rows, more than the ``S`` steps: a query with more positives
+  than steps, a passage that is one kNN row's anchor and many rows' neighbour), the steps holding it
+  twice are the fewest possible, the least ``k`` whose ``k`` largest steps, less one row each, hold
+  ``m - S`` rows (at most once in the others). Tested against a brute force on small cases (one such
+  text, or two in disjoint rows); more texts sharing rows make it a packing problem, where first fit
+  is a heuristic. :meth:`MixturePlan.collisions` counts what remains, every role pair, in any plan.
 """
 
 from __future__ import annotations
@@ -49,6 +54,7 @@ import functools
 import glob
 import math
 import os
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Literal, Protocol
@@ -226,56 +232,101 @@ class RowKeys(Protocol):
         ...
 
 
-def _greedy(members: np.ndarray, keys: list[set], size: int) -> np.ndarray:
-    """``members`` reordered block by block (blocks of ``size``, the last one shorter) so that no block
-    holds a key twice where the rows allow it: a row that meets the open block's keys waits, and the
-    waiting rows are tried first when the next block opens. A key held by more rows than there are
-    blocks left cannot be kept apart: it is spread, at most ``ceil(rows left with it / blocks left)`` to
-    a block (these are the collisions :meth:`MixturePlan.collisions` counts). Every block but the last
-    holds exactly ``size`` rows."""
-    left: dict[int, int] = {}
+def _arrange(members: np.ndarray, keys: list[set], caps: Sequence[int]) -> np.ndarray:
+    """``members`` laid out in consecutive blocks of ``caps[0], caps[1], …`` rows (``sum(caps) == len(members)``),
+    keeping keys apart (module docstring, "Arranged steps", for the guarantees).
+
+    1. Rows are taken by how many rows hold their most shared key (most first, ties in the given order),
+       blocks by size (smallest first, ties in step order); each row goes to the first block with room
+       holding none of its keys (first fit), or is deferred.
+    2. The deferred rows fill the room left: each meets a key in every block with room (blocks only fill)
+       and goes where it makes the fewest pairs (ties: the most room). So the blocks with a collision are
+       those with room after 1: when one key is in more rows than there are blocks, its rows take one block
+       each, the others fill the smaller blocks first, and what is left is the fewest largest blocks.
+    """
+    shared: dict[int, int] = {}
     for i in members.tolist():
         for k in keys[i]:
-            left[k] = left.get(k, 0) + 1
-    out: list[int] = []
-    waiting: list[int] = []
-    rest = iter(members.tolist())
-    unplaced, exhausted = len(members), False
-    while unplaced:
-        blocks = -(-unplaced // size)
-        block, used, kept = [], {}, []
+            shared[k] = shared.get(k, 0) + 1
+    rows = sorted(members.tolist(), key=lambda i: -max((shared[k] for k in keys[i]), default=0))
+    visit = sorted(range(len(caps)), key=lambda b: caps[b])
+    n = len(visit)
+    room, held = [caps[b] for b in visit], [Counter() for _ in visit]  # a block's keys, with their rows
+    blocks: list[list[int]] = [[] for _ in visit]
+    parent = list(range(n + 1))  # union-find over full blocks: find(b) is the first block >= b with room
 
-        def fits(i: int) -> bool:
-            return all(used.get(k, 0) < max(1, -(-left[k] // blocks)) for k in keys[i])
+    def find(b: int) -> int:
+        root = b
+        while parent[root] != root:
+            root = parent[root]
+        while parent[b] != root:
+            parent[b], b = root, parent[b]
+        return root
 
-        def place(i: int) -> None:
-            block.append(i)
-            for k in keys[i]:
-                used[k] = used.get(k, 0) + 1
+    def put(i: int, b: int) -> None:
+        blocks[b].append(i)
+        held[b].update(keys[i])
+        room[b] -= 1
+        if not room[b]:
+            parent[b] = b + 1
 
-        for i in waiting:
-            if len(block) < size and fits(i):
-                place(i)
-            else:
-                kept.append(i)
-        waiting = kept
-        while len(block) < size and not exhausted:
-            i = next(rest, None)
-            if i is None:
-                exhausted = True
-            elif fits(i):
-                place(i)
-            else:
-                waiting.append(i)
-        while len(block) < size and waiting:  # nothing fits any more: the rows that meet the block least
-            best = min(range(len(waiting)), key=lambda j: sum(used.get(k, 0) for k in keys[waiting[j]]))
-            place(waiting.pop(best))
-        for i in block:
-            for k in keys[i]:
-                left[k] -= 1
-        unplaced -= len(block)
-        out += block
-    return np.asarray(out, dtype=np.int64)
+    deferred = []
+    for i in rows:
+        b = find(0)
+        while b < n and not held[b].keys().isdisjoint(keys[i]):
+            b = find(b + 1)
+        put(i, b) if b < n else deferred.append(i)
+
+    def with_room():
+        b = find(0)
+        while b < n:
+            yield b
+            b = find(b + 1)
+
+    for i in deferred:  # every block with room meets it: the one where it adds fewest pairs, then the most room
+        put(i, min(with_room(), key=lambda b: (sum(held[b][k] for k in keys[i]), -room[b])))
+    order = [None] * n
+    for b, block in zip(visit, blocks):
+        order[b] = block
+    return np.asarray([i for block in order for i in block], dtype=np.int64)
+
+
+ROLES = ("query", "positive", "negative")
+_PAIRS = [(a, b) for a in range(3) for b in range(a, 3)]
+ROLE_PAIRS = tuple(f"{ROLES[a]}-{ROLES[b]}" for a, b in _PAIRS)
+"""The role pairs :meth:`MixturePlan.collisions` counts: ``query-query`` … ``negative-negative``."""
+
+
+def _collisions(keys: Sequence[np.ndarray]) -> tuple[dict[str, int], set, set, set]:
+    """One step's pairs of occurrences of a text in two rows, by role pair; the rows in any pair; the rows whose
+    query is another row's document; the rows whose query is another row's query.
+
+    ``keys[r]``: row ``r``'s keys (:meth:`RowKeys.keys`: query id, query text, positive id, positive text, then
+    id and text of each negative). Two occurrences are the same text when their ids or their texts are: pairs
+    by id + pairs by text − pairs by both (each pair once); in a group, all its pairs less those within a row.
+    """
+    groups: dict[tuple, list[tuple[int, int]]] = {}  # (kind, key...) → [(row, role)]
+    for r, k in enumerate(keys):
+        k = k.tolist()
+        for j in range(0, len(k) - 1, 2):
+            for g in (("id", k[j]), ("text", k[j + 1]), ("both", k[j], k[j + 1])):
+                groups.setdefault(g, []).append((r, min(j // 2, 2)))
+    pairs, rows, own, shared = dict.fromkeys(ROLE_PAIRS, 0), set(), set(), set()
+    for g, members in groups.items():
+        per_row: dict[int, list[int]] = {}
+        for r, role in members:
+            per_row.setdefault(r, [0, 0, 0])[role] += 1
+        if len(per_row) < 2:
+            continue
+        total = [sum(c[i] for c in per_row.values()) for i in range(3)]
+        for name, (a, b) in zip(ROLE_PAIRS, _PAIRS):
+            n = (total[a] * total[b] - sum(c[a] * c[b] for c in per_row.values())) // (1 + (a == b))
+            pairs[name] += -n if g[0] == "both" else n
+        if g[0] != "both":
+            rows.update(per_row)
+            own.update(r for r, c in per_row.items() if c[0] and total[1] + total[2] > c[1] + c[2])
+            shared.update(r for r, c in per_row.items() if c[0] and total[0] > c[0])
+    return pairs, rows, own, shared
 
 
 class MixturePlan:
@@ -429,6 +480,12 @@ class MixturePlan:
                 groups[at] = [names.setdefault(t, len(names)) for t in self.rows.tasks(int(i), row[at])]
         return keys, groups
 
+    def _caps(self, first: int) -> list[int]:
+        """Rows of every step from step ``first`` on, all ranks together (the epoch's tail is dealt unevenly)."""
+        return [
+            self.bounds(s, self.world_size - 1)[1] - self.bounds(s, 0)[0] for s in range(first, self.steps_per_epoch)
+        ]
+
     def _order(self, epoch: int) -> np.ndarray:
         """The arranged order of an epoch: positions of the mixture, step after step (held per epoch)."""
         if epoch not in self._arranged:
@@ -436,23 +493,28 @@ class MixturePlan:
             p = permute(q, self.rows_per_epoch, _keys(self.seed, _ORDER, epoch)) if self.shuffle else q
             keys, groups = self._read(epoch, p)
             size = self.batch_size * self.world_size
+            no_duplicates = self.arrangement.no_duplicates
             full, rest = [], []
-            for g in np.unique(groups):
+            for g in np.unique(groups) if self.arrangement.group_by != "none" else []:
                 members = np.flatnonzero(groups == g)  # in the epoch's order
-                if self.arrangement.no_duplicates:
-                    members = _greedy(members, keys, size)
                 cut = len(members) // size * size
+                if no_duplicates:  # the group's own steps, then its remainder (a block of the tail)
+                    members = _arrange(
+                        members, keys, [size] * (cut // size) + [len(members) - cut] * (cut < len(members))
+                    )
                 full += [(k, int(g), members[k * size : (k + 1) * size]) for k in range(cut // size)]
                 rest.append(members[cut:])
-            if self.arrangement.group_by != "none" and self.arrangement.order == "proportional":
+            if self.arrangement.group_by == "none":
+                rest = [q]
+            elif self.arrangement.order == "proportional":
                 shuffled = np.random.default_rng([self.seed, 2, epoch]).permutation(len(full))
                 full = [full[i] for i in shuffled]
-            elif self.arrangement.group_by != "none":  # round-robin: the k-th step of every group, in turn
+            else:  # round-robin: the k-th step of every group, in turn
                 full.sort(key=lambda c: (c[0], c[1]))
-            tail = np.concatenate(rest) if rest else np.empty(0, np.int64)
-            if self.arrangement.no_duplicates and len(rest) > 1:
-                tail = _greedy(tail, keys, size)  # the groups' remainders: the epoch's last steps
-            chosen = np.concatenate([c[2] for c in full] + [tail])
+            chosen = np.concatenate([c[2] for c in full] + rest)
+            if no_duplicates:  # the steps not wholly one group's: all of them without group_by
+                first = min(len(full), self._head_steps)
+                chosen[first * size :] = _arrange(chosen[first * size :], keys, self._caps(first))
             self._arranged = {epoch: p[chosen]}  # one epoch at a time
         return self._arranged[epoch]
 
@@ -462,57 +524,56 @@ class MixturePlan:
         return np.concatenate([a for a, _ in parts]), np.concatenate([b for _, b in parts])
 
     def collisions(self, epoch: int = 0, steps: int | None = None) -> dict:
-        """In-step collisions of an epoch (``shared/cases/C34``): rows whose query text (or id) is
-        another row's document (positive or negative) in the same step, rows that share their query
-        with another row of the step, and the steps that hold either. With in-batch negatives such a
-        row meets its own text, or another row's relevant document, as a negative unless the loss
-        masks it (:func:`obliq.loss.info_nce` does).
+        """In-step collisions of an epoch: a text twice in one step, in any roles of two rows.
+
+        Every row brings its texts in roles: its query, its positive, its kept negatives (the keys of
+        :meth:`RowKeys.keys`: an id key and a normalised-text key, :func:`obliq.text.text_hash`, each). Two
+        occurrences in two rows of one step are the same text when their ids or their normalised texts are
+        equal; every such pair counts once, under its role pair (``query-query``, ``query-positive``,
+        ``query-negative``, ``positive-positive``, ``positive-negative``, ``negative-negative``). A row's own
+        texts are not paired with each other (a row's query may be its anchor's text; its negatives never
+        equal its positive, :func:`obliq.data.rows.parse_row`).
+
+        Also, as ``shared/cases/C34`` counts them (the loss's masks, :func:`obliq.loss.info_nce`): rows whose
+        query is another row's document in the step, rows that share their query with another row, and the
+        steps holding either.
 
         Args:
             epoch: the epoch.
             steps: count its first ``steps`` steps only (default: all).
 
         Returns:
-            ``{"epoch", "steps", "rows", "rows_own_text_as_document", "rows_sharing_a_query",
-            "steps_affected"}`` (``rows``: rows in the counted steps).
+            ``{"epoch", "steps", "rows", "pairs", "colliding_pairs", "rows_colliding", "steps_colliding",
+            "rows_own_text_as_document", "rows_sharing_a_query", "steps_affected"}``: ``rows`` in the counted
+            steps; ``pairs`` by role pair and ``colliding_pairs`` their sum; ``rows_colliding`` and
+            ``steps_colliding`` the rows and steps in at least one pair; the last three C34's.
 
         Raises:
             ValueError: the plan has no access to the rows' keys.
         """
         if self.rows is None:
             raise ValueError("counting collisions needs the rows' keys (rows=...)")
-        own = shared = affected = counted = 0
+        n: Counter = Counter()
         steps = self.steps_per_epoch if steps is None else min(steps, self.steps_per_epoch)
         for step in range(steps):
             source, row = self.step_rows(epoch, step)
-            counted += len(row)
             keys = [k for i in np.unique(source) for k in self.rows.keys(int(i), row[source == i])]
-            queries = [tuple(k[:2].tolist()) for k in keys]
-            docs: dict[int, int] = {}  # key → how many rows hold it as a document
-            for k in keys:
-                for key in set(k[2:].tolist()):
-                    docs[key] = docs.get(key, 0) + 1
-            qcount: dict[int, int] = {}
-            for q in queries:
-                for key in set(q):
-                    qcount[key] = qcount.get(key, 0) + 1
-            hit = False
-            for k, q in zip(keys, queries):
-                own_docs = set(k[2:].tolist())
-                if any(docs.get(key, 0) - (key in own_docs) > 0 for key in q):
-                    own += 1
-                    hit = True
-                if any(qcount[key] > 1 for key in set(q)):
-                    shared += 1
-                    hit = True
-            affected += hit
+            found, rows, own, shared = _collisions(keys)
+            n.update(found)
+            n.update(rows=len(row), rows_colliding=len(rows), steps_colliding=bool(rows), own=len(own))
+            n.update(shared=len(shared), affected=bool(own | shared))
+        pairs = {name: n[name] for name in ROLE_PAIRS}
         return {
             "epoch": epoch,
             "steps": steps,
-            "rows": counted,
-            "rows_own_text_as_document": own,
-            "rows_sharing_a_query": shared,
-            "steps_affected": affected,
+            "rows": n["rows"],
+            "pairs": pairs,
+            "colliding_pairs": sum(pairs.values()),
+            "rows_colliding": n["rows_colliding"],
+            "steps_colliding": n["steps_colliding"],
+            "rows_own_text_as_document": n["own"],
+            "rows_sharing_a_query": n["shared"],
+            "steps_affected": n["affected"],
         }
 
     def fingerprint(self) -> dict:

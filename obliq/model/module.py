@@ -9,6 +9,10 @@ scaler is updated after every step, and a step it skips for overflow is counted 
 (``train/overflow_steps``), not as a bad step: the schedule advances only on applied steps (the
 PyTorch AMP recipe: scale → backward → unscale → clip → step → update).
 
+Logged every step: ``train/loss`` and its terms (``train/infonce``, ``train/infonce_dim<d>``, ``train/teacher``,
+``train/relational``), each the value of the objective whose gradient the step applies, summed over the ranks
+(torchmetrics' ``SumMetric``), so the same on 1 and N processes (:meth:`RetrieverModule.objective`).
+
 Checkpoints hold only the trainable weights (the LoRA adapter, or everything when training fully),
 plus what Lightning saves itself: optimizer, scheduler, loop and data-loader state. Randomness is
 re-seeded at every step from (seed, step), so the checkpoint's step number is the RNG state.
@@ -24,9 +28,12 @@ from typing import Literal
 
 import lightning as L
 import torch
+from torchmetrics import SumMetric
 
+from obliq.distributed import gather, world
 from obliq.loss import (
     InfoNCELoss,
+    check_negatives,
     false_negative_masks,
     guided_mask,
     relational_distillation,
@@ -134,6 +141,11 @@ class RetrieverModule(L.LightningModule):
         self.overflow_steps = 0  # fp16 steps the GradScaler skipped (not bad steps)
         self._grad_norm = torch.tensor(0.0)
         self._t_last: float | None = None
+        terms = ["loss", "infonce", *(f"infonce_dim{d}" for d in matryoshka_dims or [])]
+        terms += ["teacher"] * (teacher_loss != "none") + ["relational"] * bool(relational_weight)
+        # what each rank adds to a logged term, summed over the ranks at every step (module notes)
+        self.logged_terms = torch.nn.ModuleDict({t: SumMetric(dist_sync_on_step=True) for t in terms})
+        self._shares: dict[str, torch.Tensor] = {}
 
     # ------------------------------------------------------------------ setup
     def setup(self, stage: str) -> None:
@@ -208,20 +220,14 @@ class RetrieverModule(L.LightningModule):
         scheduler = self.lr_schedulers()
         optimizer.zero_grad(set_to_none=True)
         torch.manual_seed(self.hparams.seed * 1_000_003 + self.global_step)  # CPU and every CUDA device
-        positive_index = batch["positive_index"].to(self.device)
-        keys = batch["doc_keys"].to(self.device)
-        query_keys = batch["query_keys"].to(self.device)
         guided = self._guided_mask(batch)
+        check_negatives(self.loss, batch, self.global_step, guided, self.trainer.datamodule)  # issue 49 §4
         try:
             loss = grad_cache_step(
                 self.encoder,
                 batch["query"],
                 batch["docs"],
-                lambda q, d: (
-                    self.loss(q, d, positive_index, keys, query_keys, guided)
-                    + self._teacher_term(q, d, batch)
-                    + self._relational_term(q, d, batch)
-                ),
+                lambda q, d: self.objective(q, d, batch, guided),
                 self.chunk_size,
                 backward=self.manual_backward,
                 no_sync=self.trainer.strategy.block_backward_sync if self.trainer.world_size > 1 else None,
@@ -256,7 +262,7 @@ class RetrieverModule(L.LightningModule):
             grad_norm = self._grad_norm
         scheduler.step()
         self.consecutive_bad = 0
-        self._log_step(batch, loss, grad_norm, lr)
+        self._log_step(batch, grad_norm, lr)
         return loss
 
     def _teacher_citation(self) -> dict:
@@ -286,41 +292,94 @@ class RetrieverModule(L.LightningModule):
         teacher = self._teacher_cosines(batch, "guided_margin")
         return guided_mask(teacher, batch["positive_index"].to(self.device), self.hparams.guided_margin)
 
-    def _relational_term(self, q: torch.Tensor, d: torch.Tensor, batch: dict) -> torch.Tensor | float:
-        """The weighted in-batch relational term of this rank's rows (0 without ``relational_weight``), over
-        the documents this rank holds, in-batch false negatives left out; scaled as :meth:`_teacher_term`."""
-        if not self.hparams.get("relational_weight"):
-            return 0.0
-        teacher = self._teacher_cosines(batch, "relational_weight")
-        forward, _ = false_negative_masks(
-            batch["positive_index"].to(q.device), batch["doc_keys"].to(q.device), batch["query_keys"].to(q.device)
+    def objective(self, q: torch.Tensor, d: torch.Tensor, batch: dict, guided: torch.Tensor | None = None):
+        """This rank's loss of the step, the one GradCache back-propagates (times ``loss.backward_scale``,
+        which the strategy's gradient average undoes), and each logged term's share of this rank.
+
+        The step's objective, whose gradient the step applies, and what one process computes over the ranks'
+        concatenated batch: ``infonce + teacher_weight · teacher + relational_weight · relational``, where
+
+        - ``infonce`` is the contrastive loss (:class:`obliq.loss.InfoNCELoss`; with Matryoshka the weighted
+          sum of each dimension's, logged too as ``infonce_dim<d>``); gathered across ranks, every rank
+          computes the same value and back-propagates into its own rows;
+        - ``teacher`` is the mean of :func:`obliq.loss.teacher_distillation` over every scored row of the
+          step, all ranks' (each rank sums its rows' terms and divides by the count of all ranks');
+        - ``relational`` is :func:`obliq.loss.relational_distillation` over the whole step: every rank's
+          queries against every rank's documents, the teacher's cosines taken from its vectors
+          (:class:`obliq.data.datamodule.StepCollator`), like ``infonce``.
+
+        Without ``gather_across_devices`` each rank's contrastive and relational terms are its own batch's,
+        and the objective their mean over the ranks. Each logged term is the sum over ranks of the shares
+        kept here (``torchmetrics.SumMetric``, synced at every step): the objective's value, the same on 1
+        and N processes. Sources: GradCache (Gao et al. 2021) for the cached gradients; DDP averages the
+        ranks' gradients (PyTorch ``DistributedDataParallel``), hence the backward scale.
+
+        Raises:
+            FloatingPointError: a teacher term is not finite (on every rank, when on one).
+        """
+        _, ranks = world()
+        together = self.loss.backward_scale > 1  # the loss gathers every rank's rows (its scale is the world's)
+        scale = ranks / self.loss.backward_scale  # local terms: the strategy's average, undone
+        positive_index = batch["positive_index"].to(q.device)
+        keys, query_keys = batch["doc_keys"].to(q.device), batch["query_keys"].to(q.device)
+        dims, parts = self.hparams.get("matryoshka_dims") or [], []
+        nce = self.loss(q, d, positive_index, keys, query_keys, guided, *[parts] * bool(dims))
+        total = nce
+        shares = {"infonce": nce.detach() / ranks}
+        shares.update({f"infonce_dim{dim}": p / ranks for dim, p in zip(dims, parts)})
+        if self.hparams.teacher_loss != "none":
+            terms = teacher_distillation(
+                q,
+                d,
+                positive_index,
+                batch["doc_row"].to(q.device),
+                batch["teacher_scores"].to(q.device),
+                self.hparams.teacher_loss,
+                self.hparams.temperature,
+                self.hparams.teacher_temperature,
+                reduction="none",
+            )
+            count = torch.tensor([len(terms), float(not torch.isfinite(terms).all())], device=q.device)
+            if ranks > 1:
+                torch.distributed.all_reduce(count)
+            if count[1] > 0:  # named here, not blamed on the contrastive loss or the lr
+                raise FloatingPointError(f"non-finite teacher-score loss ({self.hparams.teacher_loss})")
+            term = terms.sum() / count[0].clamp(min=1)
+            total = total + self.hparams.teacher_weight * scale * term
+            shares["teacher"] = term.detach()
+        if self.hparams.get("relational_weight"):
+            term = self._relational(q, d, batch, positive_index, keys, query_keys, together)
+            total = total + self.hparams.relational_weight * term
+            shares["relational"] = term.detach() / ranks
+        shares["loss"] = shares["infonce"] + sum(
+            w * shares[t]
+            for t, w in (
+                ("teacher", self.hparams.teacher_weight),
+                ("relational", self.hparams.get("relational_weight")),
+            )
+            if t in shares
         )
+        self._shares = shares
+        return total
+
+    def _relational(self, q, d, batch, positive_index, keys, query_keys, together: bool) -> torch.Tensor:
+        """The relational term over the step (:meth:`objective`), in-batch false negatives left out."""
+        if "teacher_query_vectors" in batch:
+            tq, td = batch["teacher_query_vectors"].to(q.device), batch["teacher_doc_vectors"].to(q.device)
+            if together:
+                counts = gather(torch.tensor([d.shape[0]], device=d.device))
+                positive_index = gather(positive_index + counts[: world()[0]].sum())
+                q, d, tq, td, keys, query_keys = (gather(x) for x in (q, d, tq, td, keys, query_keys))
+            teacher = (tq.double() @ td.double().T).float()  # as TeacherTable.cosines: float64, then float32
+        else:  # a batch of another collator: its rank's block only
+            teacher = self._teacher_cosines(batch, "relational_weight")
+        forward, _ = false_negative_masks(positive_index, keys, query_keys)
         term = relational_distillation(
             q, d, teacher, forward, self.hparams.temperature, self.hparams.relational_temperature
         )
         if not torch.isfinite(term):
             raise FloatingPointError(f"non-finite relational teacher loss: {term.item()}")
-        return self.hparams.relational_weight * term / self.loss.backward_scale
-
-    def _teacher_term(self, q: torch.Tensor, d: torch.Tensor, batch: dict) -> torch.Tensor | float:
-        """The weighted teacher-score term of this rank's rows (0 without ``teacher_loss``). Divided by
-        the world size: each rank's gradient is scaled by it (``InfoNCELoss.backward_scale``) and the
-        strategy averages, so the step gets the gradient of the mean over every rank's rows."""
-        if self.hparams.teacher_loss == "none":
-            return 0.0
-        term = teacher_distillation(
-            q,
-            d,
-            batch["positive_index"].to(q.device),
-            batch["doc_row"].to(q.device),
-            batch["teacher_scores"].to(q.device),
-            self.hparams.teacher_loss,
-            self.hparams.temperature,
-            self.hparams.teacher_temperature,
-        )
-        if not torch.isfinite(term):  # named here, not blamed on the contrastive loss or the lr
-            raise FloatingPointError(f"non-finite teacher-score loss ({self.hparams.teacher_loss}): {term.item()}")
-        return self.hparams.teacher_weight * term / self.loss.backward_scale
+        return term
 
     def on_before_optimizer_step(self, optimizer) -> None:
         """Under fp16 (a GradScaler), Lightning calls this after unscaling the gradients: clip them and
@@ -349,12 +408,11 @@ class RetrieverModule(L.LightningModule):
                 "or use bf16 instead of fp16."
             )
 
-    def _log_step(self, batch, loss: torch.Tensor, grad_norm: torch.Tensor, lr: float) -> None:
+    def _log_step(self, batch, grad_norm: torch.Tensor, lr: float) -> None:
         now = time.perf_counter()
         n = len(batch["positive_index"])
         tokens = int(batch["query"]["attention_mask"].sum() + batch["docs"]["attention_mask"].sum())
         metrics = {
-            "train/loss": loss,
             "train/lr": lr,
             "train/grad_norm": grad_norm,
             "train/bad_steps": float(self.bad_steps),  # skipped so far (non-finite loss or gradient)
@@ -367,7 +425,11 @@ class RetrieverModule(L.LightningModule):
             metrics["train/gpu_mem_gib"] = torch.cuda.max_memory_allocated(self.device) / 2**30
         self._t_last = now
         self.log_dict(metrics, prog_bar=False, batch_size=n)
-        self.log("loss", loss, prog_bar=True, logger=False, batch_size=n)
+        values = {}
+        for name, share in self._shares.items():  # summed over the ranks here (SumMetric, dist_sync_on_step)
+            values[name] = self.logged_terms[name](share)
+            self.log(f"train/{name}", self.logged_terms[name], on_step=True, on_epoch=False, batch_size=n)
+        self.log("loss", values["loss"], prog_bar=True, logger=False, batch_size=n)
 
     # ------------------------------------------------------------------ checkpoints
     def on_save_checkpoint(self, checkpoint: dict) -> None:
