@@ -210,7 +210,7 @@ def test_audit_argument_errors(tmp_path):
         audit(task, tmp_path / "o", groups=[("left", "right")], lean_relevant_only=True)
     with pytest.raises(ValueError, match="two different groups"):
         audit(task, tmp_path / "o", groups=[("left", "left")])
-    with pytest.raises(ValueError, match="unknown measure"):
+    with pytest.raises(ValueError, match="the cut-off .ten. is not a rank"):
         audit(task, tmp_path / "o", groups=[("left", "right")], measures=["MRR@ten"])
     with pytest.raises(ValueError, match="no query has lean_group 'centre'"):
         audit(task, tmp_path / "o", paired=[("left", "centre")])

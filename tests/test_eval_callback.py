@@ -108,7 +108,12 @@ def test_callback_evaluates_every_n_steps_and_at_end(tmp_path, tasks_dir):
                 logged[int(row["step"])] = float(row["eval/math-slice/NDCG@10"])
     for step in (2, 3):
         folder = eval_dir / f"step-{step:08d}"
-        assert {p.name for p in (folder / "math-slice").iterdir()} == {"run.trec", "per_query.jsonl", "summary.json"}
+        assert {p.name for p in (folder / "math-slice").iterdir()} == {
+            "run.trec",
+            "run.trec.json",
+            "per_query.jsonl",
+            "summary.json",
+        }
         assert (folder / "results.md").is_file() and (folder / "recall_at_k.png").is_file()
         summary = json.loads((folder / "math-slice" / "summary.json").read_text())
         assert summary["n_queries"] == 15
