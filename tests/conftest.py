@@ -9,6 +9,13 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+if not os.environ.get("OBLIQ_TEST_CACHE"):  # the tests' embedding stores and row indexes stay out of the user's
+    import tempfile  # cache; converted models (SmolLM2, ~30 s to make) are shared with it through a link
+
+    _user = Path(os.environ.get("OBLIQ_CACHE", Path.home() / ".cache" / "obliq"))
+    (_user / "models").mkdir(parents=True, exist_ok=True)
+    os.environ["OBLIQ_TEST_CACHE"] = os.environ["OBLIQ_CACHE"] = tempfile.mkdtemp(prefix="obliq-test-cache-")
+    (Path(os.environ["OBLIQ_CACHE"]) / "models").symlink_to(_user / "models")
 if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):  # the workers share the cores (addopts: -n 2)
     os.environ.setdefault(
         "OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))

@@ -449,3 +449,18 @@ def nemo_reference(request: dict, folder: Path) -> dict:
     )
     assert done.returncode == 0, done.stderr[-4000:]
     return torch.load(folder / "out.pt", weights_only=True)
+
+
+def cli_fails(argv: list[str], capsys, *needles: str) -> str:
+    """``obliq <argv>`` ends with one line on stderr (exit 2) holding every needle, no traceback; that line."""
+    import pytest
+
+    from obliq.cli import main as obliq_main
+
+    with pytest.raises(SystemExit) as stop:
+        obliq_main(argv)
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("error:")]
+    assert stop.value.code == 2 and "Traceback" not in err and len(lines) == 1, (argv, err)
+    assert all(n in lines[0] for n in needles), (argv, lines[0])
+    return lines[0]

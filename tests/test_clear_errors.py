@@ -20,23 +20,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from support import cli_fails as _fails
 from support import make_task
 
 from obliq.cli import main as obliq_main
 from obliq.files import MAX_LINE, MAX_YAML_SIZE, WriteError, publish, read_text, write_text
 
 COMMON = ["--retrieval.top_k", "5", "--measures", "[NDCG@5]", "--latency_queries", "0"]
-
-
-def _fails(argv, capsys, *needles) -> str:
-    """``obliq <argv>`` ends with one line on stderr (exit 2) holding every needle, no traceback."""
-    with pytest.raises(SystemExit) as stop:
-        obliq_main(argv)
-    err = capsys.readouterr().err
-    lines = [line for line in err.splitlines() if line.startswith("error:")]
-    assert stop.value.code == 2 and "Traceback" not in err and len(lines) == 1, (argv, err)
-    assert all(n in lines[0] for n in needles), (argv, lines[0])
-    return lines[0]
 
 
 @pytest.fixture()

@@ -228,3 +228,19 @@ def test_the_next_bidirectional_family_is_one_table_entry(monkeypatch, smollm2_p
         n = batch["input_ids"].shape[1]
         want = plain(input_ids=batch["input_ids"], attention_mask=torch.zeros(1, 1, n, n)).last_hidden_state
     assert (hidden - want).abs().max() <= 1e-5
+
+
+def test_a_llama_bidirec_config_over_other_weights_is_refused_on_every_loading_path(minilm_path, tmp_path):
+    """MiniLM's BERT weights under a ``llama_bidirec`` config.json: transformers (and sentence-transformers) would
+    build the Llama at random and only warn; both obliq loaders refuse it, naming the folder."""
+    from obliq.model import BiEncoder
+    from obliq.search.encoders import load_encoder
+
+    folder = tmp_path / "wrong-weights"
+    shutil.copytree(minilm_path, folder)
+    config = json.loads((folder / "config.json").read_text())
+    config.update(model_type="llama_bidirec", num_key_value_heads=config["num_attention_heads"], pooling="avg")
+    (folder / "config.json").write_text(json.dumps(config))
+    for load in (lambda: BiEncoder(str(folder)), lambda: load_encoder(str(folder), "sentence-transformers")):
+        with pytest.raises(ValueError, match="missing keys .*refusing to encode with random weights"):
+            load()

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from support import REPO, lora_weights, save_published_replica, small_real_task, task_rows, write_rows
+from support import REPO, lora_weights, save_published_replica, small_real_task, task_rows, task_slice, write_rows
 
 RECIPE = REPO / "configs" / "obliq-ir-3b.yaml"
 FSDP2 = {"class_path": "obliq.model.sharding.LoraModelParallelStrategy"}
@@ -60,9 +60,10 @@ def recipe_runs(tmp_path_factory, smollm2_path, tasks_dir) -> dict:
     work = root / "work"
     (work / "rows" / "synthetic").mkdir(parents=True)
     write_rows(work / "rows" / "synthetic" / "math.jsonl", task_rows(tasks_dir, "math-theoremqa", limit=48))
-    main(["distill", "graph", "--task", str(tasks_dir / "writing-news"), "--out", str(root / "graph.json")])
+    writing = task_slice(tasks_dir, "writing-news", root / "writing", 20, 60)  # the writing task, cut small
+    main(["distill", "graph", "--task", str(writing), "--out", str(root / "graph.json")])
     main(
-        ["distill", "pairs", "--task", str(tasks_dir / "writing-news"), "--graph", str(root / "graph.json")]
+        ["distill", "pairs", "--task", str(writing), "--graph", str(root / "graph.json")]
         + ["--out", str(work / "rows" / "knn-writing.jsonl")]
     )
     task = small_real_task(tasks_dir, root / "slice", n_queries=12, n_distractors=20)

@@ -201,6 +201,38 @@ def check_loading(path: str, loading: dict, every_weight: bool) -> None:
         )
 
 
+def check_file_weights(model, folder: str | os.PathLike) -> None:
+    """Refuse a model whose weights are not all in its folder's safetensors files: the check of
+    :func:`check_loading` for a loader that does not report what it loaded (sentence-transformers, whose
+    ``Transformer`` module fills a missing weight at random as transformers does, e.g. BERT weights under a
+    ``llama_bidirec`` configuration). A folder without safetensors files is not checked here.
+
+    Args:
+        model: the loaded transformers model (its ``state_dict`` names, with or without its
+            ``base_model_prefix``).
+        folder: the folder its weights were read from.
+
+    Raises:
+        ValueError: naming the folder and the first weights missing from its files.
+    """
+    from safetensors import safe_open
+
+    files = sorted(Path(folder).glob("*.safetensors"))
+    if not files:
+        return
+    stored: set[str] = set()
+    for file in files:
+        with safe_open(str(file), "pt") as f:
+            stored.update(f.keys())
+    prefix = f"{getattr(model, 'base_model_prefix', '')}."
+    missing = sorted(n for n in model.state_dict() if n not in stored and prefix + n not in stored)
+    if missing:
+        raise ValueError(
+            f"{folder}: the backbone's weights do not match its configuration: {len(missing)} missing keys "
+            f"({', '.join(missing[:3])}{', …' if len(missing) > 3 else ''}); refusing to encode with random weights"
+        )
+
+
 PUBLISHED = {
     "nvidia/llama-3.2-nv-embedqa-1b-v2": {
         "architectures": ["LlamaBidirectionalModel"],

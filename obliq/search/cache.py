@@ -98,6 +98,8 @@ def cache(
             "prune: say which stores to remove with --older_than DAYS and/or --model M "
             "(`obliq cache` lists them; --older_than 0 means every one)"
         )
+    if root is not None and not Path(root).is_dir():
+        raise ValueError(f"root: {root} is not a folder (the stores' folder, e.g. $OBLIQ_CACHE/embeddings)")
     root = _root(root)
     chosen = [
         s

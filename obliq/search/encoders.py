@@ -64,12 +64,15 @@ class SentenceTransformerEncoder:
     def __init__(self, name_or_path: str, device: str | None = None, trust_remote_code: bool = False):
         from sentence_transformers import SentenceTransformer
 
-        from obliq.model.bidirectional import check_model_code
+        from obliq.model.bidirectional import check_file_weights, check_model_code
 
         self.name_or_path = str(name_or_path)
         path = resolve_model(name_or_path)
         check_model_code(path, trust_remote_code)  # a published family (llama_bidirec) read as data
         self.model = SentenceTransformer(path, device=device, trust_remote_code=trust_remote_code)
+        transformer = self.model[0]  # its weights all read (sentence-transformers fills missing ones at random)
+        if Path(path).is_dir() and hasattr(transformer, "model"):
+            check_file_weights(transformer.model, Path(path) / _module_path(Path(path)))
         if getattr(self.model, "tokenizer", None) is not None:  # a text model: refused without its vocabulary
             from obliq.model.tokenizer import check_vocabulary
 
@@ -147,6 +150,16 @@ class SentenceTransformerEncoder:
             show_progress_bar=show_progress,
         )
         return out.float().cpu()
+
+
+def _module_path(folder: Path) -> str:
+    """The sub-folder of a sentence-transformers folder that holds its Transformer module's weights
+    (``modules.json``'s first entry; ``""``: the folder itself, also for a plain transformers folder)."""
+    try:
+        modules = json.loads(read_text(folder / "modules.json"))
+        return str(modules[0].get("path", "")) if isinstance(modules, list) and modules else ""
+    except (OSError, ValueError, AttributeError):
+        return ""
 
 
 def fingerprint(model: str) -> str:
