@@ -285,6 +285,21 @@ def file_sha256(path: str | os.PathLike) -> str:
     return digest.hexdigest()
 
 
+def read_json_object(path: str | os.PathLike, what: str = "the file") -> dict:
+    """A file that holds one JSON object (a model's config.json, task.json, a graph, a record), read as text.
+
+    Raises:
+        ValueError: not valid JSON (file and line named), or JSON of another type (``what`` is one JSON object).
+    """
+    try:
+        obj = json.loads(read_text(path))
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path}:{err.lineno}: not valid JSON ({err.msg})") from None
+    if not isinstance(obj, dict):
+        raise ValueError(f"{path}: {what} is one JSON object, not {type(obj).__name__}")
+    return obj
+
+
 def write_json(path: str | os.PathLike, obj) -> None:
     """Write ``obj`` as strict JSON (:func:`json_text`), atomically, with a final newline."""
     write_text(path, json_text(obj) + "\n")

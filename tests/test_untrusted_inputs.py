@@ -348,7 +348,7 @@ def test_bad_files_are_one_line_errors_naming_them(tmp_path, capsys):
     cases.append(
         (
             ["evaluate", "--model", "bm25", "--tasks", str(task), "--output", str(tmp_path / "o")],
-            "task.json: not valid JSON",
+            "task.json:1: not valid JSON",
         )
     )
     big = make_task(

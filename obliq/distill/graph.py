@@ -17,7 +17,6 @@ Faults this module is built against (reported for faiss kNN graphs):
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -25,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from obliq.files import read_text, write_json
+from obliq.files import read_json_object, write_json
 from obliq.search.exact import ExactIndex, unit_float32
 from obliq.search.runs import fuse_rrf, top_k
 
@@ -88,12 +87,7 @@ def load_graph(path: str | Path) -> KnnGraph:
             and the field are named).
     """
     path = Path(path)
-    try:
-        obj = json.loads(read_text(path))
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{path}:{e.lineno}: invalid JSON ({e.msg})") from None
-    if not isinstance(obj, dict):
-        raise ValueError(f"{path}: a graph is one JSON object, not {type(obj).__name__}")
+    obj = read_json_object(path, "a graph")
     for key in ("k", "neighbours"):
         if key not in obj:
             raise ValueError(f"{path}: missing field {key!r}")

@@ -19,14 +19,13 @@ family published the same way (a Mistral or Qwen bidirectional checkpoint) is on
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from torch import nn
 
-from obliq.files import read_text
+from obliq.files import read_json_object
 
 
 @dataclass(frozen=True)
@@ -145,12 +144,7 @@ def check_model_code(path: str | os.PathLike, trust_remote_code: bool = False) -
     file = _config_file(path)
     if file is None:
         return None
-    try:
-        config = json.loads(read_text(file))
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{file}: not valid JSON ({err})") from None
-    if not isinstance(config, dict):
-        raise ValueError(f"{file}: not a JSON object (a model configuration)")
+    config = read_json_object(file, "a model configuration")
     family = next((f for f in FAMILIES if f.model_type == config.get("model_type")), None)
     remote = (config.get("auto_map") or {}).get("AutoModel") if isinstance(config.get("auto_map"), dict) else None
     if isinstance(remote, list | tuple):  # ["file.Class", "file.FastClass"]

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from obliq.aliases import portable_name, resolve_model
-from obliq.files import read_text, write_json
+from obliq.files import read_json_object, read_text, write_json
 from obliq.model.bidirectional import check_loading, check_model_code, make_bidirectional
 from obliq.model.pooling import mean_pool
 from obliq.model.tokenizer import PASSAGE_MAX_LENGTH, QUERY_MAX_LENGTH, Kind, TextTokenizer, check_vocabulary
@@ -370,12 +370,9 @@ class BiEncoder(nn.Module):
         cfg_file = folder / CONFIG_NAME
         if not cfg_file.is_file():
             raise FileNotFoundError(f"{cfg_file} not found: not a folder written by BiEncoder.save_pretrained")
-        try:
-            saved = json.loads(read_text(cfg_file))
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{cfg_file}: not valid JSON ({err})") from None
+        saved = read_json_object(cfg_file, "an encoder's settings")
         settings = stored_settings(saved, cfg_file)
-        lora = saved.get("lora") if isinstance(saved, dict) else None
+        lora = saved.get("lora")
         if not saved.get("is_adapter"):
             settings["backbone"] = str(folder)
         elif "backbone" not in overrides:

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from obliq.files import file_sha256, open_text, read_text, write_json
+from obliq.files import file_sha256, open_text, read_json_object, write_json
 from obliq.tasks import Task, check_id
 
 log = logging.getLogger(__name__)
@@ -208,11 +208,8 @@ def check_run_corpus(path: str | Path, run: Run, task: Task) -> None:
     """
     path, record_file = Path(path), run_record(path)
     if record_file.is_file():
-        try:
-            record = json.loads(read_text(record_file))
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{record_file}: not valid JSON ({err})") from None
-        if not isinstance(record, dict) or record.get("run_sha256") != file_sha256(path):
+        record = read_json_object(record_file, "a run's record")
+        if record.get("run_sha256") != file_sha256(path):
             raise ValueError(
                 f"{record_file}: field run_sha256: {path.name} was changed since obliq wrote it, so its record of "
                 f"the corpus no longer holds; remove {record_file.name} to score it as a foreign run"

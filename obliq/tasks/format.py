@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from obliq.files import bounded_lines, open_text, read_text, strip_bom
+from obliq.files import bounded_lines, open_text, read_json_object, strip_bom
 from obliq.text import repair_text
 
 log = logging.getLogger(__name__)
@@ -246,12 +246,7 @@ def read_task_meta(file: Path) -> dict:
     """
     if not file.is_file():
         return {}
-    try:
-        meta = json.loads(read_text(file))
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{file}: not valid JSON ({err})") from None
-    if not isinstance(meta, dict):
-        raise ValueError(f"{file}: expected a JSON object with name and mechanism")
+    meta = read_json_object(file, "a task's settings (name, mechanism, …)")
     for key in ("name", "mechanism", "instruction", "prompt_name"):
         if key in meta and meta[key] is not None and (not isinstance(meta[key], str) or not meta[key].strip()):
             raise ValueError(f"{file}: field {key!r} must be a non-empty string, got {meta[key]!r}")
