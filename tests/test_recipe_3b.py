@@ -98,7 +98,8 @@ def recipe_runs(tmp_path_factory, smollm2_path, tasks_dir) -> dict:
         run.wait()
         assert not list((root / name).glob("version_0/checkpoints/*step=4.ckpt"))  # killed before its end
 
-    fit("fsdp", FSDP2, kill_at="version_0/checkpoints/epoch=0-step=2.ckpt")
+    # killed once step 2's resume point exists (ModelCheckpoint links last.ckpt after writing the step's file)
+    fit("fsdp", FSDP2, kill_at="version_0/checkpoints/last.ckpt")
     fit("fsdp", FSDP2, "--ckpt_path", "last")
     fit("ddp", "ddp")
     return {"root": root, "replica": replica, "task": work / "tasks" / "math-slice"}
