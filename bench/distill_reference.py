@@ -11,6 +11,10 @@ recipe, no-duplicates batches; when the recipe sets a GradCache ``chunk_size``, 
 at the same memory as obliq's chunks), at the recipe's training length and with the same ``query: `` /
 ``passage: `` prompts (saved in the model, so ``encode_query`` / ``encode_document`` use them).
 
+**Rows with several positives** (``obliq distill pairs --per_anchor true``): sentence-transformers' trainer
+reads (anchor, positive) pairs, so such a row is exploded into one pair per positive, in the row's order, as
+its users do (:func:`st_pairs`); obliq reads the rows as they are. Both see the same distinct edges.
+
 **Same budget.** obliq trains first; sentence-transformers then gets the same number of epochs over
 the pairs, stopped early if its training wall time passes obliq's (``--budget wall``, default) or
 its process CPU time passes obliq's (``--budget cpu``; steadier when other jobs share the cores).
@@ -52,6 +56,24 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 def _usage() -> dict:
     r = resource.getrusage(resource.RUSAGE_SELF)
     return {"cpu_s": round(r.ru_utime + r.ru_stime, 1), "peak_rss_gb": round(r.ru_maxrss / 2**20, 2)}
+
+
+def st_pairs(rows: list[dict], max_positives: int | None = None) -> dict[str, list[str]]:
+    """The columns sentence-transformers' trainer reads, ``{"anchor": [...], "positive": [...]}``: one pair per
+    positive of each row that obliq reads (its first ``max_positives``, the recipe's ``data.max_positives``;
+    None: all), rows in file order and a row's positives in its order (a single-positive row is one pair; a
+    per-anchor row with k positives, k pairs with the same anchor)."""
+    from obliq.data.rows import row_positives
+
+    pairs = [(r["query"], p["text"]) for r in rows for p in row_positives(r)[:max_positives]]
+    return {"anchor": [a for a, _ in pairs], "positive": [p for _, p in pairs]}
+
+
+def st_batch_size(config: dict, rows: list[dict]) -> int:
+    """sentence-transformers' batch: the pairs obliq reads a step, ``data.batch_size`` rows times their mean
+    positives (``data.batch_size`` itself for single-positive rows), so both read the same edges a step."""
+    pairs = len(st_pairs(rows, config["data"].get("max_positives"))["anchor"])
+    return max(1, round(int(config["data"]["batch_size"]) * pairs / len(rows)))
 
 
 def knn_source(recipe: list[str]) -> tuple[Path, dict]:
@@ -118,11 +140,12 @@ def train_st(recipe: list[str], out: Path, epochs: float, wall_budget: float | N
     enc = config["model"]["encoder"]["init_args"]
     qp, pp = enc.get("query_prefix", "query: "), enc.get("passage_prefix", "passage: ")
     rows = [json.loads(line) for line in pairs.open(encoding="utf-8") if line.strip()]
-    data = Dataset.from_dict({"anchor": [r["query"] for r in rows], "positive": [r["positive"]["text"] for r in rows]})
+    data = Dataset.from_dict(st_pairs(rows, config["data"].get("max_positives")))  # one pair a positive read
     model = SentenceTransformer(resolve_model(enc.get("backbone", "minilm")), device="cpu")
     capacity = model.max_seq_length  # what the saved model reads at evaluation, as the base model and obliq's adapter
     model.max_seq_length = int(enc.get("passage_max_length", 256))  # the training length
-    scale, chunk = 1.0 / float(config["model"].get("temperature", 0.05)), config["model"].get("chunk_size")
+    tau = ((config["model"].get("loss") or {}).get("init_args") or {}).get("temperature", 0.05)  # obliq.losses.InfoNCE
+    scale, chunk = 1.0 / float(tau), config["model"].get("chunk_size")
     loss = (
         CachedMultipleNegativesRankingLoss(model, scale=scale, mini_batch_size=int(chunk))
         if chunk
@@ -144,7 +167,7 @@ def train_st(recipe: list[str], out: Path, epochs: float, wall_budget: float | N
     args = SentenceTransformerTrainingArguments(
         output_dir=str(out / "trainer"),
         num_train_epochs=epochs,
-        per_device_train_batch_size=int(config["data"]["batch_size"]),
+        per_device_train_batch_size=st_batch_size(config, rows),
         learning_rate=5e-5,
         warmup_steps=0.1,
         batch_sampler=BatchSamplers.NO_DUPLICATES,
@@ -187,13 +210,14 @@ def _child(kind: str, args: argparse.Namespace, out: Path, extra: list[str]) -> 
     return json.loads(result.read_text())
 
 
-def _reused(name: str, pairs: Path) -> dict:
+def _reused(name: str, pairs: Path, config: dict) -> dict:
     """The model, steps, wall / CPU seconds and peak RSS of an ablation run (``runs/abl/log.jsonl``).
 
     Raises:
         ValueError: the run's saved config (``config.yaml`` below its version folder) trained a ``knn`` source
-            whose rows differ from ``pairs`` (the recipe's), byte for byte: the table would compare two trainers
-            on different rows.
+            whose rows differ from ``pairs`` (the recipe's), byte for byte, or read them at another
+            ``data.batch_size`` or ``data.max_positives`` than ``config`` (the recipe's): the table would compare two
+            trainers on different rows.
     """
     import yaml
     from distill_ablation import ROOT
@@ -216,8 +240,13 @@ def _reused(name: str, pairs: Path) -> dict:
     saved = next(iter(sorted(run.path.rglob("config.yaml"))), None)
     if saved is None:
         raise FileNotFoundError(f"{run.path}: no config.yaml, so which pairs the ablation {name!r} read is unknown")
-    sources = yaml.safe_load(saved.read_text(encoding="utf-8"))["data"]["sources"]
+    data = yaml.safe_load(saved.read_text(encoding="utf-8"))["data"]
+    sources = data["sources"]
     trained = Path(sources[named_source(sources, "knn", str(saved))]["path"])
+    for key in ("batch_size", "max_positives"):  # the edges a step, which the trainer's batch is sized from
+        if data.get(key) != config["data"].get(key):
+            raise ValueError(f"{saved}: the ablation {name!r} trained at data.{key} {data.get(key)}, the recipe's is "
+                             f"{config['data'].get(key)}")  # fmt: skip
     if not (trained.is_file() and filecmp.cmp(trained, pairs, shallow=False)):
         raise ValueError(
             f"{saved}: the ablation {name!r} trained on {trained} (relative paths: to the folder it ran in; read "
@@ -298,9 +327,10 @@ def main() -> None:
 
     distill_ablation.EVAL_TOKENS = args.eval_tokens
     pairs, config = knn_source(args.recipe)
-    rows = sum(1 for line in pairs.open(encoding="utf-8") if line.strip())
-    obliq = _reused(args.reuse, pairs) if args.reuse else _child("obliq", args, out, [])
-    epochs = obliq["steps"] * int(config["data"]["batch_size"]) / rows
+    read = [json.loads(line) for line in pairs.open(encoding="utf-8") if line.strip()]
+    rows, edges = len(read), len(st_pairs(read, config["data"].get("max_positives"))["anchor"])  # the pairs of the rows
+    obliq = _reused(args.reuse, pairs, config) if args.reuse else _child("obliq", args, out, [])
+    epochs = obliq["steps"] * int(config["data"]["batch_size"]) / rows  # the same epochs: the same edges read
     budget = (
         ["--wall_budget", str(obliq["train_wall_s"])]
         if args.budget == "wall"
@@ -331,8 +361,10 @@ def main() -> None:
         systems,
         pairs_,
         title=(
-            f"{args.task} {args.split} ({len(task.query_ids)} queries, {len(task.doc_ids)} docs), {rows} kNN pairs, "
-            f"{epochs:.2f} epochs at batch {config['data']['batch_size']}; "
+            f"{args.task} {args.split} ({len(task.query_ids)} queries, {len(task.doc_ids)} docs), {edges} kNN pairs"
+            f"{f' in {rows} rows' if rows != edges else ''}, "
+            f"{epochs:.2f} epochs at batch {config['data']['batch_size']}"
+            f"{f' (sentence-transformers: {st_batch_size(config, read)} pairs)' if rows != edges else ''}; "
             f"budget: {args.budget} time of obliq's training; {args.eval_tokens} tokens at evaluation"
         ),
         same_reading=["MiniLM (base)", *trained],

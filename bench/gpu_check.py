@@ -464,7 +464,7 @@ def measure_peak(device: str, n: int) -> dict:
 
 def measure_step(folder: Path, recipe: dict, device: str, steps: int, peak: dict, quantization: str | None) -> dict:
     """Time the recipe's GradCache step on a BiEncoder loaded from ``folder`` (see the module docstring)."""
-    from obliq.loss import InfoNCELoss
+    from obliq.losses import InfoNCE, StepView
     from obliq.model import BiEncoder, LoraSettings
     from obliq.model.gradcache import grad_cache_step, sorted_chunks
 
@@ -501,15 +501,15 @@ def measure_step(folder: Path, recipe: dict, device: str, steps: int, peak: dict
         "attention_mask": torch.ones(n_d, length, dtype=torch.long),
     }
     q, d = ({k: v.to(device) for k, v in x.items()} for x in (q, d))
-    positives = torch.arange(n_q, device=device)
-    loss_fn = InfoNCELoss(recipe["temperature"], gather_across_devices=False)
+    view = StepView.of({"positive_index": torch.arange(n_q, device=device), "docs": d})  # no keys: no masking
+    loss_fn = InfoNCE(recipe["temperature"], gather_across_devices=False)
     params = [p for p in enc.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=2e-4)
 
     def step() -> float:
         opt.zero_grad(set_to_none=True)
         with torch.autocast(device.split(":")[0], dtype=torch.bfloat16):
-            loss = grad_cache_step(enc, q, d, lambda a, b: loss_fn(a, b, positives), chunk, sort_by_length=True)
+            loss = grad_cache_step(enc, q, d, lambda a, b: loss_fn(a, b, view), chunk, sort_by_length=True)
         opt.step()
         return float(loss)
 

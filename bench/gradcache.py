@@ -130,7 +130,7 @@ def _one(mode: str, method: str, batch: int, chunk: int, steps: int, threads: in
     else:
         from obliq.data import Collator  # the collator alone: no Lightning to import
         from obliq.data.rows import parse_row
-        from obliq.loss import InfoNCELoss
+        from obliq.losses import InfoNCE, StepView
         from obliq.model import BiEncoder
         from obliq.model.gradcache import chunk_counts_across_ranks, grad_cache_step, sorted_chunks, split
 
@@ -169,8 +169,8 @@ def _one(mode: str, method: str, batch: int, chunk: int, steps: int, threads: in
                 else sorted_chunks(q, chunk)[0] + sorted_chunks(d, chunk)[0]
             )
         )
-        info_nce = InfoNCELoss(temperature=0.02)
-        loss_fn = lambda a, c: info_nce(a, c, target, keys)  # noqa: E731
+        info_nce, view = InfoNCE(temperature=0.02), StepView.of({"positive_index": target, "doc_keys": keys})
+        loss_fn = lambda a, c: info_nce(a, c, view)  # noqa: E731
         pad_to = chunk_counts_across_ranks(q, d, chunk) if method == "obliq-twice" else None
 
         def step():

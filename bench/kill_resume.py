@@ -140,9 +140,9 @@ def _config(folder: Path, backbone: Path, rows: Path, steps: int = STEPS) -> Pat
                     "passage_max_length": 48,
                 },
             },
+            "loss": {"class_path": "obliq.losses.InfoNCE", "init_args": {"temperature": 0.05}},
             "chunk_size": 2,
             "lr": 1e-3,
-            "temperature": 0.05,
         },
         "data": {"sources": [{"path": str(rows)}], "batch_size": BATCH, "max_negatives": 0, "num_workers": 0},
     }

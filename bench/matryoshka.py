@@ -2,8 +2,9 @@
 
 Both students train the same recipe (default ``configs/writing-cpu.yaml``: all-MiniLM-L6-v2 + LoRA on
 writing-news's kNN pairs, one epoch on 2 CPU cores) from the same seed and data order; the Matryoshka
-twin adds ``--model.matryoshka_dims=[d, d/2, d/4, d/8]`` (the loss at each truncated, re-normalised
-dimension, summed with weight 1: :func:`obliq.loss.matryoshka`). Base MiniLM is evaluated beside them.
+twin adds ``--model.loss.init_args.matryoshka_dims=[d, d/2, d/4, d/8]`` (the loss at each truncated,
+re-normalised dimension, summed with weight 1: :func:`obliq.losses.matryoshka`). Base MiniLM is evaluated beside
+them.
 
 Every system is evaluated by ``obliq evaluate`` on the tasks' test queries at each dimension
 (``--retrieval.dim``: the first components, re-normalised), exact search; the corpus is encoded once
@@ -82,7 +83,9 @@ def main(argv: list[str] | None = None) -> None:
     models = {
         "MiniLM (base)": "minilm",
         "plain": train(args.recipe, out / "plain", []),
-        "Matryoshka": train(args.recipe, out / "matryoshka", [f"--model.matryoshka_dims=[{','.join(map(str, dims))}]"]),
+        "Matryoshka": train(
+            args.recipe, out / "matryoshka", [f"--model.loss.init_args.matryoshka_dims=[{','.join(map(str, dims))}]"]
+        ),
     }
     systems = {}
     for name, model in models.items():

@@ -136,7 +136,9 @@ def export(
             "step": ckpt.get("global_step"),
             "weights_sha256": digest,
             # the dimensions the Matryoshka loss trained (none: only the full one); evaluate warns at another dim
-            "matryoshka_dims": (ckpt.get("hyper_parameters") or {}).get("matryoshka_dims") or [],
+            "matryoshka_dims": ((ckpt["obliq"].get("loss") or {}).get("matryoshka_dims"))
+            or (ckpt.get("hyper_parameters") or {}).get("matryoshka_dims")  # a checkpoint of before obliq.losses
+            or [],
         }
         if ckpt["obliq"].get("interpolation"):  # obliq interpolate: α and the checkpoints it averaged
             record["interpolation"] = ckpt["obliq"]["interpolation"]
@@ -417,6 +419,9 @@ def model_card(ckpt: dict, encoder: BiEncoder, kind: str, evaluation: list[dict]
             + [f"{k.replace('_', ' ')}: {v}" for k, v in rest.items()]
         )
         lines.append(f"| loss | {loss.get('loss')}: {settings_text} |")
+        for term in ckpt["obliq"].get("terms") or []:  # each term's citation(): name, settings, source
+            args = ", ".join(f"{k.replace('_', ' ')}: {v}" for k, v in term.items() if k not in ("term", "references"))
+            lines.append(f"| term | {term.get('term')}: {args} ({'; '.join(term.get('references') or [])}) |")
         if loss.get("references"):
             lines.append(f"| references | {'; '.join(loss['references'])} |")
     if "lr" in hp:

@@ -17,7 +17,8 @@ The recipe's files are read as :mod:`obliq.recipes` reads them.
 with the user's (:func:`resume_differences`), never merged over them (Lightning's own
 ``_parse_ckpt_path`` would). Every module setting and every encoder setting the checkpoint records that
 the user changed is applied, and said so (``lr``, ``warmup_ratio``: the schedule continues from the
-checkpoint's step with the new values; ``matryoshka_dims``, ``temperature``, …: from the next step).
+checkpoint's step with the new values; the loss's and each term's settings (``model.loss.init_args.temperature``,
+``model.terms``, …): from the next step).
 What the trained weights depend on (:data:`REFUSED`) is refused with the list of differences: the
 backbone, LoRA, bidirectionality, prefixes and instructions. A changed data mixture (other rows, even as
 many), batch size, world size or seed is refused when the data position is restored
@@ -95,7 +96,8 @@ def resume_differences(ckpt: dict, model: dict, source: object) -> list[str]:
     stored = {**_defaults(RetrieverModule), **(ckpt.get("hyper_parameters") or {})}
     asked = dict((model.get("encoder") or {}).get("init_args") or {})
     encoder = {**_defaults(BiEncoder), **(saved.get("encoder") or {}), "lora": saved.get("lora")}
-    pairs = [(f"model.{k}", stored.get(k), v) for k, v in model.items() if k != "encoder"]
+    pairs = [(f"model.{k}", stored.get(k), v) for k, v in model.items() if k not in ("encoder", "loss", "terms")]
+    pairs += objective_differences(stored, model)
     for key, value in asked.items():
         if key == "lora" and isinstance(value, dict) and isinstance(encoder["lora"], dict):
             pairs += [
@@ -122,6 +124,79 @@ def resume_differences(ckpt: dict, model: dict, source: object) -> list[str]:
             + " (start a new run, or resume with the checkpoint's settings)"
         )
     return applied
+
+
+def _spec(value, default: dict | None) -> dict | None:
+    """A loss or term config (``class_path`` + ``init_args``, or None for ``default``) with every setting,
+    as :func:`obliq.model.module.spec` records it; a config that cannot be built is returned as given."""
+    from jsonargparse import Namespace
+
+    from obliq.model.module import spec
+
+    if value is None:
+        return default
+    value = value.as_dict() if isinstance(value, Namespace) else dict(value)
+    try:
+        module, _, name = str(value["class_path"]).rpartition(".")
+        cls = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError, ValueError, KeyError):
+        return value  # compared as given; building it is the fit's business
+    try:
+        return spec(cls(**(value.get("init_args") or {})))
+    except (TypeError, ValueError):  # settings the fit will refuse: compared as given, under the class's own name
+        return {"class_path": f"{cls.__module__}.{cls.__qualname__}", "init_args": value.get("init_args") or {}}
+
+
+def _flat_objective(hp: dict) -> tuple[dict | None, list | None]:
+    """The loss and terms of a checkpoint written before obliq.losses (its module took ``temperature``,
+    ``symmetric``, ``teacher_loss``, … as flat settings), as configs; (None, None) for a newer one."""
+    if "loss" in hp or "temperature" not in hp:
+        return None, None
+    keys = ("temperature", "gather_across_devices", "symmetric", "matryoshka_dims", "matryoshka_weights")
+    loss = {"class_path": "obliq.losses.InfoNCE", "init_args": {k: hp[k] for k in keys if k in hp}}
+    terms = []
+    if hp.get("teacher_loss", "none") != "none":
+        args = {"kind": hp["teacher_loss"], "weight": hp.get("teacher_weight", 1.0)}
+        args["teacher_temperature"] = hp.get("teacher_temperature", 0.05)
+        terms.append({"class_path": "obliq.losses.TeacherScores", "init_args": args})
+    if hp.get("relational_weight"):
+        args = {"weight": hp["relational_weight"], "teacher_temperature": hp.get("relational_temperature")}
+        terms.append({"class_path": "obliq.losses.Relational", "init_args": args})
+    if hp.get("guided_margin") is not None:
+        terms.append({"class_path": "obliq.losses.GuidedMask", "init_args": {"margin": hp["guided_margin"]}})
+    return loss, terms
+
+
+def objective_differences(stored: dict, model: dict) -> list[tuple[str, object, object]]:
+    """``(setting, in the checkpoint, now)`` for the objective's settings (``model.loss``, ``model.terms``):
+    key by key within a loss or term of the same class, the whole entry otherwise (C58 for issue 47's
+    loss package). Defaults filled on both sides; a checkpoint of the flat settings is read as its configs."""
+    from obliq.losses import InfoNCE
+    from obliq.model.module import spec
+
+    old_loss, old_terms = _flat_objective(stored)
+    default = spec(InfoNCE())
+    before = [_spec(old_loss or stored.get("loss"), default)]
+    now = [_spec(model.get("loss"), default)]
+    names = ["model.loss"]
+    terms_before = [_spec(t, None) for t in (old_terms if old_terms is not None else stored.get("terms") or [])]
+    terms_now = [_spec(t, None) for t in model.get("terms") or []]
+    classes = lambda specs: [t.get("class_path") for t in specs]  # noqa: E731
+    if classes(terms_before) != classes(terms_now):
+        return _pairs(names, before, now) + [("model.terms", classes(terms_before), classes(terms_now))]
+    names += [f"model.terms[{i}]" for i in range(len(terms_now))]
+    return _pairs(names, before + terms_before, now + terms_now)
+
+
+def _pairs(names, before, now) -> list[tuple[str, object, object]]:
+    out = []
+    for name, a, b in zip(names, before, now):
+        if a.get("class_path") != b.get("class_path"):
+            out.append((name, a.get("class_path"), b.get("class_path")))
+            continue
+        args_a, args_b = a.get("init_args") or {}, b.get("init_args") or {}
+        out += [(f"{name}.init_args.{k}", args_a.get(k), args_b.get(k)) for k in sorted(args_a.keys() | args_b.keys())]
+    return out
 
 
 LOGGER = "--trainer.logger"
@@ -354,23 +429,27 @@ def _check_trains(config) -> None:
 
 
 def _check_teacher_settings(config) -> None:
-    """Refuse ``model.relational_weight`` or ``model.guided_margin`` without ``data.teacher_vectors`` (the
-    teacher's vectors those terms read), and a ``data.teacher_vectors`` that is no ``.npz`` archive, before any
-    folder is made or model loaded."""
+    """Refuse a ``model.terms`` entry that needs a batch key the data will not provide (a term of the
+    teacher's vectors without ``data.teacher_vectors``: :func:`obliq.losses.check_terms`), and a
+    ``data.teacher_vectors`` that is no ``.npz`` archive, before any folder is made or model loaded."""
     model, data = config.get("model"), config.get("data")
     if data is not None and data.get("teacher_vectors"):
         from obliq.data.teacher_table import check_archive
 
         check_archive(data.get("teacher_vectors"))  # a missing or text file: refused before the folder too
+    if model is None or not model.get("terms"):
         return
-    if model is None or data is None:
-        return
-    for setting, off in (("relational_weight", 0.0), ("guided_margin", None)):
-        if model.get(setting, off) not in (off, None):
-            raise ValueError(
-                f"model.{setting} = {model.get(setting)} needs the teacher's vectors: set data.teacher_vectors "
-                "(obliq distill graph --vectors_out writes them)"
-            )
+    from obliq.losses import check_terms
+
+    classes = []
+    for i, term in enumerate(model.get("terms")):
+        path = str(term.get("class_path", "")) if hasattr(term, "get") else ""
+        module, _, name = path.rpartition(".")
+        try:
+            classes.append(getattr(importlib.import_module(module), name))
+        except (ImportError, AttributeError, ValueError) as err:
+            raise ValueError(f"model.terms[{i}]: no class {path!r} ({err})") from None
+    check_terms(classes, data.as_dict() if hasattr(data, "as_dict") else dict(data or {}))
 
 
 def cli(

@@ -195,29 +195,38 @@ def lora_encoder(path: str, dropout: float = 0.0):
 def gloo_grad_cache_worker(rank: int, path: str, init_file: str, out_dir: str, shards: list[dict], loss: dict):
     """One of two gloo processes (``torch.multiprocessing.spawn``): a GradCache step (chunks of 1) of
     ``lora_encoder(path)`` under DDP on ``shards[rank]`` (``q``, ``d``, document ``ids``, optional query
-    ``qids``; query i's positive is document i) with ``InfoNCELoss(**loss)``; saves the loss and the gradients
-    to ``out_dir/rank<r>.pt``."""
+    ``qids``; query i's positive is document i) with the real objective of
+    ``RetrieverModule(encoder, InfoNCE(**loss))`` over the step's view (:meth:`RetrieverModule.view`, gathered
+    across the processes as in training); saves the loss and the gradients to ``out_dir/rank<r>.pt``."""
     import torch.distributed as dist
 
-    from obliq.loss import InfoNCELoss
+    from obliq.losses import InfoNCE
     from obliq.model.gradcache import grad_cache_step
+    from obliq.model.module import RetrieverModule
 
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
     try:
         enc = lora_encoder(path).eval()  # no dropout: the two setups then draw nothing at random
         ddp = torch.nn.parallel.DistributedDataParallel(enc)
         shard = shards[rank]
-        loss_fn = InfoNCELoss(**loss)
-        keys = torch.tensor(shard["ids"])
-        query_keys = [torch.tensor(shard["qids"])] if "qids" in shard else []
+        module = RetrieverModule(enc, InfoNCE(**loss))
+        batch = {
+            "query": enc.tokenize(shard["q"], "query"),
+            "docs": enc.tokenize(shard["d"], "passage"),
+            "positive_index": torch.arange(len(shard["q"])),
+            "doc_keys": torch.tensor(shard["ids"]),
+        }
+        if "qids" in shard:
+            batch["query_keys"] = torch.tensor(shard["qids"])
+        view = module.view(batch)  # a collective call: both processes
         value = grad_cache_step(
             ddp,
-            enc.tokenize(shard["q"], "query"),
-            enc.tokenize(shard["d"], "passage"),
-            lambda q, d: loss_fn(q, d, torch.arange(len(shard["q"])), keys, *query_keys),
+            batch["query"],
+            batch["docs"],
+            lambda q, d: module.objective(q, d, view),
             chunk_size=1,
             no_sync=ddp.no_sync,
-            backward_scale=loss_fn.backward_scale,
+            backward_scale=module.loss.backward_scale,
         )
         grads = {n: p.grad.clone() for n, p in enc.named_parameters() if p.requires_grad}
         torch.save({"loss": value, "grads": grads}, os.path.join(out_dir, f"rank{rank}.pt"))
@@ -274,9 +283,9 @@ def write_config(folder: Path, rows: Path, backbone: str, max_steps: int, **extr
                     "passage_max_length": 48,
                 },
             },
+            "loss": {"class_path": "obliq.losses.InfoNCE", "init_args": {"temperature": 0.05}},
             "chunk_size": 2,
             "lr": 1e-3,
-            "temperature": 0.05,
         },
         "data": {"sources": [{"path": str(rows)}], "batch_size": 4, "max_negatives": 2, "num_workers": 0},
     }

@@ -217,3 +217,127 @@ def test_source_and_module_arguments_are_checked(tmp_path, good_rows):
         _dm(tmp_path, [Source(str(path)), Source(str(tmp_path / "*.jsonl"))]).setup()
     with pytest.raises(RuntimeError, match="tokenize is not set"):
         _dm(tmp_path, [Source(str(path))]).make_dataloader()
+
+
+# --- rows with several positives (issue 47 §2) --------------------------------------------------------------------
+
+
+def _with_positives(row: dict, others: list[dict]) -> dict:
+    """``row`` (a real row) with ``positives``: its positive, then the positives of ``others`` (real rows of other
+    documents), none of which is one of its negatives."""
+    out = copy.deepcopy(row)
+    taken = {row["positive"]["id"], *(n["id"] for n in row["negatives"])}
+    extra = [o["positive"] for o in others if o["positive"]["id"] not in taken]
+    out["positives"] = [out.pop("positive"), *copy.deepcopy(extra[:2])]
+    assert len(out["positives"]) == 3
+    return out
+
+
+def test_a_row_with_several_positives_keeps_them_in_order(good_rows):
+    from obliq.text import id_hash
+
+    src = _with_positives(good_rows[0], good_rows[30:40])
+    row = parse_row(json.dumps(src), "f.jsonl", 3)
+    assert [(d.id, d.text) for d in row.positives] == [(p["id"], p["text"]) for p in src["positives"]]
+    assert row.positive == row.positives[0] and row.positive.id == good_rows[0]["positive"]["id"]
+    # keys: the query's, every positive's, then each kept negative's (what a no-duplicates step keeps apart)
+    docs = [*src["positives"], *src["negatives"]]
+    expected = [*row.query_key()] + [k for d in docs for k in (id_hash(d["id"]), text_hash(d["text"]))]
+    assert row.keys() == expected
+    assert row.keys(max_negatives=1, max_positives=2) == expected[:6] + expected[8:10]
+    # a one-element list is one positive, read as `positive` is
+    one = dict(copy.deepcopy(good_rows[1]))
+    one["positives"] = [one.pop("positive")]
+    assert (
+        parse_row(json.dumps(one), "f.jsonl", 4).positives
+        == parse_row(json.dumps(good_rows[1]), "f.jsonl", 4).positives
+    )
+
+
+def _multi_bad_lines(rows: list[dict]) -> list[tuple[str, str, str, str]]:
+    """Bad rows with several positives, each from a real row: (line, field, kind, part of the reason)."""
+    others = rows[30:45]
+    base = lambda i: _with_positives(rows[i], others)  # noqa: E731
+    out = []
+
+    def variant(i, change):
+        row = base(i)
+        change(row)
+        return json.dumps(row)
+
+    out.append((variant(0, lambda r: r.update(positive=r["positives"][0])), "positives", "value", "not both"))
+    out.append((variant(1, lambda r: r.pop("positives")), "positive", "missing", "list of positives"))
+    out.append((variant(2, lambda r: r.update(positives=[])), "positives", "empty", "empty list"))
+    out.append((variant(3, lambda r: r.update(positives=r["positives"][0])), "positives", "type", "expected a list"))
+    out.append(
+        (
+            variant(4, lambda r: r["positives"][2].update(id=r["positives"][0]["id"])),
+            "positives[2].id",
+            "value",
+            "id of positives[0]",
+        )
+    )
+    # the second positive's text again under another id: upper case and extra punctuation
+    out.append(
+        (
+            variant(5, lambda r: r["positives"][2].update(text=r["positives"][1]["text"].upper() + " ...")),
+            "positives[2].text",
+            "value",
+            "text of positives[1] (normalised)",
+        )
+    )
+    # a negative equal to a positive that is not the first, by id, then by normalised text
+    out.append(
+        (
+            variant(6, lambda r: r["negatives"][1].update(id=r["positives"][2]["id"])),
+            "negatives[1].id",
+            "negative-is-positive",
+            "positives[2]'s id",
+        )
+    )
+    out.append(
+        (
+            variant(7, lambda r: r["negatives"][0].update(text="  " + r["positives"][1]["text"].upper() + "!")),
+            "negatives[0].text",
+            "negative-is-positive",
+            "positives[1]'s text",
+        )
+    )
+    scores = lambda r: r.update(meta={"teacher_scores": [0.9] + [0.1] * len(r["negatives"])})  # noqa: E731
+    out.append((variant(8, scores), "meta.teacher_scores", "value", "single-positive rows; this row has 3"))
+    return out
+
+
+def test_bad_rows_with_several_positives_fail_with_file_line_field(tmp_path, good_rows):
+    bad = _multi_bad_lines(good_rows)
+    assert len(bad) == 9
+    for line, field, kind, reason in bad:
+        with pytest.raises(RowError) as err:
+            parse_row(line, "rows.jsonl", 7)
+        assert (err.value.field, err.value.kind, err.value.line) == (field, kind, 7), str(err.value)
+        assert str(err.value).startswith(f"rows.jsonl:7:{field}: ") and reason in err.value.reason, str(err.value)
+    # through the data module: the file and line named at setup; in skip mode, counted by kind
+    path = tmp_path / "multi.jsonl"
+    good = [_with_positives(r, good_rows[30:45]) for r in good_rows[20:23]]
+    path.write_text("\n".join([json.dumps(good[0]), bad[6][0], json.dumps(good[1]), bad[8][0], json.dumps(good[2])]))
+    with pytest.raises(RowError, match=rf"^{path}:2:negatives\[1\]\.id: negative has positives\[2\]'s id"):
+        _dm(tmp_path, [Source(str(path))]).setup()
+    dm = _dm(tmp_path, [Source(str(path))], on_bad_row="skip")
+    dm.setup()
+    assert dm.stats["sources"][0]["skipped"] == {"negative-is-positive": 1, "value": 1}
+    assert [dm.reader.read(0, 0, p).id for p in range(3)] == [r["id"] for r in good]
+    assert [len(dm.reader.read(0, 0, p).positives) for p in range(3)] == [3, 3, 3]
+
+
+def test_read_rows_and_positive_fields_round_trip(tmp_path, good_rows):
+    from obliq.data.rows import positive_fields, read_rows, row_positives
+
+    multi = _with_positives(good_rows[0], good_rows[30:40])
+    path = write_rows(tmp_path / "rows.jsonl", [multi, good_rows[1]])
+    read = read_rows(path)
+    assert [len(row_positives(r)) for r in read] == [3, 1]
+    assert row_positives(read[1]) == [good_rows[1]["positive"]]
+    assert positive_fields(row_positives(read[0])) == {"positives": multi["positives"]}
+    assert positive_fields(row_positives(read[1])) == {"positive": good_rows[1]["positive"]}
+    with pytest.raises(ValueError, match="at least one positive"):
+        positive_fields([])

@@ -7,9 +7,10 @@ from collections import Counter
 
 import numpy as np
 import pytest
+from support import REPO
 
 from obliq.distill.graph import KnnGraph, knn_graph
-from obliq.distill.pairs import knn_pairs, random_control
+from obliq.distill.pairs import knn_pairs, pairs_summary, random_control
 from obliq.distill.purity import base_rate
 
 
@@ -181,3 +182,174 @@ def test_control_errors_are_named():
     rows[1]["meta"] = {}
     with pytest.raises(ValueError, match=r"row 1 \('knn:b:c'\): meta.anchor_id None is not a corpus id"):
         random_control(rows, g.ids, texts)
+
+
+# --- one row per anchor (issue 47 §2) -----------------------------------------------------------------------------
+
+
+def test_per_anchor_rows_hold_each_anchors_kept_neighbours_nearest_first():
+    g, texts = triangle()
+    rows, counts = knn_pairs(g, texts, "toy", both_directions=True, per_anchor=True)
+    # kept directed edges: a→b, b→a, b→c, c→a, c→b, d→b (a–d and d–a join identical texts)
+    assert [(r["id"], [p["id"] for p in (r.get("positives") or [r["positive"]])]) for r in rows] == [
+        ("knn:a", ["b"]),
+        ("knn:b", ["a", "c"]),
+        ("knn:c", ["a", "b"]),
+        ("knn:d", ["b"]),
+    ]
+    assert rows[1] == {
+        "id": "knn:b",
+        "task": "toy",
+        "source": "knn",
+        "query": "A dog ran.",
+        "positives": [{"id": "a", "text": "The cat sat."}, {"id": "c", "text": "Birds fly high."}],
+        "negatives": [],
+        "meta": {"anchor_id": "b", "ranks": [1, 2], "k": 2},
+    }
+    assert rows[0]["positive"] == {"id": "b", "text": "A dog ran."} and "positives" not in rows[0]
+    assert counts["distinct_edges"] == 6 and counts["rows"] == 4 and counts["same_text_positives"] == 0
+    assert pairs_summary(rows, both_directions=True) == {
+        "rows": 4,
+        "positives_per_row": {"min": 1, "mean": 1.5, "max": 2},
+        "edges_covered": 6,
+    }
+    validate_rows(rows)
+    # the default (one row per edge) is unchanged: the summary of those rows covers the same edges
+    per_edge, _ = knn_pairs(g, texts, "toy", both_directions=True)
+    assert pairs_summary(per_edge, both_directions=True) == {
+        "rows": 6,
+        "positives_per_row": {"min": 1, "mean": 1.0, "max": 1},
+        "edges_covered": 6,
+    }
+
+
+def test_per_anchor_leaves_out_a_neighbour_with_a_nearer_neighbours_text():
+    """Two positives of a row never share a normalised text: the farther twin is left out and counted."""
+    g = KnnGraph(["x", "y", "z", "w"], [[1, 2, 3], [0, 3, 2], [0, 3, 1], [0, 1, 2]], 3)
+    texts = ["one", "two", "Two!", "three"]  # y and z: the same text
+    rows, counts = knn_pairs(g, texts, "t", per_anchor=True)
+    assert [(r["id"], [p["id"] for p in (r.get("positives") or [r["positive"]])]) for r in rows] == [
+        ("knn:x", ["y", "w"]),
+        ("knn:y", ["w"]),
+        ("knn:z", ["w"]),
+    ]
+    assert counts["same_text_positives"] == 1 and counts["distinct_edges"] == 5
+    assert pairs_summary(rows)["edges_covered"] == 4
+    validate_rows(rows)
+
+
+def test_per_anchor_negatives_are_none_of_the_rows_positives_and_the_control_draws_as_many():
+    g, texts = random_graph(n=80, k=5, seed=2)
+    texts[11] = texts[17].upper() + "!"  # two documents with one normalised text
+    rows, _ = knn_pairs(g, texts, "t", negatives=4, seed=3, per_anchor=True, both_directions=True)
+    pos = {d: i for i, d in enumerate(g.ids)}
+    norm = lambda t: " ".join("".join(c for c in t.lower() if c.isalnum() or c.isspace()).split())  # noqa: E731
+    assert max(len(r.get("positives", [])) for r in rows) == 5
+    for r in rows:
+        a = pos[r["meta"]["anchor_id"]]
+        ps = [pos[p["id"]] for p in (r.get("positives") or [r["positive"]])]
+        negs = [pos[n["id"]] for n in r["negatives"]]
+        assert len(set(negs)) == 4 and not {a, *ps, *g.neighbours[a]} & set(negs)
+        assert not {norm(texts[n]) for n in negs} & {norm(texts[x]) for x in [a, *ps]}
+        assert ps == [j for j in g.neighbours[a] if j in ps]  # nearest first
+    control = random_control(rows, g.ids, texts, seed=4)
+    for r, c in zip(rows, control):
+        got = c.get("positives") or [c["positive"]]
+        assert len(got) == len(r.get("positives") or [r["positive"]]) and c["meta"]["control_of"] == r["id"]
+        assert c["id"] == (f"random-control:{r['meta']['anchor_id']}" + (f":{got[0]['id']}" if len(got) == 1 else ""))
+        assert len({norm(p["text"]) for p in got}) == len(got) and c["negatives"] == r["negatives"]
+    validate_rows(rows + control)
+
+
+def test_per_anchor_on_a_real_task_covers_the_per_edge_files_distinct_edges(tasks_dir, tmp_path, capsys):
+    """math-slice (15 real queries' problems and 40 others), the stylometric teacher at k = 5: the per-anchor file
+    holds, for every anchor, exactly the neighbours the per-edge file pairs it with, nearest first, and so the same
+    distinct edges; its report says so. Sentence-transformers' reference reads it exploded into those very pairs."""
+    import importlib.util
+
+    from support import cli_fails, small_real_task
+
+    from obliq.distill.commands import graph, pairs
+
+    task = small_real_task(tasks_dir, tmp_path / "task")
+    g = graph(task=task, out=tmp_path / "graph.json", k=5)
+    edge = pairs(task=task, graph=tmp_path / "graph.json", out=tmp_path / "edge.jsonl", negatives=2)
+    anchor = pairs(
+        task=task,
+        graph=tmp_path / "graph.json",
+        out=tmp_path / "anchor.jsonl",
+        negatives=2,
+        per_anchor=True,
+        control_out=tmp_path / "control.jsonl",
+    )
+    read = lambda name: [json.loads(ln) for ln in (tmp_path / name).read_text().splitlines()]  # noqa: E731
+    per_edge, per_anchor, control = read("edge.jsonl"), read("anchor.jsonl"), read("control.jsonl")
+    neighbours = json.loads((tmp_path / "graph.json").read_text())["neighbours"]
+    assert g["edges"] == 5 * len(neighbours) and edge["per_anchor"] is False and anchor["per_anchor"] is True
+
+    expected: dict[str, list[tuple[int, str]]] = {}  # anchor → its per-edge neighbours, by rank
+    for r in per_edge:
+        expected.setdefault(r["meta"]["anchor_id"], []).append((r["meta"]["rank"], r["positive"]["id"]))
+    assert anchor["same_text_positives"] == 0
+    assert [r["meta"]["anchor_id"] for r in per_anchor] == [a for a in neighbours if a in expected]
+    for r in per_anchor:
+        a, got = r["meta"]["anchor_id"], [p["id"] for p in (r.get("positives") or [r["positive"]])]
+        assert r["id"] == f"knn:{a}" and ("positives" in r) == (len(got) > 1)
+        assert got == [d for _, d in sorted(expected[a])] and r["meta"]["ranks"] == sorted(k for k, _ in expected[a])
+        assert got == [d for d in neighbours[a] if d in got]  # the teacher's order, best first
+        negs = {n["id"] for n in r["negatives"]}
+        assert len(negs) == 2 and not negs & {a, *got, *neighbours[a]}
+    sizes = [len(r.get("positives") or [r["positive"]]) for r in per_anchor]
+    assert max(sizes) >= 3 and len(per_anchor) < len(per_edge) == edge["distinct_edges"] == sum(sizes)
+    assert anchor["positives_per_row"] == {
+        "min": min(sizes),
+        "mean": round(sum(sizes) / len(sizes), 4),
+        "max": max(sizes),
+    }
+    assert anchor["rows"] == len(per_anchor) and anchor["distinct_edges"] == edge["distinct_edges"]
+    assert anchor["edges_covered"] == edge["edges_covered"] == edge["distinct_edges"]
+    assert edge["positives_per_row"] == {"min": 1, "mean": 1.0, "max": 1} and edge["rows"] == len(per_edge)
+    saved = json.loads((tmp_path / "anchor.report.json").read_text())
+    assert (
+        saved["edges_covered"] == anchor["edges_covered"] and saved["positives_per_row"] == anchor["positives_per_row"]
+    )
+    assert [c["meta"]["control_of"] for c in control] == [r["id"] for r in per_anchor]
+    validate_rows(per_anchor + control, str(tmp_path / "anchor.jsonl"))
+
+    # sentence-transformers' trainer reads the per-anchor rows as the per-edge file's (anchor, positive) pairs
+    spec = importlib.util.spec_from_file_location("distill_reference", REPO / "bench" / "distill_reference.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    exploded = bench.st_pairs(per_anchor)
+    assert len(exploded["anchor"]) == len(per_edge)
+    assert Counter(zip(exploded["anchor"], exploded["positive"])) == Counter(
+        (r["query"], r["positive"]["text"]) for r in per_edge
+    )
+    first = per_anchor[sizes.index(max(sizes))]
+    at = exploded["anchor"].index(first["query"])
+    assert exploded["positive"][at : at + max(sizes)] == [p["text"] for p in first["positives"]]
+    assert bench.st_pairs(per_edge) == {
+        "anchor": [r["query"] for r in per_edge],
+        "positive": [r["positive"]["text"] for r in per_edge],
+    }
+    # with data.max_positives 2, the pairs obliq reads (each row's first two) and the batch that reads as many a step
+    two = bench.st_pairs(per_anchor, 2)
+    assert len(two["anchor"]) == sum(min(2, n) for n in sizes)
+    assert two["positive"][at : at + 2] == [p["text"] for p in first["positives"][:2]]
+    config = {"data": {"batch_size": 8, "max_positives": 2}}
+    assert bench.st_batch_size(config, per_anchor) == round(8 * len(two["anchor"]) / len(per_anchor))
+    assert bench.st_batch_size({"data": {"batch_size": 8}}, per_edge) == 8
+
+    # teacher scores are for single-positive rows: refused in one line, nothing written
+    with pytest.raises(ValueError, match=r"^--teacher_scores is for single-positive rows: not with --per_anchor true$"):
+        pairs(
+            task=task,
+            graph=tmp_path / "graph.json",
+            out=tmp_path / "scored.jsonl",
+            per_anchor=True,
+            teacher_scores=True,
+        )
+    argv = ["distill", "pairs", "--task", str(task), "--graph", str(tmp_path / "graph.json")]
+    argv += ["--out", str(tmp_path / "scored.jsonl"), "--per_anchor", "true", "--teacher_scores", "true"]
+    cli_fails(argv, capsys, "--teacher_scores is for single-positive rows", "--per_anchor")
+    assert not (tmp_path / "scored.jsonl").exists()

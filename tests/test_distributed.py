@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 from support import lora_encoder, lora_weights
 
-from obliq.loss import InfoNCELoss
+from obliq.losses import InfoNCE, StepView
 from obliq.model import BiEncoder, LoraSettings
 
 # Per rank: 2 queries, docs = [2 positives, 2 negatives]. Rank 1's first positive is rank 0's
@@ -44,9 +44,8 @@ def test_two_processes_equal_one_process_with_the_concatenated_batch(torchrun_la
     d = enc(enc.tokenize(SHARDS[0]["d"] + SHARDS[1]["d"], "passage"))
     keys = torch.tensor(SHARDS[0]["ids"] + SHARDS[1]["ids"])
     query_keys = torch.tensor(SHARDS[0]["qids"] + SHARDS[1]["qids"])
-    loss = InfoNCELoss(temperature=0.05, gather_across_devices=False, symmetric=True)(
-        q, d, torch.tensor([0, 1, 4, 5]), keys, query_keys
-    )
+    view = StepView.of({"positive_index": torch.tensor([0, 1, 4, 5]), "doc_keys": keys, "query_keys": query_keys})
+    loss = InfoNCE(temperature=0.05, gather_across_devices=False, symmetric=True)(q, d, view)
     loss.backward()
     ref = {n: p.grad for n, p in enc.named_parameters() if p.requires_grad}
 

@@ -198,9 +198,11 @@ def test_a_resized_or_foreign_checkpoint_is_refused_in_one_line(tmp_path, minilm
     assert not (tmp_path / "out").exists()
 
 
-def test_a_dimension_the_model_was_not_trained_at_is_warned_about(tmp_path, minilm_ckpt, caplog):
+@pytest.mark.parametrize("where", ["loss", "hyper_parameters"])
+def test_a_dimension_the_model_was_not_trained_at_is_warned_about(tmp_path, minilm_ckpt, caplog, where):
     """Issue 32 §3: ``--retrieval.dim`` that is not a trained Matryoshka dimension was accepted in silence. The
-    export records the checkpoint's matryoshka_dims; evaluating it at another dimension warns."""
+    export records the checkpoint's matryoshka_dims (the loss's citation, ``ckpt["obliq"]["loss"]``; a checkpoint
+    of before obliq.losses: its hyper-parameters); evaluating it at another dimension warns."""
     import logging
 
     from obliq.export import export
@@ -209,7 +211,10 @@ def test_a_dimension_the_model_was_not_trained_at_is_warned_about(tmp_path, mini
 
     ckpt_path = tmp_path / "m.ckpt"  # the shared checkpoint with matryoshka_dims, as a file of this test
     ckpt = read_checkpoint(minilm_ckpt)
-    ckpt["hyper_parameters"]["matryoshka_dims"] = [384, 96]
+    if where == "loss":
+        ckpt["obliq"]["loss"]["matryoshka_dims"] = [384, 96]
+    else:
+        ckpt["hyper_parameters"]["matryoshka_dims"] = [384, 96]
     torch.save(ckpt, ckpt_path)
     export(ckpt_path, tmp_path / "out")
     adapter = str(tmp_path / "out" / "adapter")

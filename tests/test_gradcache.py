@@ -11,7 +11,7 @@ chunks, and without dropout the reference is again one unchunked pass in the inp
 import pytest
 import torch
 
-from obliq.loss import InfoNCELoss
+from obliq.losses import InfoNCE, StepView
 from obliq.model import BiEncoder, LoraSettings, gradcache
 from obliq.model.gradcache import grad_cache_step, length_order, sorted_chunks, split
 
@@ -41,9 +41,9 @@ def _grads(enc):
 
 
 def _loss_fn():
-    loss = InfoNCELoss(temperature=0.05)
-    keys = torch.arange(8)
-    return lambda q, d: loss(q, d, torch.arange(4), keys)
+    loss = InfoNCE(temperature=0.05)
+    view = StepView.of({"positive_index": torch.arange(4), "doc_keys": torch.arange(8)})
+    return lambda q, d: loss(q, d, view)
 
 
 def _reference(enc, q, d, chunk, seed):

@@ -26,7 +26,7 @@ LAYERS = {
     "runs": 2,  # run folders: versions, owners, resume points (claimed like outputs)
     "recipes": 2,  # a recipe read as data, the classes it may name, its work_dir layout
     "data": 2,
-    "loss": 2,
+    "losses": 2,
     "llm": 2,
     "tasks": 2,
     "model": 3,

@@ -1,7 +1,9 @@
 """Issue 49 §1 (b): every logged training loss is the objective whose gradient the step applies, the same on 1 and
 N processes. Two CPU processes (gloo, DDP) train 2 steps on 4 rows each; one process trains the same steps on the
 concatenated 8 rows. Every logged term (InfoNCE and its Matryoshka parts, the teacher-score KL, the relational
-term, the total) and the gradient norm are the one process's, and so are the trained weights."""
+term, the total) and the gradient norm are the one process's, and so are the trained weights. Issue 47: the rows
+without teacher scores carry two positives (multi-positive InfoNCE, SupCon form, over every rank's rows), and the
+teacher-guided mask is on: both, with the relational term, give one process's gradients on two."""
 
 from __future__ import annotations
 
@@ -19,14 +21,16 @@ from obliq.data.teacher_table import write_teacher_table
 
 TERMS = ["train/infonce", "train/infonce_dim32", "train/infonce_dim16", "train/teacher", "train/relational"]
 WEIGHTS = {"teacher": 0.7, "relational": 0.5, "dims": [32, 16], "dim_weights": [1.0, 0.5]}
+GUIDE_MARGIN = 0.05
 SCORED = {0, 1, 2, 4, 8, 9, 10, 12}
 """Rows with the teacher's scores: 3 of rank 0's 4 rows at each step, 1 of rank 1's, so the mean over the step's
 scored rows (what one process takes) is not the mean of the two ranks' means."""
 
 
 def _corpus(folder):
-    """16 kNN rows (anchor k, neighbour k+1, negatives k+5 and k+9) over 16 passages, the teacher's vectors of the
-    passages (seeded, unit), and its scores of the rows in :data:`SCORED`."""
+    """16 kNN rows (anchor k, neighbour k+1 — and k+2 too where the row has no teacher scores —, negatives k+5 and
+    k+9) over 16 passages, the teacher's vectors of the passages (seeded, unit), and its scores of the rows in
+    :data:`SCORED`."""
     texts = [f"passage {k}: {' '.join(['alpha', 'beta', 'gamma', 'delta'][: 1 + k % 4])} number {k * 7 % 11}"
              for k in range(16)]  # fmt: skip
     ids = [f"D{k}" for k in range(16)]
@@ -36,12 +40,13 @@ def _corpus(folder):
     rows = []
     for k in range(16):
         docs = [(k + 1) % 16, (k + 5) % 16, (k + 9) % 16]
+        positives = [docs[0]] if k in SCORED else [docs[0], (k + 2) % 16]
         row = {
             "id": f"knn/{k}",
             "task": "t",
             "source": "knn",
             "query": texts[k],
-            "positive": {"id": ids[docs[0]], "text": texts[docs[0]]},
+            "positives": [{"id": ids[j], "text": texts[j]} for j in positives],
             "negatives": [{"id": ids[j], "text": texts[j]} for j in docs[1:]],
             "meta": {"anchor_id": ids[k]},
         }
@@ -59,14 +64,17 @@ def _config(folder, rows, teacher, backbone, devices: int):
     if devices > 1:
         cfg["trainer"]["strategy"] = "ddp"
     cfg["model"]["encoder"]["init_args"]["lora"]["dropout"] = 0.0
-    cfg["model"].update(
+    cfg["model"]["loss"]["init_args"].update(
         symmetric=True,
-        teacher_loss="kl",
-        teacher_weight=WEIGHTS["teacher"],
-        relational_weight=WEIGHTS["relational"],
+        multi_positive="supcon",
         matryoshka_dims=WEIGHTS["dims"],
         matryoshka_weights=WEIGHTS["dim_weights"],
     )
+    cfg["model"]["terms"] = [
+        {"class_path": "obliq.losses.TeacherScores", "init_args": {"kind": "kl", "weight": WEIGHTS["teacher"]}},
+        {"class_path": "obliq.losses.Relational", "init_args": {"weight": WEIGHTS["relational"]}},
+        {"class_path": "obliq.losses.GuidedMask", "init_args": {"margin": GUIDE_MARGIN}},
+    ]
     cfg["data"].update(
         batch_size=8 // devices, shuffle=False, no_duplicates=False, max_negatives=2, teacher_vectors=str(teacher)
     )
@@ -117,3 +125,25 @@ def test_every_logged_term_is_the_objective_on_one_and_two_processes(tiny_llama_
     for key, value in w_one.items():
         assert (w_two[key] - value).norm() <= 1e-5 * value.norm() + 1e-8, key
     assert any(not torch.equal(v, torch.zeros_like(v)) for v in w_one.values())
+
+
+def test_the_two_process_steps_hold_several_positives_and_a_guided_mask_that_masks(tmp_path):
+    """The steps of the test above are not vacuous for issue 47: each of its two 8-row steps (as one process
+    builds it) holds rows with two positives, and the teacher-guided mask leaves out some in-batch candidates of
+    the whole step (all of some rows' negatives), while the step keeps negatives to train on."""
+    from obliq.data.collate import Collator
+    from obliq.data.rows import parse_row
+    from obliq.data.teacher_table import TeacherTable
+    from obliq.losses import GuidedMask, StepView, negatives_left
+
+    rows_file, teacher = _corpus(tmp_path)
+    rows = [parse_row(line, str(rows_file), n) for n, line in enumerate(rows_file.read_bytes().splitlines(), 1)]
+    dummy = lambda texts, kind, instructions=None: {"input_ids": torch.zeros(len(texts), 1, dtype=torch.long)}  # noqa: E731
+    collate = Collator(dummy, max_negatives=2, teacher=TeacherTable(teacher))
+    for step in range(2):
+        view = StepView.of(collate(rows[8 * step : 8 * step + 8]))
+        assert (view.positives.sum(1) == 2).sum() == 4
+        mask = GuidedMask(GUIDE_MARGIN).mask(view)
+        assert 0 < int(mask.sum()) < mask.numel()
+        left = negatives_left(view.positives, view.doc_keys, view.query_keys, mask)
+        assert int(left.sum()) > 0 and int((left == 0).sum()) > 0  # the step trains; the mask empties some rows

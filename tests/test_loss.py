@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from obliq.loss import InfoNCELoss, info_nce
+from obliq.losses import InfoNCE, StepView, info_nce
 from obliq.model.gradcache import grad_cache_step
 
 
@@ -16,8 +16,9 @@ def test_c04a_closed_form_for_every_chunk_size(tau, expect, chunk):
     encode = lambda b: table[b["input_ids"][:, 0]]  # noqa: E731  (an exact "encoder": a lookup)
     queries = {"input_ids": torch.tensor([[0], [1]]), "attention_mask": torch.ones(2, 1)}
     docs = {"input_ids": torch.tensor([[2], [3]]), "attention_mask": torch.ones(2, 1)}
-    loss_fn = InfoNCELoss(temperature=tau)
-    loss = grad_cache_step(encode, queries, docs, lambda q, d: loss_fn(q, d, torch.arange(2)), chunk)
+    loss_fn = InfoNCE(temperature=tau)
+    view = StepView.of({"positive_index": torch.arange(2), "docs": docs})  # no keys: nothing masked
+    loss = grad_cache_step(encode, queries, docs, lambda q, d: loss_fn(q, d, view), chunk)
     assert loss.item() == pytest.approx(expect, abs=1e-6)
     assert loss.item() == pytest.approx(math.log(1 + math.exp(0.2 / tau)), rel=1e-6)
     # The gradient reached the "encoder" and equals the closed form's: d/dq1 = (-p1 + softmax·P)/τ.
@@ -56,7 +57,7 @@ def test_masking_never_hides_the_target_and_rejects_bad_temperature():
     loss = info_nce(q, q, torch.arange(2), keys, temperature=0.1)
     assert torch.isfinite(loss)
     with pytest.raises(ValueError):
-        InfoNCELoss(temperature=0.0)
+        InfoNCE(temperature=0.0)
 
 
 # C34: unit vectors A, B, C, D and τ = 0.05 (shared/cases/C34.md); keys are (id hash, text hash).
@@ -85,7 +86,7 @@ def test_c34_a_row_is_never_its_own_negative():
 
 
 def _reference(q, d, pos, keys, qkeys, tau, symmetric):
-    """The loss written out query by query, in float64, from the rule in words (obliq/loss.py notes)."""
+    """The loss written out query by query, in float64, from the rule in words (obliq/losses/masks.py notes)."""
     same = lambda a, b: any(x == y for x, y in zip(a, b))  # noqa: E731
     total, terms = 0.0, 0
     rows = range(len(pos))
@@ -131,19 +132,24 @@ def test_masks_and_the_symmetric_loss_match_a_brute_force_reference(symmetric):
         assert got == pytest.approx(_reference(q, d, pos, keys.tolist(), qkeys.tolist(), 0.1, symmetric), rel=1e-5)
 
 
-def test_teacher_kl_stays_finite_when_a_teacher_probability_underflows():
+@pytest.mark.parametrize("as_mask", [False, True])
+def test_teacher_kl_stays_finite_when_a_teacher_probability_underflows(as_mask):
     """Issue 32's kept-back kind (a): teacher scores on a 0–100 scale at teacher τ 0.05 give exp(−2000) = 0 for
     the low grades in float64. The KL is finite and equals scipy's (rel_entr: 0 · log 0 = 0), and so is its
-    gradient; written as p · (log p − log q) it was NaN."""
+    gradient; written as p · (log p − log q) it was NaN. The same without the positives mask (its default) and
+    with it (as :class:`obliq.losses.TeacherScores` passes the view's)."""
     import numpy as np
     from scipy.special import log_softmax, rel_entr, softmax
 
-    from obliq.loss import teacher_distillation
+    from obliq.losses import positive_mask, teacher_distillation
 
     q = torch.nn.functional.normalize(torch.tensor([[1.0, 0.3]]), dim=-1).requires_grad_()
     d = torch.nn.functional.normalize(torch.tensor([[1.0, 0.0], [0.6, 1.0], [0.0, 1.0]]), dim=-1)
     grades = torch.tensor([[100.0, 0.0, 35.0]])
-    got = teacher_distillation(q, d, torch.tensor([0]), torch.tensor([0, 0, 0]), grades, "kl", 0.05, 0.05)
+    positives = positive_mask(torch.tensor([0]), 3) if as_mask else None
+    got = teacher_distillation(
+        q, d, torch.tensor([0]), torch.tensor([0, 0, 0]), grades, "kl", 0.05, 0.05, positives=positives
+    )
     p = softmax(grades[0].double().numpy() / 0.05)
     assert (p == 0).any()  # the teacher's probability underflows
     s = (d.double() @ q[0].detach().double()).numpy()
@@ -153,10 +159,12 @@ def test_teacher_kl_stays_finite_when_a_teacher_probability_underflows():
     assert torch.isfinite(q.grad).all()
 
 
-def test_teacher_distillation_against_hand_computed_values():
+@pytest.mark.parametrize("as_mask", [False, True])
+def test_teacher_distillation_against_hand_computed_values(as_mask):
     """Listwise KL and MarginMSE over each row's own candidates (its positive, then its negatives), written out
-    with math: a row without scores is left out; NaN marks the negatives a row does not have."""
-    from obliq.loss import teacher_distillation
+    with math: a row without scores is left out; NaN marks the negatives a row does not have. The same without
+    the positives mask (its default) and with it (as :class:`obliq.losses.TeacherScores` passes the view's)."""
+    from obliq.losses import positive_mask, teacher_distillation
 
     q = torch.nn.functional.normalize(torch.tensor([[1.0, 0.2], [0.1, 1.0], [0.5, 0.5]]), dim=-1)
     d = torch.nn.functional.normalize(
@@ -165,6 +173,7 @@ def test_teacher_distillation_against_hand_computed_values():
     pos, doc_row = torch.arange(3), torch.tensor([0, 1, 2, 0, 0, 1])  # row 0: negs 3, 4; row 1: neg 5; row 2: none
     t = torch.tensor([[0.9, 0.2, 0.5], [0.7, 0.6, float("nan")], [0.3, float("nan"), float("nan")]])
     tau, tau_t = 0.05, 0.1
+    positives = positive_mask(pos, 6) if as_mask else None
 
     def cos(i, j):
         return float(q[i].double() @ d[j].double())
@@ -178,11 +187,11 @@ def test_teacher_distillation_against_hand_computed_values():
         p = [math.exp(x / tau_t) / zt for x in tt]
         expect_kl.append(sum(pj * (math.log(pj) - (sj / tau - math.log(zs))) for pj, sj in zip(p, s)))
         expect_mm.append(sum(((s[0] - s[m]) - (tt[0] - tt[m])) ** 2 for m in range(1, len(s))) / (len(s) - 1))
-    got = teacher_distillation(q, d, pos, doc_row, t, "kl", tau, tau_t).item()
+    got = teacher_distillation(q, d, pos, doc_row, t, "kl", tau, tau_t, positives=positives).item()
     assert got == pytest.approx(sum(expect_kl) / 2, rel=1e-5)
-    got = teacher_distillation(q, d, pos, doc_row, t, "margin-mse").item()
+    got = teacher_distillation(q, d, pos, doc_row, t, "margin-mse", 0.05, 0.05, positives=positives).item()
     assert got == pytest.approx(sum(expect_mm) / 2, rel=1e-5)
     none = torch.full((3, 3), float("nan"))
-    assert teacher_distillation(q, d, pos, doc_row, none).item() == 0.0
+    assert teacher_distillation(q, d, pos, doc_row, none, "kl", 0.05, 0.05, positives=positives).item() == 0.0
     with pytest.raises(ValueError, match="kl"):
-        teacher_distillation(q, d, pos, doc_row, t, "mse")
+        teacher_distillation(q, d, pos, doc_row, t, "mse", 0.05, 0.05)

@@ -9,8 +9,14 @@ import torch
 import torch.nn.functional as F
 from support import lora_encoder, two_gloo_ranks
 
-from obliq.loss import InfoNCELoss, info_nce
+from obliq.losses import InfoNCE, StepView, info_nce
 from obliq.model.gradcache import grad_cache_step
+
+
+def _view(positive, n_docs: int, keys=None) -> StepView:
+    """The step view of query i's positive ``positive[i]`` among ``n_docs`` documents of identity ``keys``."""
+    docs = {"input_ids": torch.zeros(n_docs, 1, dtype=torch.long)}  # only its row count is read
+    return StepView.of({"positive_index": torch.as_tensor(positive), "doc_keys": keys, "docs": docs})
 
 
 def _reference(q, d, positive, keys, tau, dims, weights):
@@ -35,13 +41,9 @@ def test_matryoshka_loss_equals_a_float64_reference():
     q, d = rng.standard_normal((4, 12)), rng.standard_normal((9, 12))
     positive, keys = [0, 2, 4, 6], [10, 11, 12, 13, 14, 15, 16, 17, 10]  # doc 8 copies query 0's positive
     dims, weights = [12, 6, 3], [1.0, 0.5, 2.0]
-    loss = InfoNCELoss(temperature=0.05, matryoshka_dims=dims, matryoshka_weights=weights)
-    got = loss(
-        torch.tensor(q, dtype=torch.float32),
-        torch.tensor(d, dtype=torch.float32),
-        torch.tensor(positive),
-        torch.tensor(keys),
-    )
+    loss = InfoNCE(temperature=0.05, matryoshka_dims=dims, matryoshka_weights=weights)
+    view = _view(positive, len(d), torch.tensor(keys))
+    got = loss(torch.tensor(q, dtype=torch.float32), torch.tensor(d, dtype=torch.float32), view)
     ref = _reference(q, d, positive, keys, 0.05, dims, weights)
     assert got.item() == pytest.approx(ref, rel=1e-6)
     # negative control: without re-normalising the truncated vectors the value differs
@@ -56,9 +58,7 @@ def test_matryoshka_loss_equals_a_float64_reference():
     # one dimension, the full one, is the plain loss on unit vectors
     qt, dt = F.normalize(torch.tensor(q), dim=-1), F.normalize(torch.tensor(d), dim=-1)
     plain = info_nce(qt, dt, torch.tensor(positive), torch.tensor(keys), 0.05)
-    assert InfoNCELoss(0.05, matryoshka_dims=[12])(
-        qt, dt, torch.tensor(positive), torch.tensor(keys)
-    ).item() == pytest.approx(plain.item(), rel=1e-6)
+    assert InfoNCE(0.05, matryoshka_dims=[12])(qt, dt, view).item() == pytest.approx(plain.item(), rel=1e-6)
 
 
 def test_matryoshka_gradients_equal_those_of_a_float64_reference():
@@ -79,8 +79,8 @@ def test_matryoshka_gradients_equal_those_of_a_float64_reference():
     d = torch.randn(5, 8, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(reference, (q, d))
     ref_q, ref_d = torch.autograd.grad(reference(q, d), (q, d))
-    loss = InfoNCELoss(temperature=0.1, matryoshka_dims=dims, matryoshka_weights=weights)
-    got = loss(q, d, torch.arange(3))
+    loss = InfoNCE(temperature=0.1, matryoshka_dims=dims, matryoshka_weights=weights)
+    got = loss(q, d, _view(torch.arange(3), 5))
     assert got.item() == pytest.approx(reference(q, d).item(), rel=1e-6)
     got_q, got_d = torch.autograd.grad(got, (q, d))
     torch.testing.assert_close(got_q, ref_q, rtol=1e-5, atol=1e-7)
@@ -89,14 +89,14 @@ def test_matryoshka_gradients_equal_those_of_a_float64_reference():
 
 def test_bad_matryoshka_settings_are_refused():
     with pytest.raises(ValueError, match="positive integers"):
-        InfoNCELoss(matryoshka_dims=[0, 4])
+        InfoNCE(matryoshka_dims=[0, 4])
     with pytest.raises(ValueError, match="given twice"):
-        InfoNCELoss(matryoshka_dims=[4, 4])
+        InfoNCE(matryoshka_dims=[4, 4])
     with pytest.raises(ValueError, match="one weight per"):
-        InfoNCELoss(matryoshka_dims=[4, 2], matryoshka_weights=[1.0])
+        InfoNCE(matryoshka_dims=[4, 2], matryoshka_weights=[1.0])
     with pytest.raises(ValueError, match="outside 1 … 8"):
-        InfoNCELoss(matryoshka_dims=[16])(torch.randn(2, 8), torch.randn(2, 8), torch.arange(2))
-    assert "Kusupati et al. 2022 (Matryoshka)" in InfoNCELoss(matryoshka_dims=[8, 4]).citation()["references"]
+        InfoNCE(matryoshka_dims=[16])(torch.randn(2, 8), torch.randn(2, 8), _view(torch.arange(2), 2))
+    assert "Kusupati et al. 2022 (Matryoshka)" in InfoNCE(matryoshka_dims=[8, 4]).citation()["references"]
 
 
 QUERIES = ["which author writes like this", "a proof by induction", "stance against the policy", "the witness dodged"]
@@ -119,9 +119,9 @@ def _grads(enc):
 @pytest.mark.parametrize("chunk", [1, 3])
 def test_gradcache_with_matryoshka_equals_one_full_batch_pass(tiny_llama_dir, chunk):
     enc = lora_encoder(tiny_llama_dir).eval()  # no dropout: one unchunked pass is the reference
-    loss = InfoNCELoss(temperature=0.05, matryoshka_dims=DIMS, matryoshka_weights=[1.0, 1.0, 0.5, 0.25])
-    keys = torch.arange(len(DOCS))
-    fn = lambda q, d: loss(q, d, torch.arange(4), keys)  # noqa: E731
+    loss = InfoNCE(temperature=0.05, matryoshka_dims=DIMS, matryoshka_weights=[1.0, 1.0, 0.5, 0.25])
+    view = _view(torch.arange(4), len(DOCS), torch.arange(len(DOCS)))
+    fn = lambda q, d: loss(q, d, view)  # noqa: E731
     q, d = enc.tokenize(QUERIES, "query"), enc.tokenize(DOCS, "passage")
     enc.zero_grad(set_to_none=True)
     ref = fn(enc(q), enc(d))
@@ -134,7 +134,7 @@ def test_gradcache_with_matryoshka_equals_one_full_batch_pass(tiny_llama_dir, ch
         assert (_grads(enc)[name] - g).norm() <= 1e-5 * g.norm() + 1e-10, name
     # and the gradients are not those of the plain loss (the nested terms matter)
     enc.zero_grad(set_to_none=True)
-    InfoNCELoss(temperature=0.05)(enc(q), enc(d), torch.arange(4), keys).backward()
+    InfoNCE(temperature=0.05)(enc(q), enc(d), view).backward()
     plain = _grads(enc)
     assert max(((plain[n] - g).norm() / g.norm()).item() for n, g in ref_grads.items()) > 1e-2
 
@@ -153,7 +153,8 @@ def test_matryoshka_across_two_processes_equals_one_process(tiny_llama_dir, tmp_
     q = enc(enc.tokenize(SHARDS[0]["q"] + SHARDS[1]["q"], "query"))
     d = enc(enc.tokenize(SHARDS[0]["d"] + SHARDS[1]["d"], "passage"))
     keys = torch.tensor(SHARDS[0]["ids"] + SHARDS[1]["ids"])
-    loss = InfoNCELoss(0.05, gather_across_devices=False, matryoshka_dims=DIMS)(q, d, torch.tensor([0, 1, 3, 4]), keys)
+    view = _view(torch.tensor([0, 1, 3, 4]), len(keys), keys)
+    loss = InfoNCE(0.05, gather_across_devices=False, matryoshka_dims=DIMS)(q, d, view)
     loss.backward()
     ref = {n: p.grad for n, p in enc.named_parameters() if p.requires_grad}
     for r in ranks:

@@ -14,7 +14,7 @@ from lightning.pytorch.plugins.precision import MixedPrecision
 
 from obliq.data.datamodule import Collator
 from obliq.data.rows import parse_row
-from obliq.loss import InfoNCELoss
+from obliq.losses import InfoNCE, StepView
 from obliq.model import BiEncoder, LoraSettings
 from obliq.model.module import RetrieverModule
 
@@ -52,7 +52,7 @@ def _lora(module) -> dict[str, torch.Tensor]:
 def _fit(encoder, tmp_path, steps, init_scale, max_grad_norm=1.0):
     module = RetrieverModule(
         copy.deepcopy(encoder),
-        temperature=0.05,
+        InfoNCE(temperature=0.05),
         chunk_size=None,
         lr=1e-3,
         warmup_ratio=0.0,
@@ -82,13 +82,14 @@ def _recipe(encoder, steps, init_scale, max_grad_norm=1.0):
     params = [p for p in enc.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=1e-3, weight_decay=0.0)
     scaler = torch.amp.GradScaler("cpu", init_scale=init_scale)
-    loss_fn, batch = InfoNCELoss(0.05, gather_across_devices=False), _batch(enc)
+    loss_fn, batch = InfoNCE(0.05, gather_across_devices=False), _batch(enc)
+    view = StepView.of({"positive_index": batch["positive_index"], "doc_keys": batch["doc_keys"]})
     first_real, norms = None, []
     for step in range(steps):
         opt.zero_grad(set_to_none=True)
         torch.manual_seed(3 * 1_000_003 + step)
         with torch.autocast("cpu", dtype=torch.float16):
-            loss = loss_fn(enc(batch["query"]), enc(batch["docs"]), batch["positive_index"], batch["doc_keys"])
+            loss = loss_fn(enc(batch["query"]), enc(batch["docs"]), view)
         scaler.scale(loss).backward()
         scaler.unscale_(opt)
         norms.append(float(torch.nn.utils.clip_grad_norm_(params, max_grad_norm)))

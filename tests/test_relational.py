@@ -12,7 +12,7 @@ import torch
 from scipy.special import log_softmax
 
 from obliq.data.teacher_table import TeacherTable, write_teacher_table
-from obliq.loss import guided_mask, info_nce, relational_distillation
+from obliq.losses import guided_mask, info_nce, relational_distillation
 
 
 def _unit(x: np.ndarray) -> np.ndarray:
@@ -112,10 +112,10 @@ def test_the_teacher_table_gives_numpys_cosines_and_nan_for_what_it_lacks(tmp_pa
 @pytest.mark.slow
 def test_knn_rows_get_the_teachers_in_batch_term_when_training(tiny_llama_dir, tasks_dir, tmp_path):
     """`obliq distill graph --vectors_out` writes the graph's teacher vectors (the stylometric teacher's, checked
-    against the teacher itself); a recipe with `data.teacher_vectors` and `model.relational_weight` trains kNN
-    rows with the term (the first step's loss is the same step's InfoNCE plus a positive KL), and with
-    `model.guided_margin` the teacher masks candidates (at a margin above every gap, all but the positive: a step
-    that would train at loss 0, refused); the card names the term."""
+    against the teacher itself); a recipe with `data.teacher_vectors` and the `obliq.losses.Relational` term trains
+    kNN rows with the term (the first step's loss is the same step's InfoNCE plus a positive KL), and with the
+    `obliq.losses.GuidedMask` term the teacher masks candidates (at a margin above every gap, all but the
+    positive: a step that would train at loss 0, refused); the checkpoint's card record names the term."""
     from support import csv_column, task_slice, write_config, write_rows
 
     from obliq.cli import main as obliq_main
@@ -139,13 +139,15 @@ def test_knn_rows_get_the_teachers_in_batch_term_when_training(tiny_llama_dir, t
     losses = {}
     for name, extra in {
         "none": [],
-        "relational": ["--model.relational_weight=1.0"],
-        "guided": ["--model.guided_margin=1.0"],  # cosines >= 0: every other candidate lies within 1 of the positive
+        "relational": ["--model.terms=[{class_path: obliq.losses.Relational, init_args: {weight: 1.0}}]"],
+        # cosines >= 0: every other candidate lies within 1 of the positive
+        "guided": ["--model.terms=[{class_path: obliq.losses.GuidedMask, init_args: {margin: 1.0}}]"],
     }.items():
         config = write_config(tmp_path / name, tmp_path / "few.jsonl", tiny_llama_dir, max_steps=2)
         run = cli(["--config", str(config), f"--data.teacher_vectors={tmp_path / 't.npz'}", *extra], run=False)
         if name == "guided":  # only the positive left: a step at loss 0 and gradient 0, refused (issue 49 §4)
-            with pytest.raises(ValueError, match="no negative left in step 0: .*model.guided_margin"):
+            masked = r"no negative left in step 0: .*left out by a mask term, e\.g\. the guided mask"
+            with pytest.raises(ValueError, match=masked):
                 run.trainer.fit(run.model, datamodule=run.datamodule)
             continue
         run.trainer.fit(run.model, datamodule=run.datamodule)
@@ -154,7 +156,8 @@ def test_knn_rows_get_the_teachers_in_batch_term_when_training(tiny_llama_dir, t
         ]
     assert losses["relational"][0] > losses["none"][0] and losses["none"][0] > 0.1
     saved = read_checkpoint(next((tmp_path / "relational").rglob("last.ckpt")))
-    assert saved["obliq"]["loss"]["relational_weight"] == 1.0
+    [term] = saved["obliq"]["terms"]
+    assert term["term"] == "relational" and term["weight"] == 1.0
 
 
 def test_teacher_vectors_that_cannot_serve_are_refused_before_training(tiny_llama_dir, tasks_dir, tmp_path):
@@ -180,8 +183,10 @@ def test_teacher_vectors_that_cannot_serve_are_refused_before_training(tiny_llam
     ]
     write_rows(tmp_path / "knn.jsonl", rows)
     config = write_config(tmp_path / "run", tmp_path / "knn.jsonl", tiny_llama_dir, max_steps=1)
-    for setting in ("--model.relational_weight=0.5", "--model.guided_margin=0.1"):
-        with pytest.raises(ValueError, match=f"{setting[2:].split('=')[0]} = .* needs the teacher's vectors"):
+    for name, args in (("Relational", "weight: 0.5"), ("GuidedMask", "margin: 0.1")):
+        setting = f"--model.terms=[{{class_path: obliq.losses.{name}, init_args: {{{args}}}}}]"
+        refused = rf"model\.terms\[0\] \({name}\) needs the batch key teacher_query_vectors: set data\.teacher_vectors"
+        with pytest.raises(ValueError, match=refused):
             cli(["--config", str(config), setting], run=False)
     (tmp_path / "notes.txt").write_text("ids,vectors\n")
     with pytest.raises(ValueError, match=r"notes\.txt: not an \.npz archive"):

@@ -33,14 +33,15 @@ def test_a_resume_with_new_matryoshka_dims_says_so(one_step, caplog):
         "--trainer.max_steps=2",
         "--model.lr",
         "0.002",
-        "--model.matryoshka_dims",
+        "--model.loss.init_args.matryoshka_dims",
         "[384, 64]",
         "--ckpt_path",
         str(ckpt),
     )
-    assert resumed.trainer.global_step == 2 and resumed.model.hparams.matryoshka_dims == [384, 64]
+    assert resumed.trainer.global_step == 2 and resumed.model.loss.matryoshka_dims == [384, 64]
+    assert resumed.model.hparams.loss["init_args"]["matryoshka_dims"] == [384, 64]
     assert "model.lr: 0.005 in the checkpoint, 0.002 now: applied" in caplog.text
-    assert "model.matryoshka_dims: None in the checkpoint, [384, 64] now: applied" in caplog.text
+    assert "model.loss.init_args.matryoshka_dims: None in the checkpoint, [384, 64] now: applied" in caplog.text
 
 
 def _other(value, annotation):
@@ -61,20 +62,40 @@ def _other(value, annotation):
     raise AssertionError(f"no other value for {value!r}: teach _other this type")
 
 
+OTHER = {
+    ("InfoNCE", "multi_positive"): "supcon",
+    ("InfoNCE", "matryoshka_dims"): [384, 32],
+    ("InfoNCE", "matryoshka_weights"): [1.0, 0.25],
+    ("TeacherScores", "kind"): "margin-mse",
+}
+"""Another value of a loss's or term's setting where :func:`_other`'s is not one the class accepts."""
+
+
+def _other_setting(cls, args: dict, key: str, annotation):
+    """A value of ``cls``'s setting ``key`` other than ``args[key]`` that ``cls`` accepts with the other ``args``
+    (a config that cannot be built is not compared key by key)."""
+    value = OTHER.get((cls.__name__, key), _other(args[key], annotation))
+    cls(**{**args, key: value})  # refused: teach OTHER this setting
+    return value
+
+
 def _settings(cls) -> dict:
     hints = typing.get_type_hints(cls.__init__)
     return {n: hints[n] for n in inspect.signature(cls).parameters}
 
 
 def test_changing_any_setting_on_resume_is_reported_or_refused(one_step):
-    """Walks every RetrieverModule setting, every BiEncoder setting and every LoRA setting: changed on a
-    resume, each is reported as applied or refused (a setting a checkpoint does not record is named in
-    UNRECORDED, with why), so a new setting cannot be forgotten. The docs' refused row stays REFUSED."""
+    """Walks every RetrieverModule setting, every setting of its loss (InfoNCE) and of every term of
+    obliq.losses, every BiEncoder setting and every LoRA setting: changed on a resume, each is reported as
+    applied or refused (a setting a checkpoint does not record is named in UNRECORDED, with why), so a new
+    setting cannot be forgotten. The docs' refused row stays REFUSED."""
     import copy
 
+    import obliq.losses
+    from obliq.losses import InfoNCE, Term
     from obliq.model.checkpoint import read_checkpoint
     from obliq.model.encoder import BiEncoder, LoraSettings
-    from obliq.model.module import RetrieverModule
+    from obliq.model.module import RetrieverModule, spec
     from obliq.trainer import REFUSED, UNRECORDED, resume_differences, train_config
 
     config, ckpt_path = one_step
@@ -94,12 +115,51 @@ def test_changing_any_setting_on_resume_is_reported_or_refused(one_step):
 
     seen = {}
     for key, annotation in _settings(RetrieverModule).items():
-        if key == "encoder":
+        if key in ("encoder", "loss", "terms"):  # walked below, setting by setting
             continue
         changed = copy.deepcopy(model)
         changed[key] = _other(model[key], annotation)
         seen[key] = outcome(changed, f"model.{key}")
-    assert seen and set(seen.values()) == {"applied"}  # no module setting is refused
+    assert model["loss"]["class_path"] == "obliq.losses.InfoNCE"
+    changed = copy.deepcopy(model)
+    changed["loss"]["init_args"]["temperature"] = 0.07  # the recipe's loss itself
+    seen["loss"] = outcome(changed, "model.loss.init_args.temperature")
+    # a checkpoint trained with Matryoshka dimensions and weights (so that each can change alone)
+    loss_args = {**model["loss"]["init_args"], "matryoshka_dims": [384, 64], "matryoshka_weights": [1.0, 0.5]}
+    with_dims = copy.deepcopy(ckpt)
+    with_dims["hyper_parameters"]["loss"] = spec(InfoNCE(**loss_args))
+    asked = copy.deepcopy(model)
+    asked["loss"]["init_args"] = loss_args
+    assert resume_differences(with_dims, asked, ckpt_path) == []
+    for key, annotation in _settings(InfoNCE).items():
+        changed = copy.deepcopy(asked)
+        changed["loss"]["init_args"][key] = _other_setting(InfoNCE, loss_args, key, annotation)
+        lines = resume_differences(with_dims, changed, ckpt_path)
+        assert [line.split(": ")[0] for line in lines] == [f"model.loss.init_args.{key}"], lines
+        assert lines[0].endswith(": applied")
+        seen[f"loss.{key}"] = "applied"
+    assert not model.get("terms")  # the recipe has none: adding one is a change
+    changed = copy.deepcopy(model)
+    changed["terms"] = [{"class_path": "obliq.losses.Relational", "init_args": {"weight": 0.5}}]
+    seen["terms"] = outcome(changed, "model.terms")
+    classes = [getattr(obliq.losses, n) for n in obliq.losses.__all__]
+    terms = [c for c in classes if isinstance(c, type) and issubclass(c, Term) and c is not Term]
+    assert {c.__name__ for c in terms} >= {"TeacherScores", "Relational", "GuidedMask"}
+    for cls in terms:  # a checkpoint trained with the term, resumed with one of its settings changed
+        with_term = copy.deepcopy(ckpt)
+        with_term["hyper_parameters"]["terms"] = [spec(cls())]
+        asked = copy.deepcopy(model)
+        asked["terms"] = [spec(cls())]
+        assert resume_differences(with_term, asked, ckpt_path) == []
+        for key, annotation in _settings(cls).items():
+            changed = copy.deepcopy(asked)
+            args = changed["terms"][0]["init_args"]
+            args[key] = _other_setting(cls, args, key, annotation)
+            lines = resume_differences(with_term, changed, ckpt_path)
+            assert [line.split(": ")[0] for line in lines] == [f"model.terms[0].init_args.{key}"], lines
+            assert lines[0].endswith(": applied")
+            seen[f"{cls.__name__}.{key}"] = "applied"
+    assert seen and set(seen.values()) == {"applied"}  # no module, loss or term setting is refused
     init_args = model["encoder"]["init_args"]
     for key, annotation in _settings(BiEncoder).items():
         if key in UNRECORDED or key == "lora":

@@ -302,7 +302,8 @@ def test_wandb_sweep_command_line_parses():
     argv = command[command.index("fit") + 1 :]
     cfg = _parser().parse_args([a.replace("configs/", str(REPO / "configs") + "/") for a in argv])
     assert cfg.model.lr == sweep["parameters"]["model.lr"]["values"][0]
-    assert cfg.model.temperature == sweep["parameters"]["model.temperature"]["values"][0]
+    temperature = sweep["parameters"]["model.loss.init_args.temperature"]["values"][0]
+    assert cfg.model.loss.class_path == "obliq.losses.InfoNCE" and cfg.model.loss.init_args.temperature == temperature
     assert cfg.data.batch_size == sweep["parameters"]["data.batch_size"]["values"][0]
     assert cfg.trainer.logger.class_path == "obliq.callbacks.WandbLogger"
 
@@ -454,6 +455,8 @@ class _Poisoned(torch.nn.Module):
         self.inner, self.bad_calls, self.calls = loss, set(bad_calls), 0
         self.backward_scale = loss.backward_scale
         self.citation = loss.citation
+        for name in ("temperature", "gather_across_devices", "symmetric", "matryoshka_dims"):  # what the module reads
+            setattr(self, name, getattr(loss, name))
 
     def forward(self, *args):
         self.calls += 1
@@ -584,8 +587,8 @@ def test_bad_quickstart_settings_and_unreadable_checkpoints_fail_before_any_work
 @pytest.mark.slow
 def test_teacher_scores_from_the_graph_train_with_a_kl_term(tiny_llama_dir, tasks_dir, tmp_path):
     """`obliq distill pairs --teacher_scores` writes the graph's teacher's cosines (recomputed here with the
-    teacher itself); a recipe with `model.teacher_loss: kl` trains on them, the term enters the loss (the
-    loss differs from the same run without it) and the card names it."""
+    teacher itself); a recipe with the `obliq.losses.TeacherScores` term (kind kl) trains on them, the term enters
+    the loss (the loss differs from the same run without it) and the checkpoint's card record names it."""
     from support import task_slice
 
     from obliq.cli import main as obliq_main
@@ -637,10 +640,12 @@ def test_teacher_scores_from_the_graph_train_with_a_kl_term(tiny_llama_dir, task
     losses = {}
     for kind in ("none", "kl"):
         config = write_config(tmp_path / kind, tmp_path / "few.jsonl", tiny_llama_dir, max_steps=2)
-        run = cli(["--config", str(config), f"--model.teacher_loss={kind}"], run=False)
+        term = [f"--model.terms=[{{class_path: obliq.losses.TeacherScores, init_args: {{kind: {kind}}}}}]"]
+        run = cli(["--config", str(config), *term * (kind != "none")], run=False)
         run.trainer.fit(run.model, datamodule=run.datamodule)
         metrics = next((tmp_path / kind).rglob("metrics.csv")).read_text()
         losses[kind] = [float(x) for x in csv_column(metrics, "train/loss")]
     assert losses["kl"][0] > losses["none"][0]  # the same first step, plus a non-negative KL term
     saved = read_checkpoint(next((tmp_path / "kl").rglob("last.ckpt")))
-    assert saved["obliq"]["loss"]["teacher_loss"] == "kl"
+    [term] = saved["obliq"]["terms"]
+    assert term["term"] == "teacher" and term["kind"] == "kl"

@@ -17,15 +17,15 @@ from obliq.cli import main as obliq_main
 from obliq.data.collate import Collator
 from obliq.data.mixture import Source
 from obliq.data.rows import parse_row
-from obliq.loss import InfoNCELoss, check_negatives, info_nce, negatives_left
+from obliq.losses import InfoNCE, StepView, check_negatives, info_nce, negatives_left
 
 FIX = (
     ". Such a step trains at loss 0 with gradient 0: give the rows hard negatives (data.max_negatives, obliq "
     "negatives mine), raise data.batch_size, or mix in rows with other positives"
 )
 MASKED = (
-    "hard negatives, and every document beside a row's own positive is masked for it (the same id or text as its "
-    "positive or its query, or the positive of a row with the same query)"
+    "hard negatives, and every document beside a row's own positives is masked for it (the same id or text as a "
+    "positive or its query, or a positive of a row with the same query)"
 )
 
 ONE = "its one row has no hard negative and no other row to lend it one"
@@ -46,9 +46,15 @@ def _batch(rows: list[dict], tokenize, max_negatives: int = 2) -> dict:
     return Collator(tokenize, max_negatives)(parsed)
 
 
-def _refusal(batch: dict, step: int = 7, data=None, loss: InfoNCELoss | None = None) -> str:
+def _check(batch: dict, step: int, mask: torch.Tensor | None = None, data=None) -> None:
+    """check_negatives as a training step calls it: the batch's view (with the mask terms' mask) and InfoNCE()'s
+    ``symmetric``."""
+    check_negatives(StepView.of(batch).with_mask(mask), InfoNCE().symmetric, step, batch, data)
+
+
+def _refusal(batch: dict, step: int = 7, data=None) -> str:
     with pytest.raises(ValueError) as err:
-        check_negatives(loss or InfoNCELoss(), batch, step, None, data)
+        _check(batch, step, None, data)
     return str(err.value)
 
 
@@ -73,7 +79,7 @@ def test_one_row_without_a_hard_negative_is_refused(rows, tokenize):
     assert _refusal(one, 0) == (f"no negative left in step 0: {ONE}; rows {rows[0]['id']!r}" + FIX)
     with_negatives = _batch([rows[i] for i in range(len(rows)) if rows[i]["negatives"]][:1], tokenize)
     assert negatives_left(with_negatives["positive_index"], with_negatives["doc_keys"]).item() >= 1
-    check_negatives(InfoNCELoss(), with_negatives, 0)  # one row with a hard negative trains
+    _check(with_negatives, 0)  # one row with a hard negative trains
 
 
 def test_a_step_where_any_row_keeps_a_negative_trains(rows, tokenize):
@@ -83,8 +89,8 @@ def test_a_step_where_any_row_keeps_a_negative_trains(rows, tokenize):
     left = negatives_left(batch["positive_index"], batch["doc_keys"], batch["query_keys"])
     hard = len(rows[3]["negatives"][:2])
     assert left.tolist() == [1 + hard] * 3 + [3 + hard]  # the copies of one positive are negatives of row 3
-    check_negatives(InfoNCELoss(), batch, 0)
-    check_negatives(InfoNCELoss(), _batch(rows[:4], tokenize), 0)  # the rows as mined
+    _check(batch, 0)
+    _check(_batch(rows[:4], tokenize), 0)  # the rows as mined
 
 
 def test_the_symmetric_loss_and_a_guided_mask_count_as_the_loss_does(rows, tokenize):
@@ -96,8 +102,8 @@ def test_the_symmetric_loss_and_a_guided_mask_count_as_the_loss_does(rows, token
     assert negatives_left(pos, keys, qkeys, symmetric=True).tolist() == [2, 2]  # and each positive meets a query
     guide = torch.tensor([[False, True], [True, False]])  # the guide masks each row's one negative
     assert negatives_left(pos, keys, qkeys, guide).tolist() == [0, 0]
-    with pytest.raises(ValueError, match=r"scored above it by the guide, model\.guided_margin\); rows"):
-        check_negatives(InfoNCELoss(), batch, 3, guide)
+    with pytest.raises(ValueError, match=r"left out by a mask term, e\.g\. the guided mask\); rows"):
+        _check(batch, 3, guide)
 
 
 # --- through `obliq train fit`: refused at the first such step, nothing saved ----------------------
@@ -177,7 +183,7 @@ def test_a_resume_already_at_its_last_step_says_so_and_one_past_it_is_refused(
 @pytest.mark.slow
 def test_a_fit_whose_every_step_is_skipped_says_it_trained_nothing(rows, tiny_llama_dir, tmp_path, capsys, monkeypatch):
     """Every loss non-finite (skipped, under model.max_bad_steps): the epoch ends without an optimizer step."""
-    monkeypatch.setattr(InfoNCELoss, "forward", lambda self, q, d, *a, **k: (q.sum() + d.sum()) * float("nan"))
+    monkeypatch.setattr(InfoNCE, "forward", lambda self, q, d, *a, **k: (q.sum() + d.sum()) * float("nan"))
     path = write_rows(tmp_path / "rows.jsonl", rows[:8])
     config = write_config(tmp_path, path, tiny_llama_dir, max_steps=-1)
     with pytest.raises(SystemExit) as stop:

@@ -1,6 +1,7 @@
 """The collator: training rows into the batch dictionary of :mod:`obliq.data` (tokenized, with the keys the
-loss masks by and a teacher's scores). Apart from the loader (:mod:`obliq.data.datamodule`), so that what
-builds a batch alone (``bench/gradcache.py``) does not import Lightning."""
+loss masks by, which documents are positives, and a teacher's scores and vectors). Apart from the loader
+(:mod:`obliq.data.datamodule`), so that what builds a batch alone (``bench/gradcache.py``) does not import
+Lightning."""
 
 from __future__ import annotations
 
@@ -18,8 +19,25 @@ Tokenize = Callable[[list[str], str, list[str | None]], dict[str, torch.Tensor]]
 (:class:`obliq.model.TextTokenizer` is the encoder's)."""
 
 
+def check_limits(max_negatives: int, max_positives: int | None) -> None:
+    """Refuse a negative ``max_negatives`` or a ``max_positives`` below 1 (None: all positives).
+
+    Raises:
+        ValueError: either, naming the setting.
+    """
+    if isinstance(max_negatives, bool) or not isinstance(max_negatives, int) or max_negatives < 0:
+        raise ValueError(f"max_negatives must be an integer >= 0, got {max_negatives!r}")
+    if max_positives is not None and (
+        isinstance(max_positives, bool) or not isinstance(max_positives, int) or max_positives < 1
+    ):
+        raise ValueError(f"max_positives must be an integer >= 1 or null (all positives), got {max_positives!r}")
+
+
 class Collator:
-    """Tokenizes a list of rows into the batch dictionary of :mod:`obliq.data`.
+    """Tokenizes a list of rows into the batch dictionary of :mod:`obliq.data` (its docstring has the layout).
+
+    Documents: ``docs[0:n]`` the rows' first positives in row order, then row after row that row's further
+    positives (its first ``max_positives`` in all) and its first ``max_negatives`` hard negatives.
 
     Args:
         tokenize: ``tokenize(texts, kind, instructions) -> {"input_ids": (B, L), "attention_mask":
@@ -27,26 +45,45 @@ class Collator:
             ``instruction`` (or None); it adds prefixes and truncates (``obliq.model.TextTokenizer``,
             the encoder's ``text``). Runs in the loader's worker processes.
         max_negatives: k, the most hard negatives kept per row (the first k in file order).
-        teacher: a teacher's vectors by id; the batch then holds its cosines of queries with documents,
-            ``teacher_cosines`` (B, M), NaN where it has no vector.
+        teacher: a teacher's vectors by id; the batch then holds its vectors of the queries (kNN anchors) and
+            documents, ``teacher_query_vectors`` (n, d) and ``teacher_doc_vectors`` (M, d), float32, NaN rows
+            where it has none (a generated query, a document of another corpus). From them the loss side takes
+            the teacher's cosines between every rank's rows.
+        max_positives: the most positives kept per row (its first ones in file order); None: all.
 
     Raises:
-        ValueError: ``max_negatives < 0``.
+        ValueError: ``max_negatives < 0`` or ``max_positives < 1`` (:func:`check_limits`).
     """
 
-    def __init__(self, tokenize: Tokenize, max_negatives: int = 4, teacher: TeacherTable | None = None):
-        if max_negatives < 0:
-            raise ValueError(f"max_negatives must be >= 0, got {max_negatives}")
+    def __init__(
+        self,
+        tokenize: Tokenize,
+        max_negatives: int = 4,
+        teacher: TeacherTable | None = None,
+        max_positives: int | None = None,
+    ):
+        check_limits(max_negatives, max_positives)
         self.tokenize, self.max_negatives, self.teacher = tokenize, max_negatives, teacher
+        self.max_positives = max_positives
 
     def __call__(self, rows: Sequence[TrainingRow]) -> dict[str, Any]:
-        negatives = [(i, doc) for i, row in enumerate(rows) for doc in row.negatives[: self.max_negatives]]
-        docs = [row.positive for row in rows] + [doc for _, doc in negatives]
+        n = len(rows)
+        rest = [  # (row, doc, is a positive), row after row: its further positives, then its negatives
+            (i, doc, positive)
+            for i, row in enumerate(rows)
+            for docs, positive in (
+                (row.positives[1 : self.max_positives], True),
+                (row.negatives[: self.max_negatives], False),
+            )
+            for doc in docs
+        ]
+        docs = [row.positive for row in rows] + [doc for _, doc, _ in rest]
         batch = {
             "query": self.tokenize([row.query for row in rows], "query", [row.instruction for row in rows]),
             "docs": self.tokenize([doc.text for doc in docs], "passage"),
-            "positive_index": torch.arange(len(rows), dtype=torch.long),
-            "doc_row": torch.tensor([*range(len(rows)), *(i for i, _ in negatives)], dtype=torch.long),
+            "positive_index": torch.arange(n, dtype=torch.long),
+            "doc_row": torch.tensor([*range(n), *(i for i, _, _ in rest)], dtype=torch.long),
+            "doc_positive": torch.tensor([True] * n + [p for _, _, p in rest], dtype=torch.bool),
             "doc_ids": [doc.id for doc in docs],
             "doc_keys": torch.tensor([[id_hash(doc.id), doc.text_hash] for doc in docs], dtype=torch.long).reshape(
                 -1, 2
@@ -56,5 +93,6 @@ class Collator:
             "row_ids": [row.id for row in rows],
         }
         if self.teacher is not None:
-            batch["teacher_cosines"] = self.teacher.cosines([row.query_id for row in rows], batch["doc_ids"])
+            batch["teacher_query_vectors"] = self.teacher.lookup([row.query_id for row in rows])
+            batch["teacher_doc_vectors"] = self.teacher.lookup(batch["doc_ids"])
         return batch

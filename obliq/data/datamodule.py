@@ -10,8 +10,8 @@ How the pieces fit (the batch structure and guarantees are in the package docstr
 - :class:`RowReader`, a map-style dataset that reads and re-validates a :class:`BatchRef`'s rows
   with one ``pread`` each; and
 - :class:`~obliq.data.collate.Collator`, which tokenizes them with the injected ``tokenize(texts, kind)``
-  and adds a teacher's in-batch cosines (:class:`~obliq.data.teacher_table.TeacherTable`) when one is given
-  (:class:`StepCollator`, the loader's, its vectors too: the model's relational term spans every rank).
+  and adds a teacher's vectors of the batch's queries and documents
+  (:class:`~obliq.data.teacher_table.TeacherTable`) when one is given.
 
 Exact resume. The loader is torchdata's ``StatefulDataLoader``, which Lightning 2.x checkpoints by
 itself (``loops.fit_loop.state_dict.combined_loader`` in the checkpoint) and restores before the
@@ -38,12 +38,11 @@ from typing import Any, Literal, NamedTuple
 
 import lightning as L
 import numpy as np
-import torch
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch.utils.data import Dataset, DistributedSampler
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from obliq.data.collate import Collator, Tokenize
+from obliq.data.collate import Collator, Tokenize, check_limits
 from obliq.data.index import FileIndex, index_file
 from obliq.data.mixture import MixturePlan, Source, StepArrangement
 from obliq.data.rows import RowError, TrainingRow, parse_row
@@ -71,30 +70,6 @@ def collision_line(c: dict) -> str:
     )
 
 
-class StepCollator(Collator):
-    """:class:`~obliq.data.collate.Collator`, and with a teacher its vectors of the batch's texts too:
-    ``teacher_query_vectors`` (B, d) and ``teacher_doc_vectors`` (M, d), float32, NaN rows where it has none.
-    From them the model takes the teacher's cosines between every rank's rows (the relational term over the
-    whole step, as one process computes it: :meth:`obliq.model.RetrieverModule.objective`); a batch's own
-    ``teacher_cosines`` are only its rank's block of that matrix."""
-
-    def __call__(self, rows: Sequence[TrainingRow]) -> dict[str, Any]:
-        batch = super().__call__(rows)
-        if self.teacher is not None:
-            batch["teacher_query_vectors"] = self._vectors([row.query_id for row in rows])
-            batch["teacher_doc_vectors"] = self._vectors(batch["doc_ids"])
-        return batch
-
-    def _vectors(self, ids: Sequence[str | None]) -> torch.Tensor:
-        table = self.teacher
-        out = np.full((len(ids), table.vectors.shape[1]), np.nan, dtype=np.float32)
-        for n, i in enumerate(ids):
-            r = table.row.get(i) if i is not None else None
-            if r is not None:
-                out[n] = table.vectors[r]
-        return torch.from_numpy(out)
-
-
 class RowReader(Dataset):
     """Reads rows by (source, row number) from indexed files; ``reader[ref]`` gives a batch's rows.
 
@@ -108,6 +83,8 @@ class RowReader(Dataset):
         indexes: per source, the :class:`~obliq.data.index.FileIndex` of each file.
         excluded: ``{(source, file): sorted positions in that file's index}`` to leave out.
         max_negatives: the negatives a batch keeps per row (what :meth:`keys` reports; None: all).
+        max_positives: the positives a batch keeps per row (what :meth:`keys` and :meth:`positives` report;
+            None: all).
 
     Attributes:
         sizes: usable rows per source.
@@ -118,9 +95,10 @@ class RowReader(Dataset):
         indexes: Sequence[Sequence[FileIndex]],
         excluded: dict[tuple[int, int], np.ndarray] | None = None,
         max_negatives: int | None = None,
+        max_positives: int | None = None,
     ):
         self.indexes = [list(files) for files in indexes]
-        self.max_negatives = max_negatives
+        self.max_negatives, self.max_positives = max_negatives, max_positives
         self.excluded = {k: np.asarray(v, np.int64) for k, v in (excluded or {}).items()}
         usable = [
             [fi.rows - len(self.excluded.get((s, f), ())) for f, fi in enumerate(files)]
@@ -183,14 +161,25 @@ class RowReader(Dataset):
 
     def keys(self, source: int, rows: np.ndarray) -> list[np.ndarray]:
         """The identity keys of rows of one source, from the index (:meth:`obliq.data.rows.TrainingRow.keys`
-        with the first :attr:`max_negatives` negatives): what a step plan keeps apart."""
+        with the first :attr:`max_positives` positives and :attr:`max_negatives` negatives): what a step plan
+        keeps apart."""
         files, positions = self.locate(source, np.asarray(rows, dtype=np.int64))
-        width = None if self.max_negatives is None else 4 + 2 * self.max_negatives
         out = []
         for f, p in zip(files.tolist(), positions.tolist()):
             starts, keys = self._key_starts(source, f), self._array(source, f, "keys")
-            out.append(np.asarray(keys[starts[p] : starts[p + 1]][:width]))
+            row = np.asarray(keys[starts[p] : starts[p + 1]])
+            n_pos = int(self._array(source, f, "n_positives")[p])
+            kept = n_pos if self.max_positives is None else min(n_pos, self.max_positives)
+            negatives = row[2 + 2 * n_pos :][: None if self.max_negatives is None else 2 * self.max_negatives]
+            out.append(np.concatenate([row[: 2 + 2 * kept], negatives]))
         return out
+
+    def positives(self, source: int, rows: np.ndarray) -> list[int]:
+        """The positives each row of one source brings to a batch (at most :attr:`max_positives`), from the index."""
+        files, positions = self.locate(source, np.asarray(rows, dtype=np.int64))
+        cap = self.max_positives
+        counts = (int(self._array(source, f, "n_positives")[p]) for f, p in zip(files.tolist(), positions.tolist()))
+        return [n if cap is None else min(n, cap) for n in counts]
 
     def tasks(self, source: int, rows: np.ndarray) -> list[str]:
         """The ``task`` field of rows of one source, from the index."""
@@ -321,6 +310,8 @@ class TrainingDataModule(L.LightningDataModule):
         batch_size: anchors (rows) per rank per step, N. The whole step batch of one rank; the
             model splits it into GradCache chunks.
         max_negatives: k, hard negatives kept per row (default 4; rows may have fewer).
+        max_positives: positives kept per row, its first ones in file order (None, the default: all of them;
+            a single-positive row always brings its one).
         seed: seed of the epoch order and of the per-source subsets (>= 0).
         shuffle: ``False`` reads sources and rows in file order.
         on_bad_row: ``"fail"`` raises the first bad row's ``file:line:field`` error; ``"skip"``
@@ -366,21 +357,22 @@ class TrainingDataModule(L.LightningDataModule):
         group_by: Literal["none", "source", "task"] = "none",
         group_order: Literal["proportional", "round-robin"] = "proportional",
         teacher_vectors: str | None = None,
+        max_positives: int | None = None,
     ):
         super().__init__()
         if on_bad_row not in ("fail", "skip"):
             raise ValueError(f"on_bad_row must be 'fail' or 'skip', got {on_bad_row!r}")
         if not sources:
             raise ValueError("no sources")
-        if batch_size < 1 or max_negatives < 0 or num_workers < 0 or prefetch_factor < 1 or seed < 0:
-            raise ValueError(
-                "need batch_size >= 1, max_negatives >= 0, num_workers >= 0, prefetch_factor >= 1, seed >= 0"
-            )
+        check_limits(max_negatives, max_positives)
+        if batch_size < 1 or num_workers < 0 or prefetch_factor < 1 or seed < 0:
+            raise ValueError("need batch_size >= 1, num_workers >= 0, prefetch_factor >= 1, seed >= 0")
         self.sources = [s if isinstance(s, Source) else Source(**s) for s in sources]
         names = [s.name for s in self.sources if s.name is not None]
         if len(set(names)) != len(names):
             raise ValueError(f"two data sources share a name: {sorted(n for n in names if names.count(n) > 1)[0]!r}")
         self.batch_size, self.max_negatives, self.seed, self.shuffle = batch_size, max_negatives, seed, shuffle
+        self.max_positives = max_positives
         self.on_bad_row, self.num_workers, self.prefetch_factor = on_bad_row, num_workers, prefetch_factor
         if index_dir is None:
             from obliq.files import cache_dir
@@ -421,7 +413,7 @@ class TrainingDataModule(L.LightningDataModule):
         indexes = [[index_file(p, self.index_dir, self.on_bad_row) for p in paths] for paths in self._files()]
         reader = RowReader(indexes)
         excluded = self._duplicates(reader)
-        reader = RowReader(indexes, excluded, self.max_negatives)
+        reader = RowReader(indexes, excluded, self.max_negatives, self.max_positives)
         if self.teacher is not None:  # the first 64 rows of every file: vectors of another corpus are refused
             rows = (
                 reader.read(s, f, p)
@@ -555,7 +547,7 @@ class TrainingDataModule(L.LightningDataModule):
             self.reader,
             sampler=PlanSampler(self.plan, rank),
             batch_size=None,
-            collate_fn=StepCollator(self.tokenize, self.max_negatives, self.teacher),
+            collate_fn=Collator(self.tokenize, self.max_negatives, self.teacher, self.max_positives),
             num_workers=self.num_workers,
             persistent_workers=self.num_workers > 0,
             prefetch_factor=self.prefetch_factor if self.num_workers > 0 else None,

@@ -3,13 +3,14 @@
 One pass over the file parses and validates every line (:func:`obliq.data.rows.parse_row`) and
 writes, for each valid row, its byte offset, byte length, line number, id hash, a hash of the row's
 bytes (``content``: what a resume compares, since the same ids with other texts are other rows), task
-(a code into the file's task names) and identity keys (:meth:`obliq.data.rows.TrainingRow.keys`: the
-query's, the positive's and each negative's id and text hashes, what a step plan needs to keep texts
-apart and to group steps by task) as flat binary arrays in a cache folder keyed by the file's real
-path, size and modification time (and :data:`INDEX_VERSION`, so a cache of another layout is rebuilt).
+(a code into the file's task names), number of positives and identity keys
+(:meth:`obliq.data.rows.TrainingRow.keys`: the query's, each positive's and each negative's id and text
+hashes, what a step plan needs to keep texts apart and to group steps by task) as flat binary arrays
+in a cache folder keyed by the file's real path, size and modification time (and :data:`INDEX_VERSION`,
+so a cache of another layout is rebuilt).
 Training then memory-maps the arrays and reads any row with one ``pread``; nothing of the file is
 held in memory, and the build itself writes its arrays in fixed-size chunks, so memory stays flat
-with the number of rows (44 bytes per row plus 16 per text of the row, on disk, in the page cache).
+with the number of rows (48 bytes per row plus 16 per text of the row, on disk, in the page cache).
 
 Bad rows: with ``on_bad_row="fail"`` the first one raises :class:`~obliq.data.rows.RowError`; with
 ``"skip"`` every bad row is left out of the index, counted by kind (:data:`~obliq.data.rows.ERROR_KINDS`)
@@ -36,9 +37,10 @@ from obliq.data.rows import RowError, parse_row
 from obliq.files import publish
 from obliq.text import id_hash
 
-INDEX_VERSION = 3
+INDEX_VERSION = 4
 """The layout of the arrays (part of the cache key): 3 = ``content`` (issue 24) with ``tasks`` and ``keys``
-(issue 22); a cache of version 1 or 2 is rebuilt."""
+(issue 22); 4 = ``n_positives`` (issue 47: rows with several positives); a cache of an older version is
+rebuilt."""
 _ARRAYS = {
     "offsets": ("Q", np.uint64),
     "lengths": ("I", np.uint32),
@@ -47,6 +49,7 @@ _ARRAYS = {
     "content": ("q", np.int64),
     "tasks": ("i", np.int32),
     "n_keys": ("I", np.uint32),
+    "n_positives": ("I", np.uint32),
 }
 """Per-row arrays, shape ``(rows,)``; ``keys`` (int64, shape ``(total keys,)``) holds each row's
 ``n_keys`` keys, rows one after another."""
@@ -79,8 +82,9 @@ class FileIndex:
     def array(self, name: str) -> np.ndarray:
         """A read-only memory map of one array: ``offsets`` (uint64, bytes), ``lengths`` (uint32, bytes),
         ``lines`` (uint64, 1-based line numbers), ``ids`` (int64 id hashes), ``content`` (int64 hashes of
-        each row's bytes), ``tasks`` (int32 codes into :attr:`task_names`), ``n_keys`` (uint32), all of
-        shape ``(rows,)``; or ``keys`` (int64, shape ``(total_keys,)``: each row's keys in turn)."""
+        each row's bytes), ``tasks`` (int32 codes into :attr:`task_names`), ``n_keys`` (uint32),
+        ``n_positives`` (uint32), all of shape ``(rows,)``; or ``keys`` (int64, shape ``(total_keys,)``: each
+        row's keys in turn)."""
         dtype, n = (np.int64, self.total_keys) if name == "keys" else (_ARRAYS[name][1], self.rows)
         if n == 0:
             return np.empty(0, dtype)
@@ -166,7 +170,8 @@ def index_file(path: str | os.PathLike, index_dir: str | os.PathLike, on_bad_row
                             content = int.from_bytes(
                                 hashlib.sha256(raw.rstrip(b"\r\n")).digest()[:8], "little", signed=True
                             )
-                            values = (offset, len(raw), line, id_hash(row.id), content, task, len(keys))
+                            n_pos = len(row.positives)
+                            values = (offset, len(raw), line, id_hash(row.id), content, task, len(keys), n_pos)
                             for name, value in zip(_ARRAYS, values):
                                 buffers[name].append(value)
                             buffers["keys"].extend(keys)

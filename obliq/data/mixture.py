@@ -221,7 +221,9 @@ class StepArrangement:
 
 
 class RowKeys(Protocol):
-    """What an arranged plan reads of the rows (:class:`obliq.data.datamodule.RowReader` provides it)."""
+    """What an arranged plan reads of the rows (:class:`obliq.data.datamodule.RowReader` provides it); a reader of
+    rows with several positives also has ``positives(source, rows) -> list[int]``, each row's kept positives
+    (how :meth:`MixturePlan.collisions` tells their keys from the negatives'; without it: one per row)."""
 
     def keys(self, source: int, rows: np.ndarray) -> list[np.ndarray]:
         """The identity keys of each row (int64 arrays, :meth:`obliq.data.rows.TrainingRow.keys`)."""
@@ -297,20 +299,22 @@ ROLE_PAIRS = tuple(f"{ROLES[a]}-{ROLES[b]}" for a, b in _PAIRS)
 """The role pairs :meth:`MixturePlan.collisions` counts: ``query-query`` … ``negative-negative``."""
 
 
-def _collisions(keys: Sequence[np.ndarray]) -> tuple[dict[str, int], set, set, set]:
+def _collisions(keys: Sequence[np.ndarray], positives: Sequence[int] | None = None) -> tuple[dict, set, set, set]:
     """One step's pairs of occurrences of a text in two rows, by role pair; the rows in any pair; the rows whose
     query is another row's document; the rows whose query is another row's query.
 
-    ``keys[r]``: row ``r``'s keys (:meth:`RowKeys.keys`: query id, query text, positive id, positive text, then
-    id and text of each negative). Two occurrences are the same text when their ids or their texts are: pairs
-    by id + pairs by text − pairs by both (each pair once); in a group, all its pairs less those within a row.
+    ``keys[r]``: row ``r``'s keys (:meth:`RowKeys.keys`: query id, query text, then id and text of each of its
+    ``positives[r]`` positives (default 1), then of each negative). Two occurrences are the same text when their
+    ids or their texts are: pairs by id + pairs by text − pairs by both (each pair once); in a group, all its
+    pairs less those within a row.
     """
     groups: dict[tuple, list[tuple[int, int]]] = {}  # (kind, key...) → [(row, role)]
     for r, k in enumerate(keys):
-        k = k.tolist()
+        k, p = k.tolist(), 1 if positives is None else positives[r]
         for j in range(0, len(k) - 1, 2):
+            role = 0 if j == 0 else 1 if j // 2 <= p else 2
             for g in (("id", k[j]), ("text", k[j + 1]), ("both", k[j], k[j + 1])):
-                groups.setdefault(g, []).append((r, min(j // 2, 2)))
+                groups.setdefault(g, []).append((r, role))
     pairs, rows, own, shared = dict.fromkeys(ROLE_PAIRS, 0), set(), set(), set()
     for g, members in groups.items():
         per_row: dict[int, list[int]] = {}
@@ -526,7 +530,7 @@ class MixturePlan:
     def collisions(self, epoch: int = 0, steps: int | None = None) -> dict:
         """In-step collisions of an epoch: a text twice in one step, in any roles of two rows.
 
-        Every row brings its texts in roles: its query, its positive, its kept negatives (the keys of
+        Every row brings its texts in roles: its query, its kept positives, its kept negatives (the keys of
         :meth:`RowKeys.keys`: an id key and a normalised-text key, :func:`obliq.text.text_hash`, each). Two
         occurrences in two rows of one step are the same text when their ids or their normalised texts are
         equal; every such pair counts once, under its role pair (``query-query``, ``query-positive``,
@@ -534,7 +538,7 @@ class MixturePlan:
         texts are not paired with each other (a row's query may be its anchor's text; its negatives never
         equal its positive, :func:`obliq.data.rows.parse_row`).
 
-        Also, as ``shared/cases/C34`` counts them (the loss's masks, :func:`obliq.loss.info_nce`): rows whose
+        Also, as ``shared/cases/C34`` counts them (the loss's masks, :func:`obliq.losses.infonce.info_nce`): rows whose
         query is another row's document in the step, rows that share their query with another row, and the
         steps holding either.
 
@@ -558,7 +562,9 @@ class MixturePlan:
         for step in range(steps):
             source, row = self.step_rows(epoch, step)
             keys = [k for i in np.unique(source) for k in self.rows.keys(int(i), row[source == i])]
-            found, rows, own, shared = _collisions(keys)
+            counts = getattr(self.rows, "positives", None)
+            kept = None if counts is None else [c for i in np.unique(source) for c in counts(int(i), row[source == i])]
+            found, rows, own, shared = _collisions(keys, kept)
             n.update(found)
             n.update(rows=len(row), rows_colliding=len(rows), steps_colliding=bool(rows), own=len(own))
             n.update(shared=len(shared), affected=bool(own | shared))

@@ -3,15 +3,19 @@
 A training row is one JSON object on one line of a JSONL file::
 
     {"id": "r1", "task": "writing-news", "source": "synthetic", "query": "...",
-     "positive": {"id": "d1", "text": "..."},
+     "positive": {"id": "d1", "text": "..."},                  # or "positives": [{"id", "text"}, ...]
      "negatives": [{"id": "d7", "text": "..."}, ...],          # may be empty
      "lens": "...", "instruction": "...", "meta": {...}}       # optional
+
+A row carries exactly one of ``positive`` (one relevant document) and ``positives`` (a non-empty list of
+them, e.g. a kNN anchor with all its kept neighbours, issue 47 §2); :attr:`TrainingRow.positives` holds them
+in file order either way. Two positives of one row never share an id or a normalised text.
 
 :func:`parse_row` turns one line into a :class:`TrainingRow` or raises :class:`RowError`, whose
 message names ``file:line:field``. Every string field (ids, task, query, texts, lens, instruction) is
 repaired first (``shared/cases/C17``): each lone UTF-16 surrogate becomes U+FFFD and each NUL becomes
 a space, and the number of replaced characters is kept on the row (:attr:`TrainingRow.repairs`).
-A row whose negative is its positive, by id or by normalised text, is invalid (``shared/cases/C06``).
+A row whose negative is one of its positives, by id or by normalised text, is invalid (``shared/cases/C06``).
 
 :func:`obliq.text.normalise_text` / :func:`obliq.text.text_hash` define "the same text": the
 negative-vs-positive check here, the document keys of a batch (the loss masks equal keys,
@@ -22,6 +26,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,15 +42,17 @@ ERROR_KINDS = ("json", "unknown-field", "missing", "type", "empty", "value", "ne
 
 - ``json``: the line is not UTF-8, not JSON, or not a JSON object (field ``(row)``);
 - ``unknown-field``: a key the format does not define;
-- ``missing``: a required field is absent;
+- ``missing``: a required field is absent (``positive``: neither ``positive`` nor ``positives``);
 - ``type``: a field has the wrong JSON type;
-- ``empty``: an id or text is empty or only whitespace;
-- ``value``: ``source`` is not one of :data:`ROW_SOURCES`;
-- ``negative-is-positive``: a negative has the positive's id or normalised text (C06);
+- ``empty``: an id or text is empty or only whitespace; ``positives`` is an empty list;
+- ``value``: ``source`` is not one of :data:`ROW_SOURCES`; ``positive`` and ``positives`` both given; two
+  positives with one id or one normalised text; ``meta.teacher_scores`` malformed, or on a row with several
+  positives;
+- ``negative-is-positive``: a negative has a positive's id or normalised text (C06);
 - ``duplicate-id``: the row id was already used by an earlier row of the mixture.
 """
 
-_ROW_FIELDS = ("id", "task", "source", "query", "positive", "negatives", "lens", "instruction", "meta")
+_ROW_FIELDS = ("id", "task", "source", "query", "positive", "positives", "negatives", "lens", "instruction", "meta")
 _DOC_FIELDS = ("id", "text")
 
 
@@ -83,8 +90,9 @@ class TrainingRow:
 
     Attributes:
         id, task, source, query: as in the file (``source`` is one of :data:`ROW_SOURCES`).
-        positive: the relevant document.
-        negatives: hard negatives in file order (possibly none); none has the positive's id or text.
+        positives: the relevant documents, in file order (at least one; a file's ``positive`` is one);
+            no two share an id or a normalised text. A single :class:`Doc` given here is taken as one.
+        negatives: hard negatives in file order (possibly none); none has a positive's id or text.
         lens, instruction: optional strings (``None`` when absent).
         meta: optional free-form object, not repaired.
         repairs: number of characters replaced by :func:`obliq.text.repair_text` across the row's strings.
@@ -94,12 +102,23 @@ class TrainingRow:
     task: str
     source: str
     query: str
-    positive: Doc
+    positives: tuple[Doc, ...]
     negatives: tuple[Doc, ...]
     lens: str | None = None
     instruction: str | None = None
     meta: dict[str, Any] | None = field(default=None, compare=False)
     repairs: int = 0
+
+    def __post_init__(self):
+        if isinstance(self.positives, Doc):
+            object.__setattr__(self, "positives", (self.positives,))
+        if not self.positives:
+            raise ValueError(f"training row {self.id!r} has no positive")
+
+    @property
+    def positive(self) -> Doc:
+        """The first positive (the only one of a single-positive row): the document at ``docs[i]`` of a batch."""
+        return self.positives[0]
 
     @property
     def query_id(self) -> str | None:
@@ -115,12 +134,13 @@ class TrainingRow:
         qid = self.query_id
         return id_hash(qid) if qid is not None else id_hash(f"\0query\0{self.id}"), text_hash(self.query)
 
-    def keys(self, max_negatives: int | None = None) -> list[int]:
-        """Every identity key of the row, by role: query (id, text), positive (id, text), then each of
-        its first ``max_negatives`` negatives (id, text). What a no-duplicates step plan keeps apart
-        (no text twice in a step, in any role)."""
-        out = [*self.query_key(), id_hash(self.positive.id), self.positive.text_hash]
-        for doc in self.negatives[:max_negatives]:
+    def keys(self, max_negatives: int | None = None, max_positives: int | None = None) -> list[int]:
+        """Every identity key of the row, by role: query (id, text), then each of its first ``max_positives``
+        positives (id, text), then each of its first ``max_negatives`` negatives (id, text); None: all. What a
+        no-duplicates step plan keeps apart (no text twice in a step, in any role); the role of a key follows
+        from the number of positives kept (the index stores it: :mod:`obliq.data.index`)."""
+        out = [*self.query_key()]
+        for doc in (*self.positives[:max_positives], *self.negatives[:max_negatives]):
             out += [id_hash(doc.id), doc.text_hash]
         return out
 
@@ -202,9 +222,7 @@ def parse_row(raw: bytes | str, path: str, line: int) -> TrainingRow:
     if source not in ROW_SOURCES:
         raise check.fail("source", "value", f"{source!r} is not one of {', '.join(ROW_SOURCES)}")
     query = check.string(obj, "query", "query")
-    if "positive" not in obj:
-        raise check.fail("positive", "missing", "required field is missing")
-    positive = check.doc(obj["positive"], "positive")
+    positives = _positives(check, obj)
     if "negatives" not in obj:
         raise check.fail("negatives", "missing", "required field is missing (use [] for none)")
     if not isinstance(obj["negatives"], list):
@@ -212,14 +230,15 @@ def parse_row(raw: bytes | str, path: str, line: int) -> TrainingRow:
     negatives = []
     for i, item in enumerate(obj["negatives"]):
         doc = check.doc(item, f"negatives[{i}]")
-        if doc.id == positive.id:
-            raise check.fail(f"negatives[{i}].id", "negative-is-positive", f"negative has the positive's id {doc.id!r}")
-        if doc.text_hash == positive.text_hash and normalise_text(doc.text) == normalise_text(positive.text):
-            raise check.fail(
-                f"negatives[{i}].text",
-                "negative-is-positive",
-                f"negative {doc.id!r} has the positive's text (normalised)",
-            )
+        for name, pos in zip(_positive_names(obj, len(positives)), positives):
+            if doc.id == pos.id:
+                raise check.fail(f"negatives[{i}].id", "negative-is-positive", f"negative has {name}'s id {doc.id!r}")
+            if doc.text_hash == pos.text_hash and normalise_text(doc.text) == normalise_text(pos.text):
+                raise check.fail(
+                    f"negatives[{i}].text",
+                    "negative-is-positive",
+                    f"negative {doc.id!r} has {name}'s text (normalised)",
+                )
         negatives.append(doc)
     lens = check.string(obj, "lens", "lens", required=False)
     instruction = check.string(obj, "instruction", "instruction", required=False)
@@ -228,6 +247,12 @@ def parse_row(raw: bytes | str, path: str, line: int) -> TrainingRow:
         raise check.fail("meta", "type", f"expected an object, got {type(meta).__name__}")
     scores = (meta or {}).get("teacher_scores")
     if scores is not None:  # the positive's score, then one per negative (obliq distill pairs --teacher_scores)
+        if len(positives) > 1:
+            raise check.fail(
+                "meta.teacher_scores",
+                "value",
+                f"teacher scores are for single-positive rows; this row has {len(positives)} positives",
+            )
         if not isinstance(scores, list) or len(scores) != 1 + len(negatives):
             got = f"{len(scores)} scores" if isinstance(scores, list) else type(scores).__name__
             raise check.fail(
@@ -236,7 +261,64 @@ def parse_row(raw: bytes | str, path: str, line: int) -> TrainingRow:
         for i, value in enumerate(scores):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
                 raise check.fail(f"meta.teacher_scores[{i}]", "value", f"expected a finite number, got {value!r}")
-    return TrainingRow(row_id, task, source, query, positive, tuple(negatives), lens, instruction, meta, check.repairs)
+    return TrainingRow(row_id, task, source, query, positives, tuple(negatives), lens, instruction, meta, check.repairs)
+
+
+def _positives(check: _Checker, obj: dict) -> tuple[Doc, ...]:
+    """The row's positives from exactly one of ``positive`` and ``positives``; none sharing an id or a
+    normalised text with another."""
+    if "positive" in obj and "positives" in obj:
+        raise check.fail("positives", "value", "a row has either positive or positives, not both")
+    if "positive" in obj:
+        return (check.doc(obj["positive"], "positive"),)
+    if "positives" not in obj:
+        raise check.fail("positive", "missing", "required field is missing (positive, or a list of positives)")
+    items = obj["positives"]
+    if not isinstance(items, list):
+        raise check.fail("positives", "type", f"expected a list, got {type(items).__name__}")
+    if not items:
+        raise check.fail("positives", "empty", "is an empty list (a row needs at least one positive)")
+    out: list[Doc] = []
+    for i, item in enumerate(items):
+        doc = check.doc(item, f"positives[{i}]")
+        for j, other in enumerate(out):
+            if doc.id == other.id:
+                raise check.fail(f"positives[{i}].id", "value", f"positive has the id of positives[{j}], {doc.id!r}")
+            if doc.text_hash == other.text_hash and normalise_text(doc.text) == normalise_text(other.text):
+                raise check.fail(
+                    f"positives[{i}].text", "value", f"positive {doc.id!r} has the text of positives[{j}] (normalised)"
+                )
+        out.append(doc)
+    return tuple(out)
+
+
+def _positive_names(obj: dict, n: int) -> list[str]:
+    """How a message names each positive: ``the positive``, or ``positives[i]``."""
+    return ["the positive"] if "positive" in obj else [f"positives[{i}]" for i in range(n)]
+
+
+def row_positives(row: dict) -> list[dict]:
+    """The positives of a row held as a JSON dict (``{"id", "text"}`` each, file order): its ``positives``, or
+    its one ``positive``. For the stages that read rows as dicts (negatives, synth, distill, benches).
+
+    Raises:
+        KeyError: the row has neither field (rows are checked with :func:`parse_row` when read).
+    """
+    if "positives" in row:
+        return list(row["positives"])
+    return [row["positive"]]
+
+
+def positive_fields(docs: Sequence[dict]) -> dict:
+    """The field a row is written with: ``{"positive": doc}`` for one document, ``{"positives": [...]}`` for
+    several (docs/formats.md).
+
+    Raises:
+        ValueError: no document.
+    """
+    if not docs:
+        raise ValueError("a training row needs at least one positive")
+    return {"positive": dict(docs[0])} if len(docs) == 1 else {"positives": [dict(d) for d in docs]}
 
 
 def read_rows(path: str | Path) -> list[dict]:

@@ -1,7 +1,7 @@
-"""A teacher's signals in a batch: the scores rows carry for their own candidates
-(:func:`row_teacher_scores`, for :func:`obliq.loss.teacher_distillation`), and a frozen teacher's vectors of a
-corpus, looked up by document id while batches are built, for the in-batch terms
-(:func:`obliq.loss.relational_distillation`, :func:`obliq.loss.guided_mask`).
+"""A teacher's signals in a batch: the scores single-positive rows carry for their own candidates
+(:func:`row_teacher_scores`, for the teacher-score loss), and a frozen teacher's vectors of a corpus, looked up
+by document id while batches are built (:meth:`TeacherTable.lookup`: ``teacher_query_vectors`` and
+``teacher_doc_vectors``), for the in-batch terms (relational distillation, the guided mask).
 
 The file is what ``obliq distill graph --vectors_out`` writes: a NumPy ``.npz`` archive (read with
 ``allow_pickle=False``: data only) of ``ids`` (n,) strings and ``vectors`` (n, d) float32 unit rows, the
@@ -30,7 +30,8 @@ log = logging.getLogger(__name__)
 
 def row_teacher_scores(rows: Sequence[TrainingRow], max_negatives: int) -> torch.Tensor:
     """(n, 1 + max_negatives) float32: each row's ``meta.teacher_scores`` (the positive's, then each kept
-    negative's), NaN where a row has none (``obliq distill pairs --teacher_scores``)."""
+    negative's), NaN where a row has none (``obliq distill pairs --teacher_scores``; a row with several
+    positives never has them: :func:`obliq.data.rows.parse_row` refuses it)."""
     out = torch.full((len(rows), 1 + max_negatives), float("nan"))
     for i, row in enumerate(rows):
         scores = (row.meta or {}).get("teacher_scores")
@@ -105,10 +106,10 @@ class TeacherTable:
 
         Raises:
             ValueError: no id of the rows is in the table (none to check: nothing refused); a row's query
-                (a kNN anchor), positive or negative has another text than the one the table's vector encodes.
+                (a kNN anchor), a positive or a negative has another text than the one the table's vector encodes.
         """
         rows = list(rows)
-        ids = {i for row in rows for i in (row.query_id, row.positive.id) if i is not None}
+        ids = {i for row in rows for i in (row.query_id, *(p.id for p in row.positives)) if i is not None}
         if ids and not any(i in self.row for i in ids):
             raise ValueError(
                 f"data.teacher_vectors {self.path} holds none of the {len(ids)} document ids of the rows it was "
@@ -123,7 +124,7 @@ class TeacherTable:
         self.check_texts(rows)
 
     def check_texts(self, rows: Iterable) -> None:
-        """Refuse the table when a row's query (a kNN anchor), positive or negative has an id in the table and
+        """Refuse the table when a row's query (a kNN anchor), a positive or a negative has an id in the table and
         another text than the one its vector encodes (``text_hashes``; an archive without them: nothing
         checked). Cheap enough for every batch.
 
@@ -133,7 +134,7 @@ class TeacherTable:
         if self.text_hashes is None:
             return
         for row in rows:  # the rows' own text_hash of each text (obliq.data.rows.Doc, TrainingRow.query_key)
-            docs = ((d.id, d.text_hash) for d in (row.positive, *row.negatives))
+            docs = ((d.id, d.text_hash) for d in (*row.positives, *row.negatives))
             for doc_id, hashed in ((row.query_id, row.query_key()[1]), *docs):
                 n = self.row.get(doc_id) if doc_id is not None else None
                 if n is not None and int(self.text_hashes[n]) != hashed:
@@ -145,6 +146,16 @@ class TeacherTable:
 
     def __len__(self) -> int:
         return len(self.vectors)
+
+    def lookup(self, ids: Sequence[str | None]) -> torch.Tensor:
+        """(len(ids), d) float32: the teacher's vector of each id, a NaN row where the id is None or not in the
+        table (a generated query, a document of another corpus)."""
+        out = np.full((len(ids), self.vectors.shape[1]), np.nan, dtype=np.float32)
+        for n, i in enumerate(ids):
+            r = self.row.get(i) if i is not None else None
+            if r is not None:
+                out[n] = self.vectors[r]
+        return torch.from_numpy(out)
 
     def cosines(self, query_ids: Sequence[str | None], doc_ids: Sequence[str | None]) -> torch.Tensor:
         """(B, M) float32: the teacher's cosine of each query with each document, summed in float64; NaN in a

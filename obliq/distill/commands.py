@@ -21,9 +21,10 @@ from time import perf_counter
 from typing import Literal
 
 from obliq.claims import claim_outputs
+from obliq.data.rows import row_positives
 from obliq.data.teacher_table import write_teacher_table
 from obliq.distill.graph import KnnGraph, fuse_graphs, load_graph, teacher_graph
-from obliq.distill.pairs import knn_pairs, random_control
+from obliq.distill.pairs import knn_pairs, pairs_summary, random_control
 from obliq.distill.purity import format_purity, graph_purity, labels_for
 from obliq.files import atomic_write, read_id_table, write_json
 from obliq.search.teachers import TEACHER_MAX_LENGTH, StylometricConfig, load_teacher
@@ -198,18 +199,18 @@ def _add_teacher_scores(rows: list[dict], g: KnnGraph, texts: list[str]) -> None
 
 
 def _same_attribute_rate(t: Task, rows: list[dict]) -> dict:
-    """``{"same_attribute_rate": share of rows whose anchor and positive share the attribute}`` when the task
-    has an attributes.tsv labelling both ends of every row; ``{}`` otherwise (a diagnostic never stops
-    ``pairs``)."""
+    """``{"same_attribute_rate": share of the rows' (anchor, positive) pairs that share the attribute}`` (one pair
+    per row, or per positive of a per-anchor row) when the task has an attributes.tsv labelling both ends of every
+    pair; ``{}`` otherwise (a diagnostic never stops ``pairs``)."""
     path = t.path / ATTRIBUTES
     if not path.is_file() or not rows:
         return {}
     label = read_id_table(path)
-    ends = [(r["meta"]["anchor_id"], r["positive"]["id"]) for r in rows]
+    ends = [(r["meta"]["anchor_id"], p["id"]) for r in rows for p in row_positives(r)]
     if any(a not in label or b not in label for a, b in ends):
         log.warning("%s: not every row's documents have an attribute; no same_attribute_rate reported", path)
         return {}
-    return {"same_attribute_rate": round(sum(label[a] == label[b] for a, b in ends) / len(rows), 4)}
+    return {"same_attribute_rate": round(sum(label[a] == label[b] for a, b in ends) / len(ends), 4)}
 
 
 def pairs(
@@ -224,6 +225,7 @@ def pairs(
     instruction: str | None = None,
     teacher_scores: bool = False,
     mutual: bool = False,
+    per_anchor: bool = False,
     report: Path | None = None,
     overwrite: bool = False,
 ) -> dict:
@@ -232,8 +234,9 @@ def pairs(
     One row per edge: the anchor's text is the query, the neighbour the positive. a–b and b–a are
     one pair unless ``both_directions``; an edge between two identical texts is dropped. Every
     distinct edge is written: the dose is the ``count`` of this file's source in the training config
-    (docs/distill.md). The control (source ``random-control``) has the same rows' anchors and
-    negatives, with uniformly random positives.
+    (docs/distill.md). With ``per_anchor``, the same kept edges as one row per anchor holding all its kept
+    neighbours as ``positives`` (nearest first: the teacher's score, best first). The control (source
+    ``random-control``) has the same rows' anchors and negatives, with uniformly random positives.
 
     Args:
         task: the task folder the graph was built on (texts are read from its corpus.jsonl).
@@ -249,17 +252,27 @@ def pairs(
             negative (``meta.teacher_scores``: positive first), for score distillation
             (``model.teacher_loss``: listwise KL or MarginMSE); the teacher is rebuilt from the graph's
             settings and fitted on the corpus, as the graph was.
+        mutual: keep only mutual edges (a → b and b → a both in the graph).
+        per_anchor: one row per anchor (id ``knn:<anchor>``) with all its kept neighbours as positives, the
+            edges kept by the filters above (issue 47 §2); not with ``teacher_scores`` (teacher scores are for
+            single-positive rows).
         report: the JSON report to write (default: ``out`` with suffix ``.report.json``).
         overwrite: replace existing row files (refused otherwise).
 
     Returns:
-        The report: corpus size, k, edges, duplicates removed, rows, teacher, seed, files, seconds; with
-        the task's attributes.tsv, ``same_attribute_rate``: the share of rows whose anchor and positive
-        share the attribute (e.g. the same author; the purity of §6.5 over the rows kept).
+        The report: corpus size, k, edges, duplicates removed, rows, teacher, seed, files, seconds;
+        ``per_anchor``, ``positives_per_row`` (``min``, ``mean``, ``max``) and ``edges_covered`` (the distinct
+        edges the rows hold: a per-anchor file and the per-edge file compare at the same distinct edges,
+        :func:`obliq.distill.pairs.pairs_summary`); with the task's attributes.tsv, ``same_attribute_rate``: the
+        share of (anchor, positive) pairs that share the attribute (e.g. the same author; the purity of §6.5
+        over the rows kept).
 
     Raises:
-        ValueError: the graph was built on another corpus, or see :func:`obliq.distill.pairs.knn_pairs`.
+        ValueError: ``per_anchor`` with ``teacher_scores``; the graph was built on another corpus, or see
+            :func:`obliq.distill.pairs.knn_pairs`.
     """
+    if per_anchor and teacher_scores:
+        raise ValueError("--teacher_scores is for single-positive rows: not with --per_anchor true")
     t0 = perf_counter()
     report = Path(report) if report is not None else Path(out).with_suffix(".report.json")
     # every output named before any is claimed: none is another's
@@ -287,7 +300,17 @@ def pairs(
         teacher = g.meta.get("teacher", {})
         teacher_name = teacher.get("model", teacher.get("kind")) if isinstance(teacher, dict) else str(teacher)
         rows, counts = knn_pairs(
-            g, texts, t.name, seed, both_directions, negatives, negative_source, instruction, teacher_name, mutual
+            g,
+            texts,
+            t.name,
+            seed,
+            both_directions,
+            negatives,
+            negative_source,
+            instruction,
+            teacher_name,
+            mutual,
+            per_anchor,
         )
         if teacher_scores:
             _add_teacher_scores(rows, g, texts)
@@ -307,6 +330,8 @@ def pairs(
             "negative_source": negative_source if negatives else None,
             "teacher_scores": teacher_scores,
             "mutual": mutual,
+            "per_anchor": per_anchor,
+            **pairs_summary(rows, both_directions),
             "kept_share": round(counts["distinct_edges"] / max(1, counts["distinct_edges"] + counts["not_mutual"]), 4),
             **_same_attribute_rate(t, rows),
             "graph": str(graph),

@@ -5,6 +5,11 @@ anchor's text is the query side, the neighbour the positive, ``source`` = ``knn`
 scores are not carried. The paper trains on these pairs with in-batch negatives, so mined negatives
 are off by default (``negatives=0``); random or BM25 negatives can be added.
 
+With ``per_anchor`` (issue 47 §2) the same kept edges are grouped by anchor instead: one row per anchor whose
+``positives`` are all its kept neighbours, nearest first (the graph's order: the teacher's score, best first),
+so that a loss can train an anchor on all of them at once; the rows cover exactly the per-edge file's distinct
+edges (:func:`pairs_summary` counts them).
+
 Every distinct edge becomes a row. The dose (how many kNN rows an epoch trains on, 5,000 in the
 model card) is not drawn here: it is the ``count`` of the rows' source in the training mixture
 (:mod:`obliq.data.mixture`), the first ``count`` rows of a seeded order, so doses nest and one file of
@@ -24,6 +29,7 @@ from typing import Literal
 
 import numpy as np
 
+from obliq.data.rows import positive_fields, row_positives
 from obliq.distill.graph import KnnGraph
 from obliq.text import normalise_text
 
@@ -44,20 +50,14 @@ def _row(
     task: str,
     source: str,
     query: str,
-    pos_id: str,
-    pos_text: str,
+    positives: list[dict],
     negatives: list[dict],
     meta: dict,
     instruction: str | None,
 ) -> dict:
-    row = {
-        "id": row_id,
-        "task": task,
-        "source": source,
-        "query": query,
-        "positive": {"id": pos_id, "text": pos_text},
-        "negatives": negatives,
-    }
+    """One row as written: ``positive`` for one document, ``positives`` for several (docs/formats.md)."""
+    row = {"id": row_id, "task": task, "source": source, "query": query, **positive_fields(positives)}
+    row["negatives"] = negatives
     if instruction:
         row["instruction"] = instruction
     row["meta"] = meta
@@ -75,8 +75,9 @@ def knn_pairs(
     instruction: str | None = None,
     teacher: str | None = None,
     mutual: bool = False,
+    per_anchor: bool = False,
 ) -> tuple[list[dict], dict]:
-    """One training row per sampled edge of ``graph``.
+    """One training row per sampled edge of ``graph`` (or, with ``per_anchor``, per anchor).
 
     Edges are taken anchors in corpus order, nearest neighbour first. An edge whose two texts are
     the same document (equal after :func:`obliq.text.normalise_text`: an exact or near-exact
@@ -93,16 +94,21 @@ def knn_pairs(
         both_directions: keep a–b and b–a as two rows.
         negatives: mined negatives per row (0: none; the paper uses in-batch negatives only).
         negative_source: ``random`` (uniform) or ``bm25`` (top BM25 hits of the anchor text,
-            :class:`obliq.search.bm25.BM25`). Never the anchor, the positive, one of the anchor's graph
-            neighbours, or a text equal to the anchor's or the positive's.
+            :class:`obliq.search.bm25.BM25`). Never the anchor, a positive of the row, one of the anchor's graph
+            neighbours, or a text equal to the anchor's or to a positive's.
         instruction: optional ``instruction`` field of every row.
         teacher: the teacher's name, written in each row's ``meta``.
         mutual: keep only mutual edges (a → b and b → a both in the graph).
+        per_anchor: one row per anchor with a kept edge, id ``knn:<anchor>``, its kept neighbours as positives
+            (nearest first; ``meta.ranks`` their graph ranks) and its negatives drawn once for the row, apart from
+            every one of them; the kept edges are those of the per-edge rows.
 
     Returns:
-        ``(rows, counts)``; rows are in edge order; counts has ``edges`` (directed edges of the
-        graph), ``identical_text_edges`` (dropped), ``not_mutual`` (one-way edges dropped by ``mutual``),
-        ``duplicates_removed`` (b–a of an a–b kept), ``distinct_edges`` and ``rows``.
+        ``(rows, counts)``; rows are in edge order (anchors in corpus order); counts has ``edges`` (directed
+        edges of the graph), ``identical_text_edges`` (dropped), ``not_mutual`` (one-way edges dropped by
+        ``mutual``), ``duplicates_removed`` (b–a of an a–b kept), ``distinct_edges`` and ``rows``; with
+        ``per_anchor`` also ``same_text_positives``: kept edges left out of their anchor's row because the
+        neighbour's text equals a nearer neighbour's (two positives of a row never share a normalised text).
 
     Raises:
         ValueError: ``texts`` and the graph disagree in length, ``negatives`` < 0, or too few
@@ -116,7 +122,7 @@ def knn_pairs(
     same_text = _same_text_groups(texts)
     nearest = [set(row) for row in graph.neighbours]
     edges, seen = [], set()
-    identical = duplicates = one_way = 0
+    identical = duplicates = one_way = twins = 0
     for i, j, rank in graph.edges():
         if j in same_text[i]:
             identical += 1
@@ -131,8 +137,18 @@ def knn_pairs(
         seen.add(key)
         edges.append((i, j, rank))
     rng = np.random.default_rng(seed)
+    groups: list[list[tuple[int, int, int]]] = [[e] for e in edges]  # each row's edges, one anchor each
+    if per_anchor:
+        by_anchor: dict[int, list[tuple[int, int, int]]] = {}
+        for e in edges:  # anchors in corpus order, each one's neighbours nearest first (graph.edges)
+            kept = by_anchor.setdefault(e[0], [])
+            if any(e[1] in same_text[j] for _, j, _ in kept):  # two positives of a row never share a text
+                twins += 1
+                continue
+            kept.append(e)
+        groups = list(by_anchor.values())
 
-    negs: list[list[int]] = [[] for _ in edges]
+    negs: list[list[int]] = [[] for _ in groups]
     if negatives:
         bm25 = None
         if negative_source == "bm25":
@@ -141,8 +157,11 @@ def knn_pairs(
             bm25 = BM25(texts, ids=graph.ids)
         elif negative_source != "random":
             raise ValueError(f"negative_source must be 'random' or 'bm25', got {negative_source!r}")
-        for e, (i, j, _) in enumerate(edges):
-            banned = {i, j, *graph.neighbours[i], *same_text[i], *same_text[j]}
+        for e, group in enumerate(groups):
+            i = group[0][0]
+            banned = {i, *graph.neighbours[i], *same_text[i]}
+            for _, j, _ in group:
+                banned.update((j, *same_text[j]))
             if n - len(banned) < negatives:
                 raise ValueError(
                     f"only {n - len(banned)} documents left to draw {negatives} negatives from "
@@ -158,18 +177,23 @@ def knn_pairs(
                     negs[e].append(c)
 
     rows = []
-    for (i, j, rank), neg in zip(edges, negs):
-        a, b = graph.ids[i], graph.ids[j]
+    for group, neg in zip(groups, negs):
+        i, a = group[0][0], graph.ids[group[0][0]]
+        meta = {"anchor_id": a}
+        if per_anchor:
+            row_id, meta["ranks"] = f"knn:{a}", [rank for _, _, rank in group]
+        else:
+            row_id, meta["rank"] = f"knn:{a}:{graph.ids[group[0][1]]}", group[0][2]
+        meta.update(k=graph.k, **({"teacher": teacher} if teacher else {}))
         rows.append(
             _row(
-                f"knn:{a}:{b}",
+                row_id,
                 task,
                 "knn",
                 texts[i],
-                b,
-                texts[j],
+                [{"id": graph.ids[j], "text": texts[j]} for _, j, _ in group],
                 [{"id": graph.ids[c], "text": texts[c]} for c in neg],
-                {"anchor_id": a, "rank": rank, "k": graph.k, **({"teacher": teacher} if teacher else {})},
+                meta,
                 instruction,
             )
         )
@@ -181,16 +205,39 @@ def knn_pairs(
         "distinct_edges": len(seen),
         "rows": len(rows),
     }
+    if per_anchor:
+        counts["same_text_positives"] = twins
     return rows, counts
+
+
+def pairs_summary(rows: Sequence[dict], both_directions: bool = False) -> dict:
+    """What a file of kNN rows holds, so that a per-anchor file and a per-edge file are compared at the same
+    distinct edges: ``rows``, ``positives_per_row`` (``min``, ``mean`` rounded to 4 places, ``max``) and
+    ``edges_covered``, the distinct (anchor, positive) edges of the rows (a–b and b–a one edge unless
+    ``both_directions``).
+
+    Raises:
+        KeyError: a row without ``meta.anchor_id`` or without a positive.
+    """
+    per_row = [len(row_positives(r)) for r in rows]
+    edges = set()
+    for r in rows:
+        a = r["meta"]["anchor_id"]
+        for p in row_positives(r):
+            edges.add((a, p["id"]) if both_directions else tuple(sorted((a, p["id"]))))
+    spread = {"min": min(per_row), "mean": round(sum(per_row) / len(per_row), 4), "max": max(per_row)} if rows else None
+    return {"rows": len(rows), "positives_per_row": spread, "edges_covered": len(edges)}
 
 
 def random_control(rows: Sequence[dict], ids: Sequence[str], texts: Sequence[str], seed: int = 13) -> list[dict]:
     """The random-neighbour control of ``rows`` (§6.5): same anchors, negatives and dose, random positives.
 
-    Row by row, the positive is drawn uniformly from the corpus, leaving out the anchor, documents
+    Row by row, each positive is drawn uniformly from the corpus, leaving out the anchor, documents
     whose text equals the anchor's or a negative's, the row's negatives and the positives already drawn for the same
-    anchor (so no row repeats). Nothing of the teacher's graph is read — only each row's anchor id
-    (``meta.anchor_id``), query and negatives — so the draw is independent of the teacher.
+    anchor (so no row repeats, and a row's positives differ in text). A row with several positives
+    (``per_anchor``) gets as many random ones, its id ``random-control:<anchor>``. Nothing of the teacher's graph
+    is read — only each row's anchor id (``meta.anchor_id``), query and negatives — so the draw is independent of
+    the teacher.
 
     Args:
         rows: ``knn`` rows from :func:`knn_pairs`.
@@ -218,21 +265,25 @@ def random_control(rows: Sequence[dict], ids: Sequence[str], texts: Sequence[str
         for neg in row["negatives"]:
             if neg["id"] in pos:
                 banned.update(same_text[pos[neg["id"]]])
-        if len(banned) >= len(ids):
-            raise ValueError(f"no document left to draw a random positive for anchor {anchor!r}")
-        while True:
-            c = int(rng.integers(len(ids)))
-            if c not in banned:
-                break
-        drawn[i].add(c)
+        drawn_here = []
+        for _ in row_positives(row):
+            if len(banned) >= len(ids):
+                raise ValueError(f"no document left to draw a random positive for anchor {anchor!r}")
+            while True:
+                c = int(rng.integers(len(ids)))
+                if c not in banned:
+                    break
+            drawn[i].add(c)
+            banned.update((c, *same_text[c]))
+            drawn_here.append(c)
+        single = len(drawn_here) == 1
         out.append(
             _row(
-                f"random-control:{anchor}:{ids[c]}",
+                f"random-control:{anchor}:{ids[drawn_here[0]]}" if single else f"random-control:{anchor}",
                 row["task"],
                 "random-control",
                 row["query"],
-                ids[c],
-                texts[c],
+                [{"id": ids[c], "text": texts[c]} for c in drawn_here],
                 [dict(neg) for neg in row["negatives"]],
                 {"anchor_id": anchor, "control_of": row["id"]},
                 row.get("instruction"),

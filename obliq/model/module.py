@@ -24,21 +24,13 @@ import logging
 import math
 import time
 from pathlib import Path
-from typing import Literal
 
 import lightning as L
 import torch
 from torchmetrics import SumMetric
 
-from obliq.distributed import gather, world
-from obliq.loss import (
-    InfoNCELoss,
-    check_negatives,
-    false_negative_masks,
-    guided_mask,
-    relational_distillation,
-    teacher_distillation,
-)
+from obliq.distributed import world
+from obliq.losses import InfoNCE, StepView, Term, check_negatives
 from obliq.model.encoder import BiEncoder
 from obliq.model.gradcache import chunk_counts_across_ranks, grad_cache_step
 
@@ -46,29 +38,18 @@ log = logging.getLogger(__name__)
 
 
 class RetrieverModule(L.LightningModule):
-    """Trains a :class:`~obliq.model.BiEncoder` with InfoNCE + GradCache.
+    """Trains a :class:`~obliq.model.BiEncoder` with a contrastive loss and its terms + GradCache.
 
     Args:
         encoder: the bi-encoder (in a config: ``class_path: obliq.model.BiEncoder`` + ``init_args``).
-        temperature: InfoNCE τ (0.02 = scale 50, the model card).
+        loss: the contrastive loss (:class:`obliq.losses.InfoNCE`, which owns the temperature τ; default
+            ``InfoNCE()``: τ 0.02 = scale 50, the model card).
+        terms: the terms beside it (:mod:`obliq.losses`: ``TeacherScores``, ``Relational``, ``GuidedMask``, or
+            any :class:`~obliq.losses.Term`), each computed over the step's view (every rank's rows when the
+            loss gathers them); a term's batch keys are checked before a run (:func:`obliq.losses.check_terms`).
         chunk_size: GradCache chunk (rows per forward pass); None encodes each side in one pass.
         sort_by_length: group each side's rows into GradCache chunks by length, so each chunk is
             padded only to its own longest row (same loss; see :func:`~obliq.model.gradcache.grad_cache_step`).
-        gather_across_devices: use every rank's documents as negatives.
-        symmetric: also train the reverse direction, each row's positive against every query of the
-            batch (:func:`obliq.loss.info_nce`; for passage↔passage sources such as kNN pairs).
-        teacher_loss: ``none``, or distil a teacher's scores of each row's candidates on top of InfoNCE
-            (:func:`obliq.loss.teacher_distillation`: ``kl`` or ``margin-mse``; rows need
-            ``meta.teacher_scores`` and negatives, ``obliq distill pairs --teacher_scores --negatives``).
-        teacher_weight: the weight of that term.
-        teacher_temperature: τ of the teacher's softmax (kl).
-        relational_weight: the weight of the in-batch relational distillation term (0: off): KL of the
-            student's softmax over the step's documents from the teacher's (:func:`obliq.loss.relational_distillation`);
-            needs ``data.teacher_vectors``. Gives kNN rows, which have no scored candidates, a teacher term.
-        relational_temperature: τ of the teacher's softmax there; null sets it from the teacher's score spread.
-        guided_margin: null, or leave out of InfoNCE each in-batch candidate the teacher scores above the row's
-            positive less this margin (GIST, :func:`obliq.loss.guided_mask`); needs ``data.teacher_vectors``
-            and one device.
         lr: peak learning rate (AdamW).
         weight_decay: AdamW weight decay.
         warmup_ratio: share of the total steps with linear warmup.
@@ -76,64 +57,47 @@ class RetrieverModule(L.LightningModule):
         max_bad_steps: consecutive non-finite steps that stop the run.
         seed: seeds each step's randomness (LoRA and model dropout) as a function of (seed, step),
             so a resumed run draws exactly what an uninterrupted one would.
-        matryoshka_dims: null, or train at these nested embedding dimensions too (the loss at each,
-            truncated and re-normalised, summed: :func:`obliq.loss.matryoshka`), e.g. ``[384, 192, 96, 48]``;
-            evaluate a truncation with ``--retrieval.dim``.
-        matryoshka_weights: one weight per dimension (default 1 each).
 
-    Batch: the dictionary of :mod:`obliq.data` (``query``, ``docs``, ``positive_index``,
+    Batch: the dictionary of :mod:`obliq.data` (``query``, ``docs``, ``positive_index``, ``doc_positive``,
     ``doc_keys``, ``query_keys``, ...).
+
+    Raises:
+        ValueError: bad settings, or two terms of one name.
     """
 
     def __init__(
         self,
         encoder: BiEncoder,
-        temperature: float = 0.02,
+        loss: InfoNCE | None = None,
+        terms: list[Term] | None = None,
         chunk_size: int | None = 4,
         sort_by_length: bool = True,
-        gather_across_devices: bool = True,
-        symmetric: bool = False,
-        teacher_loss: Literal["none", "kl", "margin-mse"] = "none",
-        teacher_weight: float = 1.0,
-        teacher_temperature: float = 0.05,
-        relational_weight: float = 0.0,
-        relational_temperature: float | None = None,
-        guided_margin: float | None = None,
         lr: float = 2e-4,
         weight_decay: float = 0.0,
         warmup_ratio: float = 0.03,
         max_grad_norm: float | None = 1.0,
         max_bad_steps: int = 5,
         seed: int = 0,
-        matryoshka_dims: list[int] | None = None,
-        matryoshka_weights: list[float] | None = None,
     ):
         super().__init__()
         if not 0 <= warmup_ratio < 1:
             raise ValueError(f"warmup_ratio must be in [0, 1), got {warmup_ratio}")
         if chunk_size is not None and chunk_size < 1:
             raise ValueError(f"chunk_size must be >= 1 or null, got {chunk_size}")
-        if teacher_loss not in ("none", "kl", "margin-mse"):
-            raise ValueError(f"teacher_loss must be none, kl or margin-mse, got {teacher_loss!r}")
-        if not (teacher_weight >= 0 and math.isfinite(teacher_weight)):  # NaN fails too
-            raise ValueError(f"model.teacher_weight must be a finite number >= 0, got {teacher_weight}")
-        if not (teacher_temperature > 0 and math.isfinite(teacher_temperature)):
-            raise ValueError(f"model.teacher_temperature must be a finite number > 0, got {teacher_temperature}")
-        if not (relational_weight >= 0 and math.isfinite(relational_weight)):
-            raise ValueError(f"model.relational_weight must be a finite number >= 0, got {relational_weight}")
-        if relational_temperature is not None and not (
-            relational_temperature > 0 and math.isfinite(relational_temperature)
-        ):
-            raise ValueError(
-                f"model.relational_temperature must be null or a finite number > 0, got {relational_temperature}"
-            )
-        if guided_margin is not None and not (guided_margin >= 0 and math.isfinite(guided_margin)):
-            raise ValueError(f"model.guided_margin must be null or a finite number >= 0, got {guided_margin}")
-        self.save_hyperparameters(ignore=["encoder"])
+        loss = InfoNCE() if loss is None else loss
+        terms = list(terms or [])
+        names = [t.name for t in terms]
+        if len(set(names)) != len(names):
+            raise ValueError(f"model.terms: two terms of one name in {names}")
+        self.save_hyperparameters(ignore=["encoder", "loss", "terms"])
+        # the objective's settings as a config gives them (compared on a resume: obliq.trainer.resume_differences)
+        self.hparams["loss"] = spec(loss)
+        self.hparams["terms"] = [spec(t) for t in terms]
         self.automatic_optimization = False
         self.strict_loading = False  # checkpoints hold only the trainable weights
         self.encoder = encoder
-        self.loss = InfoNCELoss(temperature, gather_across_devices, symmetric, matryoshka_dims, matryoshka_weights)
+        self.loss = loss
+        self.terms = torch.nn.ModuleList(terms)
         self.chunk_size = chunk_size
         self.sort_by_length = sort_by_length
         self.bad_steps = 0
@@ -141,10 +105,10 @@ class RetrieverModule(L.LightningModule):
         self.overflow_steps = 0  # fp16 steps the GradScaler skipped (not bad steps)
         self._grad_norm = torch.tensor(0.0)
         self._t_last: float | None = None
-        terms = ["loss", "infonce", *(f"infonce_dim{d}" for d in matryoshka_dims or [])]
-        terms += ["teacher"] * (teacher_loss != "none") + ["relational"] * bool(relational_weight)
+        logged = ["loss", "infonce", *(f"infonce_dim{d}" for d in loss.matryoshka_dims or [])]
+        logged += [t.name for t in terms if adds(t)]
         # what each rank adds to a logged term, summed over the ranks at every step (module notes)
-        self.logged_terms = torch.nn.ModuleDict({t: SumMetric(dist_sync_on_step=True) for t in terms})
+        self.logged_terms = torch.nn.ModuleDict({t: SumMetric(dist_sync_on_step=True) for t in logged})
         self._shares: dict[str, torch.Tensor] = {}
 
     # ------------------------------------------------------------------ setup
@@ -220,14 +184,14 @@ class RetrieverModule(L.LightningModule):
         scheduler = self.lr_schedulers()
         optimizer.zero_grad(set_to_none=True)
         torch.manual_seed(self.hparams.seed * 1_000_003 + self.global_step)  # CPU and every CUDA device
-        guided = self._guided_mask(batch)
-        check_negatives(self.loss, batch, self.global_step, guided, self.trainer.datamodule)  # issue 49 §4
+        view = self.view(batch)
+        check_negatives(view, self.loss.symmetric, self.global_step, batch, self.trainer.datamodule)  # issue 49 §4
         try:
             loss = grad_cache_step(
                 self.encoder,
                 batch["query"],
                 batch["docs"],
-                lambda q, d: self.objective(q, d, batch, guided),
+                lambda q, d: self.objective(q, d, view),
                 self.chunk_size,
                 backward=self.manual_backward,
                 no_sync=self.trainer.strategy.block_backward_sync if self.trainer.world_size > 1 else None,
@@ -265,121 +229,55 @@ class RetrieverModule(L.LightningModule):
         self._log_step(batch, grad_norm, lr)
         return loss
 
-    def _teacher_citation(self) -> dict:
-        hp = self.hparams
-        out = {}
-        if hp.teacher_loss != "none":
-            out.update(
-                teacher_loss=hp.teacher_loss,
-                teacher_weight=hp.teacher_weight,
-                teacher_temperature=hp.teacher_temperature,
-            )
-        if hp.get("relational_weight"):
-            out.update(relational_weight=hp.relational_weight, relational_temperature=hp.relational_temperature)
-        if hp.get("guided_margin") is not None:
-            out.update(guided_margin=hp.guided_margin)
-        return out
+    def view(self, batch: dict) -> StepView:
+        """The step's :class:`~obliq.losses.StepView` (every rank's rows when the loss gathers them), with the
+        mask terms' masks. A collective call under several processes."""
+        view = StepView.of(batch, gathered=self.loss.gather_across_devices, device=self.device)
+        for term in self.terms:
+            view = view.with_mask(term.mask(view))
+        return view
 
-    def _teacher_cosines(self, batch: dict, setting: str) -> torch.Tensor:
-        if "teacher_cosines" not in batch:
-            raise ValueError(f"model.{setting} needs the teacher's vectors: set data.teacher_vectors")
-        return batch["teacher_cosines"].to(self.device)
-
-    def _guided_mask(self, batch: dict) -> torch.Tensor | None:
-        """The teacher-guided false-negative mask of this step (None without ``guided_margin``)."""
-        if self.hparams.get("guided_margin") is None:
-            return None
-        teacher = self._teacher_cosines(batch, "guided_margin")
-        return guided_mask(teacher, batch["positive_index"].to(self.device), self.hparams.guided_margin)
-
-    def objective(self, q: torch.Tensor, d: torch.Tensor, batch: dict, guided: torch.Tensor | None = None):
+    def objective(self, q: torch.Tensor, d: torch.Tensor, view: StepView) -> torch.Tensor:
         """This rank's loss of the step, the one GradCache back-propagates (times ``loss.backward_scale``,
         which the strategy's gradient average undoes), and each logged term's share of this rank.
 
-        The step's objective, whose gradient the step applies, and what one process computes over the ranks'
-        concatenated batch: ``infonce + teacher_weight · teacher + relational_weight · relational``, where
+        The step's objective, whose gradient the step applies, is what one process computes over the ranks'
+        concatenated batch: ``infonce + Σ_t weight_t · term_t``, every part over the view's rows (every rank's
+        queries against every rank's documents when the loss gathers them: each rank computes the same value
+        and back-propagates into its own rows). With Matryoshka, ``infonce`` is the weighted sum of each
+        dimension's, logged too as ``infonce_dim<d>``. Without ``gather_across_devices`` each rank's parts
+        are its own batch's, and the objective their mean over the ranks. Each logged term is the sum over
+        ranks of the shares kept here (``torchmetrics.SumMetric``, synced at every step): the objective's
+        value, the same on 1 and N processes. Sources: GradCache (Gao et al. 2021) for the cached gradients;
+        DDP averages the ranks' gradients (PyTorch ``DistributedDataParallel``), hence the backward scale.
 
-        - ``infonce`` is the contrastive loss (:class:`obliq.loss.InfoNCELoss`; with Matryoshka the weighted
-          sum of each dimension's, logged too as ``infonce_dim<d>``); gathered across ranks, every rank
-          computes the same value and back-propagates into its own rows;
-        - ``teacher`` is the mean of :func:`obliq.loss.teacher_distillation` over every scored row of the
-          step, all ranks' (each rank sums its rows' terms and divides by the count of all ranks');
-        - ``relational`` is :func:`obliq.loss.relational_distillation` over the whole step: every rank's
-          queries against every rank's documents, the teacher's cosines taken from its vectors
-          (:class:`obliq.data.datamodule.StepCollator`), like ``infonce``.
-
-        Without ``gather_across_devices`` each rank's contrastive and relational terms are its own batch's,
-        and the objective their mean over the ranks. Each logged term is the sum over ranks of the shares
-        kept here (``torchmetrics.SumMetric``, synced at every step): the objective's value, the same on 1
-        and N processes. Sources: GradCache (Gao et al. 2021) for the cached gradients; DDP averages the
-        ranks' gradients (PyTorch ``DistributedDataParallel``), hence the backward scale.
+        Args:
+            q: (B_r, h) this rank's query embeddings; d: (M_r, h) its document embeddings.
+            view: the step's view (:meth:`view`).
 
         Raises:
-            FloatingPointError: a teacher term is not finite (on every rank, when on one).
+            FloatingPointError: a term is not finite (on every rank, when on one: the view is the same).
         """
-        _, ranks = world()
-        together = self.loss.backward_scale > 1  # the loss gathers every rank's rows (its scale is the world's)
-        scale = ranks / self.loss.backward_scale  # local terms: the strategy's average, undone
-        positive_index = batch["positive_index"].to(q.device)
-        keys, query_keys = batch["doc_keys"].to(q.device), batch["query_keys"].to(q.device)
-        dims, parts = self.hparams.get("matryoshka_dims") or [], []
-        nce = self.loss(q, d, positive_index, keys, query_keys, guided, *[parts] * bool(dims))
+        ranks = world()[1]
+        q, d = view.embeddings(q, d)
+        parts: list[torch.Tensor] = []
+        nce = self.loss(q, d, view, parts)
         total = nce
         shares = {"infonce": nce.detach() / ranks}
-        shares.update({f"infonce_dim{dim}": p / ranks for dim, p in zip(dims, parts)})
-        if self.hparams.teacher_loss != "none":
-            terms = teacher_distillation(
-                q,
-                d,
-                positive_index,
-                batch["doc_row"].to(q.device),
-                batch["teacher_scores"].to(q.device),
-                self.hparams.teacher_loss,
-                self.hparams.temperature,
-                self.hparams.teacher_temperature,
-                reduction="none",
-            )
-            count = torch.tensor([len(terms), float(not torch.isfinite(terms).all())], device=q.device)
-            if ranks > 1:
-                torch.distributed.all_reduce(count)
-            if count[1] > 0:  # named here, not blamed on the contrastive loss or the lr
-                raise FloatingPointError(f"non-finite teacher-score loss ({self.hparams.teacher_loss})")
-            term = terms.sum() / count[0].clamp(min=1)
-            total = total + self.hparams.teacher_weight * scale * term
-            shares["teacher"] = term.detach()
-        if self.hparams.get("relational_weight"):
-            term = self._relational(q, d, batch, positive_index, keys, query_keys, together)
-            total = total + self.hparams.relational_weight * term
-            shares["relational"] = term.detach() / ranks
-        shares["loss"] = shares["infonce"] + sum(
-            w * shares[t]
-            for t, w in (
-                ("teacher", self.hparams.teacher_weight),
-                ("relational", self.hparams.get("relational_weight")),
-            )
-            if t in shares
-        )
+        shares.update({f"infonce_dim{dim}": p / ranks for dim, p in zip(self.loss.matryoshka_dims or [], parts)})
+        loss = shares["infonce"]
+        for term in self.terms:
+            value = term(q, d, view, self.loss.temperature)
+            if value is None:
+                continue
+            if not torch.isfinite(value):  # named here, not blamed on the contrastive loss or the lr
+                raise FloatingPointError(f"non-finite {term.name} term ({type(term).__name__}): {value.item()}")
+            total = total + term.weight * value
+            shares[term.name] = value.detach() / ranks
+            loss = loss + term.weight * shares[term.name]
+        shares["loss"] = loss
         self._shares = shares
         return total
-
-    def _relational(self, q, d, batch, positive_index, keys, query_keys, together: bool) -> torch.Tensor:
-        """The relational term over the step (:meth:`objective`), in-batch false negatives left out."""
-        if "teacher_query_vectors" in batch:
-            tq, td = batch["teacher_query_vectors"].to(q.device), batch["teacher_doc_vectors"].to(q.device)
-            if together:
-                counts = gather(torch.tensor([d.shape[0]], device=d.device))
-                positive_index = gather(positive_index + counts[: world()[0]].sum())
-                q, d, tq, td, keys, query_keys = (gather(x) for x in (q, d, tq, td, keys, query_keys))
-            teacher = (tq.double() @ td.double().T).float()  # as TeacherTable.cosines: float64, then float32
-        else:  # a batch of another collator: its rank's block only
-            teacher = self._teacher_cosines(batch, "relational_weight")
-        forward, _ = false_negative_masks(positive_index, keys, query_keys)
-        term = relational_distillation(
-            q, d, teacher, forward, self.hparams.temperature, self.hparams.relational_temperature
-        )
-        if not torch.isfinite(term):
-            raise FloatingPointError(f"non-finite relational teacher loss: {term.item()}")
-        return term
 
     def on_before_optimizer_step(self, optimizer) -> None:
         """Under fp16 (a GradScaler), Lightning calls this after unscaling the gradients: clip them and
@@ -440,7 +338,8 @@ class RetrieverModule(L.LightningModule):
             "overflow_steps": self.overflow_steps,
             "encoder": self.encoder.settings,
             "lora": None if self.encoder.lora is None else vars(self.encoder.lora),
-            "loss": {**self.loss.citation(), "chunk_size": self.chunk_size, **self._teacher_citation()},
+            "loss": {**self.loss.citation(), "chunk_size": self.chunk_size},
+            "terms": [t.citation() for t in self.terms],
         }  # the model card's loss line
 
     def check_checkpoint_state(self, state: dict) -> None:
@@ -469,3 +368,14 @@ class RetrieverModule(L.LightningModule):
             self.check_checkpoint_state(checkpoint["state_dict"])
         self.bad_steps = checkpoint.get("obliq", {}).get("bad_steps", 0)
         self.overflow_steps = checkpoint.get("obliq", {}).get("overflow_steps", 0)
+
+
+def spec(part: torch.nn.Module) -> dict:
+    """A loss or term as a config names it: ``{"class_path": ..., "init_args": its settings()}``."""
+    cls = type(part)
+    return {"class_path": f"{cls.__module__}.{cls.__qualname__}", "init_args": part.settings()}
+
+
+def adds(term: Term) -> bool:
+    """Whether a term adds a value to the objective (it overrides :meth:`Term.forward`), not only a mask."""
+    return type(term).forward is not Term.forward

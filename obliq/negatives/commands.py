@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Literal
 
 from obliq.claims import claim_outputs
-from obliq.data.rows import parse_row, read_rows
+from obliq.data.rows import parse_row, read_rows, row_positives
 from obliq.files import atomic_write, file_sha256, json_text, read_id_table, read_text, write_json
 from obliq.negatives.mine import (
     AttributeVeto,
@@ -152,10 +152,10 @@ def mine(
         args.update(corpus_sha256=data.corpus_sha256, rows_sha256=file_sha256(rows))  # what a merge compares
         items = read_rows(rows)
         corpus = set(data.doc_ids)
-        stray = [(n, r["positive"]["id"]) for n, r in enumerate(items, 1) if r["positive"]["id"] not in corpus]
+        stray = [(n, p["id"]) for n, r in enumerate(items, 1) for p in row_positives(r) if p["id"] not in corpus]
         if stray:
             raise ValueError(
-                f"{rows}: {len(stray)} of {len(items)} rows have a positive that is not a document of "
+                f"{rows}: {len({n for n, _ in stray})} of {len(items)} rows have a positive that is not a document of "
                 f"{data.name} (e.g. row {stray[0][0]}: {stray[0][1]!r}): rows of another task?"
             )
         ruled_out = _veto(veto, Path(task), data, teacher, teacher_k)

@@ -5,7 +5,7 @@ teacher, with the filters that keep an oblique query's many unlabelled positives
 For each row the query is searched against the task corpus and the best-ranked documents become its
 ``negatives``, except candidates that are not negatives at all (``shared/cases/C06``, ``C17``):
 
-- ``positive_id``: the row's positive, by id;
+- ``positive_id``: a positive of the row, by id (every one of a row with several ``positives``);
 - ``positive_text``: another document whose normalised text (:func:`obliq.text.text_hash`) is a
   positive's text — the same document indexed twice;
 - ``same_query_positive``: the positive (by id or text) of another row with the same normalised query,
@@ -24,7 +24,8 @@ For each row the query is searched against the task corpus and the best-ranked d
 - ``above_positive``: positive-aware filtering (NV-Retriever's TopK-PercPos, Moreira et al. 2024, the
   default of sentence-transformers' ``mine_hard_negatives`` and of NeMo): a candidate that scores above
   ``max_score_ratio`` × the positive's own score s (0.95: 95% of it; s − |s| · (1 − ratio), so also
-  below s when s < 0: :func:`positive_limit`) is likely a false negative;
+  below s when s < 0: :func:`positive_limit`; a row with several positives: its lowest-scoring one's) is
+  likely a false negative;
 - ``beyond_range``: ranked below ``range_max`` (the candidates are drawn from ranks ≤ ``range_max``);
 - ``skipped_rank``: the first ``skip`` candidates that survive the checks above, left out on purpose
   because the very top of a ranking often holds unlabelled positives (sentence-transformers'
@@ -59,6 +60,7 @@ from typing import Literal, Protocol
 
 import numpy as np
 
+from obliq.data.rows import row_positives
 from obliq.search.bm25 import BM25, BM25_STEMMER, K1, B
 from obliq.text import normalise_text, text_hash
 
@@ -303,7 +305,8 @@ def mine_negatives(
     """Fill each row's ``negatives`` with its best-ranked documents that are real negatives (module notes).
 
     Args:
-        rows: training rows as dicts (docs/formats.md format: ``query``, ``positive`` {``id``, ``text``}, ...).
+        rows: training rows as dicts (docs/formats.md format: ``query``, ``positive`` {``id``, ``text``} or
+            ``positives`` [...], ...).
         doc_ids, doc_texts: the task corpus, in the backend's index order.
         backend: a :class:`SearchBackend` built over ``doc_texts``.
         k: negatives per row (the paper: 4).
@@ -318,8 +321,8 @@ def mine_negatives(
             None: as deep as needed.
         sampling: ``top`` (the best surviving candidates) or ``random`` (``k`` drawn among the survivors
             within ``range_max``, which it then requires; seeded per row id).
-        veto: a callable, positive's document index → the document indexes ruled out for the row
-            (:class:`AttributeVeto`, :class:`TeacherVeto`); None rules out none.
+        veto: a callable, positive's document index → the document indexes ruled out for the row (every
+            positive's, for a row with several) (:class:`AttributeVeto`, :class:`TeacherVeto`); None rules out none.
         seed: seed of ``random`` sampling.
 
     Returns:
@@ -350,21 +353,23 @@ def mine_negatives(
     hashes = [text_hash(t) for t in doc_texts]
     empty = [not normalise_text(t) for t in doc_texts]
     where = {d: j for j, d in enumerate(doc_ids)}
-    positives = [where.get(row["positive"]["id"]) for row in rows]
-    if (veto is not None or max_score_ratio is not None) and None in positives:
-        n = positives.index(None)
-        raise ValueError(f"row {rows[n]['id']!r}: positive {rows[n]['positive']['id']!r} is not a corpus document")
+    positives = [[where.get(p["id"]) for p in row_positives(row)] for row in rows]
+    if veto is not None or max_score_ratio is not None:
+        for row, found in zip(rows, positives):
+            if None in found:
+                missing = row_positives(row)[found.index(None)]["id"]
+                raise ValueError(f"row {row['id']!r}: positive {missing!r} is not a corpus document")
     positive_scores = [None] * len(rows)
     if max_score_ratio is not None:
-        positive_scores = list(backend.score([r["query"] for r in rows], positives))
+        positive_scores = _lowest_scores(backend, [r["query"] for r in rows], positives)
     limit = [None if s is None else positive_limit(s, max_score_ratio) for s in positive_scores]
 
     # Positives of every row with the same normalised query are excluded for all of them.
     by_query: dict[int, tuple[set[str], set[int]]] = {}
     for row in rows if all_rows is None else all_rows:
         ids, texts = by_query.setdefault(text_hash(row["query"]), (set(), set()))
-        ids.add(row["positive"]["id"])
-        texts.add(text_hash(row["positive"]["text"]))
+        ids.update(p["id"] for p in row_positives(row))
+        texts.update(text_hash(p["text"]) for p in row_positives(row))
 
     want = k if sampling == "top" else range_max  # random: every survivor within the range, then a draw
     chosen: list[list[tuple[int, int, float]]] = [[] for _ in rows]  # (doc index, rank, score)
@@ -373,14 +378,15 @@ def mine_negatives(
     seen_depth = [0] * len(rows)  # ranks already examined per row
     survivors = [0] * len(rows)  # candidates that passed the checks (for skip)
     taken_hashes: list[set[int]] = [set() for _ in rows]
-    vetoed = [veto(p) if veto is not None else set() for p in positives]
+    vetoed = [set().union(*(veto(p) for p in ps)) if veto is not None else set() for ps in positives]
     depth = range_max or max(2 * (skip + k), skip + k + 10)
     while pending:
         rankings = backend.search([rows[i]["query"] for i in pending], depth)
         still = []
         for i, hits in zip(pending, rankings):
             row = rows[i]
-            pos_id, pos_hash = row["positive"]["id"], text_hash(row["positive"]["text"])
+            pos_ids = {p["id"] for p in row_positives(row)}
+            pos_hashes = {text_hash(p["text"]) for p in row_positives(row)}
             query_hash, anchor = text_hash(row["query"]), (row.get("meta") or {}).get("anchor_id")
             group_ids, group_hashes = by_query[query_hash]
             for rank, (j, score) in enumerate(hits[seen_depth[i] :], start=seen_depth[i] + 1):
@@ -388,9 +394,9 @@ def mine_negatives(
                     break
                 seen_depth[i] = rank
                 reason = None
-                if doc_ids[j] == pos_id:
+                if doc_ids[j] in pos_ids:
                     reason = "positive_id"
-                elif hashes[j] == pos_hash:
+                elif hashes[j] in pos_hashes:
                     reason = "positive_text"
                 elif doc_ids[j] in group_ids or hashes[j] in group_hashes:
                     reason = "same_query_positive"
@@ -447,6 +453,17 @@ def mine_negatives(
     return out, report
 
 
+def _lowest_scores(backend: SearchBackend, queries: Sequence[str], positives: Sequence[Sequence[int]]) -> list[float]:
+    """Each query's lowest score over its row's positives (one scoring call for all): the positive-aware threshold
+    of a row with several positives is its weakest positive's, the cautious choice (more candidates dropped)."""
+    flat = backend.score([q for q, ps in zip(queries, positives) for _ in ps], [p for ps in positives for p in ps])
+    out, at = [], 0
+    for ps in positives:
+        out.append(min(flat[at : at + len(ps)]))
+        at += len(ps)
+    return out
+
+
 def positive_limit(positive_score: float, ratio: float) -> float:
     """The positive-aware threshold (NV-Retriever's TopK-PercPos): a candidate scoring above it is
     taken for a false negative. ``s − |s| · (1 − ratio)``: ``ratio · s`` for a positive score s ≥ 0, and
@@ -499,15 +516,16 @@ def filter_negatives(
     out = []
     for row in rows:
         negatives = row.get("negatives") or []
-        missing = [d["id"] for d in [row["positive"], *negatives] if d["id"] not in where]
+        missing = [d["id"] for d in [*row_positives(row), *negatives] if d["id"] not in where]
         if missing:
             raise ValueError(f"row {row['id']!r}: {missing[0]!r} is not a document of the task's corpus")
-        pos = where[row["positive"]["id"]]
-        banned = veto(pos) if veto is not None else set()
+        pos = [where[p["id"]] for p in row_positives(row)]
+        banned = set().union(*(veto(p) for p in pos)) if veto is not None else set()
         limit = None
         if max_score_ratio is not None and negatives:
-            scores = backend.score([row["query"]] * (len(negatives) + 1), [pos] + [where[d["id"]] for d in negatives])
-            limit, negative_scores = positive_limit(scores[0], max_score_ratio), scores[1:]
+            docs = pos + [where[d["id"]] for d in negatives]  # the positives' scores, then the negatives'
+            scores = backend.score([row["query"]] * len(docs), docs)
+            limit, negative_scores = positive_limit(min(scores[: len(pos)]), max_score_ratio), scores[len(pos) :]
         kept = []
         for n, doc in enumerate(negatives):
             if where[doc["id"]] in banned:

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Literal
 
 from obliq.claims import claim_outputs
-from obliq.data.rows import parse_row, read_rows
+from obliq.data.rows import parse_row, read_rows, row_positives
 from obliq.files import atomic_write, json_text, read_text, write_json
 from obliq.llm.backends import BackendConfig
 from obliq.search.bm25 import BM25
@@ -251,7 +251,7 @@ def audit_queries(rows: Path, task: Path, split: str = "test", real: bool = True
     data = load_task(task)
     index = {d: i for i, d in enumerate(data.doc_ids)}
     items = read_rows(rows)
-    missing = [r["positive"]["id"] for r in items if r["positive"]["id"] not in index]
+    missing = [p["id"] for r in items for p in row_positives(r) if p["id"] not in index]
     if missing:
         raise ValueError(f"{rows}: {len(missing)} positives are not documents of {task} (e.g. {missing[0]!r})")
     bm25 = BM25(data.doc_texts)
@@ -259,7 +259,7 @@ def audit_queries(rows: Path, task: Path, split: str = "test", real: bool = True
         audit_pairs(
             "generated",
             [r["query"] for r in items],
-            [[index[r["positive"]["id"]]] for r in items],
+            [[index[p["id"]] for p in row_positives(r)] for r in items],  # every positive is a source
             data.doc_texts,
             bm25,
         )

@@ -218,8 +218,8 @@ def filter_candidates(
 
     Raises:
         FileNotFoundError: no development side.
-        ValueError: a row of another task, a positive that is not a document of the task, a
-            development side without a judged query.
+        ValueError: a row of another task, a row with several positives, a positive that is not a document of
+            the task, a development side without a judged query.
     """
     config = config or FilterConfig()
     index = {d: i for i, d in enumerate(task.doc_ids)}
@@ -237,6 +237,8 @@ def filter_candidates(
     for n, row in enumerate(rows):
         if row["task"] != task.name:
             raise ValueError(f"row {row['id']!r} is of task {row['task']!r}, the filter's task is {task.name!r}")
+        if "positive" not in row:  # a generated query is checked against the one document it was written for
+            raise ValueError(f"row {row['id']!r}: the filter checks rows with one positive, this one has positives")
         if row["positive"]["id"] not in index:
             raise ValueError(
                 f"row {row['id']!r}: its positive {row['positive']['id']!r} is not a document of {task.path}"
