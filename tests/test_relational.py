@@ -12,7 +12,7 @@ import torch
 from scipy.special import log_softmax
 
 from obliq.data.teacher_table import TeacherTable, write_teacher_table
-from obliq.losses import guided_mask, info_nce, relational_distillation
+from obliq.losses import StepView, guided_mask, info_nce, relational_distillation
 
 
 def _unit(x: np.ndarray) -> np.ndarray:
@@ -91,12 +91,19 @@ def test_a_masked_candidate_leaves_info_nce_as_if_it_were_not_in_the_batch():
     assert float(got) == pytest.approx(float(np.mean(losses)), rel=1e-6)
 
 
-def test_the_teacher_table_gives_numpys_cosines_and_nan_for_what_it_lacks(tmp_path):
+def test_the_teacher_vectors_give_numpys_cosines_and_nan_for_what_the_table_lacks(tmp_path):
     rng = np.random.default_rng(3)
     vectors = _unit(rng.normal(size=(4, 6))).astype(np.float32)
     write_teacher_table(tmp_path / "t.npz", ["a", "b", "c", "d"], vectors)
     table = TeacherTable(tmp_path / "t.npz")
-    got = table.cosines(["b", None, "zz"], ["d", "a", "q"]).numpy()
+    view = StepView(  # the teacher's cosines of a step: its vectors of the queries and documents (lookup)
+        positives=torch.eye(3, dtype=torch.bool),
+        positive_index=torch.arange(3),
+        doc_row=torch.arange(3),
+        teacher_query_vectors=table.lookup(["b", None, "zz"]),
+        teacher_doc_vectors=table.lookup(["d", "a", "q"]),
+    )
+    got = view.teacher_cosines("the test").numpy()
     assert got[0, :2] == pytest.approx([vectors[1] @ vectors[3], vectors[1] @ vectors[0]], abs=1e-6)
     assert np.isnan(got[0, 2]) and np.isnan(got[1:]).all()
     np.savez(tmp_path / "bad.npz", ids=np.array(["a", "a"]), vectors=vectors[:2])

@@ -157,20 +157,6 @@ class TeacherTable:
                 out[n] = self.vectors[r]
         return torch.from_numpy(out)
 
-    def cosines(self, query_ids: Sequence[str | None], doc_ids: Sequence[str | None]) -> torch.Tensor:
-        """(B, M) float32: the teacher's cosine of each query with each document, summed in float64; NaN in a
-        row or column whose id is None or not in the table (a generated query, a document of another corpus)."""
-        rows = [self.row.get(i) if i is not None else None for i in query_ids]
-        cols = [self.row.get(i) if i is not None else None for i in doc_ids]
-        out = np.full((len(rows), len(cols)), np.nan)
-        have_r = [n for n, r in enumerate(rows) if r is not None]
-        have_c = [n for n, c in enumerate(cols) if c is not None]
-        if have_r and have_c:
-            q = self.vectors[[rows[n] for n in have_r]].astype(np.float64)
-            d = self.vectors[[cols[n] for n in have_c]].astype(np.float64)
-            out[np.ix_(have_r, have_c)] = q @ d.T
-        return torch.from_numpy(out.astype(np.float32))
-
 
 def write_teacher_table(
     path: Path,
