@@ -46,6 +46,7 @@ from lightning.pytorch.cli import LightningCLI
 
 from obliq.callbacks.checkpoints import CheckpointOnSigterm
 from obliq.callbacks.progress import StepProgressBar
+from obliq.losses.settings import check_flat_objective, objective_differences
 from obliq.recipes import PARSER_MODE, add_recipe_arguments, recipe_imports, recipe_spelling
 from obliq.runs import FINAL, RUN_FOLDER_ENV, RunFolder, check_checkpoint_folders, drop_refused_folder, run_folder
 
@@ -97,7 +98,7 @@ def resume_differences(ckpt: dict, model: dict, source: object) -> list[str]:
     asked = dict((model.get("encoder") or {}).get("init_args") or {})
     encoder = {**_defaults(BiEncoder), **(saved.get("encoder") or {}), "lora": saved.get("lora")}
     pairs = [(f"model.{k}", stored.get(k), v) for k, v in model.items() if k not in ("encoder", "loss", "terms")]
-    pairs += objective_differences(stored, model)
+    pairs += objective_differences(stored, model)  # obliq.losses.settings
     for key, value in asked.items():
         if key == "lora" and isinstance(value, dict) and isinstance(encoder["lora"], dict):
             pairs += [
@@ -124,79 +125,6 @@ def resume_differences(ckpt: dict, model: dict, source: object) -> list[str]:
             + " (start a new run, or resume with the checkpoint's settings)"
         )
     return applied
-
-
-def _spec(value, default: dict | None) -> dict | None:
-    """A loss or term config (``class_path`` + ``init_args``, or None for ``default``) with every setting,
-    as :func:`obliq.model.module.spec` records it; a config that cannot be built is returned as given."""
-    from jsonargparse import Namespace
-
-    from obliq.model.module import spec
-
-    if value is None:
-        return default
-    value = value.as_dict() if isinstance(value, Namespace) else dict(value)
-    try:
-        module, _, name = str(value["class_path"]).rpartition(".")
-        cls = getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError, ValueError, KeyError):
-        return value  # compared as given; building it is the fit's business
-    try:
-        return spec(cls(**(value.get("init_args") or {})))
-    except (TypeError, ValueError):  # settings the fit will refuse: compared as given, under the class's own name
-        return {"class_path": f"{cls.__module__}.{cls.__qualname__}", "init_args": value.get("init_args") or {}}
-
-
-def _flat_objective(hp: dict) -> tuple[dict | None, list | None]:
-    """The loss and terms of a checkpoint written before obliq.losses (its module took ``temperature``,
-    ``symmetric``, ``teacher_loss``, … as flat settings), as configs; (None, None) for a newer one."""
-    if "loss" in hp or "temperature" not in hp:
-        return None, None
-    keys = ("temperature", "gather_across_devices", "symmetric", "matryoshka_dims", "matryoshka_weights")
-    loss = {"class_path": "obliq.losses.InfoNCE", "init_args": {k: hp[k] for k in keys if k in hp}}
-    terms = []
-    if hp.get("teacher_loss", "none") != "none":
-        args = {"kind": hp["teacher_loss"], "weight": hp.get("teacher_weight", 1.0)}
-        args["teacher_temperature"] = hp.get("teacher_temperature", 0.05)
-        terms.append({"class_path": "obliq.losses.TeacherScores", "init_args": args})
-    if hp.get("relational_weight"):
-        args = {"weight": hp["relational_weight"], "teacher_temperature": hp.get("relational_temperature")}
-        terms.append({"class_path": "obliq.losses.Relational", "init_args": args})
-    if hp.get("guided_margin") is not None:
-        terms.append({"class_path": "obliq.losses.GuidedMask", "init_args": {"margin": hp["guided_margin"]}})
-    return loss, terms
-
-
-def objective_differences(stored: dict, model: dict) -> list[tuple[str, object, object]]:
-    """``(setting, in the checkpoint, now)`` for the objective's settings (``model.loss``, ``model.terms``):
-    key by key within a loss or term of the same class, the whole entry otherwise (C58 for issue 47's
-    loss package). Defaults filled on both sides; a checkpoint of the flat settings is read as its configs."""
-    from obliq.losses import InfoNCE
-    from obliq.model.module import spec
-
-    old_loss, old_terms = _flat_objective(stored)
-    default = spec(InfoNCE())
-    before = [_spec(old_loss or stored.get("loss"), default)]
-    now = [_spec(model.get("loss"), default)]
-    names = ["model.loss"]
-    terms_before = [_spec(t, None) for t in (old_terms if old_terms is not None else stored.get("terms") or [])]
-    terms_now = [_spec(t, None) for t in model.get("terms") or []]
-    classes = lambda specs: [t.get("class_path") for t in specs]  # noqa: E731
-    if classes(terms_before) != classes(terms_now):
-        return _pairs(names, before, now) + [("model.terms", classes(terms_before), classes(terms_now))]
-    names += [f"model.terms[{i}]" for i in range(len(terms_now))]
-    return _pairs(names, before + terms_before, now + terms_now)
-
-
-def _pairs(names, before, now) -> list[tuple[str, object, object]]:
-    out = []
-    for name, a, b in zip(names, before, now):
-        if a.get("class_path") != b.get("class_path"):
-            out.append((name, a.get("class_path"), b.get("class_path")))
-            continue
-        args_a, args_b = a.get("init_args") or {}, b.get("init_args") or {}
-        out += [(f"{name}.init_args.{k}", args_a.get(k), args_b.get(k)) for k in sorted(args_a.keys() | args_b.keys())]
-    return out
 
 
 LOGGER = "--trainer.logger"
@@ -323,6 +251,7 @@ class TrainCLI(LightningCLI):
         if isinstance(args, (dict, Namespace)):
             return super().parse_arguments(parser, args)
         argv = recipe_spelling(list(sys.argv[1:] if args is None else args))  # ${work_dir} as in the recipe
+        check_flat_objective(argv)  # obliq.losses.settings
         printing = [a for a in argv if a.startswith("--print_config")]
         quiet = [a for a in argv if a not in printing]
         config = parser.parse_args(quiet)

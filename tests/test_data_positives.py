@@ -100,11 +100,11 @@ def test_the_batch_puts_first_positives_first_then_each_rows_further_positives_a
 def test_max_positives_is_checked_where_it_is_set(tmp_path, tokenize, rows):
     path = write_rows(tmp_path / "rows.jsonl", rows[:8])
     for bad in (0, -1, True, 1.5):
-        with pytest.raises(ValueError, match=r"^max_positives must be an integer >= 1 or null \(all positives\), got"):
+        with pytest.raises(ValueError, match=r"^data\.max_positives must be an integer >= 1 or null \(all positives\)"):
             Collator(tokenize, max_positives=bad)
-        with pytest.raises(ValueError, match="^max_positives must be an integer >= 1 or null"):
+        with pytest.raises(ValueError, match="^data.max_positives must be an integer >= 1 or null"):
             TrainingDataModule([Source(str(path))], max_positives=bad, index_dir=str(tmp_path / "index"))
-    with pytest.raises(ValueError, match="^max_negatives must be an integer >= 0, got -1"):
+    with pytest.raises(ValueError, match="^data.max_negatives must be an integer >= 0, got -1"):
         Collator(tokenize, max_negatives=-1)
     assert Collator(tokenize, max_positives=3).max_positives == 3
 

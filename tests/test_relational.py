@@ -195,6 +195,17 @@ def test_teacher_vectors_that_cannot_serve_are_refused_before_training(tiny_llam
         refused = rf"model\.terms\[0\] \({name}\) needs the batch key teacher_query_vectors: set data\.teacher_vectors"
         with pytest.raises(ValueError, match=refused):
             cli(["--config", str(config), setting], run=False)
+    # a teacher-score term whose rows keep no negative (data.max_negatives 0) would add 0 at every step
+    scores = "--model.terms=[{class_path: obliq.losses.TeacherScores, init_args: {kind: kl}}]"
+    with pytest.raises(ValueError, match=r"model\.terms\[0\] \(TeacherScores\) scores each row's positive against"):
+        cli(["--config", str(config), scores, "--data.max_negatives=0"], run=False)
+    # the objective's flat settings of before obliq.losses: their new place, on the command line or in a recipe
+    with pytest.raises(ValueError, match=r"the command line: model\.temperature is now model\.loss\.init_args\.temp"):
+        cli(["--config", str(config), "--model.temperature=0.05"], run=False)
+    old = tmp_path / "old.yaml"
+    old.write_text("model:\n  relational_weight: 1.0\n")
+    with pytest.raises(ValueError, match=r"old\.yaml: model\.relational_weight is now model\.terms: obliq\.losses"):
+        cli(["--config", str(config), "--config", str(old)], run=False)
     (tmp_path / "notes.txt").write_text("ids,vectors\n")
     with pytest.raises(ValueError, match=r"notes\.txt: not an \.npz archive"):
         TeacherTable(tmp_path / "notes.txt")

@@ -26,11 +26,11 @@ def check_limits(max_negatives: int, max_positives: int | None) -> None:
         ValueError: either, naming the setting.
     """
     if isinstance(max_negatives, bool) or not isinstance(max_negatives, int) or max_negatives < 0:
-        raise ValueError(f"max_negatives must be an integer >= 0, got {max_negatives!r}")
+        raise ValueError(f"data.max_negatives must be an integer >= 0, got {max_negatives!r}")
     if max_positives is not None and (
         isinstance(max_positives, bool) or not isinstance(max_positives, int) or max_positives < 1
     ):
-        raise ValueError(f"max_positives must be an integer >= 1 or null (all positives), got {max_positives!r}")
+        raise ValueError(f"data.max_positives must be an integer >= 1 or null (all positives), got {max_positives!r}")
 
 
 class Collator:

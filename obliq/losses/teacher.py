@@ -109,6 +109,15 @@ class TeacherScores(Term):
             self.teacher_temperature, view.positives,
         )  # fmt: skip
 
+    @classmethod
+    def data_problem(cls, data: dict) -> str | None:
+        if data.get("max_negatives", 4) == 0:  # TrainingDataModule's default keeps 4
+            return (
+                "scores each row's positive against its hard negatives, and data.max_negatives is 0: every row "
+                "would add 0; keep the rows' negatives (data.max_negatives > 0)"
+            )
+        return None
+
     def settings(self) -> dict:
         return {"kind": self.kind, "weight": self.weight, "teacher_temperature": self.teacher_temperature}
 

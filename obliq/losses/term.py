@@ -51,6 +51,11 @@ class Term(nn.Module):
         """(B, M) bool, the candidates the contrastive loss leaves out for this term, or None."""
         return None
 
+    @classmethod
+    def data_problem(cls, data: dict) -> str | None:
+        """What in the ``data`` settings leaves this term nothing to compute, said as the refusal's reason; None."""
+        return None
+
     def settings(self) -> dict:
         """Its arguments, as a config gives them."""
         return {"weight": self.weight}
@@ -61,8 +66,8 @@ class Term(nn.Module):
 
 
 def check_terms(terms, data: dict | None, where: str = "model.terms") -> None:
-    """Refuse terms whose batch keys the data will not provide: ``model.terms[i] (Class) needs batch key K:
-    set <setting>``.
+    """Refuse terms whose batch keys the data will not provide (``model.terms[i] (Class) needs batch key K: set
+    <setting>``), or whose data settings leave them nothing to compute (:meth:`Term.data_problem`).
 
     Args:
         terms: the term classes or instances, in config order.
@@ -73,10 +78,13 @@ def check_terms(terms, data: dict | None, where: str = "model.terms") -> None:
     """
     data = data or {}
     for i, term in enumerate(terms):
+        name = term.__name__ if isinstance(term, type) else type(term).__name__
+        problem = term.data_problem(data) if hasattr(term, "data_problem") else None
+        if problem:
+            raise ValueError(f"{where}[{i}] ({name}) {problem}")
         for key in getattr(term, "needs", ()):
             setting = PROVIDED_BY.get(key)
             if setting is not None and not data.get(setting):
-                name = term.__name__ if isinstance(term, type) else type(term).__name__
                 raise ValueError(
                     f"{where}[{i}] ({name}) needs the batch key {key}: set data.{setting} ({WRITTEN_BY[setting]})"
                 )

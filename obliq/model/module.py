@@ -31,6 +31,7 @@ from torchmetrics import SumMetric
 
 from obliq.distributed import world
 from obliq.losses import InfoNCE, StepView, Term, check_negatives
+from obliq.losses.settings import spec
 from obliq.model.encoder import BiEncoder
 from obliq.model.gradcache import chunk_counts_across_ranks, grad_cache_step
 
@@ -88,7 +89,9 @@ class RetrieverModule(L.LightningModule):
         terms = list(terms or [])
         names = [t.name for t in terms]
         if len(set(names)) != len(names):
-            raise ValueError(f"model.terms: two terms of one name in {names}")
+            twice = next(n for n in names if names.count(n) > 1)
+            where = [i for i, n in enumerate(names) if n == twice]
+            raise ValueError(f"model.terms: entries {where} are both the term {twice!r}: give each term once")
         self.save_hyperparameters(ignore=["encoder", "loss", "terms"])
         # the objective's settings as a config gives them (compared on a resume: obliq.trainer.resume_differences)
         self.hparams["loss"] = spec(loss)
@@ -368,12 +371,6 @@ class RetrieverModule(L.LightningModule):
             self.check_checkpoint_state(checkpoint["state_dict"])
         self.bad_steps = checkpoint.get("obliq", {}).get("bad_steps", 0)
         self.overflow_steps = checkpoint.get("obliq", {}).get("overflow_steps", 0)
-
-
-def spec(part: torch.nn.Module) -> dict:
-    """A loss or term as a config names it: ``{"class_path": ..., "init_args": its settings()}``."""
-    cls = type(part)
-    return {"class_path": f"{cls.__module__}.{cls.__qualname__}", "init_args": part.settings()}
 
 
 def adds(term: Term) -> bool:
