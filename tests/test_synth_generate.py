@@ -262,6 +262,8 @@ def test_real_generation_with_smollm2_few_shot_and_two_samples(tasks_dir, tmp_pa
             "40",
             "--generation.max_retries",
             "1",
+            "--backend.name",
+            "transformers",
             "--backend.device",
             "cpu",
             "--backend.threads",

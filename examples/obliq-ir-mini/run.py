@@ -586,6 +586,23 @@ def report(root: Path = ROOT, recipe: Path = RECIPE) -> dict:
                 + " | ".join(f"{p['ndcg'].get(t, float('nan')):.4f}" for t in TASKS)
                 + f" | {p['ndcg'].get('mean', float('nan')):.4f} |"
             )
+    timings_file = root / "timings.json"
+    result["timings"] = json.loads(timings_file.read_text()) if timings_file.is_file() else {}
+    if result["timings"]:
+        total = sum(t["seconds"] for t in result["timings"].values())
+        lines += [
+            "",
+            "## Stage timings (`timings.json`: wall time, 1-minute load average before → after)",
+            "",
+            "| stage | --docs | wall (s) | load | finished |",
+            "|---|---:|---:|---|---|",
+            *(
+                f"| {name} | {t['docs']} | {t['seconds']:.1f} | {t['load_before']:.2f} → {t['load_after']:.2f} | "
+                f"{t['finished']} |"
+                for name, t in result["timings"].items()
+            ),
+            f"| **all stages above** | | **{total:.0f}** ({total / 60:.1f} min) | | |",
+        ]
     write_systems_report(result, root / "report")
     write_text(root / "report.md", "\n".join(lines) + "\n")
     _plot(curves, root / "curves.png")

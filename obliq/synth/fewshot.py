@@ -1,7 +1,7 @@
 """Few-shot Stage B: real (document, query) pairs of a task's development side shown in the prompt.
 
 Promptagator (Dai et al. 2022, §3) and InPars show a handful of real pairs; :func:`~obliq.synth.generate.synthesize`
-draws ``k`` of them per candidate from an :class:`ExamplePool` (item 4 of :mod:`obliq.synth.generate`'s
+draws ``k`` of them per document from an :class:`ExamplePool` (item 4 of :mod:`obliq.synth.generate`'s
 notes): never from the test side, never a query whose gold set holds the source document.
 """
 

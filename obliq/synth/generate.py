@@ -21,12 +21,14 @@ through the task's lens. Here:
    in the prompt; InPars likewise): with ``fewshot.k`` > 0, each candidate's Stage B prompt shows ``k``
    real pairs of the task's **development** side (``queries-<split>.jsonl`` + ``qrels/<split>.tsv``, as
    ``obliq task split`` writes them; never ``queries.jsonl``, the test side: :class:`~obliq.synth.fewshot.ExamplePool`).
-   The examples are drawn per candidate from the run's seed: ``k`` distinct development queries, then
-   one gold document of each. A query whose gold set holds the source document (or a copy of its text)
-   is never shown: the generated query would then be a paraphrase of a real development query that is
-   relevant to its own source, a development label leaking into training. A reply that copies an
-   example (its query or document as shown, :func:`obliq.synth.parse.copies`) is rejected as
-   ``copied-example`` and retried like any other rejected reply.
+   The examples are drawn per document from the run's seed (a document's candidates see the same ones,
+   and differ by their Stage A description: their Stage B prompts then share every token before the
+   description, which comes last, so a backend that keeps prompt prefixes evaluates it once): ``k``
+   distinct development queries, then one gold document of each. A query whose gold set holds the source
+   document (or a copy of its text) is never shown: the generated query would then be a paraphrase of a
+   real development query that is relevant to its own source, a development label leaking into training.
+   A reply that copies an example (its query or document as shown, :func:`obliq.synth.parse.copies`)
+   is rejected as ``copied-example`` and retried like any other rejected reply.
 5. **Generation**, in batches of ``batch_size`` candidates: Stage A for the batch, then Stage B for
    the candidates with a description; each candidate's seeds derive from the run's seed and its own key
    (not its batch's). A reply that :func:`obliq.synth.parse.parse_reply` rejects is
@@ -129,6 +131,8 @@ class SynthReport:
         new_tokens, generation_seconds, tokens_per_s: the backend's output and time (both stages,
             retries included).
         prompt_tokens: tokens the backend read (its prompts; 0 when it does not count them).
+        prompt_tokens_evaluated: of those, the tokens the model computed (a backend that keeps prompt
+            prefixes, llamacpp, serves the rest from its cache; None: the backend does not say).
         new_tokens_per_row, seconds_per_row: the cost of one row written by this run (0 without rows).
         fewshot: ``k``, ``split``, ``queries`` (development queries in the pool) and ``short`` (Stage B
             prompts shown fewer than ``k`` examples: too few eligible queries); empty when ``k`` is 0.
@@ -158,6 +162,7 @@ class SynthReport:
     generation_seconds: float = 0.0
     tokens_per_s: float = 0.0
     prompt_tokens: int = 0
+    prompt_tokens_evaluated: int | None = None
     new_tokens_per_row: float = 0.0
     seconds_per_row: float = 0.0
     fewshot: dict = field(default_factory=dict)
@@ -418,6 +423,7 @@ def synthesize(
     report.already_done = report.candidates - len(todo)
     tokens0, seconds0 = backend.new_tokens, backend.seconds
     prompt_tokens0 = getattr(backend, "prompt_tokens", 0)
+    evaluated0 = getattr(backend, "evaluated_tokens", None)
     q_words, d_words, retried, truncated = [], [], set(), set()
     rejects_path = out.with_name(out.name + ".rejects.jsonl")
     with out.open("a", encoding="utf-8") as sink, rejects_path.open("a", encoding="utf-8") as rejects:
@@ -438,7 +444,7 @@ def synthesize(
             )
             keep = [n for n, d in enumerate(ids) if d in descriptions]
             shown = {
-                ids[n]: pool.choose(batch[n][0], fewshot.k, _seed(seed, "fewshot", 0, ids[n])) if pool else []
+                ids[n]: pool.choose(batch[n][0], fewshot.k, _seed(seed, "fewshot", 0, owners[n][0])) if pool else []
                 for n in keep
             }
             if pool is not None:
@@ -510,6 +516,8 @@ def synthesize(
     report.new_tokens = backend.new_tokens - tokens0
     report.generation_seconds = backend.seconds - seconds0
     report.prompt_tokens = getattr(backend, "prompt_tokens", 0) - prompt_tokens0
+    if evaluated0 is not None:
+        report.prompt_tokens_evaluated = backend.evaluated_tokens - evaluated0
     report.tokens_per_s = report.new_tokens / report.generation_seconds if report.generation_seconds > 0 else 0.0
     if report.generated:
         report.new_tokens_per_row = report.new_tokens / report.generated

