@@ -190,3 +190,25 @@ def test_synth_generate_with_the_llamacpp_backend(tasks_dir, tmp_path):
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(rows) == report["generated"]
     assert all(r["meta"]["generator"] == "llamacpp:smollm2" for r in rows)
+
+
+def test_models_whose_memory_cannot_be_shared_are_refused(monkeypatch):
+    """A sliding-window (or recurrent, hybrid) model: its cells cannot be shared or cut by position."""
+    from obliq.llm.llamacpp import LlamaCppBackend
+
+    monkeypatch.setattr(llama_cpp, "llama_model_n_swa", lambda model: 4096)
+    with pytest.raises(ValueError, match="a sliding-window attention model; .* use backend.name transformers"):
+        LlamaCppBackend("smollm2", threads=1)
+
+
+def test_the_seed_llama_cpp_reads_as_random_is_a_seed_like_any_other(backend):
+    prompts = chats(TWEETS[:1])
+    first = backend.generate(prompts, 12, 0.9, [0xFFFFFFFF])
+    assert [backend.generate(prompts, 12, 0.9, [0xFFFFFFFF])[0] for _ in range(3)] == first * 3
+
+
+def test_too_many_chats_together_are_refused_in_the_config():
+    from obliq.llm.backends import BackendConfig
+
+    with pytest.raises(ValueError, match="batch_size: the llamacpp backend decodes at most 85 chats together"):
+        BackendConfig(name="llamacpp", batch_size=86)

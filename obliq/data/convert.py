@@ -522,7 +522,8 @@ def convert(
     with claim_outputs({"out": out}, command="data convert", inputs=[input], overwrite=overwrite, what="rows"):
         (files, columns, records), split = _open(input, split)
         fmt = detect_format(columns, input) if format == "auto" else format
-        prefix = id_prefix if id_prefix is not None else f"{task}:{input.stem if input.is_file() else input.name}"
+        name = input.stem if input.is_file() else input.resolve().name  # `--input .` names its folder
+        prefix = id_prefix if id_prefix is not None else f"{task}:{name}"
         if id_prefix is None and split is not None:
             prefix += f":{split}"
         with atomic_write(out) as f:  # a refusal in the block leaves no file and what was there before

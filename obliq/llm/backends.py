@@ -383,6 +383,10 @@ class BackendConfig:
         if self.dtype is not None and self.dtype not in DTYPES:
             raise ValueError(f"dtype: must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         check_int("batch_size", self.batch_size, 1)
+        if self.name == "llamacpp" and self.batch_size > 85:  # 3 sequences a chat, llama.cpp allows 256
+            raise ValueError(
+                f"batch_size: the llamacpp backend decodes at most 85 chats together, got {self.batch_size}"
+            )
         check_int("context", self.context, 16)
         check_int("tensor_parallel_size", self.tensor_parallel_size, 1)
         check_int("reasoning_tokens", self.reasoning_tokens, 0)

@@ -139,6 +139,15 @@ class LlamaCppBackend:
             raise RuntimeError(f"{path}: llama.cpp could not make a context of {context} cells")
         self._memory = lib.llama_get_memory(self._ctx)
         self._batch = lib.llama_batch_init(512, 0, 1)
+        kind = next(
+            (k for k, test in _UNSHARED.items() if test(lib, self._model)), None
+        )  # their cells cannot be shared or cut by position: the prompt reuse below would be wrong
+        if kind is not None:
+            self.close()
+            raise ValueError(
+                f"{path}: a {kind} model; the llamacpp backend shares a prompt's KV cells between chats, "
+                "which such a model's memory does not allow: use backend.name transformers"
+            )
         self._check_vocabulary(path)
         self.end_ids = end_ids(self.tokenizer)
         self.delimiters = reasoning_delimiters(self.tokenizer)
@@ -202,7 +211,10 @@ class LlamaCppBackend:
         if temperature > 0:
             lib.llama_sampler_chain_add(chain, lib.llama_sampler_init_temp(temperature))
             lib.llama_sampler_chain_add(chain, lib.llama_sampler_init_top_p(self.top_p, 1))
-            lib.llama_sampler_chain_add(chain, lib.llama_sampler_init_dist(seed & 0xFFFFFFFF))
+            seed &= 0xFFFFFFFF
+            if seed == 0xFFFFFFFF:  # LLAMA_DEFAULT_SEED: llama.cpp would draw a random seed
+                seed = 0xFFFFFFFE
+            lib.llama_sampler_chain_add(chain, lib.llama_sampler_init_dist(seed))
         else:
             lib.llama_sampler_chain_add(chain, lib.llama_sampler_init_greedy())
         return chain
@@ -251,10 +263,11 @@ class LlamaCppBackend:
         self._lib.llama_memory_seq_rm(self._memory, -1, -1, -1)
         self._kept.clear()
 
-    def _prefill(self, rows: list[list[int]], sequences: list[int]) -> None:
+    def _prefill(self, rows: list[list[int]], sequences: list[int], counts: list[int]) -> None:
         """Put each chat's prompt but its last token into its sequence, copying the longest prefix it
         shares with a kept prompt or an earlier chat of the group (``llama_memory_seq_cp``: the cells
-        are shared, not recomputed) and evaluating the rest, several chats per ``llama_decode``."""
+        are shared, not recomputed) and evaluating the rest, several chats per ``llama_decode``.
+        ``counts`` gets the prompt tokens copied and evaluated."""
         lib, memory = self._lib, self._memory
         held = dict(self._kept)  # sequence -> the prompt ids its cells hold (positions 0…)
         pending: list[tuple[int, int, int, bool]] = []
@@ -280,8 +293,8 @@ class LlamaCppBackend:
             pending += [(t, p, s, False) for p, t in enumerate(row[shared:-1], shared)]
             waiting.add(s)
             held[s] = row[:-1]
-            self.prefix_tokens += shared
-            self.evaluated_tokens += len(row) - shared
+            counts[0] += shared
+            counts[1] += len(row) - shared
         flush()
 
     def _generate_group(
@@ -298,8 +311,9 @@ class LlamaCppBackend:
         samplers = [self._sampler(temperature, seed) for seed in seeds]
         replies: list[list[int]] = [[] for _ in rows]
         done = [False] * len(rows)
+        counts = [0, 0]  # prompt tokens copied, evaluated: counted once the group succeeds
         try:
-            self._prefill(rows, sequences)
+            self._prefill(rows, sequences, counts)
             last = [(row[-1], len(row) - 1, s, True) for s, row in zip(sequences, rows)]  # logits live one call
             self._decode(last)
             outputs = {k: k for k in range(len(rows))}  # chat -> its logits' index in the last batch
@@ -325,6 +339,8 @@ class LlamaCppBackend:
         finally:
             for sampler in samplers:
                 lib.llama_sampler_free(sampler)
+        self.prefix_tokens += counts[0]
+        self.evaluated_tokens += counts[1]
         for s, row in zip(sequences, rows):  # keep each prompt (for a retry, or a chat sharing it), not its reply
             lib.llama_memory_seq_rm(memory, s, len(row) - 1, -1)
             self._kept.pop(s, None)
@@ -335,6 +351,15 @@ class LlamaCppBackend:
             self.finished.append(finished)
             texts.append(self.tokenizer.decode(reply[:-1] if finished else reply, skip_special_tokens=False).strip())
         return texts
+
+
+_UNSHARED = {
+    "recurrent": lambda lib, model: lib.llama_model_is_recurrent(model),
+    "hybrid (recurrent + attention)": lambda lib, model: lib.llama_model_is_hybrid(model),
+    "sliding-window attention": lambda lib, model: lib.llama_model_n_swa(model) > 0,
+}
+"""Model kinds whose KV memory the backend's prompt sharing cannot use: a recurrent state cannot be cut at
+a position (``llama_memory_seq_rm`` refuses), and a sliding window may overwrite a kept prompt's cells."""
 
 
 class _CacheFull(RuntimeError):
