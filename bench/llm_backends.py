@@ -7,8 +7,8 @@ fresh folder (``runs/bench/llm/<backend>/``, removed first, so every run generat
 
     python bench/llm_backends.py speed --backend llamacpp --n_docs 24
 
-and prints its rows, replies, new tokens and rows/s (rows written over the command's wall time from
-start to end of generation, as its report records it). Time the two backends' commands in turn,
+and prints its rows, replies, new and prompt tokens (and how many were evaluated), the generation time
+its report records, the command's wall time, and rows per generation second. Time the two backends' commands in turn,
 A B A B, with any whole-process timer (``/usr/bin/time``, ``hyperfine``) so that a drift of the
 machine's speed hits both; their ratio is the figure.
 

@@ -18,8 +18,10 @@ functions), as llama.cpp's own ``examples/batched`` and ``examples/parallel`` do
   stops on :func:`obliq.llm.reply.end_ids`, exactly as the transformers and vLLM backends do; the
   tokenizer is checked against llama.cpp's own vocabulary when the backend is built.
 
-Sampling is llama.cpp's sampler chain (temperature, then top-p, then a draw seeded per chat), so a
-chat's sampled reply does not depend on which other chats share its group; ``temperature`` 0 is greedy.
+Sampling is llama.cpp's sampler chain (temperature, then top-p, then a draw seeded per chat): a chat's
+draws depend on its own seed only, though its logits may differ in the last digits with the shape of the
+group it is decoded in (llama.cpp's kernels), so a reply is repeatable for the same grouping of chats, not
+across groupings; ``temperature`` 0 is greedy.
 """
 
 from __future__ import annotations
