@@ -242,6 +242,32 @@ def two_gloo_ranks(path: str, folder: Path, shards: list[dict], loss: dict) -> l
     return [torch.load(folder / f"rank{r}.pt", weights_only=True) for r in range(2)]
 
 
+def gloo_view_loss_worker(rank: int, init_file: str, out_dir: str, parts: list[dict], loss: dict):
+    """One of two gloo processes: the loss ``InfoNCE(**loss)`` of ``parts[rank]`` (``batch``, a collated batch;
+    ``q`` (B_r, h), ``d`` (M_r, h) its embeddings) over the view gathered across both, as training builds it
+    (:meth:`StepView.of` with ``gathered``); saves the value to ``out_dir/rank<r>.pt``."""
+    import torch.distributed as dist
+
+    from obliq.losses import InfoNCE, StepView
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
+    try:
+        part = parts[rank]
+        view = StepView.of(part["batch"], gathered=True)
+        q, d = view.embeddings(part["q"], part["d"])
+        torch.save({"loss": InfoNCE(**loss)(q, d, view).item()}, os.path.join(out_dir, f"rank{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+def two_gloo_view_losses(folder: Path, parts: list[dict], loss: dict) -> list[float]:
+    """:func:`gloo_view_loss_worker` on two processes; each rank's loss."""
+    import torch.multiprocessing as mp
+
+    mp.spawn(gloo_view_loss_worker, args=(str(folder / "init"), str(folder), parts, loss), nprocs=2, join=True)
+    return [torch.load(folder / f"rank{r}.pt", weights_only=True)["loss"] for r in range(2)]
+
+
 # --- training -------------------------------------------------------------------------------------
 
 

@@ -276,6 +276,31 @@ def test_resume_refuses_a_different_setup(files, tokenize, tmp_path):
             next(iter(other))
 
 
+def test_resume_refuses_other_caps_where_the_steps_are_arranged_by_them(files, tokenize, tmp_path):
+    """Issue 53 §3: a no-duplicates plan arranges an epoch by the texts each row brings, which data.max_positives
+    and data.max_negatives decide; a resume under other caps would re-arrange the epoch (rows twice and never). In
+    a plain plan the caps change the batches' documents, not which rows a step holds: the resume stays exact."""
+
+    def loader(max_negatives, no_duplicates, max_positives=None):
+        dm = TrainingDataModule(
+            [Source(str(files["stance60"]))], batch_size=8, num_workers=0, index_dir=str(tmp_path),
+            tokenize=tokenize, max_negatives=max_negatives, max_positives=max_positives, no_duplicates=no_duplicates,
+        )  # fmt: skip
+        return dm.make_dataloader(0, 1)
+
+    for no_duplicates in (True, False):
+        first = loader(2, no_duplicates)
+        next(iter(first))
+        state = first.state_dict()
+        for other in (loader(1, no_duplicates), loader(2, no_duplicates, max_positives=1)):
+            other.load_state_dict(state)
+            if no_duplicates:
+                with pytest.raises(ValueError, match="different data setup \\(row_caps"):
+                    next(iter(other))
+            else:
+                next(iter(other))  # plain: the same rows per step
+
+
 @pytest.mark.distributed
 def test_resume_under_another_number_of_workers(files, tokenize, tmp_path):
     def loader(num_workers):

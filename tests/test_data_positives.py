@@ -13,7 +13,7 @@ import torch
 from support import task_rows, write_rows
 
 from obliq.data import Collator, Source, TrainingDataModule, parse_row
-from obliq.data.mixture import ROLE_PAIRS
+from obliq.data.collisions import ROLE_PAIRS
 from obliq.data.teacher_table import TeacherTable, write_teacher_table
 from obliq.text import id_hash, normalise_text, text_hash
 
@@ -160,6 +160,20 @@ def pairs_by_hand(step: list[dict], max_positives, max_negatives) -> dict[str, i
     return out
 
 
+def cut_by_hand(step: list[dict], max_positives, max_negatives) -> tuple[int, int]:
+    """The (row, document) pairs of a step where another row brings a positive the row holds beyond max_positives
+    (equal id or normalised text), and the rows in any (issue 53: the loss masks them for that row)."""
+    pairs, rows = 0, 0
+    for n, row in enumerate(step):
+        held = [
+            (p["id"], normalise_text(p["text"])) for p in positives_of(row)[max_positives or len(positives_of(row)) :]
+        ]
+        docs = [o for m, other in enumerate(step) if m != n for o in occurrences(other, max_positives, max_negatives)]
+        hits = sum(role != "query" and any(i == d or t == x for d, x in held) for role, i, t in docs)
+        pairs, rows = pairs + hits, rows + bool(hits)
+    return pairs, rows
+
+
 @pytest.mark.parametrize("max_positives", [None, 2])
 def test_the_step_plan_counts_and_keeps_apart_every_kept_positive(tasks_dir, tmp_path, rows, max_positives):
     """Each query's multi-positive row and its single-positive rows (the same query, one relevant problem each) in
@@ -190,10 +204,14 @@ def test_the_step_plan_counts_and_keeps_apart_every_kept_positive(tasks_dir, tmp
         by_hand = [pairs_by_hand(s, max_positives, 2) for s in steps]
         report = dm.stats["collisions"]
         assert report["pairs"] == {k: sum(p[k] for p in by_hand) for k in ROLE_PAIRS}, no_duplicates
+        cut = [cut_by_hand(s, max_positives, 2) for s in steps]
+        assert report["cut_positives_in_step"] == sum(c for c, _ in cut)
+        assert report["rows_with_cut_positive_in_step"] == sum(r for _, r in cut)
         if no_duplicates:
             assert report["colliding_pairs"] == 0
         else:  # a query's rows meet: shared queries and positives, further positives among them
             assert report["pairs"]["query-query"] > 0 and report["pairs"]["positive-positive"] > 0
+            assert (report["cut_positives_in_step"] > 0) == (max_positives is not None)
         # the batches as the rows say: the kept positives of each row, then its negatives
         for batch, step in zip(batches, steps):
             docs, row_of, positive = expected_layout(step, 2, max_positives)

@@ -212,3 +212,13 @@ def test_too_many_chats_together_are_refused_in_the_config():
 
     with pytest.raises(ValueError, match="batch_size: the llamacpp backend decodes at most 85 chats together"):
         BackendConfig(name="llamacpp", batch_size=86)
+
+
+def test_every_end_of_generation_id_llama_cpp_reports_ends_a_reply(backend, reference):
+    """Issue 53: the backend stops on each id llama.cpp's vocabulary calls end-of-generation (``llama_vocab_is_eog``,
+    read here through llama-cpp-python's high-level ``Llama`` over the same file: {0, 2, 4} for SmolLM2), not only
+    on the tokenizer's eos."""
+    vocab = llama_cpp.llama_model_get_vocab(reference.model)
+    eog = {t for t in range(reference.n_vocab()) if llama_cpp.llama_vocab_is_eog(vocab, t)}
+    assert {0, 2, 4} <= eog
+    assert eog <= set(backend.end_ids)

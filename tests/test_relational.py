@@ -199,6 +199,17 @@ def test_teacher_vectors_that_cannot_serve_are_refused_before_training(tiny_llam
     scores = "--model.terms=[{class_path: obliq.losses.TeacherScores, init_args: {kind: kl}}]"
     with pytest.raises(ValueError, match=r"model\.terms\[0\] \(TeacherScores\) scores each row's positive against"):
         cli(["--config", str(config), scores, "--data.max_negatives=0"], run=False)
+    # rows with negatives but no meta.teacher_scores: the term would log 0 at every step (issue 53 §3), refused when
+    # the fit sets up, naming the term and how to write the scores
+    unscored = [dict(r, negatives=[{"id": f"neg-{r['id']}", "text": f"other {r['id']}"}]) for r in rows]
+    write_rows(tmp_path / "unscored.jsonl", unscored)
+    plain = write_config(tmp_path / "unscored", tmp_path / "unscored.jsonl", tiny_llama_dir, max_steps=1)
+    run = cli(["--config", str(plain), scores], run=False)
+    with pytest.raises(
+        ValueError,
+        match=r"model\.terms\[0\] \(TeacherScores\) scores rows by their meta\.teacher_scores, and none of the 8 rows",
+    ):
+        run.trainer.fit(run.model, datamodule=run.datamodule)
     # the objective's flat settings of before obliq.losses: their new place, on the command line or in a recipe
     with pytest.raises(ValueError, match=r"the command line: model\.temperature is now model\.loss\.init_args\.temp"):
         cli(["--config", str(config), "--model.temperature=0.05"], run=False)

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 from obliq.data import MixturePlan, Source, StepArrangement, TrainingDataModule
-from obliq.data.mixture import ROLE_PAIRS, _arrange
+from obliq.data.collisions import ROLE_PAIRS
+from obliq.data.mixture import _arrange
 from obliq.data.rows import parse_row
 from obliq.text import normalise_text
 

@@ -34,6 +34,9 @@ may be smaller, and differ by at most one across ranks; ``M`` documents)::
                         # text (equal for equal normalised text); the loss masks equal keys
       "query_keys":     LongTensor (n, 2) # the queries' keys, the same way (TrainingRow.query_key: a
                         # query that is a corpus document, a kNN anchor, keys by its id too)
+      "cut_positive_keys": LongTensor (C, 2) # keys of the positives rows hold beyond max_positives (not in
+                        # docs): never negatives of their row, masked as its positives' copies are
+      "cut_positive_row": LongTensor (C,) # the row of each
       "teacher_scores": FloatTensor (n, 1 + k) # a teacher's scores of each row's positive, then of its
                         # kept negatives (meta.teacher_scores, single-positive rows only), NaN where absent
       "row_ids":        list[str] (n)     # training-row ids

@@ -78,6 +78,9 @@ class Collator:
             for doc in docs
         ]
         docs = [row.positive for row in rows] + [doc for _, doc, _ in rest]
+        cut = [
+            (i, doc) for i, row in enumerate(rows) for doc in row.positives[self.max_positives or len(row.positives) :]
+        ]
         batch = {
             "query": self.tokenize([row.query for row in rows], "query", [row.instruction for row in rows]),
             "docs": self.tokenize([doc.text for doc in docs], "passage"),
@@ -89,6 +92,10 @@ class Collator:
                 -1, 2
             ),
             "query_keys": torch.tensor([row.query_key() for row in rows], dtype=torch.long).reshape(-1, 2),
+            "cut_positive_keys": torch.tensor([[id_hash(d.id), d.text_hash] for _, d in cut], dtype=torch.long).reshape(
+                -1, 2
+            ),
+            "cut_positive_row": torch.tensor([i for i, _ in cut], dtype=torch.long),
             "teacher_scores": row_teacher_scores(rows, self.max_negatives),
             "row_ids": [row.id for row in rows],
         }

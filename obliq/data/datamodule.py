@@ -67,6 +67,12 @@ def collision_line(c: dict) -> str:
         f"({by_pair}; by id or normalised text), {c['rows_colliding']} rows in {c['steps_colliding']} steps; of "
         f"these, {c['rows_own_text_as_document']} rows meet their own query text as a document and "
         f"{c['rows_sharing_a_query']} share a query with another row (the loss masks such false negatives)"
+        + (
+            f"; {c['cut_positives_in_step']} documents in a step are a positive data.max_positives left out of "
+            f"another row ({c['rows_with_cut_positive_in_step']} rows; masked for them, never their negatives)"
+            if c.get("cut_positives_in_step")
+            else ""
+        )
     )
 
 
@@ -172,6 +178,18 @@ class RowReader(Dataset):
             kept = n_pos if self.max_positives is None else min(n_pos, self.max_positives)
             negatives = row[2 + 2 * n_pos :][: None if self.max_negatives is None else 2 * self.max_negatives]
             out.append(np.concatenate([row[: 2 + 2 * kept], negatives]))
+        return out
+
+    def cut_keys(self, source: int, rows: np.ndarray) -> list[np.ndarray]:
+        """The id and text keys of the positives each row holds beyond :attr:`max_positives` (empty arrays when it
+        keeps all): documents the loss masks for the row though the batch does not bring them (issue 53)."""
+        files, positions = self.locate(source, np.asarray(rows, dtype=np.int64))
+        out = []
+        for f, p in zip(files.tolist(), positions.tolist()):
+            starts, keys = self._key_starts(source, f), self._array(source, f, "keys")
+            n_pos = int(self._array(source, f, "n_positives")[p])
+            kept = n_pos if self.max_positives is None else min(n_pos, self.max_positives)
+            out.append(np.asarray(keys[starts[p] + 2 + 2 * kept : starts[p] + 2 + 2 * n_pos]))
         return out
 
     def positives(self, source: int, rows: np.ndarray) -> list[int]:
@@ -406,6 +424,14 @@ class TrainingDataModule(L.LightningDataModule):
             for path in paths:
                 index_file(path, self.index_dir, self.on_bad_row)
 
+    def first_rows(self, n: int = 64) -> Iterator[TrainingRow]:
+        """The first ``n`` rows of every file of every source (after :meth:`setup`): the sample a check of the
+        rows' content reads (the teacher's coverage, a term's inputs)."""
+        for s, files in enumerate(self.reader.indexes):
+            for f, fi in enumerate(files):
+                for p in range(min(fi.rows, n)):
+                    yield self.reader.read(s, f, p)
+
     def setup(self, stage: str | None = None) -> None:
         """Load the indexes (building missing ones), settle duplicate ids and compute :attr:`stats`."""
         if self.reader is not None:
@@ -414,15 +440,13 @@ class TrainingDataModule(L.LightningDataModule):
         reader = RowReader(indexes)
         excluded = self._duplicates(reader)
         reader = RowReader(indexes, excluded, self.max_negatives, self.max_positives)
-        if self.teacher is not None:  # the first 64 rows of every file: vectors of another corpus are refused
-            rows = (
-                reader.read(s, f, p)
-                for s, fs in enumerate(indexes)
-                for f, fi in enumerate(fs)
-                for p in range(min(fi.rows, 64))
-            )
-            self.teacher.check_covers(rows)
         self.reader = reader
+        if self.teacher is not None:  # the first 64 rows of every file: vectors of another corpus are refused
+            try:
+                self.teacher.check_covers(self.first_rows())
+            except ValueError:
+                self.reader = None
+                raise
         sizes = self.reader.sizes
         no_duplicates = self.no_duplicates
         if no_duplicates is None:  # passage↔passage rows: a query is another row's document

@@ -61,6 +61,8 @@ from typing import Literal, Protocol
 
 import numpy as np
 
+from obliq.data.collisions import plan_collisions
+
 _ROUNDS = 6
 _ORDER, _CYCLE = 0, 1
 
@@ -293,46 +295,6 @@ def _arrange(members: np.ndarray, keys: list[set], caps: Sequence[int]) -> np.nd
     return np.asarray([i for block in order for i in block], dtype=np.int64)
 
 
-ROLES = ("query", "positive", "negative")
-_PAIRS = [(a, b) for a in range(3) for b in range(a, 3)]
-ROLE_PAIRS = tuple(f"{ROLES[a]}-{ROLES[b]}" for a, b in _PAIRS)
-"""The role pairs :meth:`MixturePlan.collisions` counts: ``query-query`` … ``negative-negative``."""
-
-
-def _collisions(keys: Sequence[np.ndarray], positives: Sequence[int] | None = None) -> tuple[dict, set, set, set]:
-    """One step's pairs of occurrences of a text in two rows, by role pair; the rows in any pair; the rows whose
-    query is another row's document; the rows whose query is another row's query.
-
-    ``keys[r]``: row ``r``'s keys (:meth:`RowKeys.keys`: query id, query text, then id and text of each of its
-    ``positives[r]`` positives (default 1), then of each negative). Two occurrences are the same text when their
-    ids or their texts are: pairs by id + pairs by text − pairs by both (each pair once); in a group, all its
-    pairs less those within a row.
-    """
-    groups: dict[tuple, list[tuple[int, int]]] = {}  # (kind, key...) → [(row, role)]
-    for r, k in enumerate(keys):
-        k, p = k.tolist(), 1 if positives is None else positives[r]
-        for j in range(0, len(k) - 1, 2):
-            role = 0 if j == 0 else 1 if j // 2 <= p else 2
-            for g in (("id", k[j]), ("text", k[j + 1]), ("both", k[j], k[j + 1])):
-                groups.setdefault(g, []).append((r, role))
-    pairs, rows, own, shared = dict.fromkeys(ROLE_PAIRS, 0), set(), set(), set()
-    for g, members in groups.items():
-        per_row: dict[int, list[int]] = {}
-        for r, role in members:
-            per_row.setdefault(r, [0, 0, 0])[role] += 1
-        if len(per_row) < 2:
-            continue
-        total = [sum(c[i] for c in per_row.values()) for i in range(3)]
-        for name, (a, b) in zip(ROLE_PAIRS, _PAIRS):
-            n = (total[a] * total[b] - sum(c[a] * c[b] for c in per_row.values())) // (1 + (a == b))
-            pairs[name] += -n if g[0] == "both" else n
-        if g[0] != "both":
-            rows.update(per_row)
-            own.update(r for r, c in per_row.items() if c[0] and total[1] + total[2] > c[1] + c[2])
-            shared.update(r for r, c in per_row.items() if c[0] and total[0] > c[0])
-    return pairs, rows, own, shared
-
-
 class MixturePlan:
     """Rows of every (epoch, step, rank) batch of a mixture, computed on demand (module docstring).
 
@@ -528,63 +490,20 @@ class MixturePlan:
         return np.concatenate([a for a, _ in parts]), np.concatenate([b for _, b in parts])
 
     def collisions(self, epoch: int = 0, steps: int | None = None) -> dict:
-        """In-step collisions of an epoch: a text twice in one step, in any roles of two rows.
-
-        Every row brings its texts in roles: its query, its kept positives, its kept negatives (the keys of
-        :meth:`RowKeys.keys`: an id key and a normalised-text key, :func:`obliq.text.text_hash`, each). Two
-        occurrences in two rows of one step are the same text when their ids or their normalised texts are
-        equal; every such pair counts once, under its role pair (``query-query``, ``query-positive``,
-        ``query-negative``, ``positive-positive``, ``positive-negative``, ``negative-negative``). A row's own
-        texts are not paired with each other (a row's query may be its anchor's text; its negatives never
-        equal its positive, :func:`obliq.data.rows.parse_row`).
-
-        Also, as ``shared/cases/C34`` counts them (the loss's masks, :func:`obliq.losses.infonce.info_nce`): rows whose
-        query is another row's document in the step, rows that share their query with another row, and the
-        steps holding either.
-
-        Args:
-            epoch: the epoch.
-            steps: count its first ``steps`` steps only (default: all).
-
-        Returns:
-            ``{"epoch", "steps", "rows", "pairs", "colliding_pairs", "rows_colliding", "steps_colliding",
-            "rows_own_text_as_document", "rows_sharing_a_query", "steps_affected"}``: ``rows`` in the counted
-            steps; ``pairs`` by role pair and ``colliding_pairs`` their sum; ``rows_colliding`` and
-            ``steps_colliding`` the rows and steps in at least one pair; the last three C34's.
+        """In-step collisions of an epoch's first ``steps`` steps (default all): a text twice in one step, in any
+        roles of two rows (:func:`obliq.data.collisions.plan_collisions`, which documents the counts).
 
         Raises:
             ValueError: the plan has no access to the rows' keys.
         """
-        if self.rows is None:
-            raise ValueError("counting collisions needs the rows' keys (rows=...)")
-        n: Counter = Counter()
-        steps = self.steps_per_epoch if steps is None else min(steps, self.steps_per_epoch)
-        for step in range(steps):
-            source, row = self.step_rows(epoch, step)
-            keys = [k for i in np.unique(source) for k in self.rows.keys(int(i), row[source == i])]
-            counts = getattr(self.rows, "positives", None)
-            kept = None if counts is None else [c for i in np.unique(source) for c in counts(int(i), row[source == i])]
-            found, rows, own, shared = _collisions(keys, kept)
-            n.update(found)
-            n.update(rows=len(row), rows_colliding=len(rows), steps_colliding=bool(rows), own=len(own))
-            n.update(shared=len(shared), affected=bool(own | shared))
-        pairs = {name: n[name] for name in ROLE_PAIRS}
-        return {
-            "epoch": epoch,
-            "steps": steps,
-            "rows": n["rows"],
-            "pairs": pairs,
-            "colliding_pairs": sum(pairs.values()),
-            "rows_colliding": n["rows_colliding"],
-            "steps_colliding": n["steps_colliding"],
-            "rows_own_text_as_document": n["own"],
-            "rows_sharing_a_query": n["shared"],
-            "steps_affected": n["affected"],
-        }
+        return plan_collisions(self, epoch, steps)
 
     def fingerprint(self) -> dict:
-        """What a saved position depends on; resuming under a different fingerprint cannot be exact."""
-        return {
+        """What a saved position depends on; resuming under a different fingerprint cannot be exact. A plan that
+        keeps texts apart (``no_duplicates``) also depends on the texts each row brings, so on the reader's
+        ``max_positives`` and ``max_negatives`` (issue 53: a resume under other caps re-arranged the epoch, rows
+        twice and never)."""
+        out = {
             "sources": [
                 {"rows": n, "per_epoch": c, "weight": s.weight, "count": s.count, "content": d}
                 for s, n, c, d in zip(self.sources, self.sizes, self.per_epoch, self.content)
@@ -595,3 +514,6 @@ class MixturePlan:
             "seed": self.seed,
             "shuffle": self.shuffle,
         }
+        if self.arrangement.no_duplicates and self.rows is not None:
+            out["row_caps"] = {k: getattr(self.rows, k, None) for k in ("max_positives", "max_negatives")}
+        return out

@@ -151,7 +151,9 @@ class LlamaCppBackend:
                 "which such a model's memory does not allow: use backend.name transformers"
             )
         self._check_vocabulary(path)
-        self.end_ids = end_ids(self.tokenizer)
+        vocab = lib.llama_model_get_vocab(self._model)  # every end-of-generation id llama.cpp knows ({0, 2, 4} for
+        eog = (t for t in range(lib.llama_vocab_n_tokens(vocab)) if lib.llama_vocab_is_eog(vocab, t))  # SmolLM2)
+        self.end_ids = sorted({*end_ids(self.tokenizer), *eog})
         self.delimiters = reasoning_delimiters(self.tokenizer)
         self.name = f"llamacpp:{model}"
         self.new_tokens, self.seconds, self.finished = 0, 0.0, []

@@ -37,6 +37,7 @@ def info_nce(
     symmetric: bool = False,
     mask: torch.Tensor | None = None,
     form: str = "mil-nce",
+    cut: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Mean over rows of each query's contrastive loss against all documents, its own positives the targets
     (``form``, :func:`~obliq.losses.multipositive.multi_positive_losses`), the in-batch false negatives
@@ -55,6 +56,8 @@ def info_nce(
         symmetric: add the documents → queries direction; the loss is the mean of both directions.
         mask: (B, M) bool, more in-batch candidates to leave out (a mask term's); never a row's positive.
         form: ``mil-nce`` or ``supcon``, for rows with several positives (equal with one).
+        cut: the keys and rows of positives the batch's cap left out (:func:`~obliq.losses.masks.false_negative_masks`):
+            never negatives of their rows.
 
     Returns:
         Scalar float32 loss (computed in float64).
@@ -69,7 +72,7 @@ def info_nce(
     q, d = queries.double(), docs.double()
     positives = positive_mask(positives.to(q.device), len(d))
     scores = q @ d.T / temperature  # (B, M)
-    forward, reverse = false_negative_masks(positives, doc_keys, query_keys)
+    forward, reverse = false_negative_masks(positives, doc_keys, query_keys, cut)
     if mask is not None:
         forward = mask & ~positives if forward is None else forward | (mask & ~positives)
     candidates = ~forward if forward is not None else torch.ones_like(positives)
@@ -141,7 +144,7 @@ class InfoNCE(nn.Module):
         def nce(q, d):
             return info_nce(
                 q, d, view.positives, view.doc_keys, self.temperature, view.query_keys, self.symmetric,
-                view.mask, self.multi_positive,
+                view.mask, self.multi_positive, view.cut,
             )  # fmt: skip
 
         if self.matryoshka_dims:

@@ -6,10 +6,11 @@ still has a negative to learn from.
 normalised text's hash; a query that is a corpus document, a kNN anchor, has its id's too). For query ``i``
 a document column is masked when its keys equal the query's own (a passage↔passage row's query is another
 row's positive), or those of a positive of any row with the same query (copies of its own positives
-included); its own positives stay targets. In the reverse direction, for a positive of row ``i`` a query
-column is masked when it is that document's own text, a query of which the document is a positive, or
-another row's copy of query ``i``. The masks are built on the whole (gathered) batch, so they hold in one
-process, across devices and across GradCache chunks.
+included, and those of the positives a row holds beyond the batch's ``data.max_positives``: a positive a cap
+leaves out is still never its row's negative, issue 53); its own positives stay targets. In the reverse
+direction, for a positive of row ``i`` a query column is masked when it is that document's own text, a query of
+which the document is a positive (kept or not), or another row's copy of query ``i``. The masks are built on
+the whole (gathered) batch, so they hold in one process, across devices and across GradCache chunks.
 """
 
 from __future__ import annotations
@@ -30,7 +31,10 @@ def _keys(keys: torch.Tensor | None) -> torch.Tensor | None:
 
 
 def false_negative_masks(
-    positives: torch.Tensor, doc_keys: torch.Tensor | None, query_keys: torch.Tensor | None = None
+    positives: torch.Tensor,
+    doc_keys: torch.Tensor | None,
+    query_keys: torch.Tensor | None = None,
+    cut: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """The in-batch false negatives of a batch (module notes).
 
@@ -40,6 +44,9 @@ def false_negative_masks(
         doc_keys: (M,) or (M, K) int64 identity keys of the documents; None masks nothing.
         query_keys: (B,) or (B, K) int64 keys of the queries, in the documents' key columns; None: the
             queries are not compared with the documents, and rows with the same query are not found.
+        cut: ``(keys (C, K) int64, row (C,) int64)``: positives rows hold that are not among the documents (left
+            out by ``data.max_positives``), in the documents' key columns, and the row of each; a document with
+            one of their keys is masked for that row (and its query's other rows) as a copy of its positive is.
 
     Returns:
         ``(forward, reverse)``: (B, M) bool, True where query i must not meet document j (never at its own
@@ -54,6 +61,11 @@ def false_negative_masks(
     n_rows = positives.shape[0]
     owner = positives.to(torch.uint8).argmax(0)  # (M,) the row of each positive column
     copies = (positives.double() @ _same(doc_keys, doc_keys).double()) > 0  # (B, M): a copy of a row-i positive
+    if cut is not None and len(cut[0]):
+        cut_keys, cut_row = _keys(cut[0]).to(doc_keys.device), cut[1].to(doc_keys.device)
+        held = torch.zeros(n_rows, len(cut_row), dtype=torch.double, device=doc_keys.device)
+        held[cut_row, torch.arange(len(cut_row), device=doc_keys.device)] = 1.0
+        copies |= (held @ _same(cut_keys, doc_keys).double()) > 0  # a document that is a cut positive of row i
     if query_keys is None:
         same_query = torch.eye(n_rows, dtype=torch.bool, device=positives.device)
         forward = copies.clone()
@@ -74,6 +86,7 @@ def negatives_left(
     query_keys: torch.Tensor | None = None,
     mask: torch.Tensor | None = None,
     symmetric: bool = False,
+    cut: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """(B,) the negatives each row's contrastive loss still scores, once the in-batch false negatives
     (:func:`false_negative_masks`) and ``mask`` are left out: the documents its query meets beside its
@@ -81,10 +94,10 @@ def negatives_left(
     and no gradient.
 
     Args:
-        positives, doc_keys, query_keys, mask, symmetric: as :func:`obliq.losses.infonce.info_nce` takes them.
+        positives, doc_keys, query_keys, mask, symmetric, cut: as :func:`obliq.losses.infonce.info_nce` takes them.
     """
     positives = positive_mask(positives, len(doc_keys))
-    forward, reverse = false_negative_masks(positives, doc_keys, query_keys)
+    forward, reverse = false_negative_masks(positives, doc_keys, query_keys, cut)
     if mask is not None:
         forward = forward | mask.to(forward.device)
     left = (~forward & ~positives).sum(1)
@@ -112,7 +125,8 @@ def check_negatives(view: StepView, symmetric: bool, step: int, batch: dict | No
     """
     if view.doc_keys is None:
         return
-    left = negatives_left(view.positives, view.doc_keys, view.query_keys, view.mask, symmetric).sum().reshape(1)
+    left = negatives_left(view.positives, view.doc_keys, view.query_keys, view.mask, symmetric, view.cut)
+    left = left.sum().reshape(1)
     if world()[1] > 1 and not view.gathered:
         left = gather(left).sum()
     if int(left):

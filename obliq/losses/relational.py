@@ -88,7 +88,7 @@ class Relational(Term):
         self.teacher_temperature = teacher_temperature
 
     def forward(self, queries, docs, view: StepView, temperature: float) -> torch.Tensor:
-        forward, _ = false_negative_masks(view.positives, view.doc_keys, view.query_keys)
+        forward, _ = false_negative_masks(view.positives, view.doc_keys, view.query_keys, view.cut)
         teacher = view.teacher_cosines("Relational")
         return relational_distillation(queries, docs, teacher, forward, temperature, self.teacher_temperature)
 

@@ -118,6 +118,23 @@ class TeacherScores(Term):
             )
         return None
 
+    def rows_problem(self, rows) -> str | None:
+        """None when a row of the sample has usable ``meta.teacher_scores`` (one number for its positive and one
+        per negative); else the reason: every step would add 0 (issue 53 §3)."""
+        rows = list(rows)
+
+        def scored(row) -> bool:
+            scores = (row.meta or {}).get("teacher_scores")
+            return bool(row.negatives) and isinstance(scores, list) and len(scores) == 1 + len(row.negatives)
+
+        if any(scored(row) for row in rows):
+            return None
+        return (
+            f"scores rows by their meta.teacher_scores, and none of the {len(rows)} rows read (the first of every "
+            "file) has them (one number for the positive and one per negative): the term would add 0 at every "
+            "step; write them with obliq distill pairs --teacher_scores --negatives, or drop the term"
+        )
+
     def settings(self) -> dict:
         return {"kind": self.kind, "weight": self.weight, "teacher_temperature": self.teacher_temperature}
 

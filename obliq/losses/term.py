@@ -56,6 +56,11 @@ class Term(nn.Module):
         """What in the ``data`` settings leaves this term nothing to compute, said as the refusal's reason; None."""
         return None
 
+    def rows_problem(self, rows) -> str | None:
+        """What in the training rows (a sample: the first rows of every file) leaves this term nothing to compute,
+        said as the refusal's reason; None (the default: any rows)."""
+        return None
+
     def settings(self) -> dict:
         """Its arguments, as a config gives them."""
         return {"weight": self.weight}

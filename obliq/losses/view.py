@@ -49,6 +49,10 @@ class StepView:
         teacher_scores: (B, 1 + k) a teacher's scores of each row's first positive and its negatives, or None.
         teacher_query_vectors: (B, t) and teacher_doc_vectors: (M, t), the teacher's vectors, or None.
         mask: (B, M) bool, more candidates the contrastive loss leaves out (a mask term's), or None.
+        cut_keys: (C, K) int64 keys of the positives rows hold beyond the batch's ``data.max_positives`` (not among
+            the documents), and cut_row: (C,) the row of each; None when the batch has none. Masked as a
+            positive's copies are (:func:`~obliq.losses.masks.false_negative_masks`): a row's positive is never
+            its negative, kept or not.
         gathered: the rows are every rank's (rank order), not this rank's.
     """
 
@@ -61,12 +65,20 @@ class StepView:
     teacher_query_vectors: torch.Tensor | None = None
     teacher_doc_vectors: torch.Tensor | None = None
     mask: torch.Tensor | None = None
+    cut_keys: torch.Tensor | None = None
+    cut_row: torch.Tensor | None = None
     gathered: bool = False
+
+    @property
+    def cut(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """``(cut_keys, cut_row)``, or None: what the masks take (:func:`~obliq.losses.masks.false_negative_masks`)."""
+        return None if self.cut_keys is None else (self.cut_keys, self.cut_row)
 
     @classmethod
     def of(cls, batch: dict, gathered: bool = False, device: torch.device | str | None = None) -> StepView:
         """The view of a collated batch (:mod:`obliq.data`): ``positive_index``, and where present
-        ``doc_row``, ``doc_positive``, ``doc_keys``, ``query_keys``, ``teacher_scores``,
+        ``doc_row``, ``doc_positive``, ``doc_keys``, ``query_keys``, ``cut_positive_keys``, ``cut_positive_row``,
+        ``teacher_scores``,
         ``teacher_query_vectors``, ``teacher_doc_vectors``; with ``gathered`` and several processes, every
         rank's rows concatenated in rank order (each rank's row and document indices shifted by the rows and
         documents of the ranks before it). A collective call: every rank calls it with the same arguments.
@@ -86,6 +98,7 @@ class StepView:
             is_positive[positive_index] = True
         fields = {k: get(k) for k in ("doc_keys", "query_keys", "teacher_scores")}
         fields |= {k: get(k) for k in ("teacher_query_vectors", "teacher_doc_vectors")}
+        cut_keys, cut_row = get("cut_positive_keys"), get("cut_positive_row")
         rank, size = world()
         if gathered and size > 1:
             counts = gather(torch.tensor([[n_rows, n_docs]], device=device))  # (world, 2)
@@ -94,9 +107,13 @@ class StepView:
             doc_row = gather(torch.where(doc_row >= 0, doc_row + before[0], doc_row))
             is_positive = gather(is_positive)
             fields = {k: None if v is None else gather(v) for k, v in fields.items()}
+            if cut_keys is not None:
+                cut_keys, cut_row = gather(cut_keys), gather(cut_row + before[0])
         rows = torch.arange(len(positive_index), device=device)
         positives = (doc_row[None, :] == rows[:, None]) & is_positive[None, :]
-        return cls(positive_mask(positives, len(doc_row)), positive_index, doc_row, **fields, gathered=gathered)
+        positives = positive_mask(positives, len(doc_row))
+        cut = {"cut_keys": cut_keys, "cut_row": cut_row} if cut_keys is not None else {}
+        return cls(positives, positive_index, doc_row, **fields, **cut, gathered=gathered)
 
     def embeddings(self, queries: torch.Tensor, docs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """This rank's (B_r, h) query and (M_r, h) document embeddings as the view's rows: gathered

@@ -116,10 +116,23 @@ class RetrieverModule(L.LightningModule):
 
     # ------------------------------------------------------------------ setup
     def setup(self, stage: str) -> None:
-        """Hand the encoder's tokenization (a light, picklable object) to the data module."""
+        """Hand the encoder's tokenization (a light, picklable object) to the data module; refuse a term the
+        training rows leave nothing to compute (:meth:`~obliq.losses.Term.rows_problem`, on the first rows of
+        every file).
+
+        Raises:
+            ValueError: ``model.terms[i] (Class) …``, the term's reason.
+        """
         datamodule = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
         if datamodule is not None and getattr(datamodule, "tokenize", None) is None:
             datamodule.tokenize = self.encoder.text
+        first_rows = getattr(datamodule, "first_rows", None)
+        if stage == "fit" and first_rows is not None and self.terms:
+            rows = list(first_rows())
+            for i, term in enumerate(self.terms):
+                problem = term.rows_problem(rows)
+                if problem:
+                    raise ValueError(f"model.terms[{i}] ({type(term).__name__}) {problem}")
 
     def configure_model(self) -> None:
         """Under FSDP2 (:class:`~obliq.model.sharding.LoraModelParallelStrategy`; Lightning calls this
