@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import csv
 import json
+import multiprocessing
+import os
 import re
 from pathlib import Path
 
@@ -247,3 +249,46 @@ def test_sharded_samples_merge_into_the_single_runs_rows(split, tmp_path, monkey
         generate(out=tmp_path / "p.jsonl", **dict(common, prompt_dir=prompts))
     with pytest.raises(ValueError, match="other seed, prompt_dir, prompts"):
         generate(out=tmp_path / "one.jsonl", **dict(common, seed=14, prompt_dir=prompts))
+
+
+def test_a_killed_run_resumed_with_other_settings_is_refused(split, tmp_path, monkeypatch):
+    """Issue 53 §3: the settings record is written before the first row, so a run killed midway (no final report)
+    still refuses a resume with another seed, temperature or model, and an output holding rows without any record
+    is refused (its making unknown); the same settings resume it."""
+    from obliq.llm.backends import BackendConfig
+    from obliq.synth.commands import generate
+    from obliq.synth.generate import GenerationConfig
+
+    folder = split / "math-theoremqa"
+    task = load_task(folder)
+    calls, parent = {"n": 0}, os.getpid()
+
+    class Killed(ScriptedBackend):
+        def generate(self, *a, **k):
+            calls["n"] += 1
+            if calls["n"] > 2:  # Stage A and B of the first batch, then the process is killed (no clean-up)
+                if os.getpid() != parent:
+                    os._exit(9)
+                raise AssertionError("a resume with other settings generated rows")
+            return super().generate(*a, **k)
+
+    monkeypatch.setattr(BackendConfig, "build", lambda self: Killed(task))
+    common = dict(task=folder, spec=SPEC, n_docs=4, seed=13, generation=GenerationConfig(batch_size=1))
+    out = tmp_path / "rows.jsonl"
+    child = multiprocessing.get_context("fork").Process(target=generate, kwargs=dict(out=out, **common))
+    child.start()
+    child.join(120)
+    assert child.exitcode == 9 and len(out.read_text().splitlines()) == 1  # one row written before the kill
+    for other, named in (
+        (dict(seed=14), "seed"),
+        (dict(generation=GenerationConfig(batch_size=1, temperature=0.3)), "generation"),
+        (dict(backend=BackendConfig(model="minilm")), "backend.model"),
+    ):
+        with pytest.raises(ValueError, match=rf"rows.jsonl: its rows were generated with other {named}"):
+            generate(out=out, **{**common, **other})
+    calls["n"] = -100
+    assert generate(out=out, **common)["already_done"] == 1
+    lone = tmp_path / "lone.jsonl"
+    lone.write_text(out.read_text())
+    with pytest.raises(ValueError, match=r"lone.jsonl: holds rows but no lone.jsonl.report.json"):
+        generate(out=lone, **common)

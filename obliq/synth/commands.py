@@ -54,8 +54,13 @@ def prompts_digest(spec: TaskSpec, prompt_dir: Path | None = None) -> str:
 def _check_resume(out: Path, args: dict, digest: str) -> None:
     """Refuse to extend an output that another setting or prompt wrote (see :data:`RESUME_SETTINGS`)."""
     report_file = out.with_name(out.name + ".report.json")
-    if not (out.is_file() and out.stat().st_size and report_file.is_file()):
+    if not (out.is_file() and out.stat().st_size):
         return
+    if not report_file.is_file():  # written before the first row (issue 53): rows without it are of unknown making
+        raise ValueError(
+            f"{out}: holds rows but no {report_file.name} saying what made them; a rerun would mix them with new "
+            "ones: give another --out, or remove it with its .rejects.jsonl"
+        )
     saved = json.loads(read_text(report_file))
     before = saved.get("args", {})
     differ = [k for k in RESUME_SETTINGS if before.get(k) != args.get(k)]
@@ -133,6 +138,8 @@ def generate(
         args["corpus_sha256"] = data.corpus_sha256  # what a merge compares
         read_done(Path(out), spec.name)  # another command's file, or a bad row: refused before the model loads
         engine = backend.build()
+        # what the rows are made with, before the first is written: a killed run's resume is checked against it
+        write_json(outputs["report"], {"args": args, "prompts": digest, "report": None})
         report = asdict(
             synthesize(
                 data,
@@ -148,7 +155,7 @@ def generate(
                 samples=samples,
             )
         )
-        write_json(out.with_name(out.name + ".report.json"), {"args": args, "prompts": digest, "report": report})
+        write_json(outputs["report"], {"args": args, "prompts": digest, "report": report})
         log.info(
             "%s: %d rows written (%d already done), skipped %s, %d retries, %.1f tokens/s",
             report["task"],
@@ -189,6 +196,8 @@ def merge(shards: list[Path], out: Path, overwrite: bool = False) -> dict:
             if not report_file.is_file():
                 raise FileNotFoundError(f"{report_file}: the shard's report is missing (written by synth generate)")
             reports.append(json.loads(read_text(report_file)))
+            if not isinstance(reports[-1].get("report"), dict):
+                raise ValueError(f"{file}: its synth generate run did not finish ({report_file}): resume it first")
         check_same_run(
             [
                 (
@@ -279,7 +288,7 @@ def audit_queries(rows: Path, task: Path, split: str = "test", real: bool = True
     out = {"task": data.name, "rows": [asdict(r) for r in table]}
     report = Path(rows).with_name(Path(rows).name + ".report.json")
     if report.is_file():
-        generated = json.loads(read_text(report)).get("report", {})
+        generated = json.loads(read_text(report)).get("report") or {}
         replies = sum(generated.get("replies", {}).values())
         if replies:
             shares: dict[str, float] = {}
