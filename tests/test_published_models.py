@@ -244,3 +244,27 @@ def test_a_llama_bidirec_config_over_other_weights_is_refused_on_every_loading_p
     for load in (lambda: BiEncoder(str(folder)), lambda: load_encoder(str(folder), "sentence-transformers")):
         with pytest.raises(ValueError, match="missing keys .*refusing to encode with random weights"):
             load()
+
+
+@pytest.mark.slow
+def test_weights_of_more_layers_than_the_config_are_refused_on_every_loading_path(replicas, tmp_path):
+    """Issue 53 §3: a ``llama_bidirec`` folder whose file holds a layer its configuration does not have would be
+    evaluated on the configuration's layers only; both obliq loaders refuse it, naming the weights not read."""
+    from safetensors.torch import load_file, save_file
+
+    from obliq.model import BiEncoder
+    from obliq.search.encoders import load_encoder
+
+    folder = tmp_path / "more-layers"
+    shutil.copytree(replicas[NAMES[1]], folder)
+    weights = load_file(folder / "model.safetensors")
+    layers = 1 + max(int(k.split(".")[1]) for k in weights if k.startswith("layers."))
+    extra = {
+        k.replace("layers.0.", f"layers.{layers}.", 1): v.clone()
+        for k, v in weights.items()
+        if k.startswith("layers.0.")
+    }
+    save_file({**weights, **extra}, folder / "model.safetensors", metadata={"format": "pt"})
+    for load in (lambda: BiEncoder(str(folder)), lambda: load_encoder(str(folder), "sentence-transformers")):
+        with pytest.raises(ValueError, match=rf"unexpected keys .*layers\.{layers}\."):
+            load()

@@ -195,7 +195,7 @@ def check_loading(path: str, loading: dict, every_weight: bool) -> None:
         )
 
 
-def check_file_weights(model, folder: str | os.PathLike) -> None:
+def check_file_weights(model, folder: str | os.PathLike, every_weight: bool = False) -> None:
     """Refuse a model whose weights are not all in its folder's safetensors files: the check of
     :func:`check_loading` for a loader that does not report what it loaded (sentence-transformers, whose
     ``Transformer`` module fills a missing weight at random as transformers does, e.g. BERT weights under a
@@ -205,9 +205,11 @@ def check_file_weights(model, folder: str | os.PathLike) -> None:
         model: the loaded transformers model (its ``state_dict`` names, with or without its
             ``base_model_prefix``).
         folder: the folder its weights were read from.
+        every_weight: refuse weights of the files the model did not read too (a published family, whose
+            files must be read whole: weights of more layers than its configuration has, say).
 
     Raises:
-        ValueError: naming the folder and the first weights missing from its files.
+        ValueError: naming the folder and the first weights missing from its files (or not read).
     """
     from safetensors import safe_open
 
@@ -219,11 +221,17 @@ def check_file_weights(model, folder: str | os.PathLike) -> None:
         with safe_open(str(file), "pt") as f:
             stored.update(f.keys())
     prefix = f"{getattr(model, 'base_model_prefix', '')}."
-    missing = sorted(n for n in model.state_dict() if n not in stored and prefix + n not in stored)
-    if missing:
+    names = set(model.state_dict())
+    missing = sorted(n for n in names if n not in stored and prefix + n not in stored)
+    unread = sorted(n for n in stored if every_weight and n not in names and n.removeprefix(prefix) not in names)
+    found = {"missing": missing, "unexpected": unread}
+    if missing or unread:
+        said = "; ".join(
+            f"{len(v)} {k} keys ({', '.join(v[:3])}{', …' if len(v) > 3 else ''})" for k, v in found.items() if v
+        )
         raise ValueError(
-            f"{folder}: the backbone's weights do not match its configuration: {len(missing)} missing keys "
-            f"({', '.join(missing[:3])}{', …' if len(missing) > 3 else ''}); refusing to encode with random weights"
+            f"{folder}: the backbone's weights do not match its configuration: {said}; refusing to encode with "
+            + ("random weights" if missing else "part of its weights")
         )
 
 

@@ -68,11 +68,12 @@ class SentenceTransformerEncoder:
 
         self.name_or_path = str(name_or_path)
         path = resolve_model(name_or_path)
-        check_model_code(path, trust_remote_code)  # a published family (llama_bidirec) read as data
+        family = check_model_code(path, trust_remote_code)  # a published family (llama_bidirec) read as data
         self.model = SentenceTransformer(path, device=device, trust_remote_code=trust_remote_code)
         transformer = self.model[0]  # its weights all read (sentence-transformers fills missing ones at random)
         if Path(path).is_dir() and hasattr(transformer, "model"):
-            check_file_weights(transformer.model, Path(path) / _module_path(Path(path)))
+            folder = Path(path) / _module_path(Path(path))
+            check_file_weights(transformer.model, folder, every_weight=family is not None)
         if getattr(self.model, "tokenizer", None) is not None:  # a text model: refused without its vocabulary
             from obliq.model.tokenizer import check_vocabulary
 
