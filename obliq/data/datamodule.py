@@ -165,39 +165,30 @@ class RowReader(Dataset):
             self._maps[key] = np.concatenate([[0], np.cumsum(self._array(s, f, "n_keys"), dtype=np.int64)])
         return self._maps[key]
 
+    def _indexed(self, source: int, rows: np.ndarray) -> Iterator[tuple[np.ndarray, int, int]]:
+        """Each row's index keys (query, every positive, every negative: id and text key each), its number of
+        positives and how many of them a batch keeps (:attr:`max_positives`)."""
+        files, positions = self.locate(source, np.asarray(rows, dtype=np.int64))
+        for f, p in zip(files.tolist(), positions.tolist()):
+            starts, n_pos = self._key_starts(source, f), int(self._array(source, f, "n_positives")[p])
+            row = np.asarray(self._array(source, f, "keys")[starts[p] : starts[p + 1]])
+            yield row, n_pos, n_pos if self.max_positives is None else min(n_pos, self.max_positives)
+
     def keys(self, source: int, rows: np.ndarray) -> list[np.ndarray]:
         """The identity keys of rows of one source, from the index (:meth:`obliq.data.rows.TrainingRow.keys`
         with the first :attr:`max_positives` positives and :attr:`max_negatives` negatives): what a step plan
         keeps apart."""
-        files, positions = self.locate(source, np.asarray(rows, dtype=np.int64))
-        out = []
-        for f, p in zip(files.tolist(), positions.tolist()):
-            starts, keys = self._key_starts(source, f), self._array(source, f, "keys")
-            row = np.asarray(keys[starts[p] : starts[p + 1]])
-            n_pos = int(self._array(source, f, "n_positives")[p])
-            kept = n_pos if self.max_positives is None else min(n_pos, self.max_positives)
-            negatives = row[2 + 2 * n_pos :][: None if self.max_negatives is None else 2 * self.max_negatives]
-            out.append(np.concatenate([row[: 2 + 2 * kept], negatives]))
-        return out
+        cut = None if self.max_negatives is None else 2 * self.max_negatives
+        return [np.concatenate([r[: 2 + 2 * k], r[2 + 2 * n :][:cut]]) for r, n, k in self._indexed(source, rows)]
 
     def cut_keys(self, source: int, rows: np.ndarray) -> list[np.ndarray]:
         """The id and text keys of the positives each row holds beyond :attr:`max_positives` (empty arrays when it
         keeps all): documents the loss masks for the row though the batch does not bring them (issue 53)."""
-        files, positions = self.locate(source, np.asarray(rows, dtype=np.int64))
-        out = []
-        for f, p in zip(files.tolist(), positions.tolist()):
-            starts, keys = self._key_starts(source, f), self._array(source, f, "keys")
-            n_pos = int(self._array(source, f, "n_positives")[p])
-            kept = n_pos if self.max_positives is None else min(n_pos, self.max_positives)
-            out.append(np.asarray(keys[starts[p] + 2 + 2 * kept : starts[p] + 2 + 2 * n_pos]))
-        return out
+        return [r[2 + 2 * k : 2 + 2 * n] for r, n, k in self._indexed(source, rows)]
 
     def positives(self, source: int, rows: np.ndarray) -> list[int]:
         """The positives each row of one source brings to a batch (at most :attr:`max_positives`), from the index."""
-        files, positions = self.locate(source, np.asarray(rows, dtype=np.int64))
-        cap = self.max_positives
-        counts = (int(self._array(source, f, "n_positives")[p]) for f, p in zip(files.tolist(), positions.tolist()))
-        return [n if cap is None else min(n, cap) for n in counts]
+        return [k for _, _, k in self._indexed(source, rows)]
 
     def tasks(self, source: int, rows: np.ndarray) -> list[str]:
         """The ``task`` field of rows of one source, from the index."""
