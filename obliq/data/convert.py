@@ -1,6 +1,8 @@
 """``obliq data convert``: the training data users already have, in the layouts of sentence-transformers, Tevatron
-and ReasonIR (:func:`convert` gives each format and its source), read from JSONL, Parquet or a ``datasets``
-``save_to_disk`` folder, turned into obliq's training rows (docs/formats.md, "Converting training data").
+and ReasonIR (:func:`convert` gives each format and its source), read from JSONL, Parquet or Arrow files, a
+``datasets`` ``save_to_disk`` folder or a dataset folder whose configurations and splits ``datasets`` resolves
+(:mod:`obliq.data.convert_inputs`), turned into obliq's training rows (docs/formats.md, "Converting training
+data").
 
 Every row is built, serialised and checked by :func:`obliq.data.rows.parse_row`, obliq's own check of a training
 row; a refusal (:class:`ConvertError`) names the input's file, its line (JSONL, 1-based) or ``row <i>`` (Parquet
@@ -11,7 +13,6 @@ Nothing is written unless every record converts.
 from __future__ import annotations
 
 import hashlib
-import itertools
 import json
 import logging
 import re
@@ -23,8 +24,9 @@ from time import perf_counter
 from typing import Any, Literal
 
 from obliq.claims import claim_outputs
+from obliq.data.convert_inputs import ConvertError, Record, open_input
 from obliq.data.rows import ROW_SOURCES, RowError, parse_row, positive_fields
-from obliq.files import atomic_write, open_text
+from obliq.files import atomic_write
 from obliq.text import normalise_text, repair_text, text_hash
 
 log = logging.getLogger(__name__)
@@ -43,39 +45,17 @@ _FORMAT_TEXT = (
     "tevatron (query_id, query, positive_passages, negative_passages), reasonir (query, pos, neg)"
 )
 _NEGATIVE_N = re.compile(r"negative_(\d+)")
-_SPLIT_FILE = re.compile(r"(?P<split>[A-Za-z0-9_.]+)-\d+-of-\d+\.parquet")
-_BATCH = 1024
+_ROLES = {
+    "sentence-transformers": (*ST_QUERY_COLUMNS, "positive", "negative"),
+    "tevatron": ("query_id", "query", "positive_passages", "negative_passages"),
+    "reasonir": ("query", "pos", "neg"),
+}
+"""The columns each format reads, its positive and negative columns last (:func:`near_column`)."""
 _COUNTED = "positives negatives rows_with_several_positives missing_negatives document_instructions repaired_characters"
 _FIXED = {
     "tevatron": ("query", "positive_passages", "negative_passages", "query_id"),
     "reasonir": ("query", "pos", "neg", None),
 }
-
-
-class ConvertError(ValueError):
-    """A record that cannot be converted: ``str(err)`` is ``"<file>:<where>:<field>: <reason>"``.
-
-    Attributes:
-        path: the input file (or, for a ``save_to_disk`` folder, the folder of the split read).
-        where: the 1-based line of a JSONL file, or ``row <i>`` (0-based) of a Parquet file or Arrow data set.
-        field: the input's column or field, e.g. ``positive_passages[0].text``, ``negative_2``, ``pos[1][1]``.
-        kind: :data:`obliq.data.rows.ERROR_KINDS`, or ``conflict`` (one document id with two texts).
-        reason: what is wrong, in words.
-    """
-
-    def __init__(self, path: str, where: str, field: str, kind: str, reason: str):
-        self.path, self.where, self.field, self.kind, self.reason = str(path), str(where), field, kind, reason
-        super().__init__(f"{self.path}:{self.where}:{field}: {reason}")
-
-
-@dataclass(frozen=True)
-class _Record:
-    """One input record: its values, where it is (file, line or ``row i``) and its number in the row ids."""
-
-    values: dict
-    path: str
-    where: str
-    number: int
 
 
 @dataclass
@@ -154,15 +134,45 @@ def _layout(fmt: str, columns: list[str]) -> _Layout:
             raise _NoColumn("negative", f"both negative and {numbered[0][1]}: keep one naming")
         negatives = ["negative"] if "negative" in present else [c for _, c in numbered]
         used = {queries[0], "positive", *negatives}
-        return _Layout(queries[0], "positive", negatives, ignored=[c for c in columns if c not in used])
-    query, positives, negatives, query_id = _FIXED[fmt]
-    for col in (query, positives):
-        if col not in present:
-            raise _NoColumn(col, f"no {col} column")
-    negatives = [negatives] if negatives in present else []
-    query_id = query_id if query_id in present else None
-    used = {query, positives, *negatives, query_id}
-    return _Layout(query, positives, negatives, query_id, [c for c in columns if c not in used])
+        layout = _Layout(queries[0], "positive", negatives, ignored=[c for c in columns if c not in used])
+    else:
+        query, positives, negatives, query_id = _FIXED[fmt]
+        for col in (query, positives):
+            if col not in present:
+                raise _NoColumn(col, f"no {col} column")
+        negatives = [negatives] if negatives in present else []
+        query_id = query_id if query_id in present else None
+        used = {query, positives, *negatives, query_id}
+        layout = _Layout(query, positives, negatives, query_id, [c for c in columns if c not in used])
+    for col in layout.ignored:
+        if near := near_column(col, fmt):
+            reason = f"not read, but named like {near} (rename it {near} if it is that column, or drop it)"
+            raise _NoColumn(col, reason)
+    return layout
+
+
+def _one_edit(a: str, b: str) -> bool:
+    """Whether ``a`` and ``b`` differ by one character inserted, deleted or replaced."""
+    a, b = (a, b) if len(a) >= len(b) else (b, a)
+    if a == b or len(a) - len(b) > 1:
+        return False
+    i = next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), len(b))
+    return a[i + 1 :] == (b[i + 1 :] if len(a) == len(b) else b[i:])
+
+
+def near_column(column: str, fmt: str) -> str | None:
+    """The column of format ``fmt`` that ``column``, one it does not read, looks meant to be, or None: the same
+    name but for case, separators and a plural (``negatives``, ``Negative``, ``negative-1``), one letter off
+    (``postive``, ``anchr``; names of 5 letters or more), or a name holding ``positive`` or ``negative``
+    (``hard_negatives``). Such a column is refused rather than dropped (it holds data the user meant to give).
+    """
+    plain = re.sub(r"[^a-z0-9]", "", column.lower())
+    for role in _ROLES[fmt]:
+        name = re.sub(r"[^a-z0-9]", "", role.lower())
+        if plain in (name, name + "s", name + "es") or (len(name) >= 5 and _one_edit(plain, name)):
+            return role
+    word = next((w for w in ("positive", "negative") if w in plain), None)
+    return None if word is None else _ROLES[fmt][-2 if word == "positive" else -1]
 
 
 def _doc_id(text: str, prefix: str = DOC_ID_PREFIX) -> str:
@@ -173,7 +183,7 @@ def _doc_id(text: str, prefix: str = DOC_ID_PREFIX) -> str:
 class _Reader:
     """Values of one record, type-checked and repaired, refused with the record's place and the field's name."""
 
-    def __init__(self, rec: _Record, counts: Counter):
+    def __init__(self, rec: Record, counts: Counter):
         self.rec, self.counts = rec, counts
 
     def fail(self, label: str, kind: str, reason: str) -> ConvertError:
@@ -212,7 +222,7 @@ class _Reader:
         return self.text(value[0], f"{label}[0]"), self.text(value[1], f"{label}[1]"), f"{label}[1]"
 
 
-def _sentence_transformers(rec: _Record, layout: _Layout, read: _Reader) -> _Example:
+def _sentence_transformers(rec: Record, layout: _Layout, read: _Reader) -> _Example:
     query = read.text(rec.values.get(layout.query), layout.query)
     texts = []  # (column, text): the positive, then the negatives
     for col in (layout.positives, *layout.negatives):
@@ -224,7 +234,7 @@ def _sentence_transformers(rec: _Record, layout: _Layout, read: _Reader) -> _Exa
     return _Example(query, layout.query, docs[:1], docs[1:])
 
 
-def _tevatron(rec: _Record, layout: _Layout, read: _Reader) -> _Example:
+def _tevatron(rec: Record, layout: _Layout, read: _Reader) -> _Example:
     values = rec.values
     qid = values.get(layout.query_id) if layout.query_id else None
     qid = None if qid is None else read.text(qid, layout.query_id, number=True)
@@ -248,7 +258,7 @@ def _tevatron(rec: _Record, layout: _Layout, read: _Reader) -> _Example:
     return _Example(query, "query", docs[0], [d for part in docs[1:] for d in part], qid or None)
 
 
-def _reasonir(rec: _Record, layout: _Layout, read: _Reader) -> _Example:
+def _reasonir(rec: Record, layout: _Layout, read: _Reader) -> _Example:
     values = rec.values
     instruction, query, query_label = read.pair(values.get("query"), "query")
 
@@ -266,147 +276,6 @@ def _reasonir(rec: _Record, layout: _Layout, read: _Reader) -> _Example:
 _BUILDERS = {"sentence-transformers": _sentence_transformers, "tevatron": _tevatron, "reasonir": _reasonir}
 
 
-_Input = tuple[list[str], list[str], Iterator[tuple[_Record, list[str] | None]]]
-"""An opened input: its files, its columns (its first record's or table's), its records each with its table's
-columns (None: a JSONL record)."""
-
-
-def _need(package: str, what: str):
-    try:
-        return __import__(package)
-    except ImportError:  # datasets brings pyarrow; both are what sentence-transformers trains from
-        raise ImportError(f"reading {what} needs the {package!r} package: pip install datasets") from None
-
-
-def _jsonl(path: Path) -> _Input:
-    def records() -> Iterator[tuple[_Record, None]]:
-        with open_text(path) as f:
-            for lineno, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    obj = json.loads(line, strict=False)
-                except json.JSONDecodeError as err:
-                    hint = " (a JSON array? obliq reads one record a line, JSONL)" if line.lstrip()[:1] == "[" else ""
-                    raise ConvertError(str(path), lineno, "(record)", "json", f"not valid JSON: {err}{hint}") from None
-                if not isinstance(obj, dict):
-                    reason = f"expected a JSON object, got {type(obj).__name__}"
-                    raise ConvertError(str(path), lineno, "(record)", "json", reason)
-                yield _Record(obj, str(path), str(lineno), lineno), None
-
-    it = records()
-    first = next(it, None)
-    return [str(path)], list(first[0].values) if first else [], itertools.chain([first] if first else [], it)
-
-
-def _tables(parts: Iterator[tuple[str, list[str], Iterator]]) -> Iterator[tuple[_Record, list[str]]]:
-    """The rows of Arrow tables: ``parts`` gives each file's name, columns and record batches."""
-    number = 0
-    for where, columns, batches in parts:
-        for index, values in enumerate(v for batch in batches for v in batch.to_pylist()):
-            yield _Record(values, where, f"row {index}", number), columns
-            number += 1
-
-
-def _parquet(files: list[Path]) -> _Input:
-    _need("pyarrow", "Parquet files")
-    import pyarrow.parquet as pq
-
-    def opened(path: Path):
-        try:
-            return pq.ParquetFile(path)
-        except Exception as err:  # pyarrow's ArrowInvalid and OSError alike: the file named
-            raise ValueError(f"{path}: not a Parquet file that pyarrow can read ({err})") from None
-
-    parts = ((str(p), (pf := opened(p)).schema_arrow.names, pf.iter_batches(batch_size=_BATCH)) for p in files)
-    return [str(f) for f in files], list(opened(files[0]).schema_arrow.names), _tables(parts)
-
-
-def _split_of(path: Path) -> str | None:
-    """The split a hub-style Parquet file holds (``train-00000-of-00002.parquet``), or its folder's name for
-    the parquet-converter's layout (``…/train/0000.parquet``); None otherwise."""
-    m = _SPLIT_FILE.fullmatch(path.name)
-    if m:
-        return m["split"]
-    return path.parent.name if re.fullmatch(r"\d+\.parquet", path.name) else None
-
-
-def _parquet_folder(folder: Path, split: str | None) -> _Input:
-    files = sorted(
-        (p for p in folder.rglob("*.parquet") if not any(part.startswith(".") for part in p.relative_to(folder).parts)),
-        key=lambda p: p.relative_to(folder).as_posix(),
-    )
-    if not files:
-        raise ValueError(f"{folder}: no Parquet file outside hidden folders")
-    splits = sorted({s for s in map(_split_of, files) if s is not None})
-    if split is not None:
-        chosen = [p for p in files if _split_of(p) == split]
-        if not chosen:
-            raise ValueError(
-                f"{folder}: no Parquet file of split {split!r} (splits found: {', '.join(splits) or 'none'})"
-            )
-        files = chosen
-    elif len(splits) > 1:
-        raise ValueError(f"{folder}: Parquet files of several splits ({', '.join(splits)}): choose one with --split")
-    return _parquet(files)
-
-
-def _arrow(folder: Path, split: str | None) -> tuple[_Input, str | None]:
-    datasets = _need("datasets", "a save_to_disk folder")
-    try:
-        loaded = datasets.load_from_disk(str(folder))
-    except FileNotFoundError as err:
-        raise ValueError(f"{folder}: not a folder that datasets' save_to_disk wrote ({err})") from None
-    where = folder
-    if isinstance(loaded, datasets.DatasetDict):
-        names = list(loaded)
-        if split is None and len(names) == 1:
-            split = names[0]
-        if split is None:
-            raise ValueError(f"{folder}: a DatasetDict of several splits ({', '.join(names)}): choose one with --split")
-        if split not in loaded:
-            raise ValueError(f"{folder}: no split {split!r} (splits: {', '.join(names)})")
-        ds, where = loaded[split], folder / split
-    else:
-        if split is not None:
-            raise ValueError(f"{folder}: a single Dataset (no dataset_dict.json): it has no splits; leave out --split")
-        ds = loaded
-    columns, files = list(ds.column_names), sorted({f["filename"] for f in ds.cache_files}) or [str(where)]
-    parts = iter([(str(where), columns, ds.with_format("arrow").iter(batch_size=_BATCH))])
-    return (files, columns, _tables(parts)), split
-
-
-def _open(path: Path, split: str | None) -> tuple[_Input, str | None]:
-    """The input at ``path`` (a JSONL or Parquet file, or a folder) and the split read.
-
-    Raises:
-        FileNotFoundError: nothing at ``path``.
-        ValueError: a file of another kind, a folder without data, a split not found or not chosen.
-    """
-    if not path.exists():
-        raise FileNotFoundError(f"{path}: no such file or folder")
-    if path.is_dir():
-        if (path / "dataset_dict.json").is_file() or (path / "state.json").is_file():
-            return _arrow(path, split)
-        if any(path.rglob("*.parquet")):
-            return _parquet_folder(path, split), split
-        raise ValueError(
-            f"{path}: a folder with no data obliq reads: neither a save_to_disk folder (dataset_dict.json or "
-            "state.json) nor Parquet files"
-        )
-    if split is not None:
-        raise ValueError(f"{path}: --split is for a folder of several splits, not a single file")
-    suffix = path.suffix.lower()
-    if suffix == ".parquet":
-        return _parquet([path]), None
-    if suffix in (".jsonl", ".json", ".ndjson"):
-        return _jsonl(path), None
-    raise ValueError(
-        f"{path}: a {suffix or 'suffix-less'} file; obliq converts JSONL (.jsonl, .json: one record a line), "
-        "Parquet (.parquet) and folders (save_to_disk, or Parquet files)"
-    )
-
-
 def _row(ex: _Example, row_id: str, task: str, source: str) -> dict:
     row: dict = {"id": row_id, "task": task, "source": source, "query": ex.query}
     if ex.instruction:
@@ -421,7 +290,7 @@ def _row(ex: _Example, row_id: str, task: str, source: str) -> dict:
     return row
 
 
-def _refusal(err: RowError, ex: _Example, rec: _Record) -> ConvertError:
+def _refusal(err: RowError, ex: _Example, rec: Record) -> ConvertError:
     """``parse_row``'s refusal of a converted row, in the input's terms: its file, line or row, and column."""
     one = len(ex.positives) == 1
     docs = {("positive" if one else f"positives[{i}]"): d for i, d in enumerate(ex.positives)}
@@ -461,6 +330,7 @@ def convert(
     format: Literal["auto", "sentence-transformers", "tevatron", "reasonir"] = "auto",
     source: Literal["public", "synthetic", "knn", "random-control"] = "public",
     split: str | None = None,
+    subset: str | None = None,
     id_prefix: str | None = None,
     overwrite: bool = False,
 ) -> dict:
@@ -477,28 +347,33 @@ def convert(
       a text without instruction, as FlagEmbedding's ``{query, pos, neg}``).
 
     One row per record, in input order: id ``<id_prefix>:<n>`` (n: the 1-based line of a JSONL file, or the
-    0-based row index over the Parquet files or the data set); one ``positive`` or several ``positives``; the
+    0-based row index over the files read or the data set); one ``positive`` or several ``positives``; the
     negatives in input order; a ReasonIR query's instruction as ``instruction``, its documents' own in
     ``meta.document_instructions``; ``meta.query_id``: Tevatron's ``query_id``, else ``q:`` + 16 hex digits of
     the query's SHA-256. Document ids: Tevatron's ``docid``, else ``doc:`` + 16 hex digits of the text's SHA-256
     (one text, one id: obliq masks false negatives by id).
 
     Args:
-        input: a JSONL file (``.jsonl``, ``.json``: one record a line), a Parquet file, a ``save_to_disk`` folder
-            (``Dataset`` or ``DatasetDict``) or a folder of Parquet files (all read, sorted by path).
+        input: a JSONL file (``.jsonl``, ``.json``: one record a line), a Parquet or Arrow file, a
+            ``save_to_disk`` folder (``Dataset`` or ``DatasetDict``), or a dataset folder: the data files of one
+            configuration and split as ``datasets.load_dataset(input, name=subset, split=split)`` finds them
+            (README.md ``configs:``, files named by split; Parquet, Arrow or JSONL), read in datasets' order.
         out: the training rows to write (JSONL, docs/formats.md).
         task: the task the rows belong to (each row's ``task``).
         format: the records' format; ``auto``: told by the column ``positive``, ``positive_passages`` or ``pos``.
         source: each row's ``source``: ``public`` (published data), unless the rows are of obliq's other kinds.
-        split: the split to read from a folder of several (a ``DatasetDict``, or hub Parquet files).
-        id_prefix: the row ids' prefix (default ``<task>:<input name>``, plus ``:<split>``).
+        split: the split to read from a folder of several (a ``DatasetDict``, or a dataset folder's).
+        subset: the configuration to read from a dataset folder of several (README.md ``configs:``): datasets'
+            ``name``, the hub's "subset" (``--config`` is a file of settings, as for every command).
+        id_prefix: the row ids' prefix (default ``<task>:<input name>``, plus ``:<subset>`` when not
+            ``default``, plus ``:<split>``: those read from a folder).
         overwrite: replace an existing ``out`` (refused otherwise).
 
     Returns:
         The report: ``rows``, ``format``, ``detected`` (whether ``auto`` chose it), ``inputs`` (the files read),
-        ``out``, ``task``, ``source``, ``split``, ``positives``, ``negatives``, ``rows_with_several_positives``,
-        ``missing_negatives`` (empty negative cells, skipped), ``document_instructions``, ``repaired_characters``,
-        ``ignored_columns``, ``seconds``.
+        ``out``, ``task``, ``source``, ``subset``, ``split``, ``positives``, ``negatives``,
+        ``rows_with_several_positives``, ``missing_negatives`` (empty negative cells, skipped),
+        ``document_instructions``, ``repaired_characters``, ``ignored_columns``, ``seconds``.
 
     Raises:
         FileNotFoundError: no input.
@@ -506,10 +381,12 @@ def convert(
         ConvertError: a bad record (file, line or row, and column named): a text missing, not a string or empty;
             no positive; a negative equal to a positive, or two equal positives (id or normalised text); a Tevatron
             ``docid`` with two different texts (both places named).
-        ValueError: ``out`` is the input or inside it; an input of another kind; columns that fit no format or
-            several, or lack one (the columns present named); a split not chosen or not found; no record; every
-            ReasonIR positive a single word (``reasonir-data``'s ``hq`` data holds document ids, not texts).
-        ImportError: a Parquet or Arrow input without the ``datasets`` package.
+        ValueError: ``out`` is the input or inside it; an input of another kind, or one that cannot be read (the
+            file named); columns that fit no format or several, or lack one (the columns present named); a
+            column the format does not read named like one it does (``negatives``: :func:`near_column`); a
+            configuration or split not chosen or not found (those there named); no record; every ReasonIR
+            positive a single word (``reasonir-data``'s ``hq`` data holds document ids, not texts).
+        ImportError: a Parquet or Arrow input, or a folder, without the ``datasets`` package.
     """
     t0 = perf_counter()
     input, out = Path(input), Path(out)
@@ -520,14 +397,14 @@ def convert(
     if format != "auto" and format not in FORMATS:
         raise ValueError(f"--format: {format!r} is not one of auto, {', '.join(FORMATS)}")
     with claim_outputs({"out": out}, command="data convert", inputs=[input], overwrite=overwrite, what="rows"):
-        (files, columns, records), split = _open(input, split)
-        fmt = detect_format(columns, input) if format == "auto" else format
+        opened = open_input(input, split, subset)
+        fmt = detect_format(opened.columns, input) if format == "auto" else format
         name = input.stem if input.is_file() else input.resolve().name  # `--input .` names its folder
-        prefix = id_prefix if id_prefix is not None else f"{task}:{name}"
-        if id_prefix is None and split is not None:
-            prefix += f":{split}"
+        config = opened.config if opened.config != "default" else None
+        parts = [id_prefix] if id_prefix is not None else [task, name, config, opened.split]
+        prefix = ":".join(p for p in parts if p is not None)
         with atomic_write(out) as f:  # a refusal in the block leaves no file and what was there before
-            counts, ignored, ids_like = _write_rows(f, records, fmt, f"{prefix}:", task, source)
+            counts, ignored, ids_like = _write_rows(f, opened.records, fmt, f"{prefix}:", task, source)
             if counts["rows"] == 0:
                 raise ValueError(f"{input}: no record to convert")
             if ids_like:
@@ -535,8 +412,8 @@ def convert(
                     f"{input}: every positive is a single word without spaces (first: {ids_like}): document ids, "
                     "not texts? ReasonIR's hq data stores BRIGHT document ids in pos: replace them by their texts first"
                 )
-        report = {"rows": counts["rows"], "format": fmt, "detected": format == "auto", "inputs": files}
-        report |= {"out": str(out), "task": task, "source": source, "split": split}
+        report = {"rows": counts["rows"], "format": fmt, "detected": format == "auto", "inputs": opened.files}
+        report |= {"out": str(out), "task": task, "source": source, "subset": opened.config, "split": opened.split}
         report |= {k: counts[k] for k in _COUNTED.split()} | {"ignored_columns": sorted(ignored)}
         report["seconds"] = round(perf_counter() - t0, 3)
         log.info("%d rows (%s) from %s written to %s", counts["rows"], fmt, input, out)
@@ -586,7 +463,7 @@ def _write_rows(f, records: Iterator, fmt: str, prefix: str, task: str, source: 
     return counts, ignored, ids_like or None
 
 
-def _check_documents(ex: _Example, rec: _Record, seen: dict[str, tuple[int, str]]) -> None:
+def _check_documents(ex: _Example, rec: Record, seen: dict[str, tuple[int, str]]) -> None:
     """Refuse a Tevatron ``docid`` given two different texts (normalised), naming both places."""
     for doc in (*ex.positives, *ex.negatives):
         hashed = text_hash(doc.text)
