@@ -289,3 +289,29 @@ def test_real_generation_with_smollm2_few_shot_and_two_samples(tasks_dir, tmp_pa
         main(["negatives", "mine", "--rows", str(out), "--task", str(tmp_path / "task"), "--out", str(train)])
         for r in _rows(train):
             assert len(r.negatives) == 4 and r.meta["generator"] == "transformers:smollm2"
+
+
+def test_a_reply_holding_a_chat_marker_is_never_a_query(math_task, smollm2_path, tmp_path):
+    """Issue 53 §3: a chat template that ignores ``add_generation_prompt`` leaves the assistant turn unopened, and the
+    model writes ``<|im_start|>assistant`` before its answer; such a reply (any special token of the generator's
+    tokenizer in it) is rejected as ``chat-marker`` and retried, whatever form the answer takes."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_path)
+    template = tokenizer.chat_template
+    assert "<|im_start|>" in template and "<|im_end|>" in template  # the markers its own template writes
+    order, _ = sample_documents(math_task, 3, seed=13)
+    ids = [math_task.doc_ids[i] for i in order]
+    script = {
+        ids[0]: {"B": ["<|im_start|>assistant\nproblems where counting arrangements decides the answer", GOOD_B]},
+        ids[1]: {"A": ["<|im_start|>assistant\n" + GOOD_A, GOOD_A]},
+        ids[2]: {"B": ["<query>problems about counting ways to arrange objects</query><|im_end|>"] * 3},
+    }
+    backend = ScriptedBackend(math_task, script)
+    backend.tokenizer = tokenizer
+    gen = GenerationConfig(max_retries=2)
+    rep = synthesize(math_task, SPEC, backend, tmp_path / "rows.jsonl", n_docs=3, seed=13, generation=gen)
+    assert rep.rejected == {"B:chat-marker": 4, "A:chat-marker": 1}
+    rows = _rows(tmp_path / "rows.jsonl")
+    assert [r.positive.id for r in rows] == ids[:2]
+    assert not any("<|" in r.query or "<|" in r.meta["description"] for r in rows)

@@ -128,6 +128,19 @@ def end_ids(tokenizer, generation_config=None) -> list[int]:
     return sorted(i for i in ids if i is not None)
 
 
+def chat_markers(tokenizer) -> tuple[str, ...]:
+    """The special tokens of a generator's tokenizer, as text (``<|im_start|>``, ``<|im_end|>``, ``</s>``…): what
+    a reply may never hold. A reply decoded with its special tokens that holds one is a turn the template did not
+    close (a template that ignores ``add_generation_prompt`` makes the model write the assistant marker first), or
+    the model writing a next turn; its answer is never a query or a description (issue 53 §3). () without a
+    tokenizer (a backend that has none)."""
+    if tokenizer is None:
+        return ()
+    special = set(getattr(tokenizer, "all_special_tokens", ()) or ())
+    special |= {str(t) for t in getattr(tokenizer, "added_tokens_decoder", {}).values() if getattr(t, "special", 0)}
+    return tuple(sorted(m for m in special if len(m.strip()) > 1))
+
+
 def echoes_prompt(answer: str, instructions: str) -> bool:
     """Whether an answer repeats the prompt's own instructions or only talks about the task.
 

@@ -60,6 +60,7 @@ from pathlib import Path
 from obliq.data.rows import RowError, parse_row
 from obliq.llm.backends import Backend, ask
 from obliq.llm.prompts import PromptTemplate, cut_words
+from obliq.llm.reply import chat_markers
 from obliq.shards import Shard
 from obliq.synth.fewshot import ExamplePool, FewShotConfig
 from obliq.synth.parse import REJECT_REASONS, parse_reply
@@ -277,6 +278,7 @@ class _Stage:
         self.tag = "description" if name == "A" else "query"
         self.max_tokens = cfg.max_new_tokens_a if name == "A" else cfg.max_new_tokens_b
         self.lo, self.hi = cfg.description_words if name == "A" else cfg.query_words
+        self.markers = chat_markers(getattr(backend, "tokenizer", None))
 
     def run(
         self,
@@ -322,6 +324,7 @@ class _Stage:
                     truncated=not reply.finished,
                     instructions=self.instructions,
                     examples=examples[i] if examples else (),
+                    markers=self.markers,
                 )
                 if parsed.ok:
                     results[doc_ids[i]] = parsed.text

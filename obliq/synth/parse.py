@@ -19,7 +19,9 @@ forms, in that order, and returns the cleaned text or the reason it was rejected
 - ``echo``: the text repeats the prompt's own instructions or only talks about the task
   (:func:`obliq.llm.reply.echoes_prompt`);
 - ``unclosed-reasoning``: a reasoning model's thoughts never closed, so the reply has no answer
-  (its reasoning blocks are removed before anything here, :func:`obliq.llm.reply.clean_reply`).
+  (its reasoning blocks are removed before anything here, :func:`obliq.llm.reply.clean_reply`);
+- ``chat-marker``: the reply holds a special token of the generator's chat format (``<|im_start|>`` …,
+  :func:`obliq.llm.reply.chat_markers`): a turn its template left open, never a query.
 
 A rejected reply is retried by the pipeline (:mod:`obliq.synth.generate`).
 """
@@ -44,6 +46,7 @@ REJECT_REASONS = (
     "copied-example",
     "echo",
     "unclosed-reasoning",
+    "chat-marker",
 )
 """Why a reply was rejected (keys of the run report's reject counts)."""
 
@@ -134,6 +137,7 @@ def parse_reply(
     truncated: bool = False,
     instructions: str | None = None,
     examples: Sequence[str] = (),
+    markers: Sequence[str] = (),
 ) -> ParsedReply:
     """Extract the answer from one reply.
 
@@ -153,6 +157,8 @@ def parse_reply(
         instructions: the prompt's fixed text, for the echo check (none when omitted).
         examples: the texts of the few-shot examples the prompt showed (queries and documents), for
             the ``copied-example`` check.
+        markers: the generator's special tokens as text (:func:`obliq.llm.reply.chat_markers`): a reply holding
+            one is rejected (``chat-marker``).
 
     Returns:
         :class:`ParsedReply`: the text (whitespace collapsed, wrapping quotes removed) or a reason.
@@ -160,6 +166,8 @@ def parse_reply(
     if reply is None:
         return ParsedReply(None, "unclosed-reasoning")
     text = reply.strip()
+    if any(m in text for m in markers):
+        return ParsedReply(None, "chat-marker")
     open_tag, close_tag = f"<{tag}>", f"</{tag}>"
     low = text.lower()
     at_end = False  # whether the answer runs to the end of the reply (where a token limit cuts)
