@@ -346,6 +346,13 @@ def plan(recipe_path: Path = PLAN_RECIPE, measured_mfu: float | None = None, mea
     cfg = recipe_config(recipe_path)
     encoder = cfg["model"]["encoder"]["init_args"]
     lora = encoder["lora"]
+    for key, default in (("devices", None), ("num_nodes", 1)):  # Lightning's -1 / "auto" count no GPU here
+        value = cfg["trainer"].get(key, default)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(
+                f"{recipe_path}: trainer.{key} is {value!r}; the plan needs the number of GPUs per node and of "
+                "nodes as integers >= 1 (Lightning's -1 or 'auto' means the GPUs the launch sees)"
+            )
     devices = cfg["trainer"]["devices"] * cfg["trainer"].get("num_nodes", 1)
     per_device, negatives, chunk = cfg["data"]["batch_size"], cfg["data"]["max_negatives"], cfg["model"]["chunk_size"]
     length = max(encoder["query_max_length"], encoder["passage_max_length"])
@@ -810,11 +817,17 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--tokenizer", default="smollm2", help="an alias, a tokenizer folder, or 'bytes'")
     parser.add_argument("--steps", type=int, default=5, help="timed training steps (after 2 warm-up steps)")
     parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's own)")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
+    parser.add_argument("--recipe", type=Path, default=PLAN_RECIPE, help="the recipe the plan counts")
     args = parser.parse_args(argv)
+    if args.out is not None and args.out.exists() and not args.overwrite:
+        parser.error(f"--out {args.out} exists: give another file, or --overwrite to replace it")
     if args.plan_only:
         results = {}
-        _section(results, "plan", plan)
-        _print_plan(results["plan"]) if "skipped" not in results["plan"] else print(results["plan"]["skipped"])
+        _section(results, "plan", plan, args.recipe)
+        if "skipped" in results["plan"]:  # the plan is all this call does: its failure is the call's
+            parser.exit(2, f"error: plan: {results['plan']['skipped']}\n")
+        _print_plan(results["plan"])
         if args.out:
             args.out.parent.mkdir(parents=True, exist_ok=True)
             args.out.write_text(json.dumps(results, indent=1, default=str))
@@ -849,7 +862,7 @@ def main(argv: list[str] | None = None) -> dict:
         _section(results, "train_qlora", _qlora, folder, recipe, args.device, max(2, args.steps // 2), peak)
         train = results["train_bf16"]  # its MFU predicts the 3B run's time only when it timed the 3B shape on a GPU
         measured = train.get("mfu_datasheet") if args.device.startswith("cuda") and not args.tiny else None
-        _section(results, "plan", plan, PLAN_RECIPE, measured, results["peak"].get("device_name", args.device))
+        _section(results, "plan", plan, args.recipe, measured, results["peak"].get("device_name", args.device))
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     results["total_s"] = time.perf_counter() - start

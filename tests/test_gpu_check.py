@@ -171,3 +171,24 @@ def test_activation_bytes_equal_the_saved_tensors_of_a_small_llama():
     two, config = saved_bytes(2)
     want = gc.activation_bytes(config, 16, tokens[0] * tokens[1], mask_bytes=4)
     assert two - one == want["per_layer"]
+
+
+def test_the_plan_refuses_a_device_count_it_cannot_plan_and_out_is_not_replaced(tmp_path, capsys):
+    """Issue 53 §3: a recipe with ``trainer.devices: -1`` (all visible GPUs) planned -3,859 steps and exited 0; now
+    the plan says which field it cannot count and the call fails. An existing --out is kept unless --overwrite."""
+    import yaml
+
+    gc = _gpu_check()
+    recipe = yaml.safe_load(gc.PLAN_RECIPE.read_text())
+    for bad in (-1, "auto", 0):
+        edited = tmp_path / f"recipe-{bad}.yaml"
+        edited.write_text(yaml.safe_dump({**recipe, "trainer": {**recipe["trainer"], "devices": bad}}))
+        with pytest.raises(SystemExit) as exit_:
+            gc.main(["--plan-only", "--recipe", str(edited)])
+        assert exit_.value.code == 2
+        assert f"recipe-{bad}.yaml: trainer.devices is {bad!r}" in capsys.readouterr().err
+    kept = tmp_path / "earlier.json"
+    kept.write_text('{"earlier": "results"}')
+    with pytest.raises(SystemExit):
+        gc.main(["--plan-only", "--out", str(kept)])
+    assert "--out" in capsys.readouterr().err and kept.read_text() == '{"earlier": "results"}'
