@@ -133,10 +133,10 @@ def generate(
         outputs, command="synth generate", inputs=[task, prompt_dir], what="synthetic rows", append=True
     ):
         digest = prompts_digest(spec, prompt_dir)
+        read_done(Path(out), spec.name)  # another command's file, or a bad row: refused before the model loads
         _check_resume(Path(out), args, digest)
         data = load_task(task)
         args["corpus_sha256"] = data.corpus_sha256  # what a merge compares
-        read_done(Path(out), spec.name)  # another command's file, or a bad row: refused before the model loads
         engine = backend.build()
         # what the rows are made with, before the first is written: a killed run's resume is checked against it
         write_json(outputs["report"], {"args": args, "prompts": digest, "report": None})
