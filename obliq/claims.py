@@ -3,9 +3,14 @@ inside an input folder), never a pattern, never replaced without ``--overwrite``
 output (a record beside each output names the command that wrote it), never two running commands' at once;
 all checked before any is claimed, all withdrawn when the command fails.
 
-A claim's record names the claiming process (host, pid, start time, scheduler job: :func:`process_record`),
-so a claim held by a running process is told from one a killed process left (:func:`holder_state`); a
-claim of another machine's process, which a pid cannot tell, is never taken over.
+An output is the file or folder its path reaches: a symlink, a relative path, one through ``..`` and the
+absolute path are one output, with one record (beside the resolved path) and one claim.
+
+A claim's record names the claiming process (:func:`obliq.process.process_record`), so a claim held by a
+running process is told from one a killed process left (:func:`obliq.process.holder_state`); a claim of a
+process on another machine or in another PID namespace (a container of the same host name), which a pid
+cannot tell, is never taken over. The ranks of one multi-process launch are one claimant: rank 0 claims as
+a single process does, the other ranks wait for its claim and share it; a second launch is refused.
 """
 
 from __future__ import annotations
@@ -17,108 +22,39 @@ import re
 import shutil
 import socket
 import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from obliq.files import json_text, write_text
+from obliq.process import holder_state as holder_state  # re-exported: runs.py and tests read them here
+from obliq.process import holder_text as holder_text
+from obliq.process import job_owner as job_owner
+from obliq.process import launch_id as launch_id
+from obliq.process import launch_rank, pid_namespace
+from obliq.process import process_record as process_record
+from obliq.process import process_start as process_start
 
 OUTPUT_RECORD = ".{name}.obliq"
-"""The record beside every output a command claims (``<folder>/.<name>.obliq``, JSON): which command
-wrote it. What ``--overwrite`` may replace is decided from it."""
+"""The record beside every output a command claims (``<folder>/.<name>.obliq``, JSON, beside the resolved
+path): which command wrote it. What ``--overwrite`` may replace is decided from it."""
 FOLDER_MARK = ".obliq-output"
 """The file inside an output folder that ``claim_output(folder=True)`` made, naming its command."""
+RANK_ZERO_WAIT_S = 600.0
+"""How long a rank other than 0 of a launch waits for its rank 0's claim (:func:`claim_outputs`), in seconds."""
 _GLOB = re.compile(r"[*?\[]")
 
 
+def resolved(path: str | os.PathLike) -> Path:
+    """The one name of the file or folder ``path`` reaches: absolute, symlinks followed, ``.`` and ``..``
+    taken as the file system takes them (``os.path.realpath``); a part that does not exist yet is kept."""
+    return Path(os.path.realpath(path))
+
+
 def _record_file(path: Path) -> Path:
-    return path.parent / OUTPUT_RECORD.format(name=path.name)
-
-
-def process_start(pid: int) -> str | None:
-    """A process's start time (Linux ``/proc``), which a reused pid does not share; None when it has ended."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return None
-
-
-_LAUNCH_KEYS = (
-    "SLURM_JOB_ID",
-    "SLURM_ARRAY_JOB_ID",
-    "SLURM_ARRAY_TASK_ID",
-    "SLURM_STEP_ID",
-    "SLURM_RESTART_COUNT",
-    "TORCHELASTIC_RUN_ID",
-    "TORCHELASTIC_RESTART_COUNT",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-)
-
-
-def job_owner() -> str | None:
-    """The scheduler job this process belongs to: ``slurm:<array job>_<task>`` for a SLURM array task,
-    ``slurm:<job id>``, ``torchelastic:<run id>`` (torchrun with a rendezvous id), or None (no scheduler).
-    A requeued SLURM job keeps its id, so it finds its own run again."""
-    env = os.environ
-    if env.get("SLURM_ARRAY_JOB_ID") and env.get("SLURM_ARRAY_TASK_ID"):
-        return f"slurm:{env['SLURM_ARRAY_JOB_ID']}_{env['SLURM_ARRAY_TASK_ID']}"
-    if env.get("SLURM_JOB_ID"):
-        return f"slurm:{env['SLURM_JOB_ID']}"
-    if env.get("TORCHELASTIC_RUN_ID", "none") not in ("", "none"):
-        return f"torchelastic:{env['TORCHELASTIC_RUN_ID']}"
-    return None
-
-
-def launch_id() -> str:
-    """What the processes of one launch (of one job) share, and the next launch (a requeue) does not."""
-    return ";".join(f"{k}={os.environ[k]}" for k in _LAUNCH_KEYS if k in os.environ)
-
-
-def process_record() -> dict:
-    """This process as a record names it: ``{"host", "pid", "process_start", "job", "launch"}``
-    (:func:`holder_state` reads it)."""
-    return {
-        "host": socket.gethostname(),
-        "pid": os.getpid(),
-        "process_start": process_start(os.getpid()),
-        "job": job_owner(),
-        "launch": launch_id(),
-    }
-
-
-def holder_state(record: dict) -> str:
-    """Whether the process a record names (:func:`process_record`) still runs, as far as this process can
-    tell on a file system that several machines share:
-
-    - ``"running"`` / ``"ended"``: a process of this machine, told by its pid and start time (a reused pid
-      has another start); this very process counts as ended (it holds nothing against itself);
-    - ``"ended"``: an earlier launch of this process's own scheduler job on any machine (a requeued job: the
-      scheduler ended that attempt before starting this one);
-    - ``"unknown"``: any other machine's process — a pid means nothing on another host, so obliq cannot
-      tell whether it runs, and a caller refuses rather than take over (issue 49 §2).
-    """
-    pid = record.get("pid")
-    if record.get("host") == socket.gethostname():
-        if not isinstance(pid, int) or pid == os.getpid():
-            return "ended"
-        start = process_start(pid)
-        return "running" if start is not None and start == record.get("process_start") else "ended"
-    job = record.get("job", record.get("owner"))
-    if job is not None and job == job_owner() and record.get("launch") != launch_id():
-        return "ended"
-    return "unknown"
-
-
-def holder_text(record: dict) -> str:
-    """A record's holder in words, for refusals: ``'evaluate' in process 123 on host h``."""
-    command = f"{record['command']!r} in " if record.get("command") else ""
-    return f"{command}process {record.get('pid')} on host {record.get('host')}"
-
-
-def _in_launch() -> bool:
-    """Whether this process is one rank of a multi-process launch (its ranks claim the same outputs)."""
-    return int(os.environ.get("WORLD_SIZE", "1") or 1) > 1
+    real = resolved(path)
+    return real.parent / OUTPUT_RECORD.format(name=real.name)
 
 
 def claimed_folder(folder: Path) -> bool:
@@ -133,13 +69,14 @@ def claimed_folder(folder: Path) -> bool:
 
 
 def output_owner(path: str | os.PathLike) -> str | None:
-    """The command recorded as having written ``path`` (:func:`claim_output`), or None (no record: not
-    written by an obliq command, or by a version before the records)."""
+    """The command recorded as having written ``path`` (:func:`claim_output`; any name of it, :func:`resolved`),
+    or None (no record: not written by an obliq command, or by a version before the records; or a file of
+    unknown origin an ``append`` claim only adopted while it ran)."""
     try:
         record = json.loads(_record_file(Path(path)).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    return record.get("command") if isinstance(record, dict) else None
+    return record.get("command") if isinstance(record, dict) and not record.get("adopted") else None
 
 
 def _overlap(output: Path, given: Path) -> str | None:
@@ -177,30 +114,34 @@ class _Claim:
     taken: bool  # it holds something (a file, or a folder with more than its mark)
     existed: bool
     had_mark: bool
-    shared: bool  # the ranks of one launch, or the shards of an append output, share it: never undone
-    record: dict | None = None  # what this claim wrote beside the path (None: nothing)
+    shared: bool  # several processes write it at once by design (an encode store's shards): never undone
+    record: dict | None = None  # what this claim writes beside the path (None: nothing: a rank > 0's claim)
     before: str | None = None  # the record beside the path before this claim (restored on failure)
     recorded: bool = False  # ``record`` is written
     prepared: bool = False  # emptied, made and marked: what the path holds from here on is this call's
 
 
-def _check(path, command, what, inputs, overwrite, append, folder) -> _Claim:
-    """Check one output of :func:`claim_outputs` against every rule (its docstring), writing nothing."""
-    path = check_output_name(path)
-    for given in inputs:
-        if given is None:
+def _check(path, command, what, inputs, overwrite, append, shared, folder) -> _Claim:
+    """Check one output of :func:`claim_outputs` against every rule (its docstring), writing nothing: a
+    rank other than 0 of a launch checks only what does not change while its rank 0 claims and writes."""
+    given = check_output_name(path)
+    for source in inputs:
+        if source is None:
             continue
-        how = _overlap(path, Path(given))
+        how = _overlap(given, Path(source))
         if how is not None:
             raise ValueError(
-                f"output {path} {how} the input {given}: writing it would destroy the input; choose another path"
+                f"output {given} {how} the input {source}: writing it would destroy the input; choose another path"
             )
+    path = resolved(given)  # one output, one record, whatever name reached it
     owner = output_owner(path)
     if owner is not None and owner != command and path.exists():
         raise ValueError(f"{path} holds {owner!r} output, not {what} of {command!r}: choose another path")
     if folder and path.is_file():
         raise ValueError(f"{path} is a file, and {what} go in a folder: give a folder path")
-    shared = _in_launch() or append
+    existed, had_mark = path.exists(), (path / FOLDER_MARK).is_file()
+    if not shared and (launch_rank() or 0) > 0:  # rank 0 of this launch claims it for every rank
+        return _Claim(path, command, what, folder, False, existed, had_mark, shared=True)
     if not shared:  # a running command's output: named as such, whatever its folder holds at this moment
         _refuse_live_claim(path)
     taken = path.is_file() or (path.is_dir() and any(c.name != FOLDER_MARK for c in path.iterdir()))
@@ -217,22 +158,51 @@ def _check(path, command, what, inputs, overwrite, append, folder) -> _Claim:
             f"{path} is a folder that obliq did not record as {what} of {command!r}: it is not emptied; "
             "give a new or empty folder"
         )
-    claim = _Claim(path, command, what, folder, taken, path.exists(), (path / FOLDER_MARK).is_file(), shared)
-    if not (append and taken and owner is None):  # a file of unknown origin appended to is not recorded
-        claim.record = {"command": command, "what": what, **process_record()}
+    claim = _Claim(path, command, what, folder, taken, existed, had_mark, shared)
+    claim.record = {"command": command, "what": what, **process_record()}
+    if append and taken and owner is None:  # a file of unknown origin appended to: held, never recorded as ours
+        claim.record["adopted"] = True
     return claim
+
+
+def _await_rank_zero(claims: list[_Claim], timeout_s: float) -> None:
+    """Wait until rank 0 of this launch holds every output, made and emptied as asked (its record beside
+    each names this launch and the command, prepared or finished), for a process of another rank.
+
+    Raises:
+        TimeoutError: naming the first output rank 0 did not claim (it was refused: see its error).
+    """
+    launch, deadline = launch_id(), time.monotonic() + timeout_s
+    for claim in claims:
+        while True:
+            try:
+                record = json.loads(_record_file(claim.path).read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                record = None
+            ours = (
+                isinstance(record, dict) and record.get("launch") == launch and record.get("command") == claim.command
+            )
+            if ours and (record.get("prepared") or record.get("complete")):
+                break
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"{claim.path}: rank 0 of this launch ({launch or 'no launcher variables'}) did not claim it "
+                    f"in {timeout_s:.0f} s (refused? see rank 0's error)"
+                )
+            time.sleep(0.05)
 
 
 def _take(claims: list[_Claim], overwrite) -> None:
     """Record every claim (exclusively, unless shared), then empty, make and mark the outputs; a claim
-    refused undoes those taken before it."""
+    refused undoes those taken before it. Rank 0 of a launch then marks its records ``"prepared"``: what
+    its other ranks wait for (:func:`_await_rank_zero`)."""
     try:
         for claim in claims:
             if claim.record is None:
                 continue
             file = _record_file(claim.path)
             file.parent.mkdir(parents=True, exist_ok=True)
-            if claim.shared:  # every rank of a launch, every shard of an append (encode), shares it
+            if claim.shared:  # every shard of an encode store shares it
                 claim.before = file.read_text(encoding="utf-8") if file.is_file() else None
                 write_text(file, json_text(claim.record) + "\n")
             else:  # of two commands claiming one output, one wins before anything is emptied or written
@@ -245,10 +215,15 @@ def _take(claims: list[_Claim], overwrite) -> None:
         claim.prepared = True
         path = claim.path
         if claim.taken and path.is_dir() and overwrite:
-            _empty(path)  # ranks of one launch may clear at once
+            _empty(path)
         if claim.record is not None and claim.folder:
             path.mkdir(parents=True, exist_ok=True)
             write_text(path / FOLDER_MARK, claim.command + "\n")
+    if launch_rank() == 0:
+        for claim in claims:
+            if claim.recorded and not claim.shared:
+                claim.record = {**claim.record, "prepared": True}
+                write_text(_record_file(claim.path), json_text(claim.record) + "\n")
 
 
 def _empty(folder: Path, keep: str | None = None) -> None:
@@ -280,7 +255,7 @@ def _withdraw(claims: list[_Claim]) -> None:
                 write_text(_record_file(path), claim.before)
 
 
-def _claim_all(outputs, command, inputs, overwrite, what, folders, append) -> tuple[dict, list[_Claim]]:
+def _claim_all(outputs, command, inputs, overwrite, what, folders, append, shared) -> tuple[dict, list[_Claim]]:
     """The claim :func:`claim_outputs` takes at its start: ``(paths, claims)``."""
     paths = {name: None if path is None else Path(path) for name, path in outputs.items()}
     unknown = set(folders) - set(paths)
@@ -296,11 +271,15 @@ def _claim_all(outputs, command, inputs, overwrite, what, folders, append) -> tu
             inputs,
             overwrite,
             append,
+            shared,
             name in folders,
         )
         for name, path in paths.items()
         if path is not None
     ]
+    if any(claim.shared and claim.record is None for claim in claims):  # a rank > 0: its rank 0 claims
+        _await_rank_zero(claims, RANK_ZERO_WAIT_S)
+        return paths, []
     _take(claims, overwrite)
     return paths, claims
 
@@ -315,11 +294,14 @@ def claim_outputs(
     what: str | dict[str, str] = "results",
     folders=(),
     append: bool = False,
+    shared: bool = False,
 ) -> Iterator[dict[str, Path | None]]:
     """Claim every output of one command as one transaction: ``with claim_outputs({"out": out, …},
     command=…, inputs=…, overwrite=…) as paths:`` writes them in the block (``paths``: name → Path, None
-    for an output not asked for).
+    for an output not asked for, each as given).
 
+    An output is what its path reaches (:func:`resolved`): a symlink, a relative path or one through
+    ``..`` is the same output as its absolute path, checked and claimed once, under one record.
     Every output is checked before any is claimed:
 
     - never an input: refused when it is one of ``inputs``, lies inside an input folder (a task's
@@ -338,11 +320,18 @@ def claim_outputs(
     Then each is claimed, before anything is emptied or written:
 
     - never two commands' at once: the record beside each output (:data:`OUTPUT_RECORD`: the command,
-      ``what``, and this process: host, pid, start time) is created exclusively (:func:`_take_claim`), so
-      of two commands claiming one output at the same moment one wins and the other refuses, and the
-      claim of a running process, or of one on another machine (which cannot be told ended), is not
-      taken over; the ranks of one launch (``WORLD_SIZE`` > 1) and the shards of an ``append`` output
-      (``obliq encode``'s store) share their output.
+      ``what``, and this process: host, boot, PID namespace, pid, start time, launch) is created
+      exclusively (:func:`_take_claim`), so of two commands claiming one output at the same moment one
+      wins and the other refuses, and the claim of a running process, or of one on another machine or
+      in another PID namespace (which cannot be told ended, C61), is not taken over; an ``append``
+      output (a resumed ``synth generate``) is claimed so too.
+    - the ranks of one launch (``WORLD_SIZE`` > 1) are one claimant (C62): rank 0 claims as a single
+      process does; every other rank checks only what does not change while rank 0 writes, then waits
+      (up to :data:`RANK_ZERO_WAIT_S`) for rank 0's record naming its launch (:func:`obliq.process.launch_id`)
+      and shares it: it records, empties, marks and withdraws nothing, and finds its rank 0's results
+      however late it comes. Rank 0 of another launch is refused as any other process is.
+    - ``shared`` outputs (``obliq encode``'s store, written by its shards at once) are recorded without
+      exclusion and never withdrawn.
     - a refused claim undoes those taken before it: a refused call leaves nothing (no record, folder
       or mark, nothing emptied).
 
@@ -354,8 +343,8 @@ def claim_outputs(
     quickstart). On an exception in the block (Ctrl-C included) the claims are withdrawn: a folder
     claimed is emptied of what the block wrote (a folder the claim made stays, empty; its mark goes),
     a file the block made is removed (a file that was there before stays, whether or not it was
-    rewritten), and each record is put back as it was before the claim; shared outputs are left to
-    the other ranks or shards.
+    rewritten), and each record is put back as it was before the claim; ``shared`` outputs are left to
+    the other shards.
 
     Args:
         outputs: name → the file or folder to write (None: not asked for, skipped).
@@ -366,15 +355,19 @@ def claim_outputs(
         what: what the outputs hold, for messages, or name → what.
         folders: the names of the outputs that are folders: each is made here, marked as this claim's.
         append: the command continues its own earlier outputs (``synth generate``): an existing file
-            recorded as this command's, or without a record, is kept (the caller checks its content).
+            recorded as this command's, or without a record, is kept (the caller checks its content; a
+            file without a record is held while the command runs, never recorded as its output).
+        shared: several processes write these outputs at once by design (the shards of one store).
 
     Raises:
         FileExistsError: an output holds something and neither ``overwrite`` nor ``append`` allows it
             (the message says how to proceed).
         ValueError: an input, a pattern, two outputs that are one file, another command's output (both
-            named), a file where the output is a folder, or an output a running command holds.
+            named), a file where the output is a folder, or an output a running command holds (or one
+            that obliq cannot tell ended: another machine's, another PID namespace's).
+        TimeoutError: a rank other than 0 whose rank 0 claimed nothing in :data:`RANK_ZERO_WAIT_S`.
     """
-    paths, claims = _claim_all(outputs, command, inputs, overwrite, what, folders, append)
+    paths, claims = _claim_all(outputs, command, inputs, overwrite, what, folders, append, shared)
     try:
         yield paths
     except BaseException:
@@ -394,18 +387,20 @@ def claim_output(
     inputs=(),
     append: bool = False,
     folder: bool = False,
+    shared: bool = False,
 ) -> Path:
     """``path`` claimed as ``command``'s output for the rest of this process: the start of
     :func:`claim_outputs` alone (no record of a finished output is written, nothing is withdrawn), for
     a session or a test; commands claim their outputs through :func:`claim_outputs`."""
-    paths, _ = _claim_all({"output": path}, command, inputs, overwrite, what, ["output"] if folder else [], append)
+    folders = ["output"] if folder else []
+    paths, _ = _claim_all({"output": path}, command, inputs, overwrite, what, folders, append, shared)
     return paths["output"]
 
 
 def _refuse_live_claim(path: Path) -> None:
     """Refuse ``path`` while another process may hold its claim: a record not marked finished whose process
-    runs, or whose process is on another machine and so cannot be told ended (:func:`holder_state`). A
-    record is whole when linked, so an unreadable one is stale.
+    runs, or whose process is on another machine or in another PID namespace and so cannot be told ended
+    (:func:`obliq.process.holder_state`). A record is whole when linked, so an unreadable one is stale.
 
     Raises:
         ValueError: naming the holder's command and pid.
@@ -422,15 +417,16 @@ def _refuse_live_claim(path: Path) -> None:
     if state == "unknown":
         raise ValueError(
             f"{path}: {holder_text(holder)} claimed it and has not finished; from host {socket.gethostname()} "
-            f"obliq cannot tell whether it still runs: wait for it, or, if it has ended, delete "
-            f"{_record_file(path)} (its claim) and rerun"
+            f"(pid {os.getpid()}, {pid_namespace() or 'PID namespace unknown'}) obliq cannot tell whether it "
+            f"still runs, on another machine or in another PID namespace: wait for it, or, if it has ended, "
+            f"delete {_record_file(path)} (its claim) and rerun"
         )
 
 
 def _take_claim(path: Path, record: dict) -> str | None:
     """Write ``path``'s claim record (:data:`OUTPUT_RECORD`) so that of two processes claiming it at once
     exactly one succeeds: the record is created with ``os.link`` (which fails when it exists); an earlier
-    record is taken over only when it is no claim (its process has ended, :func:`running`, or it records
+    record is taken over only when it is no claim (its process has ended, :func:`_refuse_live_claim`, or it records
     a finished output), by renaming it away first, which one process alone can do.
 
     Returns:

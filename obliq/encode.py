@@ -90,6 +90,7 @@ def encode(
         inputs=[*(task.path for task in loaded), model_file],
         what="corpus embeddings",
         append=True,
+        shared=True,  # the shards of one store write it at once
     ):
         # the model is loaded only when a shard is to be encoded: a rerun over written shards loads none
         to_encode = overwrite or any(store.done(shard) is None for _, store in stores)

@@ -141,3 +141,58 @@ def test_publish_renames_on_success_and_leaves_nothing_on_failure(tmp_path):
         with publish(tmp_path / "d", folder=True) as tmp:  # a folder is never replaced
             (tmp / "x").write_text("two")
     assert (tmp_path / "d" / "x").read_text() == "one" and sorted(p.name for p in tmp_path.iterdir()) == ["a.txt", "d"]
+
+
+def test_a_pid_is_read_only_in_the_namespace_and_boot_that_gave_it(tmp_path, monkeypatch):
+    """C61: a record is judged by its pid only when it was written on this boot of this machine
+    (/proc/sys/kernel/random/boot_id) in this PID namespace (/proc/self/ns/pid) under this host name; any other
+    unfinished record, and one written before obliq recorded boot and namespace, cannot be told ended and is
+    refused, "cannot tell", even with --overwrite, though its pid has ended here. The controls: a record of this
+    namespace whose process ended is taken over; a record of an earlier launch of this very scheduler job is."""
+    import subprocess
+    import sys
+
+    for key in ("SLURM_JOB_ID", "SLURM_ARRAY_JOB_ID", "SLURM_RESTART_COUNT", "TORCHELASTIC_RUN_ID", "WORLD_SIZE"):
+        monkeypatch.delenv(key, raising=False)
+    ended = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    start = open(f"/proc/{ended.pid}/stat").read().rsplit(")", 1)[1].split()[19]  # its start, as /proc gives it
+    ended.kill()
+    ended.wait()
+    here = {
+        "command": "evaluate",
+        "host": os.uname().nodename,
+        "boot_id": open("/proc/sys/kernel/random/boot_id").read().strip(),
+        "pid_namespace": os.readlink("/proc/self/ns/pid"),
+        "pid": ended.pid,
+        "process_start": start,
+        "job": None,
+        "launch": "",
+    }
+    legacy = {k: v for k, v in here.items() if k not in ("boot_id", "pid_namespace")}
+    cases = [  # (the record, whether a claim with --overwrite takes it over)
+        ({**here, "boot_id": "another boot or another machine of this name"}, False),
+        ({**here, "pid_namespace": "pid:[4026532999]"}, False),  # a container's namespace
+        ({**here, "host": "another-host"}, False),
+        (legacy, False),  # written before boot and namespace were recorded: this name alone tells nothing
+        ({**here, "pid_namespace": None, "boot_id": None}, False),  # a process that could not read them
+        (here, True),
+        ({**legacy, "host": "node-7", "job": "slurm:41", "launch": "SLURM_JOB_ID=41;SLURM_RESTART_COUNT=0"}, True),
+    ]
+    monkeypatch.setenv("SLURM_JOB_ID", "41")  # this process: the requeue of job 41 (the last case)
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
+    for i, (record, taken_over) in enumerate(cases):
+        out = tmp_path / f"out{i}"
+        out.mkdir()
+        (out / FOLDER_MARK).write_text("evaluate\n")
+        (out / "part-1.txt").write_text("written by the holder")
+        (tmp_path / f".out{i}.obliq").write_text(json.dumps(record))
+        if taken_over:
+            with claim_outputs({"out": out}, command="evaluate", overwrite=True, folders=["out"]):
+                pass
+            assert [p.name for p in out.iterdir()] == [FOLDER_MARK], record
+        else:
+            with pytest.raises(ValueError, match=f"process {ended.pid} on host .* cannot tell") as refused:
+                with claim_outputs({"out": out}, command="evaluate", overwrite=True, folders=["out"]):
+                    pass
+            assert f"delete {tmp_path / f'.out{i}.obliq'}" in str(refused.value), record
+            assert sorted(p.name for p in out.iterdir()) == [FOLDER_MARK, "part-1.txt"], record

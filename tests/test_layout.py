@@ -17,6 +17,7 @@ LAYERS = {
     "__init__": 0,
     "errors": 0,
     "files": 0,
+    "process": 0,  # which process a record names, and whether it still runs
     "claims": 1,  # the claim of outputs (on files)
     "distributed": 0,
     "argv": 0,  # the bottom: errors, how files are read and written

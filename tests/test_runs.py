@@ -155,7 +155,10 @@ def _version(base: Path, n: int, owner: str | None, steps=(1, 2, 3), pid: int | 
         (folder / "ckpt" / f"step={s}.ckpt").write_text(str(s))
         time.sleep(0.01)
     (folder / "ckpt" / "last.ckpt").symlink_to(folder / "ckpt" / f"step={steps[-1]}.ckpt")
+    from obliq.process import boot_id, pid_namespace  # a record of this PID namespace, whose pid tells
+
     record = {"owner": owner, "host": os.uname().nodename, "pid": pid or 1, "process_start": start}
+    record.update(boot_id=boot_id(), pid_namespace=pid_namespace())
     (folder / "owner.json").write_text(json.dumps(record))
     return folder
 
