@@ -4,6 +4,7 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from obliq.losses import InfoNCE, StepView, info_nce
 from obliq.model.gradcache import grad_cache_step
@@ -58,6 +59,16 @@ def test_masking_never_hides_the_target_and_rejects_bad_temperature():
     assert torch.isfinite(loss)
     with pytest.raises(ValueError):
         InfoNCE(temperature=0.0)
+    # issue 53 §3: a τ so small that the float32 loss overflows (1e-300: every loss inf) and an infinite
+    # Matryoshka weight are refused, naming the setting
+    q = F.normalize(torch.tensor([[1.0, 0.2], [0.3, 1.0]]), dim=-1)
+    assert not torch.isfinite(info_nce(q, q.flip(0), torch.arange(2), temperature=1e-300))
+    for tau in (1e-300, 5e-5):
+        with pytest.raises(ValueError, match=r"model\.loss temperature must be a finite number >= 0\.0001, got"):
+            InfoNCE(temperature=tau)
+    for weight in (math.inf, math.nan, -1.0):
+        with pytest.raises(ValueError, match=r"matryoshka_weights: finite positive numbers"):
+            InfoNCE(matryoshka_dims=[2, 1], matryoshka_weights=[1.0, weight])
 
 
 # C34: unit vectors A, B, C, D and τ = 0.05 (shared/cases/C34.md); keys are (id hash, text hash).

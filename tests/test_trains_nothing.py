@@ -127,6 +127,23 @@ def test_a_fit_on_rows_without_negatives_stops_at_step_0_and_saves_nothing(
     assert not list((tmp_path / "run").rglob("*.ckpt"))
 
 
+@pytest.mark.slow
+def test_a_later_step_without_negatives_is_refused_before_the_first_step_trains(rows, tiny_llama_dir, tmp_path, capsys):
+    """Issue 53 §3: 9 rows in file order, 4 a step: the epoch's last step holds row 9 alone, without a negative.
+    The plan is checked when training starts (from the rows' keys, as the loss masks them), so the fit stops
+    naming step 2 and that row before step 0 trains, not after two steps (and their checkpoints)."""
+    data = [r for r in rows if r["negatives"]][:8]
+    data += [dict(next(r for r in rows if r not in data), negatives=[])]
+    path = write_rows(tmp_path / "rows.jsonl", data)
+    config = write_config(tmp_path / "run", path, tiny_llama_dir, max_steps=3, data__batch_size=4, data__shuffle=False)
+    with pytest.raises(SystemExit) as stop:
+        obliq_main(["train", "fit", "--config", str(config)])
+    assert stop.value.code == 2
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert line == f"error: no negative left in step 2: {ONE}; rows {data[8]['id']!r} of {path}" + FIX
+    assert not list((tmp_path / "run").rglob("*.ckpt"))
+
+
 # --- a fit that trains no batch --------------------------------------------------------------------
 
 

@@ -25,6 +25,9 @@ from obliq.losses.view import StepView, positive_mask
 TEMPERATURE = 0.02
 """The default τ of the contrastive loss: the model card's scale 50. Terms that need the student's τ read the
 loss's own (:attr:`InfoNCE.temperature`), never a default of their own."""
+MIN_TEMPERATURE = 1e-4
+"""The least τ the loss takes (scale 10,000; the card's is 0.02): a row's loss reaches 2 / τ, and its gradient
+1 / τ, in float32 (GradCache's cached gradients, the logged loss); far below, every loss is infinite."""
 
 
 def info_nce(
@@ -120,8 +123,11 @@ class InfoNCE(nn.Module):
         matryoshka_weights: list[float] | None = None,
     ):
         super().__init__()
-        if not (isinstance(temperature, (int, float)) and temperature > 0 and math.isfinite(temperature)):
-            raise ValueError(f"model.loss temperature must be a finite number > 0, got {temperature}")
+        if not (isinstance(temperature, (int, float)) and MIN_TEMPERATURE <= temperature and math.isfinite(temperature)):
+            raise ValueError(
+                f"model.loss temperature must be a finite number >= {MIN_TEMPERATURE}, got {temperature}: scores are "
+                "cosines / temperature, and below it a float32 loss or gradient overflows (issue 53)"
+            )
         if multi_positive not in FORMS:
             raise ValueError(f"model.loss multi_positive must be one of {FORMS}, got {multi_positive!r}")
         check_dims(matryoshka_dims, matryoshka_weights)

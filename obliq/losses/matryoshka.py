@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 
@@ -20,8 +22,8 @@ def check_dims(dims: list[int] | None, weights: list[float] | None) -> None:
     if weights is not None:
         if dims is None or len(weights) != len(dims):
             raise ValueError("matryoshka_weights: one weight per matryoshka_dims entry")
-        if any(not w > 0 for w in weights):
-            raise ValueError(f"matryoshka_weights: positive numbers, got {weights!r}")
+        if any(isinstance(w, bool) or not isinstance(w, (int, float)) or not 0 < w < math.inf for w in weights):
+            raise ValueError(f"matryoshka_weights: finite positive numbers, got {weights!r}")
 
 
 def matryoshka(loss_fn, queries: torch.Tensor, docs: torch.Tensor, dims, weights=None, parts=None) -> torch.Tensor:

@@ -26,9 +26,11 @@ import time
 from pathlib import Path
 
 import lightning as L
+import numpy as np
 import torch
 from torchmetrics import SumMetric
 
+from obliq.data.datamodule import BatchRef
 from obliq.distributed import world
 from obliq.losses import InfoNCE, StepView, Term, check_negatives
 from obliq.losses.settings import spec
@@ -36,6 +38,49 @@ from obliq.model.encoder import BiEncoder
 from obliq.model.gradcache import chunk_counts_across_ranks, grad_cache_step
 
 log = logging.getLogger(__name__)
+
+
+def check_plan_negatives(datamodule, symmetric: bool, first: int, last: int, most: int = 20_000) -> None:
+    """Refuse, before training, a step of the plan in which no row has a negative left (issue 53 §3: found at
+    step 20 otherwise): the check of :func:`obliq.losses.check_negatives` on each step's identity keys, read from
+    the data's index (the step's rows on every rank together; mask terms, which need the model, left out).
+
+    Args:
+        datamodule: a :class:`~obliq.data.TrainingDataModule` whose plan is built (its loader made).
+        symmetric: the contrastive loss's ``symmetric``.
+        first, last: the global steps to check, ``[first, last)``; at most ``most`` of them.
+
+    Raises:
+        ValueError: :func:`~obliq.losses.check_negatives`'s message, naming the step and the data.
+    """
+    plan, reader = datamodule.plan, datamodule.plan.rows
+    for step in range(first, min(last, first + most)):
+        epoch, at = divmod(step, plan.steps_per_epoch)
+        source, row = plan.step_rows(epoch, at)
+        parts = [(int(i), row[source == i]) for i in np.unique(source)]
+        keys = [k for i, r in parts for k in reader.keys(i, r)]
+        kept = [n for i, r in parts for n in reader.positives(i, r)]
+        cut = [k for i, r in parts for k in reader.cut_keys(i, r)]
+        docs = [k[2:].reshape(-1, 2) for k in keys]  # each row's kept positives, then its kept negatives
+        doc_row = torch.tensor([r for r, d in enumerate(docs) for _ in range(len(d))])
+        is_positive = torch.tensor([j < n for d, n in zip(docs, kept) for j in range(len(d))])
+        positives = (doc_row[None, :] == torch.arange(len(docs))[:, None]) & is_positive[None, :]
+        view = StepView(
+            positives,
+            positives.to(torch.uint8).argmax(1),
+            doc_row,
+            torch.as_tensor(np.concatenate(docs)),
+            torch.as_tensor(np.stack([k[:2] for k in keys])),
+            cut_keys=torch.as_tensor(np.concatenate([c.reshape(-1, 2) for c in cut])),
+            cut_row=torch.tensor([r for r, c in enumerate(cut) for _ in range(len(c) // 2)], dtype=torch.long),
+            gathered=True,  # every rank's rows of the step
+        )
+        try:
+            check_negatives(view, symmetric, step, None, datamodule)
+        except ValueError:  # the message names the rows: read them
+            rows = reader[BatchRef(epoch, at, source, row)]
+            check_negatives(view, symmetric, step, {"row_ids": [r.id for r in rows]}, datamodule)
+            raise
 
 
 class RetrieverModule(L.LightningModule):
@@ -175,11 +220,16 @@ class RetrieverModule(L.LightningModule):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
     def on_train_start(self) -> None:
-        """Take the peak lr and weight decay from this run's settings and set each group's lr to the
+        """Refuse a plan with a step that has no negative (:func:`check_plan_negatives`) before the first step
+        trains; then take the peak lr and weight decay from this run's settings and set each group's lr to the
         schedule's value at the current step. A plain resume changes nothing; a resume that asks for
         another lr, weight decay, warmup or ``max_steps`` (a longer run) continues with them from the
         checkpoint's step (the restored optimizer would otherwise keep the old values, and a longer run
         take its first step at the old schedule's last lr, 0 at the end of a run)."""
+        datamodule = getattr(self.trainer, "datamodule", None)
+        if getattr(datamodule, "plan", None) is not None and getattr(datamodule.plan, "rows", None) is not None:
+            last = self.trainer.max_steps if self.trainer.max_steps > 0 else self.total_steps()
+            check_plan_negatives(datamodule, self.loss.symmetric, self.global_step, last)
         optimizer, scheduler = self.optimizers(), self.lr_schedulers()
         scheduler.base_lrs = [self.hparams.lr] * len(optimizer.param_groups)
         for group, fn in zip(optimizer.param_groups, scheduler.lr_lambdas):
