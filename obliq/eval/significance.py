@@ -274,9 +274,13 @@ def sign_flip_test(
 def wilcoxon_test(differences) -> dict:
     """Two-sided paired Wilcoxon signed-rank test on per-pair differences (scipy.stats.wilcoxon).
 
-    ``zero_method="wilcox"`` drops zero differences (pairs that score the same, frequent for RR@10);
-    ``method="auto"``: exact null distribution for ≤ 50 non-zero differences without ties, the normal
-    approximation otherwise. With no non-zero difference the test has nothing to rank: p = 1.
+    Zero differences (pairs that score the same, frequent for RR@10) are dropped before the test
+    (Wilcoxon's rule, ``zero_method="wilcox"``), so the null distribution is chosen from the non-zero
+    ones alone (scipy's ``method="auto"`` would otherwise leave the exact distribution for any zero):
+    the exact null for ≤ 50 untied non-zero differences, every sign pattern of the average ranks for
+    ≤ 13 with ties (``PermutationMethod``, deterministic at that size), else the normal approximation
+    with the tie correction, no continuity correction. With no non-zero difference the test has
+    nothing to rank: p = 1.
 
     Returns:
         ``{"statistic", "p_value", "n_nonzero", "zero_method", "alternative"}``.
@@ -290,7 +294,7 @@ def wilcoxon_test(differences) -> dict:
         return {"statistic": 0.0, "p_value": 1.0, **out}
     with warnings.catch_warnings(), np.errstate(invalid="ignore", divide="ignore"):
         warnings.simplefilter("ignore", RuntimeWarning)
-        res = stats.wilcoxon(d, zero_method="wilcox", alternative="two-sided", method="auto")
+        res = stats.wilcoxon(d[d != 0], zero_method="wilcox", alternative="two-sided", method="auto")
     return {"statistic": float(res.statistic), "p_value": float(res.pvalue), **out}
 
 

@@ -16,6 +16,9 @@ Parameters: k1 = 0.9, b = 0.4 — the Anserini / Pyserini defaults, and the READ
 
 Only documents that share a term with the query are returned (Lucene returns no others), so an
 empty document is never a hit, never a hard negative (C17); an all-empty corpus does not raise.
+A document without a token (empty, punctuation-only, emoji-only) is not in the index at all: N and
+avgdl count only the documents that hold a term, as Lucene's collection statistics do (``docCount``,
+``sumTotalTermFreq / docCount``), so adding such documents changes no score (C64).
 
 Equal scores (the same text under two ids) are ordered by document id, descending — trec_eval's
 order — before the cut at ``k`` (:func:`obliq.search.exact.ranked`), so the top ``k`` is the same
@@ -67,11 +70,13 @@ class BM25:
         else:
             self._stemmer = None
         tokens = self.tokenize(texts)
-        self.n_empty = sum(1 for t in tokens if not t)
+        # only the documents holding a token are indexed: N and avgdl as Lucene counts them (C64)
+        self._indexed = np.array([i for i, t in enumerate(tokens) if t], dtype=np.int64)
+        self.n_empty = len(tokens) - len(self._indexed)
         self._bm25 = None
-        if self.n_empty < len(tokens):  # bm25s cannot index a corpus without a single token
+        if len(self._indexed):  # bm25s cannot index a corpus without a single token
             self._bm25 = bm25s.BM25(method="lucene", k1=k1, b=b)
-            self._bm25.index(tokens, show_progress=False)
+            self._bm25.index([tokens[i] for i in self._indexed], show_progress=False)
 
     def tokenize(self, texts: Sequence[str]) -> list[list[str]]:
         """The ``\\w+`` tokens of each text after NFKC and case folding (:func:`obliq.text.words`),
@@ -83,10 +88,11 @@ class BM25:
 
     def scores(self, tokens: list[str]) -> np.ndarray:
         """BM25 score of every document for one tokenized query: (n_docs,) float32 (0 = no shared term)."""
+        out = np.zeros(self.n_docs, dtype=np.float32)
         ids = self._bm25.get_tokens_ids(tokens) if self._bm25 is not None else []
-        if not ids:
-            return np.zeros(self.n_docs, dtype=np.float32)
-        return np.asarray(self._bm25.get_scores_from_ids(ids), dtype=np.float32)
+        if ids:
+            out[self._indexed] = self._bm25.get_scores_from_ids(ids)
+        return out
 
     def search_tokens(self, tokens: list[str], k: int) -> tuple[np.ndarray, np.ndarray]:
         """Top-``k`` documents for one tokenized query, best first (score > 0 only).
