@@ -123,7 +123,8 @@ class InfoNCE(nn.Module):
         matryoshka_weights: list[float] | None = None,
     ):
         super().__init__()
-        if not (isinstance(temperature, (int, float)) and MIN_TEMPERATURE <= temperature and math.isfinite(temperature)):
+        number = isinstance(temperature, (int, float)) and not isinstance(temperature, bool)
+        if not (number and MIN_TEMPERATURE <= temperature and math.isfinite(temperature)):
             raise ValueError(
                 f"model.loss temperature must be a finite number >= {MIN_TEMPERATURE}, got {temperature}: scores are "
                 "cosines / temperature, and below it a float32 loss or gradient overflows (issue 53)"
