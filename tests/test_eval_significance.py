@@ -8,6 +8,7 @@ import json
 import numpy as np
 import pytest
 from scipy import stats
+from support import cli_fails
 
 from obliq.cli import main as obliq_main
 from obliq.eval.significance import compare, compare_files, sign_flip_test
@@ -141,6 +142,28 @@ def test_obliq_compare_command(tmp_path, capsys):
     assert out["diff"] == pytest.approx((0 + (1 - a_q2) + 1) / 3)
     assert (out["helped"], out["hurt"], out["tied"], out["zero_both"]) == (2, 0, 1, 0)
     assert out["measure"] == "NDCG@10" and out["resamples"] == 1000
+
+
+def test_compare_reads_obliq_output_folders(tmp_path, capsys):
+    """Issue 53 §3: `obliq compare` on two `obliq evaluate --output` folders reads their runs (``<task>/run.trec``)
+    as it reads the files, and names the tasks when a folder holds several and none is chosen."""
+    (tmp_path / "q.tsv").write_text("query-id\tcorpus-id\tscore\nq1\td1\t1\nq2\td2\t1\n")
+    runs = {"a": "q1 Q0 d1 1 2 a\nq2 Q0 x 1 2 a\nq2 Q0 d2 2 1 a\n", "b": "q1 Q0 d1 1 2 b\nq2 Q0 d2 1 2 b\n"}
+    for name, text in runs.items():
+        (tmp_path / f"{name}.trec").write_text(text)
+        (tmp_path / name / "task-x").mkdir(parents=True)
+        (tmp_path / name / "task-x" / "run.trec").write_text(text)
+    common = ["--qrels", str(tmp_path / "q.tsv"), "--resamples", "500", "--whole_ranking"]
+    results = []
+    for a, b in (("a.trec", "b.trec"), ("a", "b")):
+        obliq_main(["compare", str(tmp_path / a), str(tmp_path / b), *common])
+        results.append(json.loads(capsys.readouterr().out))
+    assert results[0] == results[1] and results[0]["diff"] > 0
+    (tmp_path / "a" / "task-y").mkdir()
+    (tmp_path / "a" / "task-y" / "run.trec").write_text(runs["a"])
+    cli_fails(["compare", str(tmp_path / "a"), str(tmp_path / "b"), *common], capsys, "several tasks", "task-x")
+    obliq_main(["compare", str(tmp_path / "a"), str(tmp_path / "b"), *common, "--task", "task-x"])
+    assert json.loads(capsys.readouterr().out) == results[0]
 
 
 def test_compare_refuses_runs_that_miss_judged_queries_unless_told_what_to_do(tmp_path, capsys):

@@ -146,9 +146,23 @@ def read_mteb_predictions(
 
 
 def read_ranking(path: str | Path, task: str | None = None, subset: str | None = None, split: str | None = None) -> Run:
-    """A run from a TREC run file (:func:`read_run`) or from mteb's saved predictions (a
-    ``*_predictions.json`` file or a prediction folder: :func:`read_mteb_predictions`)."""
+    """A run from a TREC run file (:func:`read_run`), from an ``obliq evaluate`` / ``obliq encode`` output folder
+    (its ``run.trec``, or ``<task>/run.trec``: the only task, or ``task``), or from mteb's saved predictions (a
+    ``*_predictions.json`` file or a prediction folder: :func:`read_mteb_predictions`).
+
+    Raises:
+        ValueError: an output folder of several tasks and no ``task`` (naming them).
+    """
     path = Path(path)
+    if path.is_dir() and not any(path.glob("*_predictions.json")):  # an obliq output folder, not mteb's
+        runs = [path / "run.trec"] if (path / "run.trec").is_file() else sorted(path.glob("*/run.trec"))
+        if task is not None and len(runs) > 1:
+            runs = [r for r in runs if r.parent.name == task]
+        if len(runs) > 1:
+            names = [r.parent.name for r in runs]
+            raise ValueError(f"{path}: an obliq output folder of several tasks {names}: name one with --task")
+        if runs:
+            return read_run(runs[0])
     if path.is_dir() or path.name.endswith(".json"):
         return read_mteb_predictions(path, task, subset, split)
     return read_run(path)
