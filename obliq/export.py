@@ -7,10 +7,15 @@ each OBLIQ-Bench task, per-task prompts keyed as mteb looks them up (``OBLIQBenc
 B.3 instruction when the model was trained with instructions (``use_instructions``), the plain prefix
 otherwise — so mteb reads each task's queries the way the model was trained to read them.
 
+The merged folder carries the lengths the encoder reads at: sentence-transformers' ``encode_query`` /
+``encode_document`` cut queries and documents where obliq trained and evaluated them (C68).
+
 The merge is computed in float32 and cast to the training dtype once (the model card's caveat:
-folding ``W + BA·scaling`` directly in bf16 loses digits), then checked on a probe set against the
-adapter path: every cosine between merged and adapter embeddings must be ≥ ``min_cosine``, or the
-merged folder is removed and the export refuses.
+folding ``W + BA·scaling`` directly in bf16 loses digits). Both folders are then checked on a probe set
+(with a text longer than both lengths) against an independent reading of the input
+(:mod:`obliq.model.plain`: an adapter folder read by transformers + peft; a checkpoint by its rebuilt
+encoder), each read as its user reads it: the adapter by transformers + peft, the merged folder by plain
+``SentenceTransformer(folder)``. Every cosine must be ≥ ``min_cosine``, or the export refuses (C60).
 """
 
 from __future__ import annotations
@@ -29,24 +34,20 @@ from obliq.claims import claim_outputs
 from obliq.files import read_text, write_json, write_text
 from obliq.model.checkpoint import EXPORT_RECORD, load_checkpoint, read_checkpoint, weights_digest
 from obliq.model.encoder import BiEncoder
+from obliq.model.plain import (
+    KINDS,
+    PROBE,
+    differences,
+    embeddings,
+    min_cosine,
+    plain_reader,
+    probe_texts,
+    st_reader,
+)
 from obliq.tasks.obliq_bench import OBLIQ_BENCH
-
-PROBE = [
-    "A passage in the same restless, aphoristic voice as this one.",
-    "The witness declined to answer and turned the question back on the committee.",
-    "Find problems solved by the pigeonhole principle.",
-    "Tweets that quietly oppose the policy without naming it.",
-    "The court adjourned; nobody expected the verdict, least of all the defendant's lawyers.",
-    "Short.",
-]
-
 
 TEXT_ONLY = {"text": {"method": "forward", "method_output_name": "last_hidden_state"}}
 """The merged folder's ``modality_config``: plain text in, the last hidden states out (no ``message``)."""
-
-
-def _probe_embeddings(encode, texts: list[str]) -> torch.Tensor:
-    return torch.cat([encode(texts, "query"), encode(texts, "passage")])
 
 
 def export(
@@ -73,8 +74,8 @@ def export(
         merge: also write a merged sentence-transformers folder (prompts ``query`` / ``document``
             hold the prefixes, and per-task prompts for mteb's OBLIQ-Bench tasks, :func:`task_prompts`;
             mean pooling; normalisation; plain text in, never a chat template).
-        min_cosine: the least cosine, in (0, 1], between merged and adapter embeddings on the probe
-            set, batched and one text at a time.
+        min_cosine: the least cosine, in (0, 1], between the written folders' embeddings and the input's
+            (:func:`_reference`) on the probe set, batched and one text at a time.
         probe_file: texts to probe with, one per line (blank lines skipped; default: a built-in set).
         results: an ``evaluate`` output folder of this model (``<task>/summary.json``): its metrics go
             into the model card. Refused unless it evaluated an export of this checkpoint.
@@ -87,12 +88,13 @@ def export(
         overwrite: replace an earlier export in ``out`` (refused otherwise).
 
     Returns:
-        What was written and the probe's minimum cosine.
+        What was written and the probe's minimum cosines (``adapter_probe_min_cosine``, ``probe_min_cosine``).
 
     Raises:
         FileExistsError: ``out`` holds an earlier export and ``overwrite`` is false.
-        ValueError: the merged model's embeddings drift below ``min_cosine`` (nothing merged is kept;
-            the message names what differs); the checkpoint's backbone is not ``backbone``; an empty
+        ValueError: the written adapter's or merged model's embeddings drift below ``min_cosine`` (nothing is
+            kept; the message names what differs); an adapter folder with a LoRA setting obliq does not carry
+            (:func:`obliq.model.adapter.lora_settings`); the checkpoint's backbone is not ``backbone``; an empty
             probe file; ``min_cosine`` outside (0, 1]; ``base_model`` not a Hub id; ``results`` of
             another model.
     """
@@ -146,8 +148,12 @@ def export(
         write_json(adapter_dir / EXPORT_RECORD, record)
         write_text(adapter_dir / "README.md", model_card(ckpt, encoder, "adapter", evaluation, base))
         report = {"checkpoint": str(checkpoint), "adapter": str(adapter_dir), "base_model": base}
+        exact = load_checkpoint(checkpoint, ckpt, dtype="float32", **trust)
+        texts = probe_texts(probe, exact.tokenizer, exact.text.max_length)
+        expect, source = _reference(Path(checkpoint), exact, texts, trust_remote_code)
+        report["adapter_probe_min_cosine"] = _check_adapter(adapter_dir, exact, texts, expect, source, min_cosine)
         if merge:
-            report.update(merge_to_sentence_transformers(checkpoint, ckpt, out / "merged", probe, min_cosine, trust))
+            report.update(merge_to_sentence_transformers(exact, out / "merged", texts, expect, source, min_cosine))
             write_json(out / "merged" / EXPORT_RECORD, record)
             write_text(out / "merged" / "README.md", model_card(ckpt, encoder, "merged", evaluation, base))
         write_json(out / "export.json", report)
@@ -191,20 +197,65 @@ def card_base_model(backbone: str, given: str | None = None) -> str | None:
     return None
 
 
+def _reading(encoder: BiEncoder, trust_remote_code: bool) -> dict:
+    """How ``encoder`` reads texts, as :func:`obliq.model.plain.plain_reader` takes it."""
+    s = encoder.settings
+    return dict(
+        prefixes={"query": s["query_prefix"], "passage": s["passage_prefix"]},
+        lengths=dict(encoder.text.max_length),
+        bidirectional=encoder.made_bidirectional,
+        trust_remote_code=trust_remote_code,
+    )
+
+
+def _reference(checkpoint: Path, exact: BiEncoder, texts: list[str], trust_remote_code: bool) -> tuple[dict, str]:
+    """The vectors the written folders must give for ``texts`` (per kind) and what they are: an adapter folder
+    read by transformers + peft on its base (:func:`obliq.model.plain.plain_reader`, each text alone), a
+    training checkpoint by its encoder rebuilt in float32 (``exact``)."""
+    if checkpoint.is_dir():
+        read = plain_reader(checkpoint, exact.settings["backbone"], **_reading(exact, trust_remote_code))
+        return embeddings(read, texts, one_at_a_time=True), "the input adapter read by transformers + peft"
+    return {kind: exact.encode(texts, kind) for kind in KINDS}, "the checkpoint's encoder"
+
+
+def _check_adapter(folder: Path, exact: BiEncoder, texts: list[str], expect: dict, source: str, least: float) -> float:
+    """The written adapter read by transformers + peft as the card says (in one padded batch) must give
+    ``expect`` (cosine ≥ ``least``); its minimum cosine.
+
+    Raises:
+        ValueError: it does not (the export is withdrawn).
+    """
+    base = exact.settings["backbone"] if exact.is_peft else None
+    read = plain_reader(folder, base, **_reading(exact, False))
+    cosine = min_cosine(expect, read, texts, one_at_a_time=False)
+    if not cosine >= least:  # NaN fails too
+        raise ValueError(
+            f"{folder}: the exported adapter, read by transformers + peft, is another model than {source}: min "
+            f"cosine {cosine:.5f} < {least} on {len(texts)} probe texts; nothing exported"
+        )
+    return cosine
+
+
 def merge_to_sentence_transformers(
-    checkpoint: Path, ckpt: dict, folder: Path, probe: list[str], min_cosine: float, trust: dict
+    encoder: BiEncoder, folder: Path, texts: list[str], expect: dict, source: str, least: float
 ) -> dict:
     """Merge LoRA in float32, cast once to the training dtype, save and verify a sentence-transformers
-    folder: loaded fresh with plain ``SentenceTransformer(folder)``, its embeddings of the probe texts
-    (queries and passages, batched and one at a time) must have cosine ≥ ``min_cosine`` with the
-    adapter's in float32. On failure the folder is removed and the message names what differs
-    (:func:`_differences`)."""
+    folder. It carries the lengths the encoder reads at (``query_length`` / ``document_length`` in
+    ``sentence_bert_config.json``: ``encode_query`` / ``encode_document`` cut there; ``max_seq_length``,
+    for a plain ``encode``, is the passage length). Loaded fresh as a plain user loads it
+    (:func:`obliq.model.plain.st_reader`, nothing set by the probe), its embeddings of ``texts`` (which
+    hold one longer than both lengths), batched and one at a time, must have cosine ≥ ``least`` with
+    ``expect`` (:func:`_reference`, named by ``source``). On failure the folder is removed and the message
+    names what differs (:func:`obliq.model.plain.differences`).
+
+    Args:
+        encoder: the checkpoint's encoder in float32 (its LoRA is merged into it: not usable afterwards).
+    """
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.models import Normalize, Pooling, Transformer
 
-    encoder = load_checkpoint(checkpoint, ckpt, dtype="float32", **trust)
-    expect = _probe_embeddings(encoder.encode, probe)
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[encoder.settings["dtype"]]
+    prompts = task_prompts(encoder)
     model = encoder.model.merge_and_unload() if encoder.is_peft else encoder.model
     model = model.to(dtype)
     folder = Path(folder)
@@ -212,44 +263,35 @@ def merge_to_sentence_transformers(
     shutil.rmtree(hf_dir, ignore_errors=True)
     model.save_pretrained(hf_dir)  # config.is_causal=False travels with a bidirectional decoder
     encoder.tokenizer.save_pretrained(hf_dir)
+    lengths = encoder.text.max_length
     try:
-        s = encoder.settings
-        # The model's capacity (as obliq's own encoder caps it), not the training length: a merged
-        # folder then encodes the text an adapter would under the same evaluation settings.
-        capacity = encoder.text.capacity or s["passage_max_length"]
         # Text only (C33): sentence-transformers gives a tokenizer with a chat template a "message"
         # modality and then wraps every plain string in the template, system prompt and all. The
         # chat template stays in the folder for whoever wants it; plain strings stay plain.
         transformer = Transformer(
-            str(hf_dir), max_seq_length=capacity, modality_config=TEXT_ONLY, module_output_name="token_embeddings"
+            str(hf_dir),
+            max_seq_length=lengths["passage"],
+            query_length=lengths["query"],
+            document_length=lengths["passage"],
+            modality_config=TEXT_ONLY,
+            module_output_name="token_embeddings",
         )
         st = SentenceTransformer(
-            modules=[transformer, Pooling(encoder.hidden_size, "mean"), Normalize()],
-            prompts=task_prompts(encoder),
-            device="cpu",
+            modules=[transformer, Pooling(encoder.hidden_size, "mean"), Normalize()], prompts=prompts, device="cpu"
         )
         shutil.rmtree(folder, ignore_errors=True)
         st.save(str(folder))
     finally:
         shutil.rmtree(hf_dir, ignore_errors=True)
     try:
-        loaded = SentenceTransformer(str(folder), device="cpu")
-
-        def st_encode(texts, kind, one_at_a_time=False):
-            fn = loaded.encode_query if kind == "query" else loaded.encode_document
-            loaded.max_seq_length = encoder.settings[f"{kind}_max_length"]
-            if one_at_a_time:
-                return torch.cat([st_encode([t], kind) for t in texts])
-            return fn(texts, convert_to_tensor=True, normalize_embeddings=True).float().cpu()
-
-        batched = float((_probe_embeddings(st_encode, probe) * expect).sum(-1).min())
-        single = float((_probe_embeddings(lambda t, k: st_encode(t, k, True), probe) * expect).sum(-1).min())
-        cosine = min(batched, single)
-        if not cosine >= min_cosine:  # NaN fails too (NaN < min_cosine is False)
-            found = _differences(loaded, encoder, probe, dtype)
+        loaded, read = st_reader(folder)
+        batched, single = min_cosine(expect, read, texts, one_at_a_time=False), min_cosine(expect, read, texts)
+        cosine = float(torch.tensor([batched, single]).min())  # NaN stays NaN
+        if not cosine >= least:  # NaN fails too (NaN < least is False)
+            found = differences(loaded, encoder, texts, dtype)
             raise ValueError(
-                f"{folder}: the merged model drifts from the adapter in sentence-transformers: min cosine "
-                f"{cosine:.5f} < {min_cosine} on {len(probe)} probe texts (batched {batched:.5f}, one at a time "
+                f"{folder}: the merged model, read by plain sentence-transformers, drifts from {source}: min cosine "
+                f"{cosine:.5f} < {least} on {len(texts)} probe texts (batched {batched:.5f}, one at a time "
                 f"{single:.5f}); {'; '.join(found) if found else 'no setting differs, the weights do'}. "
                 "Nothing merged is kept; the adapter export stands"
             )
@@ -271,46 +313,6 @@ def task_prompts(encoder: BiEncoder) -> dict[str, str]:
         prompts[f"{name}-query"] = encoder.text.format([""], "query", [bench.instruction])[0]
         prompts[f"{name}-document"] = passage
     return prompts
-
-
-def _differences(loaded, encoder: BiEncoder, probe: list[str], dtype: torch.dtype) -> list[str]:
-    """What makes a sentence-transformers folder read texts otherwise than the adapter: the chat
-    template (a ``message`` modality), the prompts, the lengths, the tokens fed to the model, the
-    pooling, the attention, the weights' dtype."""
-    found = []
-    transformer = loaded[0]
-    if "message" in (getattr(transformer, "modality_config", None) or {}):
-        found.append(
-            "sentence_bert_config.json has a 'message' modality: sentence-transformers wraps every text in the "
-            "tokenizer's chat template (system prompt included) before encoding"
-        )
-    for kind, key in (("query", "query"), ("passage", "document")):
-        want = encoder.settings[f"{kind}_prefix"]
-        if (loaded.prompts or {}).get(key, "") != want:
-            found.append(f"the {key!r} prompt is {(loaded.prompts or {}).get(key)!r}, the adapter's prefix {want!r}")
-    text = encoder.settings["query_prefix"] + probe[0]
-    ours = encoder.tokenize([probe[0]], "query")["input_ids"][0].tolist()
-    try:
-        theirs = loaded.tokenize([text])["input_ids"][0].tolist()
-    except Exception as err:  # an API this version lacks: say so rather than guess
-        theirs = None
-        found.append(f"could not compare tokens ({type(err).__name__})")
-    if theirs is not None and theirs != ours:
-        tok = encoder.tokenizer
-        found.append(
-            f"the model is fed other tokens: {tok.decode(theirs)[:120]!r} instead of {tok.decode(ours)[:120]!r}"
-        )
-    pooling = [m for m in loaded if type(m).__name__ == "Pooling"]
-    if not pooling or getattr(pooling[0], "pooling_mode", "mean") != "mean":
-        found.append("the pooling is not a mean over the tokens")
-    if not any(type(m).__name__ == "Normalize" for m in loaded):
-        found.append("the embeddings are not L2-normalised")
-    config = getattr(getattr(transformer, "model", None), "config", None)
-    if encoder.made_bidirectional and getattr(config, "is_causal", None) is not False:
-        found.append("the folder's decoder attends causally (config.is_causal is not False)")
-    if dtype != torch.float32:
-        found.append(f"the merged weights are stored in {str(dtype).removeprefix('torch.')} (the check is float32)")
-    return found
 
 
 def _evaluation(results: Path, digest: str) -> list[dict]:
@@ -386,10 +388,7 @@ def model_card(ckpt: dict, encoder: BiEncoder, kind: str, evaluation: list[dict]
         f"| weights dtype | {settings['dtype']} |",
     ]
     if lora:
-        lines.append(
-            f"| LoRA | r {lora['r']}, alpha {lora['alpha']}, dropout {lora['dropout']}, targets "
-            f"{', '.join(lora['target_modules'] or _targets(encoder))} |"
-        )
+        lines.append(f"| LoRA | {_lora_text(lora, encoder)} |")
     lines += [
         "",
         "## Training",
@@ -468,6 +467,11 @@ def model_card(ckpt: dict, encoder: BiEncoder, kind: str, evaluation: list[dict]
             'docs = model.encode_document(["..."])',
             "scores = queries @ docs.T",
             "```",
+            "",
+            f"`encode_query` reads queries up to {encoder.text.max_length['query']} tokens and `encode_document` "
+            f"documents up to {encoder.text.max_length['passage']} (`query_length` / `document_length` in "
+            "`sentence_bert_config.json`), the lengths the model was trained and evaluated at; a plain `encode` "
+            "reads at the document length.",
         ]
     else:
         lines += [
@@ -512,6 +516,13 @@ def model_card(ckpt: dict, encoder: BiEncoder, kind: str, evaluation: list[dict]
     return "\n".join(lines) + "\n"
 
 
-def _targets(encoder: BiEncoder) -> list[str]:
-    config = next(iter(encoder.model.peft_config.values()))
-    return sorted(config.target_modules)
+def _lora_text(lora: dict, encoder: BiEncoder) -> str:
+    """The card's LoRA row: rank, alpha, dropout, targets, and every other setting that is on."""
+    targets = lora.get("target_modules") or sorted(next(iter(encoder.model.peft_config.values())).target_modules)
+    parts = [
+        f"r {lora['r']}, alpha {lora['alpha']:g}, dropout {lora['dropout']}",
+        f"targets {targets if isinstance(targets, str) else ', '.join(targets)}",
+    ]
+    parts += [name for name in ("use_rslora", "use_dora") if lora.get(name)]
+    parts += [f"{name} {lora[name]}" for name in ("exclude_modules", "rank_pattern", "alpha_pattern") if lora.get(name)]
+    return ", ".join(parts)

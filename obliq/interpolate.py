@@ -138,7 +138,8 @@ def _check_alike(paths: list[Path], ckpts: list[dict]) -> None:
 
 def _lora_mean(states: list[dict], lora: dict, scales: list[float]) -> tuple[dict, dict]:
     """The adapter whose update is ``Σ_i scales_i · B_i A_i · alpha / r``: A's stacked by rows, B's by columns
-    times ``scales_i``; rank n·r with LoRA alpha n·alpha keeps the scaling ``alpha / r`` (peft's default)."""
+    times ``scales_i``; rank n·r with LoRA alpha n·alpha keeps the scaling ``alpha / r`` (peft's default), alpha
+    √n·alpha the scaling ``alpha / √r`` (rsLoRA); a module's pattern rank and alpha grow alike."""
     state = {}
     for name, first in states[0].items():
         factor = LORA_WEIGHT.search(name)
@@ -154,7 +155,14 @@ def _lora_mean(states: list[dict], lora: dict, scales: list[float]) -> tuple[dic
             stacked = torch.cat([t.double() * scale for t, scale in zip(tensors, scales)], dim=1)
             state[name] = stacked.to(first.dtype)
     n = len(states)
-    return state, dict(lora, r=lora["r"] * n, alpha=lora["alpha"] * n)
+    grow = n**0.5 if lora.get("use_rslora") else n  # rsLoRA scales by alpha / √r: alpha grows by √n
+    return state, dict(
+        lora,
+        r=lora["r"] * n,
+        alpha=lora["alpha"] * grow,
+        rank_pattern={k: v * n for k, v in (lora.get("rank_pattern") or {}).items()},
+        alpha_pattern={k: v * grow for k, v in (lora.get("alpha_pattern") or {}).items()},
+    )
 
 
 def _base_weights(ckpt: dict, path: Path) -> dict:

@@ -96,7 +96,14 @@ def resume_differences(ckpt: dict, model: dict, source: object) -> list[str]:
     saved = ckpt.get("obliq") or {}
     stored = {**_defaults(RetrieverModule), **(ckpt.get("hyper_parameters") or {})}
     asked = dict((model.get("encoder") or {}).get("init_args") or {})
-    encoder = {**_defaults(BiEncoder), **(saved.get("encoder") or {}), "lora": saved.get("lora")}
+    lora = saved.get("lora")
+    if isinstance(lora, dict):  # a LoRA setting the checkpoint predates: its default, what it was trained with
+        from dataclasses import asdict
+
+        from obliq.model.lora import LoraSettings
+
+        lora = {**asdict(LoraSettings()), **lora}
+    encoder = {**_defaults(BiEncoder), **(saved.get("encoder") or {}), "lora": lora}
     pairs = [(f"model.{k}", stored.get(k), v) for k, v in model.items() if k not in ("encoder", "loss", "terms")]
     pairs += objective_differences(stored, model)  # obliq.losses.settings
     for key, value in asked.items():

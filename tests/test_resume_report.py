@@ -59,6 +59,8 @@ def _other(value, annotation):
         return value + "-other"
     if isinstance(value, list):
         return [*value, value[-1]]
+    if isinstance(value, dict):  # a LoRA rank or alpha pattern
+        return {**value, "other": 2}
     raise AssertionError(f"no other value for {value!r}: teach _other this type")
 
 

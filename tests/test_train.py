@@ -222,8 +222,8 @@ def test_export_round_trip(minilm_path, rows_file, tmp_path):
     # applies the prefixes through its prompts.
     st = SentenceTransformer(report["merged"], device="cpu")
     assert st.prompts["query"] == "query: " and st.prompts["document"] == "passage: "
-    assert st.max_seq_length == 256  # the backbone's capacity (as obliq's encoder caps it), not the training 48
-    st.max_seq_length = 32
+    # the lengths the encoder reads at travel with the folder (C68): queries 32, documents (and encode) 48
+    assert (st.max_seq_length, st[0].query_length, st[0].document_length) == (48, 32, 48)
     got = st.encode_query(PROBE, convert_to_tensor=True)
     assert torch.allclose(got, expect_q, atol=1e-5)
     assert report["probe_min_cosine"] >= 0.999

@@ -18,9 +18,13 @@ import json
 import os
 from dataclasses import asdict
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from obliq.aliases import _ALIASES, resolve_model
-from obliq.files import read_text
+from obliq.files import read_json_object, read_text
+
+if TYPE_CHECKING:
+    from obliq.model.lora import LoraSettings
 
 ADAPTER_CONFIG = "adapter_config.json"
 
@@ -60,7 +64,7 @@ def adapter_base(path: Path) -> str:
         FileNotFoundError: the base is a folder that does not exist here (the adapter's file named).
     """
     file = path / ADAPTER_CONFIG
-    base = json.loads(read_text(file)).get("base_model_name_or_path")
+    base = read_json_object(file, "a peft adapter's settings").get("base_model_name_or_path")
     if not isinstance(base, str) or not base:
         raise ValueError(f"{file}: base_model_name_or_path is missing: which model the adapter adapts is unknown")
     base = resolve_base(file, "base_model_name_or_path", base)
@@ -72,6 +76,65 @@ def adapter_base(path: Path) -> str:
             "base_model_name_or_path"
         ) from None
     return base
+
+
+BASE_DIGEST = "backbone_sha256"
+"""The field of ``obliq_encoder.json`` that records an adapter's base by its weights (:func:`base_digest`)."""
+
+
+def base_digest(base: str) -> str | None:
+    """The identity of a base model by its weights: SHA-256 over its weight files (``*.safetensors``, else
+    ``*.bin``: names and contents) in its folder (an alias's, a path's, or a Hub id's cached snapshot); None when
+    no such folder or file is here. Two models of one shape and other weights get other digests; a copy of a
+    model, the same. Each file's digest is cached by its path, size, modification time and inode
+    (``<cache>/digests``), so a base of several GB is read once."""
+    import hashlib
+
+    from obliq.files import cache_dir, file_sha256
+
+    folder = Path(resolve_model(base))
+    if not folder.is_dir():
+        try:
+            from huggingface_hub import snapshot_download
+
+            folder = Path(snapshot_download(base, local_files_only=True))
+        except Exception:  # not cached, not a Hub id: nothing here to identify
+            return None
+    files = sorted(folder.glob("*.safetensors")) or sorted(folder.glob("*.bin"))
+    if not files:
+        return None
+    digest = hashlib.sha256()
+    for file in files:
+        st = file.stat()
+        key = hashlib.sha256(f"{file.resolve()}|{st.st_size}|{st.st_mtime_ns}|{st.st_ino}".encode()).hexdigest()
+        cached = cache_dir() / "digests" / key
+        try:
+            value = cached.read_text(encoding="utf-8").strip()
+        except OSError:
+            value = file_sha256(file)
+            try:
+                cached.parent.mkdir(parents=True, exist_ok=True)
+                cached.write_text(value, encoding="utf-8")
+            except OSError:  # a read-only cache: computed again next time
+                pass
+        digest.update(f"{file.name}:{value}\n".encode())
+    return digest.hexdigest()
+
+
+def check_base(file: Path, recorded: str, base: str) -> None:
+    """Refuse loading an adapter on a base other than the one it was trained on: ``recorded`` (``file``'s
+    :data:`BASE_DIGEST`) must be the :func:`base_digest` of ``base`` (no digest here: nothing to compare).
+
+    Raises:
+        ValueError: the weights differ (the file and field named).
+    """
+    found = base_digest(base)
+    if found is not None and found != recorded:
+        raise ValueError(
+            f"{file}: field {BASE_DIGEST}: the adapter was trained on a base with other weights than {base!r} "
+            f"(digest {recorded[:12]}…, here {found[:12]}…): a model of the same shape is another model; load it "
+            "on the base it was trained on"
+        )
 
 
 def st_reading(path: Path) -> dict:
@@ -94,7 +157,16 @@ def st_reading(path: Path) -> dict:
         if passage is not None:
             settings["passage_prefix"] = passage
     if (path / "modules.json").is_file():
-        for module in json.loads(read_text(path / "modules.json")):
+        try:
+            modules = json.loads(read_text(path / "modules.json"))
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path / 'modules.json'}:{err.lineno}: not valid JSON ({err.msg})") from None
+        if not isinstance(modules, list) or not all(isinstance(m, dict) for m in modules):
+            raise ValueError(
+                f"{path / 'modules.json'}: a sentence-transformers modules.json is a JSON list of modules "
+                f'({{"path", "type"}} objects), not {type(modules).__name__}'
+            )
+        for module in modules:
             pooling = path / module.get("path", "") / "config.json"
             if module.get("type", "").endswith("Pooling") and pooling.is_file():
                 config = json.loads(read_text(pooling))
@@ -113,31 +185,117 @@ def st_reading(path: Path) -> dict:
     return settings
 
 
+CARRIED = ("r", "lora_alpha", "lora_dropout", "target_modules", "exclude_modules", "use_rslora", "use_dora")
+CARRIED += ("rank_pattern", "alpha_pattern")
+"""The settings of a peft ``LoraConfig`` obliq carries into its encoder (:class:`~obliq.model.lora.LoraSettings`)."""
+
+INERT = (
+    "task_type",
+    "peft_type",
+    "auto_mapping",
+    "peft_version",
+    "base_model_name_or_path",
+    "revision",
+    "inference_mode",
+    "megatron_config",
+    "megatron_core",
+    "runtime_config",
+    "qalora_group_size",
+    "ensure_weight_tying",
+)
+"""Settings that do not change what a loaded adapter computes: its bookkeeping, and options of settings refused
+when they are on (``qalora_group_size`` of ``use_qalora``; ``ensure_weight_tying`` of ``modules_to_save``)."""
+
+PLAIN_INIT = (True, False, "gaussian")
+"""``init_lora_weights`` values that only draw the LoRA matrices (the trained ones replace them); the others
+(PiSSA, OLoRA, LoftQ, EVA, CorDA, LoRA-GA, …) change the base weights or read data to start."""
+
+
+def lora_settings(folder: str | Path) -> LoraSettings:
+    """The LoRA of a peft adapter folder, its ``adapter_config.json`` read by peft's ``LoraConfig``, as
+    :class:`~obliq.model.lora.LoraSettings`: every setting that changes what the adapter computes is carried
+    (:data:`CARRIED`: a fractional alpha, rsLoRA, DoRA, rank and alpha patterns, target and excluded modules as
+    lists or a regular expression), or the folder is refused naming it. So an export of the folder is the model
+    peft loads from it.
+
+    Raises:
+        ValueError: the file is not a JSON object (the file named); not a LoRA adapter (``peft_type``); a setting
+            peft rejects, one this peft does not know, or one obliq does not carry (:data:`PLAIN_INIT` for
+            ``init_lora_weights``) set to other than its default (the field named).
+    """
+    import dataclasses
+
+    from peft import LoraConfig, __version__
+
+    from obliq.model.lora import LoraSettings
+
+    file = Path(folder) / ADAPTER_CONFIG
+    raw = read_json_object(file, "a peft adapter's settings")
+    if raw.get("peft_type", "LORA") != "LORA":
+        raise ValueError(f"{file}: field peft_type: {raw['peft_type']!r}; obliq reads LoRA adapters only")
+    fields = {f.name for f in dataclasses.fields(LoraConfig)}
+    unknown = sorted(k for k, v in raw.items() if k not in fields and v not in (None, False, [], {}, ""))
+    if unknown:
+        raise ValueError(
+            f"{file}: field {unknown[0]}: {raw[unknown[0]]!r} is a setting this peft ({__version__}) does not know, "
+            "and loading would drop it: the adapter would be read as another model; update peft"
+        )
+    try:
+        config = LoraConfig(**{k: v for k, v in raw.items() if k in fields and k != "peft_type"})
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"{file}: peft refuses the adapter's settings ({str(err).splitlines()[0]})") from None
+    default = LoraConfig()
+    for name in sorted(fields - set(CARRIED) - set(INERT)):
+        value = getattr(config, name)
+        if name == "init_lora_weights" and value in PLAIN_INIT:
+            continue
+        if value != getattr(default, name):
+            raise ValueError(
+                f"{file}: field {name}: {value!r} is a LoRA setting obliq does not carry (it carries "
+                f"{', '.join(CARRIED)}); its encoder and exports would be another model than the adapter"
+            )
+
+    def listed(modules):
+        return sorted(modules) if isinstance(modules, list | set | tuple) else modules
+
+    return LoraSettings(
+        r=int(config.r),
+        alpha=config.lora_alpha,
+        dropout=float(config.lora_dropout or 0.0),
+        target_modules=listed(config.target_modules),
+        exclude_modules=listed(config.exclude_modules),
+        use_rslora=bool(config.use_rslora),
+        use_dora=bool(config.use_dora),
+        rank_pattern=dict(config.rank_pattern or {}),
+        alpha_pattern=dict(config.alpha_pattern or {}),
+    )
+
+
 def adapter_checkpoint(folder: str | Path, trust_remote_code: bool = False) -> dict:
     """An adapter folder (either layout) as the content of a training checkpoint
     (:func:`obliq.model.checkpoint.read_checkpoint`'s form: ``obliq`` settings, ``state_dict`` of the trained
     LoRA weights), so that ``obliq export`` merges and verifies it as it does a checkpoint of its own. The LoRA
-    settings are the adapter's (``r``, ``lora_alpha``, ``lora_dropout``, ``target_modules``); nothing of its
-    training is known (no step, no loss): ``obliq.imported`` names the folder.
+    settings are the adapter's own ``adapter_config.json``'s, every one carried or refused
+    (:func:`lora_settings`); nothing of its training is known (no step, no loss): ``obliq.imported`` names the
+    folder.
 
     Raises:
         FileNotFoundError: the folder holds no adapter, or its base is not here (:func:`adapter_base`).
-        ValueError: as :class:`~obliq.model.BiEncoder` for an adapter that does not fit its base.
+        ValueError: a LoRA setting obliq does not carry (:func:`lora_settings`); as
+            :class:`~obliq.model.BiEncoder` for an adapter that does not fit its base.
     """
-    from obliq.model.encoder import CONFIG_NAME, BiEncoder, LoraSettings
+    from obliq.model.encoder import CONFIG_NAME, BiEncoder
 
     folder = Path(folder)
+    if not (folder / ADAPTER_CONFIG).is_file():
+        raise FileNotFoundError(
+            f"{folder}: no adapter here (no {ADAPTER_CONFIG}); a merged or fully trained model has nothing to "
+            "export: evaluate it directly"
+        )
+    lora = lora_settings(folder)
     if (folder / CONFIG_NAME).is_file():
         encoder = BiEncoder.from_pretrained(folder, trainable=True, trust_remote_code=trust_remote_code)
-    elif (folder / ADAPTER_CONFIG).is_file():
-        config = json.loads(read_text(folder / ADAPTER_CONFIG))
-        targets = config.get("target_modules")
-        lora = LoraSettings(
-            r=int(config["r"]),
-            alpha=int(config["lora_alpha"]),
-            dropout=float(config.get("lora_dropout") or 0.0),
-            target_modules=sorted(targets) if isinstance(targets, list | tuple) else None,
-        )
+    else:
         encoder = BiEncoder(
             adapter_base(folder),
             adapter=str(folder),
@@ -145,13 +303,9 @@ def adapter_checkpoint(folder: str | Path, trust_remote_code: bool = False) -> d
             trust_remote_code=trust_remote_code,
             **st_reading(folder),
         )
-    else:
-        raise FileNotFoundError(
-            f"{folder}: no adapter here ({ADAPTER_CONFIG} or {CONFIG_NAME}); a merged model has nothing to export: "
-            "evaluate it directly"
-        )
+    encoder.lora = lora  # the adapter's own settings, whatever obliq_encoder.json records
     state = {f"encoder.{n}": p.detach().clone() for n, p in encoder.named_parameters() if p.requires_grad}
     return {
-        "obliq": {"encoder": encoder.settings, "lora": asdict(encoder.lora), "imported": folder.name},
+        "obliq": {"encoder": encoder.settings, "lora": asdict(lora), "imported": folder.name},
         "state_dict": state,
     }

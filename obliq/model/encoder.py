@@ -14,7 +14,7 @@ import logging
 import os
 import pickle
 import warnings
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Literal
 
@@ -22,38 +22,17 @@ import torch
 from torch import nn
 
 from obliq.aliases import portable_name, resolve_model
-from obliq.files import read_json_object, read_text, write_json
+from obliq.files import read_json_object, read_text, write_json, write_text
 from obliq.model.bidirectional import check_loading, check_model_code, make_bidirectional
+from obliq.model.lora import DECODER_LORA_TARGETS as DECODER_LORA_TARGETS  # re-exported: bench/gpu_check.py
+from obliq.model.lora import LoraSettings, apply_lora
 from obliq.model.pooling import mean_pool
 from obliq.model.tokenizer import PASSAGE_MAX_LENGTH, QUERY_MAX_LENGTH, Kind, TextTokenizer, check_vocabulary
 
 log = logging.getLogger(__name__)
 
-DECODER_LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-BERT_LORA_TARGETS = ["query", "key", "value", "dense"]
 CONFIG_NAME = "obliq_encoder.json"
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-@dataclass
-class LoraSettings:
-    """LoRA hyper-parameters (the model card: r=16, alpha=32, dropout 0.05 on the 7 projections)."""
-
-    r: int = 16
-    """LoRA rank."""
-    alpha: int = 32
-    """LoRA alpha (the update is scaled by alpha / r)."""
-    dropout: float = 0.05
-    """Dropout on the LoRA input."""
-    target_modules: list[str] | None = None
-    """Module name suffixes to wrap; None picks q/k/v/o/gate/up/down for decoders and
-    query/key/value/dense for BERT-style encoders."""
-
-    def __post_init__(self):
-        if self.r <= 0 or self.alpha <= 0:
-            raise ValueError(f"LoRA rank and alpha must be positive, got r={self.r}, alpha={self.alpha}")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"LoRA dropout must be in [0, 1), got {self.dropout}")
 
 
 class BiEncoder(nn.Module):
@@ -182,6 +161,7 @@ class BiEncoder(nn.Module):
                 from peft import PeftModel
                 from safetensors import SafetensorError
 
+                _check_adapter_weights(Path(adapter))
                 try:
                     model = PeftModel.from_pretrained(model, adapter, is_trainable=lora is not None)
                 except SafetensorError as err:  # a truncated or damaged file: named, not a traceback
@@ -196,7 +176,7 @@ class BiEncoder(nn.Module):
                 if bad:  # refused here, before a corpus is encoded into the store with them
                     raise ValueError(f"{adapter}: the adapter's weight {bad[0]} holds NaN or infinite values")
             elif lora is not None:
-                model = _apply_lora(model, lora)
+                model = apply_lora(model, lora)
         self.lora = lora
         self.model = model
         check_bidirectional(self, expect=self.bidirectional)
@@ -342,12 +322,17 @@ class BiEncoder(nn.Module):
                 config.base_model_name_or_path = backbone
         if self.is_peft:  # obliq never resizes the vocabulary: no embedding layer to save, and no hub lookup
             self.model.save_pretrained(folder, save_embedding_layers=False)  # ("auto" asks the hub for the base)
+            _sort_targets(folder / "adapter_config.json")
         else:
             self.model.save_pretrained(folder)
             self.tokenizer.save_pretrained(folder)
         settings = dict(
             self.settings, backbone=backbone, lora=asdict(self.lora) if self.lora else None, is_adapter=self.is_peft
         )
+        if self.is_peft:  # the base by its weights, checked when the adapter is loaded (from_pretrained)
+            from obliq.model.adapter import BASE_DIGEST, base_digest
+
+            settings[BASE_DIGEST] = base_digest(self.settings["backbone"])
         write_json(folder / CONFIG_NAME, settings)
 
     @classmethod
@@ -364,7 +349,8 @@ class BiEncoder(nn.Module):
         Raises:
             FileNotFoundError: ``folder`` has no ``obliq_encoder.json``.
             ValueError: the file is not a JSON object of encoder settings (the file named); an adapter's
-                relative ``backbone`` that is ambiguous (:func:`~obliq.model.adapter.resolve_base`).
+                relative ``backbone`` that is ambiguous (:func:`~obliq.model.adapter.resolve_base`); an adapter
+                whose recorded base weights are not the backbone's (:func:`~obliq.model.adapter.check_base`).
         """
         folder = Path(folder)
         cfg_file = folder / CONFIG_NAME
@@ -387,6 +373,10 @@ class BiEncoder(nn.Module):
                 "not found here: copy that base here and pass it (backbone=…, `obliq export --base_model` for "
                 "a Hub id), or export from a base with a Hub id"
             )
+        if saved.get("is_adapter") and isinstance(saved.get("backbone_sha256"), str):
+            from obliq.model.adapter import check_base
+
+            check_base(cfg_file, saved["backbone_sha256"], base)
         return cls(
             **settings,
             adapter=str(folder) if saved.get("is_adapter") else None,
@@ -436,7 +426,7 @@ def stored_settings(saved, source: object) -> dict:
             f"choose (code to fetch and run; a file may name {', '.join(k for k in FILE_ATTENTION if k)}): give "
             "attn_implementation yourself (e.g. --model.encoder.init_args.attn_implementation) or edit the file"
         )
-    ignored = sorted(set(saved) - set(SETTINGS) - {"lora", "is_adapter"})
+    ignored = sorted(set(saved) - set(SETTINGS) - {"lora", "is_adapter", "backbone_sha256"})
     if ignored:
         log.warning(
             "%s: ignored settings %s (a file cannot set them; trust_remote_code comes from your command "
@@ -482,6 +472,30 @@ def model_capacity(path: str, config) -> int | None:
         limits.append(json.loads(read_text(st_config)).get("max_seq_length"))
     limits = [int(n) for n in limits if n]
     return min(limits) if limits else None
+
+
+def _check_adapter_weights(folder: Path) -> None:
+    """Refuse an adapter folder without its weights file (peft's ``adapter_model.safetensors`` or ``.bin``),
+    which peft reports as an error that reads like an adapter of another model.
+
+    Raises:
+        FileNotFoundError: a folder without either file (the folder named).
+    """
+    if folder.is_dir() and not any((folder / f"adapter_model.{ext}").is_file() for ext in ("safetensors", "bin")):
+        raise FileNotFoundError(
+            f"{folder}: no adapter weights (adapter_model.safetensors or adapter_model.bin): the folder holds the "
+            "adapter's settings without its weights; copy the weights file there"
+        )
+
+
+def _sort_targets(file: Path) -> None:
+    """Write an adapter's ``target_modules`` / ``exclude_modules`` lists sorted: peft writes them from a set, in
+    an order that changes with the interpreter's hash seed, so two saves of one adapter would differ."""
+    config = read_json_object(file, "a peft adapter's settings")
+    keys = [k for k in ("target_modules", "exclude_modules") if isinstance(config.get(k), list)]
+    if keys:
+        config.update({k: sorted(config[k]) for k in keys})
+        write_text(file, json.dumps(config, indent=2, sort_keys=True))
 
 
 def _ensure_pad_token(tokenizer) -> None:
@@ -551,25 +565,6 @@ def check_bidirectional(encoder: BiEncoder, expect: bool = True) -> None:
                 raise RuntimeError(f"causal self-test failed ({variant}): position 0 sees a later token")
     finally:
         model.train(was_training)
-
-
-def _default_targets(model: nn.Module) -> list[str]:
-    names = {n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, nn.Linear)}
-    for targets in (DECODER_LORA_TARGETS, BERT_LORA_TARGETS):
-        found = [t for t in targets if t in names]
-        if found:
-            return found
-    raise ValueError(
-        f"no default LoRA targets in this backbone; set lora.target_modules (linear layers: {sorted(names)})"
-    )
-
-
-def _apply_lora(model: nn.Module, lora: LoraSettings) -> nn.Module:
-    from peft import LoraConfig, get_peft_model
-
-    targets = lora.target_modules or _default_targets(model)
-    config = LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=targets, bias="none")
-    return get_peft_model(model, config)
 
 
 def _bnb_config(quantization: str, compute_dtype: torch.dtype):

@@ -79,6 +79,12 @@ class SentenceTransformerEncoder:
 
             check_vocabulary(self.model.tokenizer, path)
         self.capacity = self.model.max_seq_length
+        # a folder's own per-task lengths (sentence-transformers' query_length / document_length, what obliq
+        # export writes): encode_query / encode_document cut there whatever max_seq_length says
+        self.lengths = {
+            kind: getattr(transformer, f"{side}_length", None) or self.capacity
+            for kind, side in (("query", "query"), ("passage", "document"))
+        }
 
     def prompt(self, kind: Kind, task=None) -> str:
         """The prompt this model puts before a ``kind`` text of ``task``: its per-task prompt
@@ -98,16 +104,18 @@ class SentenceTransformerEncoder:
         """How this model reads texts (of ``task``) when asked for these lengths: its own saved prompts
         (none for all-MiniLM-L6-v2; :meth:`prompt`) and the token lengths it keeps."""
 
-        def keep(n):
-            limits = [x for x in (self.capacity, n) if x]
-            return min(limits) if limits else None
-
         return {
             "query_prefix": self.prompt("query", task),
             "passage_prefix": self.prompt("passage", task),
-            "query_max_length": keep(query_max_length),
-            "passage_max_length": keep(passage_max_length),
+            "query_max_length": self._limit("query", query_max_length),
+            "passage_max_length": self._limit("passage", passage_max_length),
         }
+
+    def _limit(self, kind: Kind, n: int | None) -> int | None:
+        """The tokens this model keeps of a ``kind`` text when asked for ``n``: its own length for the kind
+        (:attr:`lengths`) or ``n``, whichever is shorter."""
+        limits = [x for x in (self.lengths[kind], n) if x]
+        return min(limits) if limits else None
 
     def encode(
         self,
@@ -139,8 +147,10 @@ class SentenceTransformerEncoder:
         texts = list(texts)
         if show_progress is None:
             show_progress = len(texts) > 8 * batch_size
-        limits = [n for n in (self.capacity, max_length) if n]
-        self.model.max_seq_length = min(limits) if limits else None
+        self.model.max_seq_length = limit = self._limit(kind, max_length)
+        side = "query" if kind == "query" else "document"
+        if getattr(self.model[0], f"{side}_length", None):  # the folder's per-task length wins over max_seq_length
+            setattr(self.model[0], f"{side}_length", limit)
         fn = self.model.encode_query if kind == "query" else self.model.encode_document
         out = fn(
             texts,
