@@ -34,8 +34,11 @@ def user_errors():
         err = _user_error(raised)
         if err is None or os.environ.get("OBLIQ_DEBUG"):
             raise
-        message = err.args[0] if isinstance(err, KeyError) and err.args else err
+        from obliq.write_errors import named_write_error
+
         after = "" if err is raised else f" (then, while stopping: {type(raised).__name__}: {raised})"
+        err = named_write_error(err) or err  # `[Errno 27] File too large` from a write: its file named
+        message = err.args[0] if isinstance(err, KeyError) and err.args else err
         print(f"error: {message}{after}", file=sys.stderr)
         raise SystemExit(2) from None
 

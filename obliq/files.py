@@ -9,7 +9,8 @@
 - :func:`publish` writes a file or folder through a temporary one beside it, renamed into place, so a
   killed process leaves the old one or the new one, never half of one; :func:`atomic_write` is the
   same for a file written through an open handle. A write that fails (disk full, a read-only or
-  forbidden folder) is a :class:`WriteError` naming the file.
+  forbidden folder, the process's file-size limit) is a :class:`WriteError` naming the file
+  (:mod:`obliq.write_errors`).
 - :func:`read_id_table` reads the ``id<TAB>value`` tables tasks carry (attributes, sources).
 - :func:`safe_name` turns a name found in a file (a task's name) into a folder name that cannot
   leave the output folder.
@@ -30,7 +31,6 @@ from __future__ import annotations
 
 import codecs
 import dataclasses
-import errno
 import hashlib
 import io
 import json
@@ -43,6 +43,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
+
+from obliq.write_errors import WriteError as WriteError  # re-exported: obliq.files is where writes are
+from obliq.write_errors import hidden_write_errno, write_failed
 
 BOM = codecs.BOM_UTF8
 """The UTF-8 byte-order mark (EF BB BF)."""
@@ -158,32 +161,6 @@ def strip_bom(data: bytes) -> bytes:
     return data[len(BOM) :] if data.startswith(BOM) else data
 
 
-class WriteError(OSError):
-    """A file or folder that could not be written (disk full, a read-only or forbidden folder), named in one
-    line; ``errno`` is the cause's. Whatever was at the path before is left as it was (:func:`publish`)."""
-
-    def __str__(self) -> str:
-        return str(self.args[-1])
-
-
-_WRITE_CAUSES = {
-    errno.ENOSPC: "no space left on the device",
-    errno.EDQUOT: "the disk quota is used up",
-    errno.EFBIG: "the file is too large for the file system",
-    errno.EROFS: "a read-only file system",
-    errno.EACCES: "no permission to write there",
-    errno.EPERM: "no permission to write there",
-}
-"""What a failed write's errno means, for :func:`write_failed`; the ones that only a write raises (all but the
-permissions) make any error inside :func:`publish`'s block a write error."""
-
-
-def write_failed(path: str | os.PathLike, err: OSError) -> WriteError:
-    """The one-line error for ``path`` that could not be written because of ``err``."""
-    why = _WRITE_CAUSES.get(err.errno) or err.strerror or str(err)
-    return WriteError(err.errno, f"{path}: could not be written ({why}); what was there before is left as it was")
-
-
 @contextmanager
 def publish(path: str | os.PathLike, folder: bool = False) -> Iterator[Path]:
     """Publish ``path`` all at once: the block writes the temporary file (or, with ``folder``, the
@@ -197,8 +174,9 @@ def publish(path: str | os.PathLike, folder: bool = False) -> Iterator[Path]:
         FileExistsError: (``folder``) ``path`` is a folder that is not empty, e.g. one another process
             published first: a folder is never replaced.
         WriteError: ``path`` could not be written: its folder could not be made or written in (read-only,
-            no permission), the disk is full (ENOSPC, EDQUOT, EFBIG or EROFS inside the block), or the rename
-            failed (``path`` named; :func:`write_failed`).
+            no permission), the disk is full (ENOSPC, EDQUOT, EFBIG or EROFS inside the block, also when a
+            library reports it as an error of its own: :func:`obliq.write_errors.hidden_write_errno`), or the
+            rename failed (``path`` named; :func:`write_failed`).
     """
     path = Path(path)
     try:
@@ -214,10 +192,11 @@ def publish(path: str | os.PathLike, folder: bool = False) -> Iterator[Path]:
     try:
         try:
             yield tmp
-        except OSError as err:  # a full disk inside the block is this path's; other errors (a missing input) are not
-            if isinstance(err, WriteError) or err.errno not in set(_WRITE_CAUSES) - {errno.EACCES, errno.EPERM}:
+        except Exception as err:  # a full disk inside the block is this path's; other errors (a missing input) are not
+            code = hidden_write_errno(err, tmp)  # a library's own error for it too (torch, safetensors)
+            if isinstance(err, WriteError) or code is None:
                 raise
-            raise write_failed(path, err) from None
+            raise write_failed(path, err if isinstance(err, OSError) else OSError(code, os.strerror(code))) from None
         try:
             if not folder:
                 os.chmod(tmp, 0o644)

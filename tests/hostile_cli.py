@@ -21,6 +21,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from hostile_round_53 import round_53
+
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 ENV = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", OMP_NUM_THREADS="1", WANDB_MODE="offline")
@@ -685,6 +687,7 @@ print(b.corpus_cache, b.run == a)
     )
     round_four(w, t, common, qs, ck)
     round_five(w, t, common)
+    round_53(w, t, common, case, run)  # issue 53 §3: tests/hostile_round_53.py
 
 
 def round_four(w: Path, t: Path, common: list[str], qs: str, ck: Path) -> None:

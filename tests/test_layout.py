@@ -14,6 +14,7 @@ REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "obliq"
 
 LAYERS = {
+    "write_errors": -1,  # a failed write named: under files (its atomic writers) and errors (every command's line)
     "__init__": 0,
     "errors": 0,
     "files": 0,

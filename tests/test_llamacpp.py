@@ -222,3 +222,84 @@ def test_every_end_of_generation_id_llama_cpp_reports_ends_a_reply(backend, refe
     eog = {t for t in range(reference.n_vocab()) if llama_cpp.llama_vocab_is_eog(vocab, t)}
     assert {0, 2, 4} <= eog
     assert eog <= set(backend.end_ids)
+
+
+def _llama_cpp_loads(path) -> bool:
+    """Whether llama-cpp-python's own ``Llama`` (the library's high-level loader) loads ``path``."""
+    try:
+        llm = llama_cpp.Llama(model_path=str(path), n_ctx=16, n_threads=1, verbose=False)
+    except ValueError:  # "Failed to load model from file"
+        return False
+    llm.close()
+    return True
+
+
+def test_a_gguf_file_cut_anywhere_is_refused_in_one_line_as_llama_cpp_refuses_it(tmp_path, capsys):
+    """Issue 53 §3: a GGUF file cut short (an interrupted download) was read by transformers into a
+    ``struct.error`` or numpy traceback. Cuts drawn (seeded) in the header, the metadata, the tensor table and
+    the tensor data, down to the last byte: each one llama.cpp's own loader refuses is refused by
+    ``gguf_file`` in one line naming the file, and the whole file llama.cpp loads is accepted."""
+    import random
+
+    import gguf
+
+    from obliq.aliases import smollm2_gguf
+    from obliq.llm.llamacpp import gguf_file
+
+    whole = smollm2_gguf()
+    data = whole.read_bytes()
+    table_end = gguf.GGUFReader(whole).data_offset  # the reader of llama.cpp's gguf-py: where tensor data starts
+    rng = random.Random(53)
+    cuts = sorted(
+        {4, 12, 24, table_end - 1, len(data) - 1}
+        | {rng.randrange(24, table_end) for _ in range(4)}
+        | {rng.randrange(table_end, len(data)) for _ in range(2)}
+    )
+    for n in cuts:
+        cut = tmp_path / f"cut-{n}.gguf"
+        cut.write_bytes(data[:n])
+        assert not _llama_cpp_loads(cut), n  # the reference refuses every cut
+        with pytest.raises(ValueError) as err:
+            gguf_file(str(cut))
+        message = str(err.value)
+        assert str(cut) in message and "cut short" in message and "\n" not in message, (n, message)
+        cut.unlink()
+    assert _llama_cpp_loads(whole) and gguf_file(str(whole)) == whole
+
+
+def test_synth_generate_names_a_cut_gguf_file_in_one_line(tmp_path, capsys):
+    """The same through ``obliq synth generate --backend.name llamacpp``: one ``error:`` line, no traceback."""
+    from support import cli_fails, make_task
+
+    from obliq.aliases import smollm2_gguf
+
+    cut = tmp_path / "cut.gguf"
+    with smollm2_gguf().open("rb") as f:
+        cut.write_bytes(f.read(100_000))  # inside the vocabulary's metadata
+    docs, queries = [{"_id": "d1", "text": "a tweet"}], [{"_id": "q1", "text": "q"}]
+    task = make_task(tmp_path / "t", docs, queries, [("q1", "d1", 1)])
+    argv = ["synth", "generate", "--config", "configs/synth/stance-tweets.yaml", "--task", str(task)]
+    argv += ["--out", str(tmp_path / "o.jsonl"), "--n_docs", "1", "--fewshot.k", "0"]
+    cli_fails([*argv, "--backend.name", "llamacpp", "--backend.model", str(cut)], capsys, str(cut), "cut short")
+    assert not (tmp_path / "o.jsonl").exists()
+
+
+def test_backend_context_is_bounded_by_the_model_s_trained_context(reference):
+    """Issue 53 §3 (unbounded): ``backend.context`` above the context the model was trained on (llama.cpp's
+    ``n_ctx_train``, read here from the file's metadata as llama-cpp-python's ``Llama`` reports it) ran without
+    a word at 12× (and a 23 GB KV cache failed as a traceback): refused in one line naming the setting and the
+    bound; the bound itself is accepted (the module's ``backend`` fixture runs at SmolLM2's 8,192)."""
+    import random
+
+    from obliq.llm.backends import BackendConfig
+    from obliq.llm.llamacpp import LlamaCppBackend
+
+    trained = int(reference.metadata[f"{reference.metadata['general.architecture']}.context_length"])
+    assert trained == 8192  # SmolLM2's
+    rng = random.Random(7)
+    for context in sorted({trained + 1, 12 * trained, rng.randrange(trained + 2, 40 * trained), 10**9}):
+        with pytest.raises(ValueError) as err:
+            BackendConfig(name="llamacpp", context=context, threads=1).build()
+        message = str(err.value)
+        assert message.startswith("backend.context:") and f"{trained:,}" in message and "\n" not in message
+    LlamaCppBackend("smollm2", parallel=1, context=trained, threads=1).close()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -268,3 +269,82 @@ def test_weights_of_more_layers_than_the_config_are_refused_on_every_loading_pat
     for load in (lambda: BiEncoder(str(folder)), lambda: load_encoder(str(folder), "sentence-transformers")):
         with pytest.raises(ValueError, match=rf"unexpected keys .*layers\.{layers}\."):
             load()
+
+
+def _transformers_builds(config: dict, rope_type: str) -> str:
+    """What plain transformers makes of a configuration (the ``LlamaModel`` its ``llama_bidirec`` family is):
+    ``ok``, ``unknown`` (a ``KeyError`` of ``rope_type`` itself, what ``obliq evaluate`` printed as
+    ``error: <type>``) or ``other`` (another refusal, e.g. a missing rope parameter)."""
+    from transformers import LlamaConfig, LlamaModel
+
+    keep = {k: v for k, v in config.items() if k not in ("architectures", "auto_map", "model_type", "pooling")}
+    try:
+        LlamaModel(LlamaConfig(**keep))
+    except KeyError as err:
+        return "unknown" if err.args == (rope_type,) else "other"
+    except Exception:
+        return "other"
+    return "ok"
+
+
+def test_an_auto_map_that_is_no_object_and_an_unknown_rope_type_are_refused_in_one_line(replicas, tmp_path, capsys):
+    """Issue 53 §3: ``"auto_map": null`` stopped transformers with a ``TypeError`` traceback, and an unknown
+    ``rope_scaling`` type with ``error: nonexistent``. Generated configurations (seeded): an ``auto_map`` of
+    every other JSON type is refused naming the file and the field; each rope type — transformers' own, near
+    misses and random names, under ``rope_type`` or the older ``type`` — is refused naming the file and the
+    type exactly when plain transformers cannot build the model for it (``KeyError``), and passes otherwise."""
+    import random
+
+    from support import cli_fails
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    from obliq.model.bidirectional import check_model_code
+
+    base = replicas[NAMES[1]]
+    published = json.loads((Path(base) / "config.json").read_text())
+    for i, value in enumerate([None, [], ["modeling_x.X"], "modeling_x.X", 3, True]):
+        folder = _edit_config(base, tmp_path / f"map{i}", auto_map=value)
+        with pytest.raises(ValueError) as err:
+            check_model_code(folder)
+        assert str(Path(folder) / "config.json") in str(err.value) and "auto_map" in str(err.value), value
+    rng = random.Random(53)
+    names = ["default", *ROPE_INIT_FUNCTIONS, "nonexistent", "Llama3", "llama-3", "yarn ", "", "mrope", "ntk"]
+    names += ["".join(rng.choice("abcdefghijklmnopqrstuvwxyz3_") for _ in range(rng.randrange(2, 9))) for _ in range(4)]
+    full = {"factor": 4.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+    seen = set()
+    for i, name in enumerate(names):
+        rope = {rng.choice(["rope_type", "type"]): name, **full}
+        reference = _transformers_builds({**published, "rope_scaling": rope}, name)
+        folder = _edit_config(base, tmp_path / f"rope{i}", rope_scaling=rope)
+        try:
+            check_model_code(folder)
+            refused = None
+        except ValueError as err:
+            refused = str(err)
+        seen.add(reference)
+        if reference == "unknown":
+            assert refused and str(Path(folder) / "config.json") in refused and repr(name) in refused, (name, refused)
+            assert "\n" not in refused
+        else:
+            assert refused is None, (name, reference, refused)
+    assert {"ok", "unknown"} <= seen
+    null = _edit_config(base, tmp_path / "cli-null", auto_map=None)
+    bad = _edit_config(base, tmp_path / "cli-rope", rope_scaling={"rope_type": "nonexistent", "factor": 2.0})
+    task = tmp_path / "t"
+    (task / "qrels").mkdir(parents=True)
+    (task / "corpus.jsonl").write_text('{"_id": "d1", "text": "a text"}\n')
+    (task / "queries.jsonl").write_text('{"_id": "q1", "text": "a query"}\n')
+    (task / "qrels" / "test.tsv").write_text("q1\td1\t1\n")
+    for folder, needle in ((null, "auto_map"), (bad, "'nonexistent'")):
+        argv = [
+            "evaluate",
+            "--model",
+            folder,
+            "--tasks",
+            str(task),
+            "--output",
+            str(tmp_path / "out"),
+            "--latency_queries",
+            "0",
+        ]
+        cli_fails(argv, capsys, str(Path(folder) / "config.json"), needle)

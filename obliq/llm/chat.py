@@ -12,8 +12,18 @@ transformers and vLLM receive the same ids.
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 from obliq.llm.prompts import Messages
+
+
+def _template_file(tokenizer) -> str:
+    """Where a tokenizer's chat template was read: its folder's ``chat_template.jinja`` or
+    ``tokenizer_config.json`` when there is one, else the model's name."""
+    name = str(getattr(tokenizer, "name_or_path", "") or "the model")
+    folder = Path(name).expanduser()
+    found = [folder / f for f in ("chat_template.jinja", "tokenizer_config.json") if (folder / f).is_file()]
+    return str(found[0]) if found else name
 
 
 def chat_ids(tokenizer, messages: Messages, **template_kwargs) -> list[int]:
@@ -34,11 +44,21 @@ def chat_ids(tokenizer, messages: Messages, **template_kwargs) -> list[int]:
 
     Raises:
         ValueError: the template changes the contents otherwise than by stripping their whitespace
-            (the contents cannot be located in its text).
+            (the contents cannot be located in its text), or it raises for this chat (a template that
+            takes no system turn, say): one line naming the template's file and the chat's roles.
     """
+    from jinja2 import TemplateError
 
     def render(chat: Messages) -> str:
-        return tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=False, **template_kwargs)
+        try:
+            return tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=False, **template_kwargs)
+        except TemplateError as err:
+            roles = ", ".join(str(m.get("role")) for m in chat)
+            raise ValueError(
+                f"{_template_file(tokenizer)}: the chat template refuses a chat of "
+                f"turns {roles} ({type(err).__name__}: {str(err).splitlines()[0] if str(err) else 'no message'}): "
+                "obliq's prompts need a template that renders them; use another model or fix its chat_template"
+            ) from None
 
     text = render(messages)
     # placeholders of a private-use character: not whitespace, so a template's `trim` keeps them whole

@@ -27,7 +27,9 @@ across groupings; ``temperature`` 0 is greedy.
 from __future__ import annotations
 
 import logging
+import mmap
 import os
+import struct
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -48,8 +50,9 @@ def gguf_file(model: str) -> Path:
 
     Raises:
         FileNotFoundError: no such file, or a folder without a GGUF file.
-        ValueError: a folder with several GGUF files, or a file or name that is no GGUF file (the
-            llamacpp backend reads no safetensors folder and no hub id).
+        ValueError: a folder with several GGUF files, a file or name that is no GGUF file (the
+            llamacpp backend reads no safetensors folder and no hub id), or a GGUF file cut short
+            (:func:`check_gguf_whole`).
     """
     from obliq.aliases import _ALIASES, SMOLLM2, smollm2_gguf
 
@@ -73,7 +76,90 @@ def gguf_file(model: str) -> Path:
     with path.open("rb") as f:
         if f.read(4) != b"GGUF":
             raise ValueError(f"model: {path} is not a GGUF file (it does not start with the GGUF magic)")
+    check_gguf_whole(path)
     return path
+
+
+_GGUF_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+"""GGUF metadata value types of a fixed width (their ``struct`` codes); 8 is a string, 9 an array."""
+
+
+def check_gguf_whole(path: Path) -> None:
+    """Refuse a GGUF file cut short (an interrupted download or copy) before a library reads it: its
+    header, metadata and tensor table are walked as llama.cpp's ``docs/gguf.md`` lays them out (little-endian,
+    versions 2 and 3; strings and arrays counted in 64 bits; data aligned to ``general.alignment``, default
+    32), and the file must reach the end of its last tensor's data (a tensor's bytes: its elements over the
+    type's block size times the block's bytes, ``gguf.GGML_QUANT_SIZES``; a type that table does not know
+    is not measured).
+
+    Raises:
+        ValueError: one line naming ``path``, its size and where its content ends.
+    """
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    size = path.stat().st_size
+    with path.open("rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as blob:
+        pos = 4
+
+        def read(code: str):
+            nonlocal pos
+            values = struct.unpack_from("<" + code, blob, pos)
+            pos += struct.calcsize("<" + code)
+            return values[0] if len(values) == 1 else values
+
+        def skip(kind: int):
+            nonlocal pos
+            if kind == 8:
+                length = read("Q")
+                pos += length
+            elif kind == 9:
+                item, count = read("IQ")
+                if item in _GGUF_SCALARS:
+                    pos += count * struct.calcsize(_GGUF_SCALARS[item])
+                else:
+                    for _ in range(count):
+                        skip(item)
+            else:
+                pos += struct.calcsize(_GGUF_SCALARS[kind])
+            if pos > size:
+                raise struct.error("past the end")
+
+        try:
+            version, tensors, entries = read("IQQ")
+            if version not in (2, 3):
+                return  # another layout: llama.cpp says what it makes of it
+            alignment = 32
+            for _ in range(entries):
+                length = read("Q")
+                key, pos = bytes(blob[pos : pos + length]), pos + length
+                kind = read("I")
+                if key == b"general.alignment" and kind == 4:
+                    alignment = struct.unpack_from("<I", blob, pos)[0]
+                skip(kind)
+            end = 0
+            for _ in range(tensors):
+                length = read("Q")
+                pos += length
+                dims = read(f"{read('I')}Q")
+                kind, offset = read("IQ")
+                elements = 1
+                for d in dims if isinstance(dims, tuple) else (dims,):
+                    elements *= d
+                try:
+                    block, width = GGML_QUANT_SIZES[GGMLQuantizationType(kind)]
+                except (ValueError, KeyError):
+                    continue
+                end = max(end, offset + elements // block * width)
+        except (struct.error, KeyError, OverflowError, MemoryError):
+            raise ValueError(
+                f"model: {path} is cut short or damaged: its metadata runs past the file's {size:,} bytes"
+            ) from None
+    start = -(-pos // max(alignment, 1)) * max(alignment, 1)
+    if tensors and start + end > size:
+        raise ValueError(
+            f"model: {path} is cut short: {size:,} bytes where its tensor data ends at {start + end:,} "
+            "(an interrupted download or copy?)"
+        )
 
 
 class LlamaCppBackend:
@@ -84,7 +170,8 @@ class LlamaCppBackend:
         parallel: chats decoded together (sequences in the KV cache at once).
         context: KV cache cells shared by a group's sequences (prefix once, plus each chat's own
             prompt and reply budget); a group that would not fit is split, a single chat that would
-            not fit is refused.
+            not fit is refused. At most the model's trained context (llama.cpp's ``n_ctx_train``), so no
+            chat's positions run past what the model was trained on.
         threads: CPU threads (default: the CPUs this process may use).
         top_p: nucleus sampling mass when sampling.
         reasoning: let a reasoning model reason (default off, through the chat template).
@@ -98,7 +185,9 @@ class LlamaCppBackend:
         ImportError: llama-cpp-python is not installed (the message names the extra).
         ValueError: the tokenizer read from the GGUF file disagrees with llama.cpp's vocabulary, or has
             no chat template; see :func:`gguf_file` for the model setting's errors.
-        RuntimeError: llama.cpp cannot load the file or make its context.
+        ValueError: (``backend.context``) ``context`` above the model's trained context, or a KV cache of
+            that size llama.cpp could not make.
+        RuntimeError: llama.cpp cannot load the file.
     """
 
     def __init__(
@@ -130,6 +219,14 @@ class LlamaCppBackend:
         self._model = lib.llama_model_load_from_file(str(path).encode(), lib.llama_model_default_params())
         if not self._model:
             raise RuntimeError(f"{path}: llama.cpp could not load this GGUF file")
+        self.trained_context = lib.llama_model_n_ctx_train(self._model)
+        if context > self.trained_context > 0:  # llama.cpp only warns ("possible training context overflow")
+            lib.llama_model_free(self._model)
+            self._model = None
+            raise ValueError(
+                f"backend.context: {context:,} cells exceed the {self.trained_context:,}-token context {path.name} "
+                f"was trained on (llama.cpp's n_ctx_train): set at most {self.trained_context:,}"
+            )
         params = lib.llama_context_default_params()
         params.n_ctx, params.n_batch, params.n_ubatch = context, 512, 512
         self.sequences = 3 * parallel  # a group's chats, and the prompts of the last two groups kept
@@ -138,7 +235,11 @@ class LlamaCppBackend:
         self._ctx = lib.llama_init_from_model(self._model, params)
         if not self._ctx:
             lib.llama_model_free(self._model)
-            raise RuntimeError(f"{path}: llama.cpp could not make a context of {context} cells")
+            self._model = None
+            raise ValueError(
+                f"backend.context: llama.cpp could not make a KV cache of {context:,} cells for {path} "
+                "(too little memory?): lower backend.context"
+            )
         self._memory = lib.llama_get_memory(self._ctx)
         self._batch = lib.llama_batch_init(512, 0, 1)
         kind = next(

@@ -138,7 +138,8 @@ def check_model_code(path: str | os.PathLike, trust_remote_code: bool = False) -
     Raises:
         ValueError: the ``auto_map`` names an ``AutoModel`` class obliq does not implement and
             ``trust_remote_code`` is off (one line naming the class and the opt-in); the configuration's
-            ``pooling`` is one obliq does not implement; ``config.json`` is not a JSON object.
+            ``pooling`` is one obliq does not implement; ``config.json`` is not a JSON object, its ``auto_map``
+            not an object; a RoPE type transformers does not implement for the model (:func:`check_rope`).
     """
     register()
     file = _config_file(path)
@@ -146,7 +147,13 @@ def check_model_code(path: str | os.PathLike, trust_remote_code: bool = False) -
         return None
     config = read_json_object(file, "a model configuration")
     family = next((f for f in FAMILIES if f.model_type == config.get("model_type")), None)
-    remote = (config.get("auto_map") or {}).get("AutoModel") if isinstance(config.get("auto_map"), dict) else None
+    auto_map = config.get("auto_map", {})
+    if not isinstance(auto_map, dict):  # transformers reads `"AutoConfig" in auto_map`: a traceback on null
+        raise ValueError(
+            f"{file}: field auto_map must be a JSON object (Auto class → module.Class), got {json_type(auto_map)}; "
+            "remove it when the model has no code of its own"
+        )
+    remote = auto_map.get("AutoModel")
     if isinstance(remote, list | tuple):  # ["file.Class", "file.FastClass"]
         remote = remote[0]
     if remote and (family is None or remote.split("--")[-1] not in family.remote_classes):
@@ -158,12 +165,72 @@ def check_model_code(path: str | os.PathLike, trust_remote_code: bool = False) -
             f"{config.get('model_type')!r}), which obliq does not implement and will not load as another class; "
             f"set trust_remote_code: true to run that code yourself (obliq reads {known} as data)"
         )
+    check_rope(config, file, family)
     if family is not None and config.get("pooling", "avg") not in family.poolings:
         raise ValueError(
             f"{file}: pooling {config['pooling']!r} is not implemented by obliq for {family.model_type} "
             f"(it implements {', '.join(family.poolings)}: the masked mean); refusing rather than pool otherwise"
         )
     return family
+
+
+def json_type(value) -> str:
+    """A JSON value's type in JSON's words (``null``, ``a list``, ``a string``…), for messages."""
+    if value is None:
+        return "null"
+    kinds = {bool: "true/false", str: "a string", list: "a list", dict: "an object", int: "a number", float: "a number"}
+    return kinds.get(type(value), type(value).__name__)
+
+
+def check_rope(config: dict, file: Path, family: Family | None = None) -> None:
+    """Refuse a ``rope_scaling`` (or ``rope_parameters``) whose type transformers does not implement for the
+    model, before anything loads (transformers would stop with a bare ``KeyError: '<type>'`` while building it).
+
+    A type is implemented when it is one of transformers' shared RoPE kinds (``default`` and the keys of
+    ``ROPE_INIT_FUNCTIONS``: ``linear``, ``dynamic``, ``yarn``, ``longrope``, ``llama3``…) or a kind the model's
+    own transformers code names (``mrope`` for Qwen2-VL, say); a ``model_type`` transformers does not know is
+    left to its loader. The type is ``rope_type`` or, in older configurations, ``type``; a value nested by layer
+    type is checked per layer.
+
+    Raises:
+        ValueError: one line naming ``file``, the field and the type (or the field's wrong JSON type).
+    """
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    for key in ("rope_scaling", "rope_parameters"):
+        value = config.get(key)
+        if value is None:
+            continue
+        if not isinstance(value, dict):
+            raise ValueError(f"{file}: field {key} must be a JSON object or null, got {json_type(value)}")
+        nested = value and all(isinstance(v, dict) or v is None for v in value.values())
+        for part in [v for v in value.values() if v is not None] if nested else [value]:
+            kind = part.get("rope_type", part.get("type", "default"))
+            if isinstance(kind, str) and (kind == "default" or kind in ROPE_INIT_FUNCTIONS):
+                continue
+            names = _model_code_text(family.model.removesuffix("Model").lower() if family else config.get("model_type"))
+            if names is not None and not (isinstance(kind, str) and kind and f'"{kind}"' in names):
+                known = ", ".join(["default", *ROPE_INIT_FUNCTIONS])
+                raise ValueError(
+                    f"{file}: field {key}: rope type {kind!r} is not one transformers implements for this model "
+                    f"(it implements {known}); fix its rope_type"
+                )
+
+
+def _model_code_text(model_type) -> str | None:
+    """The source of transformers' modules for ``model_type`` (configuration and modeling files), or None when
+    transformers has no such model."""
+    import importlib.util
+
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES, model_type_to_module_name
+
+    if not isinstance(model_type, str) or model_type not in CONFIG_MAPPING_NAMES:
+        return None
+    spec = importlib.util.find_spec(f"transformers.models.{model_type_to_module_name(model_type)}")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    folder = Path(next(iter(spec.submodule_search_locations)))
+    return "".join(f.read_text(encoding="utf-8", errors="replace") for f in sorted(folder.glob("*.py")))
 
 
 def check_loading(path: str, loading: dict, every_weight: bool) -> None:

@@ -380,6 +380,9 @@ def load_task(
     report: dict = {}
 
     corpus_file, queries_file = path / "corpus.jsonl", path / queries
+    for file in (corpus_file, queries_file):
+        if not file.is_file():
+            raise FileNotFoundError(f"{file}: not found ({LAYOUT})")
     corpus = _unique(read_jsonl(corpus_file, ("_id", "text")), corpus_file, "corpus", report)
     if not corpus:
         raise ValueError(f"{corpus_file}: the corpus is empty")
@@ -462,11 +465,19 @@ def load_task(
     )
 
 
+LAYOUT = "a task folder holds corpus.jsonl, queries.jsonl and qrels/test.tsv"
+"""The BEIR layout in a few words, for the messages of a task file not found."""
+
+TASK_MARKS = ("queries.jsonl", "qrels", "task.json")
+"""Files only a task folder holds: a folder with one of them and no ``corpus.jsonl`` is a task without its corpus."""
+
+
 def find_tasks(paths: Sequence[str | Path]) -> list[Path]:
     """Task folders from paths that are task folders or folders of task folders (sorted).
 
     Raises:
-        FileNotFoundError: a path is neither; or, in a folder of task folders, a subfolder is not a
+        FileNotFoundError: a path is neither; a task folder (one holding :data:`TASK_MARKS`) without its
+            ``corpus.jsonl`` (the missing file named); or, in a folder of task folders, a subfolder is not a
             task (no ``corpus.jsonl``: a task that cannot be read is an error, never skipped).
     """
     out = []
@@ -474,6 +485,9 @@ def find_tasks(paths: Sequence[str | Path]) -> list[Path]:
         if (p / "corpus.jsonl").is_file():
             out.append(p)
             continue
+        held = [name for name in TASK_MARKS if (p / name).exists()]
+        if held:  # a task folder without its corpus, not a folder of tasks (whose `qrels` would be blamed)
+            raise FileNotFoundError(f"{p / 'corpus.jsonl'}: not found: {p} holds a task's {', '.join(held)} ({LAYOUT})")
         subs = sorted(s for s in p.iterdir() if s.is_dir() and not s.name.startswith(".")) if p.is_dir() else []
         if not subs:
             raise FileNotFoundError(f"{p}: not a task folder (no corpus.jsonl) nor a folder of task folders")

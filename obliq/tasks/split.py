@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
+from obliq.errors import check_int
 from obliq.tasks.format import Task, load_task, read_task_meta
 from obliq.text import normalise_text
 
@@ -42,6 +43,19 @@ def subset_queries(task: Task, query_ids: Sequence[str], name: str) -> Task:
     )
 
 
+def check_split_settings(dev_fraction: float, seed: int) -> None:
+    """Refuse a split's settings in one line naming the setting (``obliq task split``'s ``--dev_fraction``,
+    ``--seed``).
+
+    Raises:
+        ValueError: ``dev_fraction`` outside (0, 1); ``seed`` not an integer >= 0 (``numpy.random.default_rng``
+            takes no negative seed).
+    """
+    if not 0 < dev_fraction < 1:
+        raise ValueError(f"dev_fraction must be in (0, 1), got {dev_fraction}")
+    check_int("seed", seed, 0)
+
+
 def split_queries(task: Task, dev_fraction: float = 0.5, seed: int = 0) -> tuple[Task, Task]:
     """A seeded development / test split of a task's queries that keeps query groups whole.
 
@@ -62,12 +76,12 @@ def split_queries(task: Task, dev_fraction: float = 0.5, seed: int = 0) -> tuple
         ``<name>-dev`` and ``<name>-test``.
 
     Raises:
-        ValueError: ``dev_fraction`` outside (0, 1), or a split that leaves a side empty (one group).
+        ValueError: ``dev_fraction`` outside (0, 1), ``seed`` negative (:func:`check_split_settings`), or a split
+            that leaves a side empty (one group).
     """
     import numpy as np
 
-    if not 0 < dev_fraction < 1:
-        raise ValueError(f"dev_fraction must be in (0, 1), got {dev_fraction}")
+    check_split_settings(dev_fraction, seed)
     gold = task.qrels["test"]
     groups: dict[frozenset, list[str]] = {}
     for q in task.query_ids:
@@ -169,7 +183,8 @@ def split_task(task: Path, out: Path, dev_fraction: float = 0.5, seed: int = 0, 
         ``{"task", "out", "dev_queries", "test_queries", "docs"}``.
 
     Raises:
-        ValueError: ``out`` is ``task``, or a split that leaves a side empty (:func:`split_queries`).
+        ValueError: ``out`` is ``task``, a setting out of range (:func:`check_split_settings`, before ``out`` is
+            made), or a split that leaves a side empty (:func:`split_queries`).
         FileExistsError: ``out`` holds something and ``overwrite`` is false.
     """
     import shutil
@@ -178,10 +193,11 @@ def split_task(task: Path, out: Path, dev_fraction: float = 0.5, seed: int = 0, 
     from obliq.files import atomic_write, write_json
 
     task, out = Path(task), Path(out)
+    check_split_settings(dev_fraction, seed)  # bad settings and a task that cannot be read: refused before
+    data = load_task(task)  # the output folder is made
     with claim_outputs(
         {"out": out}, command="task split", inputs=[task], overwrite=overwrite, what="a task", folders=["out"]
     ):
-        data = load_task(task)
         dev, test = split_queries(data, dev_fraction, seed)
         for name in SPLIT_COPIED:
             if (task / name).is_file():
