@@ -45,6 +45,7 @@ from obliq.model.plain import (
     st_reader,
 )
 from obliq.tasks.obliq_bench import OBLIQ_BENCH
+from obliq.write_errors import writing
 
 TEXT_ONLY = {"text": {"method": "forward", "method_output_name": "last_hidden_state"}}
 """The merged folder's ``modality_config``: plain text in, the last hidden states out (no ``message``)."""
@@ -144,7 +145,8 @@ def export(
         }
         if ckpt["obliq"].get("interpolation"):  # obliq interpolate: α and the checkpoints it averaged
             record["interpolation"] = ckpt["obliq"]["interpolation"]
-        encoder.save_pretrained(adapter_dir)
+        with writing(adapter_dir):  # a full disk or a file-size limit, named in one line
+            encoder.save_pretrained(adapter_dir)
         write_json(adapter_dir / EXPORT_RECORD, record)
         write_text(adapter_dir / "README.md", model_card(ckpt, encoder, "adapter", evaluation, base))
         report = {"checkpoint": str(checkpoint), "adapter": str(adapter_dir), "base_model": base}
@@ -261,8 +263,9 @@ def merge_to_sentence_transformers(
     folder = Path(folder)
     hf_dir = folder.with_name(folder.name + ".hf-tmp")
     shutil.rmtree(hf_dir, ignore_errors=True)
-    model.save_pretrained(hf_dir)  # config.is_causal=False travels with a bidirectional decoder
-    encoder.tokenizer.save_pretrained(hf_dir)
+    with writing(folder, hf_dir):
+        model.save_pretrained(hf_dir)  # config.is_causal=False travels with a bidirectional decoder
+        encoder.tokenizer.save_pretrained(hf_dir)
     lengths = encoder.text.max_length
     try:
         # Text only (C33): sentence-transformers gives a tokenizer with a chat template a "message"
@@ -280,7 +283,8 @@ def merge_to_sentence_transformers(
             modules=[transformer, Pooling(encoder.hidden_size, "mean"), Normalize()], prompts=prompts, device="cpu"
         )
         shutil.rmtree(folder, ignore_errors=True)
-        st.save(str(folder))
+        with writing(folder):
+            st.save(str(folder))
     finally:
         shutil.rmtree(hf_dir, ignore_errors=True)
     try:

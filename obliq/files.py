@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import IO
 
 from obliq.write_errors import WriteError as WriteError  # re-exported: obliq.files is where writes are
-from obliq.write_errors import hidden_write_errno, write_failed
+from obliq.write_errors import write_failed, writing
 
 BOM = codecs.BOM_UTF8
 """The UTF-8 byte-order mark (EF BB BF)."""
@@ -190,13 +190,8 @@ def publish(path: str | os.PathLike, folder: bool = False) -> Iterator[Path]:
     except OSError as err:
         raise write_failed(path, err) from None
     try:
-        try:
+        with writing(path, tmp):  # a full disk inside the block is this path's; other errors (a missing input) are not
             yield tmp
-        except Exception as err:  # a full disk inside the block is this path's; other errors (a missing input) are not
-            code = hidden_write_errno(err, tmp)  # a library's own error for it too (torch, safetensors)
-            if isinstance(err, WriteError) or code is None:
-                raise
-            raise write_failed(path, err if isinstance(err, OSError) else OSError(code, os.strerror(code))) from None
         try:
             if not folder:
                 os.chmod(tmp, 0o644)

@@ -20,6 +20,8 @@ import io
 import os
 import re
 import resource
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 
@@ -65,6 +67,20 @@ def write_failed(path: str | os.PathLike, err: OSError) -> WriteError:
     """The one-line error for ``path`` that could not be written because of ``err``."""
     why = why_not_written(err.errno, err.strerror or str(err))
     return WriteError(err.errno, f"{path}: could not be written ({why}); what was there before is left as it was")
+
+
+@contextmanager
+def writing(path: str | os.PathLike, written: str | os.PathLike | None = None) -> Iterator[None]:
+    """Within the block, a failed write (:func:`hidden_write_errno`: an ``OSError`` of a write, a library's own
+    error for one) becomes a :class:`WriteError` naming ``path``; other errors pass as they are. ``written``:
+    where the block writes, when not ``path`` itself (a temporary file that is renamed to it)."""
+    try:
+        yield
+    except Exception as err:
+        code = hidden_write_errno(err, Path(written if written is not None else path))
+        if isinstance(err, WriteError) or code is None:
+            raise
+        raise write_failed(path, err if isinstance(err, OSError) else OSError(code, os.strerror(code))) from None
 
 
 def hidden_write_errno(err: BaseException, written: Path) -> int | None:

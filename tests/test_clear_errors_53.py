@@ -187,6 +187,16 @@ def test_a_file_size_limit_names_the_file_it_stopped(tmp_path, minilm_path, caps
         )
         assert line.startswith(f"error: {out}: could not be written") and not out.exists(), line
 
+    # export: peft's and sentence-transformers' own savers, the weights file past the limit (safetensors' error)
+    obliq_main(["export", "--checkpoint", str(checkpoint), "--out", str(tmp_path / "x"), "--merge", "true"])
+    biggest = max(_sizes(tmp_path / "x").values())
+    for i, limit in enumerate((biggest // 2, biggest - 1)):
+        out = tmp_path / f"x{i}"
+        line = _limited(
+            ["export", "--checkpoint", str(checkpoint), "--out", str(out), "--merge", "true"], limit, capsys
+        )
+        assert line.startswith(f"error: {out}") and ": could not be written (larger than" in line, line
+
     obliq_main(["task", "split", "--task", str(task), "--out", str(tmp_path / "split")])
     sizes = _sizes(tmp_path / "split")
     limit = rng.randrange(1, max(sizes.values()))
