@@ -233,7 +233,23 @@ def test_teacher_vectors_that_cannot_serve_are_refused_before_training(tiny_llam
     with pytest.raises(ValueError, match="holds none of the 16 document ids of the rows"):
         data.setup("fit")
     assert data.reader is None
-    write_teacher_table(tmp_path / "ours.npz", ["x", "doc-3"], np.eye(2, dtype=np.float32))
-    data.teacher = TeacherTable(tmp_path / "ours.npz")  # one shared id: a partial table is fine (a mixture)
+    # issue 53 §3: a table holding a part of the rows' corpus (one of task t's 16 ids) is refused, naming the task
+    write_teacher_table(tmp_path / "part.npz", ["x", "doc-3"], np.eye(2, dtype=np.float32))
+    data.teacher = TeacherTable(tmp_path / "part.npz")
+    with pytest.raises(ValueError, match=r"part\.npz has no vector for 15 of the 16 document ids of task 't'"):
+        data.setup("fit")
+    # a mixture: task t's corpus whole, another task's rows (generated elsewhere) with no vector: fine, NaN there
+    ids = [f"anchor-{i}" for i in range(8)] + [f"doc-{i}" for i in range(8)]
+    write_teacher_table(tmp_path / "ours.npz", ids, np.eye(16, dtype=np.float32))
+    other = [
+        dict(r, id=f"u-{i}", task="u", positive={"id": f"u-doc-{i}", "text": f"other {i}"}) for i, r in enumerate(rows)
+    ]
+    write_rows(tmp_path / "knn.jsonl", rows + [{k: v for k, v in r.items() if k != "meta"} for r in other])
+    data = TrainingDataModule(
+        sources=[{"name": "knn", "path": str(tmp_path / "knn.jsonl")}],
+        batch_size=4,
+        index_dir=str(tmp_path / "index2"),
+        teacher_vectors=str(tmp_path / "ours.npz"),
+    )
     data.setup("fit")
-    assert data.reader is not None and data.stats["rows_per_epoch"] == 8
+    assert data.reader is not None and data.stats["rows_per_epoch"] == 16

@@ -105,7 +105,8 @@ class TeacherTable:
         wrong teacher term; issue 49 §3).
 
         Raises:
-            ValueError: no id of the rows is in the table (none to check: nothing refused); a row's query
+            ValueError: no id of the rows is in the table (none to check: nothing refused); a task's rows whose ids
+                the table holds only in part (vectors of a part of its corpus); a row's query
                 (a kNN anchor), a positive or a negative has another text than the one the table's vector encodes.
         """
         rows = list(rows)
@@ -115,6 +116,17 @@ class TeacherTable:
                 f"data.teacher_vectors {self.path} holds none of the {len(ids)} document ids of the rows it was "
                 f"checked on (e.g. {sorted(ids)[0]!r}): vectors of another corpus?"
             )
+        by_task: dict[str, set] = {}
+        for row in rows:
+            by_task.setdefault(row.task, set()).update(i for i in (row.query_id, *(p.id for p in row.positives)) if i)
+        for task, task_ids in sorted(by_task.items()):
+            lacking = sorted(i for i in task_ids if i not in self.row)
+            if lacking and len(lacking) < len(task_ids):  # a part of one corpus: vectors of a part of it (issue 53)
+                raise ValueError(
+                    f"data.teacher_vectors {self.path} has no vector for {len(lacking)} of the {len(task_ids)} "
+                    f"document ids of task {task!r}'s rows it was checked on (e.g. {lacking[0]!r}): vectors of a "
+                    "part of its corpus; rebuild them over the whole corpus with obliq distill graph --vectors_out"
+                )
         if self.text_hashes is None and rows:
             log.warning(
                 "%s: no text_hashes (written before obliq recorded what it encoded): not checked against the "
