@@ -253,6 +253,22 @@ def test_a_parquet_folder_of_train_and_test_needs_its_split(tmp_path, capsys):
     assert report["inputs"] == [str(folder / "test.parquet")]
 
 
+def test_the_output_is_never_a_file_the_input_folder_resolves_to(tmp_path, capsys):
+    """A hub snapshot keeps its data files as symlinks to blobs: converting it into the blob (or through another
+    name of it) is refused before anything is written, and the blob keeps its bytes."""
+    blob = tmp_path / "blobs" / "abc123"
+    blob.parent.mkdir()
+    blob.write_text("".join(json.dumps({"anchor": f"q{i}", "positive": f"text {i}"}) + "\n" for i in range(4)))
+    (tmp_path / "snap").mkdir()
+    (tmp_path / "snap" / "train.jsonl").symlink_to(blob)
+    (tmp_path / "alias.jsonl").symlink_to(blob)
+    before = blob.read_bytes()
+    for out in (blob, tmp_path / "alias.jsonl"):
+        argv = ["data", "convert", "--input", str(tmp_path / "snap"), "--out", str(out), "--task", "t"]
+        cli_fails([*argv, "--overwrite", "true"], capsys, f"output {out} is the input file", "train.jsonl")
+    assert blob.read_bytes() == before
+
+
 @pytest.mark.parametrize(
     ("fmt", "record", "column", "near"),
     [

@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import re
 from collections import Counter
 from collections.abc import Iterator
@@ -398,6 +399,9 @@ def convert(
         raise ValueError(f"--format: {format!r} is not one of auto, {', '.join(FORMATS)}")
     with claim_outputs({"out": out}, command="data convert", inputs=[input], overwrite=overwrite, what="rows"):
         opened = open_input(input, split, subset)
+        same = next((f for f in opened.files if out.exists() and os.path.samefile(f, out)), None)
+        if same is not None:  # a file the folder resolves to (a hub snapshot's symlinked blob, a configs: path)
+            raise ValueError(f"output {out} is the input file {same} (read through {input}): give another --out")
         fmt = detect_format(opened.columns, input) if format == "auto" else format
         name = input.stem if input.is_file() else input.resolve().name  # `--input .` names its folder
         config = opened.config if opened.config != "default" else None
