@@ -313,8 +313,20 @@ def test_a_lora_setting_obliq_does_not_carry_is_refused_by_name(tmp_path, small_
     assert not (tmp_path / "out").exists()
 
 
+def _add_dense(folder: Path) -> None:
+    """A Dense projection after pooling (384 → 128 in the reviewer's folder): plain sentence-transformers applies
+    it, obliq's adapter encoder does not, so the folder is refused, not read without it."""
+    kinds = ("Transformer", "Pooling", "Dense", "Normalize")
+    modules = [
+        {"idx": i, "name": str(i), "path": "" if i == 0 else f"{i}_{k}", "type": f"sentence_transformers.models.{k}"}
+        for i, k in enumerate(kinds)
+    ]
+    (folder / "modules.json").write_text(json.dumps(modules))
+
+
 def test_malformed_adapter_files_are_refused_in_one_line_naming_the_file(tmp_path, small_adapter):
-    """Issue 53 §3: adapter_config.json not JSON or a list, modules.json a dict, and an adapter without its
+    """Issue 53 §3: adapter_config.json not JSON or a list, modules.json a dict or naming a module obliq does not
+    compute (a Dense projection), and an adapter without its
     weights file are refused in one line naming the file (before: a JSON or attribute traceback, and "trained on
     another model" for the missing weights), by export and by evaluate's loader."""
     from obliq.export import export
@@ -331,6 +343,7 @@ def test_malformed_adapter_files_are_refused_in_one_line_naming_the_file(tmp_pat
         "a-list": (lambda f: (f / "adapter_config.json").write_text("[]"), "adapter_config.json", "not list"),
         "modules-dict": (lambda f: (f / "modules.json").write_text('{"0": {"path": ""}}'), "modules.json", "list"),
         "no-weights": (lambda f: (f / "adapter_model.safetensors").unlink(), "", "no adapter weights"),
+        "a-dense-module": (_add_dense, "modules.json", "module sentence_transformers.models.Dense"),
     }
     for name, (edit, file, needle) in cases.items():
         folder = variant(name, edit)

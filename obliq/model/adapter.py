@@ -137,6 +137,11 @@ def check_base(file: Path, recorded: str, base: str) -> None:
         )
 
 
+READ_MODULES = ("Transformer", "Pooling", "Normalize")
+"""The sentence-transformers modules an adapter folder may hold (by the end of their type's name): what
+:class:`~obliq.model.BiEncoder` computes."""
+
+
 def st_reading(path: Path) -> dict:
     """How a sentence-transformers folder holding a peft adapter (the OBLIQ-IR-3B-LoRA layout) reads texts, as
     :class:`~obliq.model.BiEncoder` settings: its saved ``query`` / ``document`` prompts as the prefixes (none
@@ -145,7 +150,8 @@ def st_reading(path: Path) -> dict:
     settings.
 
     Raises:
-        ValueError: the folder pools otherwise than by the mean (the file named).
+        ValueError: the folder pools otherwise than by the mean, or holds a module other than a transformer,
+            pooling and normalisation (a Dense projection: the file named).
     """
     settings: dict = {}
     prompts_file = path / "config_sentence_transformers.json"
@@ -165,6 +171,12 @@ def st_reading(path: Path) -> dict:
             raise ValueError(
                 f"{path / 'modules.json'}: a sentence-transformers modules.json is a JSON list of modules "
                 f'({{"path", "type"}} objects), not {type(modules).__name__}'
+            )
+        other = [str(m.get("type")) for m in modules if not str(m.get("type", "")).endswith(READ_MODULES)]
+        if other:  # a Dense projection, a LayerNorm…: BiEncoder computes none of them
+            raise ValueError(
+                f"{path / 'modules.json'}: module {other[0]} after the adapter's transformer; obliq's encoder of an "
+                "adapter reads a transformer, mean pooling and normalisation only, and will not drop a module"
             )
         for module in modules:
             pooling = path / module.get("path", "") / "config.json"
