@@ -164,6 +164,9 @@ def test_compare_reads_obliq_output_folders(tmp_path, capsys):
     cli_fails(["compare", str(tmp_path / "a"), str(tmp_path / "b"), *common], capsys, "several tasks", "task-x")
     obliq_main(["compare", str(tmp_path / "a"), str(tmp_path / "b"), *common, "--task", "task-x"])
     assert json.loads(capsys.readouterr().out) == results[0]
+    for task in ("task-z", "task-y"):  # a task a folder does not hold is named, never replaced by its only one
+        argv = ["compare", str(tmp_path / "a"), str(tmp_path / "b"), *common, "--task", task]
+        cli_fails(argv, capsys, "without task", repr(task), "task-x")
 
 
 def test_compare_refuses_runs_that_miss_judged_queries_unless_told_what_to_do(tmp_path, capsys):

@@ -476,12 +476,13 @@ def compare_files(
     conventions; queries without relevant documents excluded). A judged query that one run holds no
     result for is refused by default: a run that misses most queries would look "significantly" worse.
     ``missing`` says what to do instead, and the result names the queries compared and those missing.
-    A run is a TREC run file or mteb's saved predictions (``<task>_predictions.json`` or the prediction
+    A run is a TREC run file, an obliq output folder or mteb's saved predictions (``<task>_predictions.json`` or the prediction
     folder, :func:`obliq.search.runs.read_mteb_predictions`): two models evaluated by mteb are
     compared per query, which mteb itself does not offer.
 
     Args:
-        run_a: the baseline: a TREC run file, or mteb predictions (file or folder).
+        run_a: the baseline: a TREC run file, an ``obliq evaluate`` / ``obliq encode`` output folder (its
+            ``run.trec``, or ``<task>/run.trec``), or mteb predictions (file or folder).
         run_b: the system: likewise.
         qrels: relevance judgements (BEIR TSV or TREC qrels; for an mteb task, the ``qrels/test.tsv``
             that ``obliq task from-mteb`` wrote).
@@ -490,7 +491,7 @@ def compare_files(
         permutations: Monte Carlo sign patterns when the test cannot be exact.
         seed: random seed.
         tie: per-query differences within this count as ties.
-        task: for mteb prediction folders holding several tasks: the mteb task name.
+        task: for output or mteb prediction folders holding several tasks: which (a folder without it refused).
         subset / split: for mteb predictions holding several: which (default: the only one).
         missing: judged queries a run holds nothing for: ``refuse`` (the default), ``zero`` (they score
             0, trec_eval ``-c``) or ``drop`` (compare only the queries both runs hold).

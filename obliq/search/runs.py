@@ -156,10 +156,12 @@ def read_ranking(path: str | Path, task: str | None = None, subset: str | None =
     path = Path(path)
     if path.is_dir() and not any(path.glob("*_predictions.json")):  # an obliq output folder, not mteb's
         runs = [path / "run.trec"] if (path / "run.trec").is_file() else sorted(path.glob("*/run.trec"))
-        if task is not None and len(runs) > 1:
+        names = [r.parent.name for r in runs]
+        if task is not None and runs and runs[0].parent != path:
             runs = [r for r in runs if r.parent.name == task]
+            if not runs:
+                raise ValueError(f"{path}: an obliq output folder without task {task!r} (its tasks: {names})")
         if len(runs) > 1:
-            names = [r.parent.name for r in runs]
             raise ValueError(f"{path}: an obliq output folder of several tasks {names}: name one with --task")
         if runs:
             return read_run(runs[0])
