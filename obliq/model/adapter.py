@@ -270,17 +270,25 @@ def lora_settings(folder: str | Path) -> LoraSettings:
     def listed(modules):
         return sorted(modules) if isinstance(modules, list | set | tuple) else modules
 
-    return LoraSettings(
-        r=int(config.r),
-        alpha=config.lora_alpha,
-        dropout=float(config.lora_dropout or 0.0),
-        target_modules=listed(config.target_modules),
-        exclude_modules=listed(config.exclude_modules),
-        use_rslora=bool(config.use_rslora),
-        use_dora=bool(config.use_dora),
-        rank_pattern=dict(config.rank_pattern or {}),
-        alpha_pattern=dict(config.alpha_pattern or {}),
-    )
+    if not config.target_modules:  # peft then picks its own per-model defaults, obliq its own: name them instead
+        raise ValueError(
+            f"{file}: field target_modules is {raw.get('target_modules')!r}: name the modules the adapter wraps "
+            "(its weights' names say which), so that obliq and peft read the same model"
+        )
+    try:
+        return LoraSettings(
+            r=int(config.r),
+            alpha=config.lora_alpha,
+            dropout=float(config.lora_dropout or 0.0),
+            target_modules=listed(config.target_modules),
+            exclude_modules=listed(config.exclude_modules),
+            use_rslora=bool(config.use_rslora),
+            use_dora=bool(config.use_dora),
+            rank_pattern=dict(config.rank_pattern or {}),
+            alpha_pattern=dict(config.alpha_pattern or {}),
+        )
+    except ValueError as err:  # r, lora_alpha, lora_dropout or a pattern out of range
+        raise ValueError(f"{file}: {err}") from None
 
 
 def adapter_checkpoint(folder: str | Path, trust_remote_code: bool = False) -> dict:
