@@ -476,9 +476,9 @@ def compare_files(
     conventions; queries without relevant documents excluded). A judged query that one run holds no
     result for is refused by default: a run that misses most queries would look "significantly" worse.
     ``missing`` says what to do instead, and the result names the queries compared and those missing.
-    A run is a TREC run file, an obliq output folder or mteb's saved predictions (``<task>_predictions.json`` or the prediction
-    folder, :func:`obliq.search.runs.read_mteb_predictions`): two models evaluated by mteb are
-    compared per query, which mteb itself does not offer.
+    A run is a TREC run file, an obliq output folder or mteb's saved predictions (``<task>_predictions.json``
+    or the prediction folder, :func:`obliq.search.runs.read_mteb_predictions`): two models evaluated by mteb
+    are compared per query, which mteb itself does not offer.
 
     Args:
         run_a: the baseline: a TREC run file, an ``obliq evaluate`` / ``obliq encode`` output folder (its
