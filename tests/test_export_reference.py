@@ -395,3 +395,42 @@ def test_an_adapter_on_another_base_of_its_shape_is_refused(tmp_path, smollm2_pa
     shutil.rmtree(base)
     shutil.copytree(tmp_path / "copy", base)  # a copy of the base it was trained on: the same model
     load_encoder(str(tmp_path / "adapter"))
+
+
+@pytest.mark.slow
+def test_a_reexport_in_another_process_finds_the_same_store(tmp_path, minilm_path):
+    """Issue 53 §3: every re-export added a cache store, because the adapter's target_modules were written in the
+    order of a set, which Python's string hashing changes from process to process (PYTHONHASHSEED). Two exports
+    of one checkpoint in two processes with other hash seeds write the same adapter_config.json and find one store."""
+    import os
+    import subprocess
+    import sys
+
+    from support import make_checkpoint, make_task
+
+    from obliq.search.settings import RetrievalSettings
+    from obliq.search.store import Store
+    from obliq.tasks import load_task
+
+    checkpoint = make_checkpoint(tmp_path / "a.ckpt", minilm_path, length=32)
+    docs = [{"_id": f"d{i}", "text": f"document {i}"} for i in range(3)]
+    task_dir = make_task(tmp_path / "t", docs, [{"_id": "q", "text": "document"}], [("q", "d0", 1)])
+    settings, task = RetrievalSettings(cache_dir=tmp_path / "stores"), load_task(task_dir)
+    found, configs = set(), set()
+    for seed in ("1", "2", "3"):
+        argv = [
+            sys.executable,
+            "-m",
+            "obliq.cli",
+            "export",
+            "--checkpoint",
+            str(checkpoint),
+            "--out",
+            str(tmp_path / "x"),
+        ]
+        env = dict(os.environ, PYTHONHASHSEED=seed, HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
+        done = subprocess.run([*argv, "--overwrite", "true"], env=env, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-2000:]
+        configs.add((tmp_path / "x" / "adapter" / "adapter_config.json").read_text())
+        found.add(str(Store.of(str(tmp_path / "x" / "adapter"), settings, task).folder))
+    assert len(configs) == 1 and len(found) == 1, (configs, found)
