@@ -257,7 +257,7 @@ def meta_backbone(name: str, r: int, alpha: int, dropout: float):
     from transformers import AutoConfig, AutoModel
 
     from obliq.model.bidirectional import PUBLISHED, register
-    from obliq.model.encoder import DECODER_LORA_TARGETS
+    from obliq.model.lora import DECODER_LORA_TARGETS
 
     register()
     drop = ("architectures", "auto_map", "transformers_version", "torch_dtype")

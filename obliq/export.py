@@ -32,7 +32,7 @@ from obliq import __version__
 from obliq.aliases import portable_name
 from obliq.claims import claim_outputs
 from obliq.files import read_text, write_json, write_text
-from obliq.model.checkpoint import EXPORT_RECORD, load_checkpoint, read_checkpoint, weights_digest
+from obliq.model.checkpoint import EXPORT_RECORD, adapter_checkpoint, load_checkpoint, read_checkpoint, weights_digest
 from obliq.model.encoder import BiEncoder
 from obliq.model.plain import (
     KINDS,
@@ -70,7 +70,7 @@ def export(
     Args:
         checkpoint: a training checkpoint (``.ckpt``), or a LoRA adapter folder (obliq's adapter export, or a
             sentence-transformers + peft folder such as the paper's OBLIQ-IR-3B-LoRA:
-            :func:`obliq.model.adapter.adapter_checkpoint`), merged and verified the same way.
+            :func:`obliq.model.checkpoint.adapter_checkpoint`), merged and verified the same way.
         out: output folder.
         merge: also write a merged sentence-transformers folder (prompts ``query`` / ``document``
             hold the prefixes, and per-task prompts for mteb's OBLIQ-Bench tasks, :func:`task_prompts`;
@@ -108,8 +108,6 @@ def export(
         if not probe:
             raise ValueError(f"{probe_file}: no probe text (one per line): nothing would check the merge")
     if Path(checkpoint).is_dir():  # an adapter folder (the paper's OBLIQ-IR-3B-LoRA, obliq's own adapter export)
-        from obliq.model.adapter import adapter_checkpoint
-
         ckpt = adapter_checkpoint(checkpoint, trust_remote_code)
     else:
         ckpt = read_checkpoint(checkpoint)

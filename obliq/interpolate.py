@@ -167,7 +167,8 @@ def _lora_mean(states: list[dict], lora: dict, scales: list[float]) -> tuple[dic
 
 def _base_weights(ckpt: dict, path: Path) -> dict:
     """The backbone's own weights under the checkpoint's names (full fine-tuning's θ_base)."""
-    from obliq.model.encoder import BiEncoder, stored_settings
+    from obliq.model.encoder import BiEncoder
+    from obliq.model.settings import stored_settings
 
     encoder = BiEncoder(**stored_settings(ckpt["obliq"].get("encoder"), path))
     own = {f"encoder.{k}": v for k, v in encoder.state_dict().items()}

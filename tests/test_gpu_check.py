@@ -137,7 +137,7 @@ def test_activation_bytes_equal_the_saved_tensors_of_a_small_llama():
     from transformers import AutoConfig, AutoModel
 
     from obliq.model.bidirectional import PUBLISHED, register
-    from obliq.model.encoder import DECODER_LORA_TARGETS
+    from obliq.model.lora import DECODER_LORA_TARGETS
 
     gc = _gpu_check()
     register()

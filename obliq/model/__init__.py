@@ -4,8 +4,8 @@ from obliq.model.tokenizer import TextTokenizer
 
 __all__ = ["BiEncoder", "LoraSettings", "TextTokenizer", "check_bidirectional", "make_bidirectional", "mean_pool"]
 
-_TORCH = {name: "encoder" for name in ("BiEncoder", "LoraSettings", "check_bidirectional", "make_bidirectional")}
-_TORCH["mean_pool"] = "pooling"
+_TORCH = {"BiEncoder": "encoder", "LoraSettings": "lora", "mean_pool": "pooling"}
+_TORCH |= {"check_bidirectional": "bidirectional", "make_bidirectional": "bidirectional"}
 
 
 def __getattr__(name: str):

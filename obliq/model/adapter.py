@@ -4,8 +4,8 @@ Two layouts hold a LoRA adapter: obliq's own export (``obliq_encoder.json`` besi
 sentence-transformers folder whose model is a peft adapter (``adapter_config.json``,
 ``adapter_model.safetensors``, ``modules.json``, its prompts in ``config_sentence_transformers.json``: the
 paper's OBLIQ-IR-3B-LoRA, as sentence-transformers + peft save it). ``obliq evaluate`` encodes either with
-:class:`~obliq.model.BiEncoder`; ``obliq export`` reads either as a checkpoint (:func:`adapter_checkpoint`) to
-merge it.
+:class:`~obliq.model.BiEncoder`; ``obliq export`` reads either as a checkpoint
+(:func:`obliq.model.checkpoint.adapter_checkpoint`) to merge it.
 
 The base an adapter names may be a path relative to the adapter's own folder (what
 :meth:`~obliq.model.BiEncoder.save_pretrained` records for a base given as a relative path), read by
@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -76,6 +75,20 @@ def adapter_base(path: Path) -> str:
             "base_model_name_or_path"
         ) from None
     return base
+
+
+def check_adapter_weights(folder: Path) -> None:
+    """Refuse an adapter folder without its weights file (peft's ``adapter_model.safetensors`` or ``.bin``),
+    which peft reports as an error that reads like an adapter of another model.
+
+    Raises:
+        FileNotFoundError: a folder without either file (the folder named).
+    """
+    if folder.is_dir() and not any((folder / f"adapter_model.{ext}").is_file() for ext in ("safetensors", "bin")):
+        raise FileNotFoundError(
+            f"{folder}: no adapter weights (adapter_model.safetensors or adapter_model.bin): the folder holds the "
+            "adapter's settings without its weights; copy the weights file there"
+        )
 
 
 BASE_DIGEST = "backbone_sha256"
@@ -289,43 +302,3 @@ def lora_settings(folder: str | Path) -> LoraSettings:
         )
     except ValueError as err:  # r, lora_alpha, lora_dropout or a pattern out of range
         raise ValueError(f"{file}: {err}") from None
-
-
-def adapter_checkpoint(folder: str | Path, trust_remote_code: bool = False) -> dict:
-    """An adapter folder (either layout) as the content of a training checkpoint
-    (:func:`obliq.model.checkpoint.read_checkpoint`'s form: ``obliq`` settings, ``state_dict`` of the trained
-    LoRA weights), so that ``obliq export`` merges and verifies it as it does a checkpoint of its own. The LoRA
-    settings are the adapter's own ``adapter_config.json``'s, every one carried or refused
-    (:func:`lora_settings`); nothing of its training is known (no step, no loss): ``obliq.imported`` names the
-    folder.
-
-    Raises:
-        FileNotFoundError: the folder holds no adapter, or its base is not here (:func:`adapter_base`).
-        ValueError: a LoRA setting obliq does not carry (:func:`lora_settings`); as
-            :class:`~obliq.model.BiEncoder` for an adapter that does not fit its base.
-    """
-    from obliq.model.encoder import CONFIG_NAME, BiEncoder
-
-    folder = Path(folder)
-    if not (folder / ADAPTER_CONFIG).is_file():
-        raise FileNotFoundError(
-            f"{folder}: no adapter here (no {ADAPTER_CONFIG}); a merged or fully trained model has nothing to "
-            "export: evaluate it directly"
-        )
-    lora = lora_settings(folder)
-    if (folder / CONFIG_NAME).is_file():
-        encoder = BiEncoder.from_pretrained(folder, trainable=True, trust_remote_code=trust_remote_code)
-    else:
-        encoder = BiEncoder(
-            adapter_base(folder),
-            adapter=str(folder),
-            lora=lora,
-            trust_remote_code=trust_remote_code,
-            **st_reading(folder),
-        )
-    encoder.lora = lora  # the adapter's own settings, whatever obliq_encoder.json records
-    state = {f"encoder.{n}": p.detach().clone() for n, p in encoder.named_parameters() if p.requires_grad}
-    return {
-        "obliq": {"encoder": encoder.settings, "lora": asdict(lora), "imported": folder.name},
-        "state_dict": state,
-    }

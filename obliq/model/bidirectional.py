@@ -15,6 +15,9 @@ anything loads, a folder whose ``auto_map`` names a class obliq does not impleme
 otherwise load it as another class when its ``model_type`` is one it knows), and a ``pooling`` obliq
 does not implement; :func:`check_loading` refuses a backbone whose file did not load whole. The next
 family published the same way (a Mistral or Qwen bidirectional checkpoint) is one :class:`Family` entry.
+
+A decoder that transformers loads causal is made bidirectional by :func:`make_bidirectional`, and every
+encoder is built through :func:`check_bidirectional`, the self-test that its attention is what it claims (C03).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
 from torch import nn
 
 from obliq.files import read_json_object
@@ -64,6 +68,57 @@ def make_bidirectional(model: nn.Module) -> None:
     for module in model.modules():
         if getattr(module, "is_causal", None) is True:
             module.is_causal = False
+
+
+def has_causal_attention(model: nn.Module) -> bool:
+    """Whether any attention module of ``model`` is flagged causal (a decoder's, until :func:`make_bidirectional`)."""
+    return any(getattr(m, "is_causal", False) is True for m in model.modules())
+
+
+@torch.no_grad()
+def check_bidirectional(encoder, expect: bool = True) -> None:
+    """Self-test of a :class:`~obliq.model.BiEncoder`: changing the last token must change position 0's hidden
+    state (C03).
+
+    Runs with mask all ones, mask None, alone and batched with a longer, padded partner.
+
+    Raises:
+        RuntimeError: a model meant to be bidirectional behaves causally on some path.
+    """
+    model = encoder.model
+    vocab = int(getattr(encoder.backbone_config, "vocab_size", 100))
+    base = [min(5 + i, vocab - 1) for i in range(3)]
+    a, b = base + [min(8, vocab - 1)], base + [min(9, vocab - 2)]
+    was_training = model.training
+    model.eval()
+    device = encoder.device
+    try:
+
+        def first_state(ids: list[int], mask: list[int] | None, partner: bool) -> torch.Tensor:
+            rows = [ids] + ([ids + ids] if partner else [])
+            width = max(len(r) for r in rows)
+            input_ids = torch.tensor([r + [r[-1]] * (width - len(r)) for r in rows], device=device)
+            inputs = {"input_ids": input_ids}
+            if mask is not None or partner:
+                m = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows], device=device)
+                inputs["attention_mask"] = m
+            return model(**inputs).last_hidden_state[0, 0].float()
+
+        for variant in (
+            {"mask": [1] * 4, "partner": False},
+            {"mask": None, "partner": False},
+            {"mask": [1] * 4, "partner": True},
+        ):
+            diff = (first_state(a, **variant) - first_state(b, **variant)).abs().max().item()
+            if expect and diff == 0.0:
+                raise RuntimeError(
+                    f"bidirectional self-test failed ({variant}): position 0 ignores the last token, "
+                    "the backbone is still causal; refusing to build a causal bi-encoder"
+                )
+            if not expect and diff != 0.0:
+                raise RuntimeError(f"causal self-test failed ({variant}): position 0 sees a later token")
+    finally:
+        model.train(was_training)
 
 
 def _classes(family: Family) -> tuple[type, type]:

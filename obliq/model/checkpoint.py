@@ -1,6 +1,7 @@
 """Training checkpoints read as data: the one safe reader (``weights_only=True``: no pickled code
 runs), what a checkpoint says about itself (:class:`CheckpointInfo`: its step, the encoder's and the
-module's settings, the data it was trained on), and the encoder rebuilt from it.
+module's settings, the data it was trained on), the encoder rebuilt from it, and a LoRA adapter folder
+read as such a checkpoint (:func:`adapter_checkpoint`).
 
 Every caller that needs a checkpoint's step or settings reads them here, never with
 ``torch.load(weights_only=False)``.
@@ -8,13 +9,16 @@ Every caller that needs a checkpoint's step or settings reads them here, never w
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
 
 from obliq.aliases import portable_name
-from obliq.model.encoder import BiEncoder, LoraSettings, stored_settings
+from obliq.model.adapter import ADAPTER_CONFIG, adapter_base, lora_settings, st_reading
+from obliq.model.encoder import CONFIG_NAME, BiEncoder
+from obliq.model.lora import LoraSettings
+from obliq.model.settings import stored_settings
 from obliq.runs import FINAL
 
 
@@ -26,7 +30,7 @@ class CheckpointInfo:
         path: the file.
         step: optimizer steps taken (Lightning's ``global_step``).
         epoch: the epoch it was saved in.
-        encoder: the encoder's settings (:func:`obliq.model.encoder.stored_settings`: data only).
+        encoder: the encoder's settings (:func:`obliq.model.settings.stored_settings`: data only).
         lora: the LoRA settings, or None for full fine-tuning.
         hyper_parameters: the module's settings (temperature, lr, chunk size, …).
         data: the training data's statistics (sources, rows, rows per epoch), when saved.
@@ -147,6 +151,45 @@ def read_checkpoint(path: str | Path) -> dict:
     return ckpt
 
 
+def adapter_checkpoint(folder: str | Path, trust_remote_code: bool = False) -> dict:
+    """An adapter folder (either layout) as the content of a training checkpoint
+    (:func:`read_checkpoint`'s form: ``obliq`` settings, ``state_dict`` of the trained
+    LoRA weights), so that ``obliq export`` merges and verifies it as it does a checkpoint of its own. The LoRA
+    settings are the adapter's own ``adapter_config.json``'s, every one carried or refused
+    (:func:`~obliq.model.adapter.lora_settings`); nothing of its training is known (no step, no loss):
+    ``obliq.imported`` names the folder.
+
+    Raises:
+        FileNotFoundError: the folder holds no adapter, or its base is not here
+            (:func:`~obliq.model.adapter.adapter_base`).
+        ValueError: a LoRA setting obliq does not carry (:func:`~obliq.model.adapter.lora_settings`); as
+            :class:`~obliq.model.BiEncoder` for an adapter that does not fit its base.
+    """
+    folder = Path(folder)
+    if not (folder / ADAPTER_CONFIG).is_file():
+        raise FileNotFoundError(
+            f"{folder}: no adapter here (no {ADAPTER_CONFIG}); a merged or fully trained model has nothing to "
+            "export: evaluate it directly"
+        )
+    lora = lora_settings(folder)
+    if (folder / CONFIG_NAME).is_file():
+        encoder = BiEncoder.from_pretrained(folder, trainable=True, trust_remote_code=trust_remote_code)
+    else:
+        encoder = BiEncoder(
+            adapter_base(folder),
+            adapter=str(folder),
+            lora=lora,
+            trust_remote_code=trust_remote_code,
+            **st_reading(folder),
+        )
+    encoder.lora = lora  # the adapter's own settings, whatever obliq_encoder.json records
+    state = {f"encoder.{n}": p.detach().clone() for n, p in encoder.named_parameters() if p.requires_grad}
+    return {
+        "obliq": {"encoder": encoder.settings, "lora": asdict(lora), "imported": folder.name},
+        "state_dict": state,
+    }
+
+
 def load_checkpoint(
     path: str | Path,
     ckpt: dict | None = None,
@@ -157,7 +200,7 @@ def load_checkpoint(
     """Rebuild the encoder of a training checkpoint (``train.py fit``) with its trained weights.
 
     The checkpoint is data: its encoder settings are read through
-    :func:`obliq.model.encoder.stored_settings` (never ``trust_remote_code``, which comes from the
+    :func:`obliq.model.settings.stored_settings` (never ``trust_remote_code``, which comes from the
     caller alone), and the backbone it names is checked against the caller's when one is given.
 
     Args:

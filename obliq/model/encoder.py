@@ -3,7 +3,9 @@
 One encoder serves queries and passages (the OBLIQ-IR paper §3.3; the model card). Decoder-only
 backbones (Llama, Qwen, Mistral) get bidirectional attention as NV-Embed does (Lee et al., 2025);
 encoders (BERT) run as they are. LoRA comes from peft (Hu et al., 2022); QLoRA loads the base in
-4 or 8 bit through bitsandbytes on a CUDA GPU. Texts become token ids in :mod:`obliq.model.tokenizer`.
+4 or 8 bit through bitsandbytes on a CUDA GPU (:mod:`obliq.model.backbone`: how a backbone is loaded).
+Texts become token ids in :mod:`obliq.model.tokenizer`; the settings a saved encoder may set are
+:mod:`obliq.model.settings`'s, an adapter folder's base is checked by :mod:`obliq.model.adapter`.
 """
 
 from __future__ import annotations
@@ -22,17 +24,24 @@ import torch
 from torch import nn
 
 from obliq.aliases import portable_name, resolve_model
-from obliq.files import read_json_object, read_text, write_json, write_text
-from obliq.model.bidirectional import check_loading, check_model_code, make_bidirectional
-from obliq.model.lora import DECODER_LORA_TARGETS as DECODER_LORA_TARGETS  # re-exported: bench/gpu_check.py
+from obliq.files import read_json_object, write_json, write_text
+from obliq.model.adapter import BASE_DIGEST, base_digest, check_adapter_weights, check_base, resolve_base
+from obliq.model.backbone import DTYPES, POSITION_OFFSET_MODELS, ensure_pad_token, model_capacity, quantization_config
+from obliq.model.bidirectional import (
+    check_bidirectional,
+    check_loading,
+    check_model_code,
+    has_causal_attention,
+    make_bidirectional,
+)
 from obliq.model.lora import LoraSettings, apply_lora
 from obliq.model.pooling import mean_pool
+from obliq.model.settings import stored_settings
 from obliq.model.tokenizer import PASSAGE_MAX_LENGTH, QUERY_MAX_LENGTH, Kind, TextTokenizer, check_vocabulary
 
 log = logging.getLogger(__name__)
 
 CONFIG_NAME = "obliq_encoder.json"
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 class BiEncoder(nn.Module):
@@ -84,8 +93,8 @@ class BiEncoder(nn.Module):
         super().__init__()
         from transformers import AutoConfig, AutoModel, AutoTokenizer
 
-        if dtype not in _DTYPES:
-            raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {dtype!r}")
+        if dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
         self.settings = dict(
             backbone=backbone,
             bidirectional=bidirectional,
@@ -102,7 +111,7 @@ class BiEncoder(nn.Module):
         family = check_model_code(path, trust_remote_code)  # a published family read as data; unknown code refused
         self.tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
         check_vocabulary(self.tokenizer, path)
-        _ensure_pad_token(self.tokenizer)
+        ensure_pad_token(self.tokenizer)
         positions = model_capacity(path, AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code))
         if positions and max(query_max_length, passage_max_length) > positions:
             log.warning(
@@ -122,11 +131,11 @@ class BiEncoder(nn.Module):
             capacity=positions,
         )
 
-        kwargs: dict = {"dtype": _DTYPES[dtype], "trust_remote_code": trust_remote_code}
+        kwargs: dict = {"dtype": DTYPES[dtype], "trust_remote_code": trust_remote_code}
         if attn_implementation:
             kwargs["attn_implementation"] = attn_implementation
         if quantization:
-            kwargs["quantization_config"] = _bnb_config(quantization, _DTYPES[dtype])
+            kwargs["quantization_config"] = quantization_config(quantization, DTYPES[dtype])
         try:
             model, loading = AutoModel.from_pretrained(path, output_loading_info=True, **kwargs)
         except pickle.UnpicklingError as err:  # a pickled pytorch_model.bin holding more than tensors
@@ -136,7 +145,7 @@ class BiEncoder(nn.Module):
         check_loading(path, loading, every_weight=family is not None)
         if getattr(model, "pooler", None) is not None:
             model.pooler = None  # BERT's CLS pooler is unused by mean pooling; drop it (and its LoRA)
-        causal = _has_causal_attention(model)
+        causal = has_causal_attention(model)
         if causal and bidirectional is not False:
             make_bidirectional(model)
         self.bidirectional = not causal or bidirectional is not False
@@ -161,7 +170,7 @@ class BiEncoder(nn.Module):
                 from peft import PeftModel
                 from safetensors import SafetensorError
 
-                _check_adapter_weights(Path(adapter))
+                check_adapter_weights(Path(adapter))
                 try:
                     model = PeftModel.from_pretrained(model, adapter, is_trainable=lora is not None)
                 except SafetensorError as err:  # a truncated or damaged file: named, not a traceback
@@ -330,8 +339,6 @@ class BiEncoder(nn.Module):
             self.settings, backbone=backbone, lora=asdict(self.lora) if self.lora else None, is_adapter=self.is_peft
         )
         if self.is_peft:  # the base by its weights, checked when the adapter is loaded (from_pretrained)
-            from obliq.model.adapter import BASE_DIGEST, base_digest
-
             settings[BASE_DIGEST] = base_digest(self.settings["backbone"])
         write_json(folder / CONFIG_NAME, settings)
 
@@ -362,8 +369,6 @@ class BiEncoder(nn.Module):
         if not saved.get("is_adapter"):
             settings["backbone"] = str(folder)
         elif "backbone" not in overrides:
-            from obliq.model.adapter import resolve_base
-
             settings["backbone"] = resolve_base(cfg_file, "backbone", settings["backbone"])
         settings.update(overrides)
         base = str(settings["backbone"])
@@ -374,8 +379,6 @@ class BiEncoder(nn.Module):
                 "a Hub id), or export from a base with a Hub id"
             )
         if saved.get("is_adapter") and isinstance(saved.get("backbone_sha256"), str):
-            from obliq.model.adapter import check_base
-
             check_base(cfg_file, saved["backbone_sha256"], base)
         return cls(
             **settings,
@@ -389,54 +392,6 @@ class BiEncoder(nn.Module):
 
 
 # ---------------------------------------------------------------------- helpers
-SETTINGS = (
-    "backbone",
-    "bidirectional",
-    "query_prefix",
-    "passage_prefix",
-    "use_instructions",
-    "query_max_length",
-    "passage_max_length",
-    "dtype",
-    "attn_implementation",
-)
-"""The encoder settings a saved model or checkpoint records (``BiEncoder.settings``); nothing else read
-from such a file reaches the encoder (never ``trust_remote_code``)."""
-
-
-FILE_ATTENTION = (None, "eager", "sdpa", "flash_attention_2", "flash_attention_3", "flex_attention")
-"""The attention implementations a saved model or checkpoint may name: transformers' own. Anything else
-(a Hub kernel repository such as ``kernels-community/…``, fetched and run) is a choice of code that only
-the user's command line or config makes."""
-
-
-def stored_settings(saved, source: object) -> dict:
-    """The encoder settings of a file being loaded (``obliq_encoder.json``, a checkpoint's ``obliq``
-    section), keeping only :data:`SETTINGS`: a file is data and cannot ask for code to run.
-
-    Raises:
-        ValueError: not a mapping, or no ``backbone``; an ``attn_implementation`` outside
-            :data:`FILE_ATTENTION` (``source`` named).
-    """
-    if not isinstance(saved, dict) or not isinstance(saved.get("backbone"), str):
-        raise ValueError(f"{source}: not an obliq encoder's settings (no backbone)")
-    if saved.get("attn_implementation") not in FILE_ATTENTION:
-        raise ValueError(
-            f"{source}: asks for the attention kernel {saved['attn_implementation']!r}, which a file cannot "
-            f"choose (code to fetch and run; a file may name {', '.join(k for k in FILE_ATTENTION if k)}): give "
-            "attn_implementation yourself (e.g. --model.encoder.init_args.attn_implementation) or edit the file"
-        )
-    ignored = sorted(set(saved) - set(SETTINGS) - {"lora", "is_adapter", "backbone_sha256"})
-    if ignored:
-        log.warning(
-            "%s: ignored settings %s (a file cannot set them; trust_remote_code comes from your command "
-            "line or config only)",
-            source,
-            ", ".join(ignored),
-        )
-    return {k: saved[k] for k in SETTINGS if k in saved}
-
-
 def _local_path(name: str) -> bool:
     """Whether a model name is a path on some machine rather than an alias or a Hub id (``owner/name``)."""
     from obliq.aliases import check_model_name
@@ -450,44 +405,6 @@ def _local_path(name: str) -> bool:
     return False
 
 
-POSITION_OFFSET_MODELS = frozenset(
-    "roberta xlm-roberta xlm-roberta-xl camembert mpnet roberta-prelayernorm data2vec-text xmod ibert longformer "
-    "luke markuplm layoutlmv3".split()
-)
-"""transformers model types whose position ids start at ``padding_idx + 1`` (``create_position_ids_from_input_ids``):
-a table of 514 position embeddings holds 512 tokens (C47; transformers #14243, #9116, #15292, #1363)."""
-
-
-def model_capacity(path: str, config) -> int | None:
-    """How many tokens a backbone reads: its position embeddings (less the ``padding_idx + 1`` rows the
-    RoBERTa family skips, :data:`POSITION_OFFSET_MODELS`), or a sentence-transformers folder's own
-    ``max_seq_length`` when that is shorter (all-MiniLM-L6-v2: 256 of 512 positions, the length it
-    was trained at), so that obliq's encoder and sentence-transformers read the same text."""
-    positions = getattr(config, "max_position_embeddings", None)
-    if positions and getattr(config, "model_type", None) in POSITION_OFFSET_MODELS:
-        positions -= (getattr(config, "pad_token_id", None) or 0) + 1
-    limits = [positions]
-    st_config = Path(path) / "sentence_bert_config.json"
-    if st_config.is_file():
-        limits.append(json.loads(read_text(st_config)).get("max_seq_length"))
-    limits = [int(n) for n in limits if n]
-    return min(limits) if limits else None
-
-
-def _check_adapter_weights(folder: Path) -> None:
-    """Refuse an adapter folder without its weights file (peft's ``adapter_model.safetensors`` or ``.bin``),
-    which peft reports as an error that reads like an adapter of another model.
-
-    Raises:
-        FileNotFoundError: a folder without either file (the folder named).
-    """
-    if folder.is_dir() and not any((folder / f"adapter_model.{ext}").is_file() for ext in ("safetensors", "bin")):
-        raise FileNotFoundError(
-            f"{folder}: no adapter weights (adapter_model.safetensors or adapter_model.bin): the folder holds the "
-            "adapter's settings without its weights; copy the weights file there"
-        )
-
-
 def _sort_targets(file: Path) -> None:
     """Write an adapter's ``target_modules`` / ``exclude_modules`` lists sorted: peft writes them from a set, in
     an order that changes with the interpreter's hash seed, so two saves of one adapter would differ."""
@@ -498,86 +415,6 @@ def _sort_targets(file: Path) -> None:
         write_text(file, json.dumps(config, indent=2, sort_keys=True))
 
 
-def _ensure_pad_token(tokenizer) -> None:
-    """Give a tokenizer without a pad token one explicitly, at load time (C02).
-
-    The pooling mask is always the tokenizer's attention mask, so pad = eos is safe.
-    """
-    if tokenizer.pad_token is not None:
-        return
-    for name in ("eos_token", "unk_token"):
-        if getattr(tokenizer, name) is not None:
-            tokenizer.pad_token = getattr(tokenizer, name)
-            log.info("tokenizer has no pad token; using its %s %r", name, tokenizer.pad_token)
-            return
-    raise ValueError("the tokenizer has no pad, eos or unk token: set tokenizer.pad_token before encoding")
-
-
 def _instruction(task) -> str | None:
     """A task's query instruction (``task.instruction``), None without a task."""
     return getattr(task, "instruction", None)
-
-
-def _has_causal_attention(model: nn.Module) -> bool:
-    return any(getattr(m, "is_causal", False) is True for m in model.modules())
-
-
-@torch.no_grad()
-def check_bidirectional(encoder: BiEncoder, expect: bool = True) -> None:
-    """Self-test: changing the last token must change position 0's hidden state (C03).
-
-    Runs with mask all ones, mask None, alone and batched with a longer, padded partner.
-
-    Raises:
-        RuntimeError: a model meant to be bidirectional behaves causally on some path.
-    """
-    model = encoder.model
-    vocab = int(getattr(encoder.backbone_config, "vocab_size", 100))
-    base = [min(5 + i, vocab - 1) for i in range(3)]
-    a, b = base + [min(8, vocab - 1)], base + [min(9, vocab - 2)]
-    was_training = model.training
-    model.eval()
-    device = encoder.device
-    try:
-
-        def first_state(ids: list[int], mask: list[int] | None, partner: bool) -> torch.Tensor:
-            rows = [ids] + ([ids + ids] if partner else [])
-            width = max(len(r) for r in rows)
-            input_ids = torch.tensor([r + [r[-1]] * (width - len(r)) for r in rows], device=device)
-            inputs = {"input_ids": input_ids}
-            if mask is not None or partner:
-                m = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows], device=device)
-                inputs["attention_mask"] = m
-            return model(**inputs).last_hidden_state[0, 0].float()
-
-        for variant in (
-            {"mask": [1] * 4, "partner": False},
-            {"mask": None, "partner": False},
-            {"mask": [1] * 4, "partner": True},
-        ):
-            diff = (first_state(a, **variant) - first_state(b, **variant)).abs().max().item()
-            if expect and diff == 0.0:
-                raise RuntimeError(
-                    f"bidirectional self-test failed ({variant}): position 0 ignores the last token, "
-                    "the backbone is still causal; refusing to build a causal bi-encoder"
-                )
-            if not expect and diff != 0.0:
-                raise RuntimeError(f"causal self-test failed ({variant}): position 0 sees a later token")
-    finally:
-        model.train(was_training)
-
-
-def _bnb_config(quantization: str, compute_dtype: torch.dtype):
-    if not torch.cuda.is_available():
-        raise RuntimeError(f"{quantization} quantization (QLoRA) needs a CUDA GPU and bitsandbytes")
-    try:
-        import bitsandbytes  # noqa: F401
-    except ImportError as err:  # pragma: no cover - bitsandbytes is a core dependency
-        raise ImportError("QLoRA needs bitsandbytes: pip install bitsandbytes") from err
-    from transformers import BitsAndBytesConfig
-
-    if quantization == "4bit":
-        return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=compute_dtype)
-    if quantization == "8bit":
-        return BitsAndBytesConfig(load_in_8bit=True)
-    raise ValueError(f"quantization must be '4bit', '8bit' or None, got {quantization!r}")

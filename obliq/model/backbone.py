@@ -1,0 +1,80 @@
+"""A transformers backbone as the encoder loads it: its weights' dtype, QLoRA's quantized loading, a pad
+token for a tokenizer without one, and how many tokens it reads (its position embeddings, as the RoBERTa
+family numbers them)."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import torch
+
+from obliq.files import read_text
+
+log = logging.getLogger(__name__)
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+"""The weights dtypes an encoder loads its backbone in, by name."""
+
+
+POSITION_OFFSET_MODELS = frozenset(
+    "roberta xlm-roberta xlm-roberta-xl camembert mpnet roberta-prelayernorm data2vec-text xmod ibert longformer "
+    "luke markuplm layoutlmv3".split()
+)
+"""transformers model types whose position ids start at ``padding_idx + 1`` (``create_position_ids_from_input_ids``):
+a table of 514 position embeddings holds 512 tokens (C47; transformers #14243, #9116, #15292, #1363)."""
+
+
+def model_capacity(path: str, config) -> int | None:
+    """How many tokens a backbone reads: its position embeddings (less the ``padding_idx + 1`` rows the
+    RoBERTa family skips, :data:`POSITION_OFFSET_MODELS`), or a sentence-transformers folder's own
+    ``max_seq_length`` when that is shorter (all-MiniLM-L6-v2: 256 of 512 positions, the length it
+    was trained at), so that obliq's encoder and sentence-transformers read the same text."""
+    positions = getattr(config, "max_position_embeddings", None)
+    if positions and getattr(config, "model_type", None) in POSITION_OFFSET_MODELS:
+        positions -= (getattr(config, "pad_token_id", None) or 0) + 1
+    limits = [positions]
+    st_config = Path(path) / "sentence_bert_config.json"
+    if st_config.is_file():
+        limits.append(json.loads(read_text(st_config)).get("max_seq_length"))
+    limits = [int(n) for n in limits if n]
+    return min(limits) if limits else None
+
+
+def ensure_pad_token(tokenizer) -> None:
+    """Give a tokenizer without a pad token one explicitly, at load time (C02).
+
+    The pooling mask is always the tokenizer's attention mask, so pad = eos is safe.
+    """
+    if tokenizer.pad_token is not None:
+        return
+    for name in ("eos_token", "unk_token"):
+        if getattr(tokenizer, name) is not None:
+            tokenizer.pad_token = getattr(tokenizer, name)
+            log.info("tokenizer has no pad token; using its %s %r", name, tokenizer.pad_token)
+            return
+    raise ValueError("the tokenizer has no pad, eos or unk token: set tokenizer.pad_token before encoding")
+
+
+def quantization_config(quantization: str, compute_dtype: torch.dtype):
+    """The bitsandbytes loading settings of QLoRA's base: ``4bit`` (nf4, computing in ``compute_dtype``) or
+    ``8bit``.
+
+    Raises:
+        RuntimeError: no CUDA GPU.
+        ValueError: another ``quantization``.
+    """
+    if not torch.cuda.is_available():
+        raise RuntimeError(f"{quantization} quantization (QLoRA) needs a CUDA GPU and bitsandbytes")
+    try:
+        import bitsandbytes  # noqa: F401
+    except ImportError as err:  # pragma: no cover - bitsandbytes is a core dependency
+        raise ImportError("QLoRA needs bitsandbytes: pip install bitsandbytes") from err
+    from transformers import BitsAndBytesConfig
+
+    if quantization == "4bit":
+        return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=compute_dtype)
+    if quantization == "8bit":
+        return BitsAndBytesConfig(load_in_8bit=True)
+    raise ValueError(f"quantization must be '4bit', '8bit' or None, got {quantization!r}")
