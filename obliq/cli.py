@@ -168,14 +168,14 @@ def _expand(argv: list[str]) -> list[str]:
 
 
 def check_config_files(argv: list[str]) -> None:
-    """:func:`obliq.files.check_config` on every ``--config FILE`` of a command line, naming the file: of two
+    """:func:`obliq.yaml_checks.check_config` on every ``--config FILE`` of a command line, naming the file: of two
     stacked configs, the one with a key given twice (or that is not YAML, not UTF-8, too large or not a
     mapping) is the one named.
 
     Raises:
-        ValueError: see :func:`~obliq.files.check_config` (``file:line``).
+        ValueError: see :func:`~obliq.yaml_checks.check_config` (``file:line``).
     """
-    from obliq.files import check_config
+    from obliq.yaml_checks import check_config
 
     for i, tok in enumerate(argv):
         name = (
@@ -204,7 +204,7 @@ def main(argv: list[str] | None = None):
     """Run ``obliq <command> …`` (``argv`` defaults to ``sys.argv[1:]``); returns the command's result."""
     from jsonargparse import auto_cli
 
-    from obliq.files import install_yaml_checks
+    from obliq.yaml_checks import install_yaml_checks
 
     setup_logging()
     install_yaml_checks()  # every --config and YAML value: no key twice, no alias bomb

@@ -68,7 +68,8 @@ def recipe_config(recipe: str | os.PathLike, *more: str | os.PathLike, **overrid
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
-    from obliq.files import check_yaml, read_text
+    from obliq.files import read_text
+    from obliq.yaml_checks import check_yaml
 
     try:
         parts = []
@@ -105,7 +106,7 @@ def recipe_spelling(argv: list[str]) -> list[str]:
     """
     from jsonargparse._optionals import omegaconf_absolute_to_relative_paths
 
-    from obliq.files import load_yaml
+    from obliq.yaml_checks import load_yaml
 
     out = list(argv)
     for i, token in enumerate(out):

@@ -143,7 +143,7 @@ def _logger_events(argv: list[str]) -> list[tuple]:
     """What each token of ``argv`` does to ``trainer.logger``, in order: ``("class", path, keys)`` sets
     its class (a config file's logger, ``--trainer.logger=X``, ``.class_path``, a JSON spec),
     ``("keys", keys)`` sets init args, ``("reset",)`` clears it (null, a bool, a list)."""
-    from obliq.files import load_yaml
+    from obliq.yaml_checks import load_yaml
 
     def spec_event(spec) -> tuple | None:
         if isinstance(spec, dict):
@@ -407,7 +407,7 @@ def cli(
 
     from jsonargparse import set_parsing_settings
 
-    from obliq.files import install_yaml_checks
+    from obliq.yaml_checks import install_yaml_checks
 
     # A recipe's ${run_dir} is written as from the top of the config; under a subcommand (`fit`) the
     # config sits one level down, so jsonargparse turns such paths relative when it loads the file.

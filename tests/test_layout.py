@@ -18,6 +18,7 @@ LAYERS = {
     "__init__": 0,
     "errors": 0,
     "files": 0,
+    "yaml_checks": 1,  # every YAML read checked before it is loaded (on files)
     "process": 0,  # which process a record names, and whether it still runs
     "claims": 1,  # the claim of outputs (on files)
     "distributed": 0,

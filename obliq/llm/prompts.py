@@ -21,7 +21,8 @@ from pathlib import Path
 
 import yaml
 
-from obliq.files import check_yaml, read_text
+from obliq.files import read_text
+from obliq.yaml_checks import check_yaml
 
 Messages = list[dict[str, str]]
 """A chat: ``[{"role": "system" | "user", "content": ...}, ...]``, as chat templates and vLLM take it."""

@@ -108,7 +108,7 @@ def check_flat_objective(argv: list[str]) -> None:
     Raises:
         ValueError: naming the setting, where it was given and its new place.
     """
-    from obliq.files import load_yaml
+    from obliq.yaml_checks import load_yaml
 
     found = []
     for n, token in enumerate(argv):

@@ -38,10 +38,11 @@ from pathlib import Path
 import yaml
 
 from obliq.errors import check_int
-from obliq.files import check_yaml, read_text
+from obliq.files import read_text
 from obliq.llm.backends import BackendConfig
 from obliq.llm.prompts import PromptTemplate
 from obliq.rerank.prompts import load_rerank_prompt
+from obliq.yaml_checks import check_yaml
 
 log = logging.getLogger(__name__)
 
