@@ -28,13 +28,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from obliq.files import json_text, write_text
-from obliq.process import holder_state as holder_state  # re-exported: runs.py and tests read them here
-from obliq.process import holder_text as holder_text
-from obliq.process import job_owner as job_owner
-from obliq.process import launch_id as launch_id
-from obliq.process import launch_rank, pid_namespace
-from obliq.process import process_record as process_record
-from obliq.process import process_start as process_start
+from obliq.process import holder_state, holder_text, launch_id, launch_rank, pid_namespace, process_record
 
 OUTPUT_RECORD = ".{name}.obliq"
 """The record beside every output a command claims (``<folder>/.<name>.obliq``, JSON, beside the resolved

@@ -29,8 +29,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from obliq.claims import holder_state, holder_text, job_owner, process_record
-from obliq.claims import launch_id as _launch
+from obliq.process import holder_state, holder_text, job_owner, process_record
+from obliq.process import launch_id as _launch
 
 log = logging.getLogger(__name__)
 
@@ -235,7 +235,7 @@ def drop_refused_folder(before: str | None) -> None:
 def _claim_resume(folder: Path, last: Path) -> None:
     """Claim the resume of ``folder`` from its resume point ``last`` for this process: one claim per
     resume point (a folder made with ``os.mkdir``, which one of two processes wins), taken over only
-    from a process that has ended (:func:`obliq.claims.holder_state`; another machine's cannot be told: refused).
+    from a process that has ended (:func:`obliq.process.holder_state`; another machine's cannot be told: refused).
 
     Raises:
         ValueError: another running process claimed this resume point first.
@@ -260,7 +260,7 @@ def _claim_resume(folder: Path, last: Path) -> None:
 
 def run_state(run: RunFolder) -> str:
     """``"running"``, ``"ended"`` or ``"unknown"`` for the process that last ran ``run``
-    (:func:`obliq.claims.holder_state` of its owner record): a run whose ``final.ckpt`` was written after
+    (:func:`obliq.process.holder_state` of its owner record): a run whose ``final.ckpt`` was written after
     its record has ended, wherever it ran; one of another machine that did not finish cannot be told."""
     record = run.record or {}
     if run.final is not None and run.final.stat().st_mtime >= (run.path / OWNER_FILE).stat().st_mtime:

@@ -41,7 +41,7 @@ def test_a_claim_refused_after_others_were_taken_undoes_them(tmp_path):
     import sys
     import time
 
-    from obliq.claims import process_start
+    from obliq.process import process_start
 
     first = tmp_path / "first.json"
     (tmp_path / ".first.json.obliq").write_text(json.dumps({"command": "distill pairs", "complete": True}) + "\n")

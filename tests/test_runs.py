@@ -195,7 +195,7 @@ def test_last_resumes_only_this_jobs_run(tmp_path, monkeypatch):
     assert run_folder(base, "last") == (base / "version_3", "last")  # no scheduler: no scheduler job's run
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
-        from obliq.claims import process_start as _process_start
+        from obliq.process import process_start as _process_start
 
         time.sleep(0.2)
         live = _version(base, 4, None, pid=sleeper.pid, start=_process_start(sleeper.pid))
@@ -215,7 +215,7 @@ def test_of_two_resumes_of_one_run_at_once_one_wins_and_the_other_refuses(tmp_pa
     """Issue 32 §3: of two simultaneous ``--ckpt_path last`` resumes the loser trained from step 0 in silence.
     Each resume point is claimed once (os.mkdir): a claim held by a running process refuses the other resume in
     one line; a claim left by a process that has ended is taken over."""
-    from obliq.claims import process_start as _process_start
+    from obliq.process import process_start as _process_start
     from obliq.runs import run_folder
 
     base = tmp_path / "runs"

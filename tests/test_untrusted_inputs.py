@@ -431,7 +431,8 @@ def test_of_two_commands_claiming_one_output_at_once_one_wins(tmp_path):
     import subprocess
     import sys
 
-    from obliq.claims import claim_output, process_start
+    from obliq.claims import claim_output
+    from obliq.process import process_start
 
     ctx = multiprocessing.get_context("fork")
     for trial in range(6):
