@@ -1,10 +1,11 @@
-"""bench/gpu_check.py: the CPU smoke run with a tiny Llama writes every section (numbers or a skip
-reason), its FLOP count equals torch's FlopCounterMode on a real forward/backward, and the 3B plan
-(meta device) counts the card's LoRA parameters, memory terms and steps."""
+"""bench/gpu_check.py and its part bench/gpu_plan.py: the CPU smoke run with a tiny Llama writes every section
+(numbers or a skip reason), its FLOP count equals torch's FlopCounterMode on a real forward/backward, and the 3B
+plan (meta device) counts the card's LoRA parameters, memory terms and steps."""
 
 import importlib.util
 import json
 import math
+import sys
 from pathlib import Path
 
 import pytest
@@ -20,11 +21,25 @@ SECTIONS = {
 }
 
 
-def _gpu_check():
-    spec = importlib.util.spec_from_file_location("gpu_check", REPO / "bench" / "gpu_check.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+def _bench(name: str):
+    """``bench/<name>.py`` loaded as ``python bench/gpu_check.py`` loads it: with bench/ first on the path, so
+    that the script finds its part beside it (``gpu_plan``)."""
+    sys.path.insert(0, str(REPO / "bench"))
+    try:
+        spec = importlib.util.spec_from_file_location(name, REPO / "bench" / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(REPO / "bench"))
     return module
+
+
+def _gpu_check():
+    return _bench("gpu_check")
+
+
+def _gpu_plan():
+    return _bench("gpu_plan")
 
 
 def _number(x) -> bool:
@@ -86,7 +101,8 @@ def test_flop_formula_equals_flop_counter_on_a_forward_backward(tmp_path):
     ids = torch.randint(3, len(tokenizer), (4, 32))
     with FlopCounterMode(display=False) as counter:
         enc({"input_ids": ids, "attention_mask": torch.ones_like(ids)}).sum().backward()
-    want = gc.step_flops(**gc.flop_terms(enc), layers=2, hidden=64, length=32, tokens=4 * 32, tokens_again=0)
+    gp = _gpu_plan()
+    want = gp.step_flops(**gp.flop_terms(enc), layers=2, hidden=64, length=32, tokens=4 * 32, tokens_again=0)
     assert counter.get_total_flops() == want["model"]
 
 
@@ -124,7 +140,7 @@ def test_plan_only_counts_the_3b_run_on_the_meta_device(tmp_path, capsys):
     assert plan["memory_gib"]["frozen_weights_bf16"] == pytest.approx(2 * plan["frozen_params"] / 2**30)
     assert plan["activations_gib"]["checkpointing"] < plan["activations_gib"]["no_checkpointing"]
     assert plan["steps"] == math.ceil(154_361 / 320) == 483  # the last step holds the remaining 121 anchors
-    assert plan["mfu"] == gc.ASSUMED_MFU and plan["mfu_source"] == "assumed, not measured"
+    assert plan["mfu"] == _gpu_plan().ASSUMED_MFU and plan["mfu_source"] == "assumed, not measured"
     assert plan["predicted_minutes"] == pytest.approx(483 * plan["model_tflop_per_step"] / (0.35 * 989.4 * 40) / 60)
 
 
@@ -139,7 +155,7 @@ def test_activation_bytes_equal_the_saved_tensors_of_a_small_llama():
     from obliq.model.bidirectional import PUBLISHED, register
     from obliq.model.lora import DECODER_LORA_TARGETS
 
-    gc = _gpu_check()
+    gp = _gpu_plan()
     register()
     drop = ("architectures", "auto_map", "transformers_version", "torch_dtype")
     small = {k: v for k, v in PUBLISHED["nvidia/llama-nv-embed-reasoning-3b"].items() if k not in drop}
@@ -169,7 +185,7 @@ def test_activation_bytes_equal_the_saved_tensors_of_a_small_llama():
 
     one, _ = saved_bytes(1)
     two, config = saved_bytes(2)
-    want = gc.activation_bytes(config, 16, tokens[0] * tokens[1], mask_bytes=4)
+    want = gp.activation_bytes(config, 16, tokens[0] * tokens[1], mask_bytes=4)
     assert two - one == want["per_layer"]
 
 
@@ -179,7 +195,7 @@ def test_the_plan_refuses_a_device_count_it_cannot_plan_and_out_is_not_replaced(
     import yaml
 
     gc = _gpu_check()
-    recipe = yaml.safe_load(gc.PLAN_RECIPE.read_text())
+    recipe = yaml.safe_load(_gpu_plan().PLAN_RECIPE.read_text())
     for bad in (-1, "auto", 0):
         edited = tmp_path / f"recipe-{bad}.yaml"
         edited.write_text(yaml.safe_dump({**recipe, "trainer": {**recipe["trainer"], "devices": bad}}))
