@@ -21,10 +21,17 @@ REPO = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def chain():
-    spec = importlib.util.spec_from_file_location("obliq_ir_mini", REPO / "examples" / "obliq-ir-mini" / "run.py")
+    """run.py loaded as ``python examples/obliq-ir-mini/run.py`` loads it: its folder first on the path, where
+    its parts (``mini_systems``, ``mini_report``) lie."""
+    folder = str(REPO / "examples" / "obliq-ir-mini")
+    spec = importlib.util.spec_from_file_location("obliq_ir_mini", f"{folder}/run.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # its dataclasses look their module up there
-    spec.loader.exec_module(module)
+    sys.path.insert(0, folder)
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(folder)
     return module
 
 
