@@ -9,8 +9,8 @@
 - :func:`publish` writes a file or folder through a temporary one beside it, renamed into place, so a
   killed process leaves the old one or the new one, never half of one; :func:`atomic_write` is the
   same for a file written through an open handle. A write that fails (disk full, a read-only or
-  forbidden folder, the process's file-size limit) is a :class:`WriteError` naming the file
-  (:mod:`obliq.write_errors`).
+  forbidden folder, the process's file-size limit) is a :class:`~obliq.write_errors.WriteError` naming the
+  file.
 - :func:`read_id_table` reads the ``id<TAB>value`` tables tasks carry (attributes, sources).
 - :func:`safe_name` turns a name found in a file (a task's name) into a folder name that cannot
   leave the output folder.
@@ -39,7 +39,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
 
-from obliq.write_errors import WriteError as WriteError  # re-exported: obliq.files is where writes are
 from obliq.write_errors import write_failed, writing
 
 BOM = codecs.BOM_UTF8

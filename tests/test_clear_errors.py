@@ -24,7 +24,8 @@ from support import cli_fails as _fails
 from support import make_task
 
 from obliq.cli import main as obliq_main
-from obliq.files import MAX_LINE, WriteError, publish, read_text, write_text
+from obliq.files import MAX_LINE, publish, read_text, write_text
+from obliq.write_errors import WriteError
 from obliq.yaml_checks import MAX_YAML_SIZE
 
 COMMON = ["--retrieval.top_k", "5", "--measures", "[NDCG@5]", "--latency_queries", "0"]

@@ -152,12 +152,11 @@ def read_checkpoint(path: str | Path) -> dict:
 
 
 def adapter_checkpoint(folder: str | Path, trust_remote_code: bool = False) -> dict:
-    """An adapter folder (either layout) as the content of a training checkpoint
-    (:func:`read_checkpoint`'s form: ``obliq`` settings, ``state_dict`` of the trained
-    LoRA weights), so that ``obliq export`` merges and verifies it as it does a checkpoint of its own. The LoRA
-    settings are the adapter's own ``adapter_config.json``'s, every one carried or refused
-    (:func:`~obliq.model.adapter.lora_settings`); nothing of its training is known (no step, no loss):
-    ``obliq.imported`` names the folder.
+    """An adapter folder (either layout of :mod:`obliq.model.adapter`) as the content of a training checkpoint
+    (:func:`read_checkpoint`'s form: ``obliq`` settings, ``state_dict`` of the trained LoRA weights), so that
+    ``obliq export`` merges and verifies it as it does a checkpoint of its own. The LoRA settings are the
+    adapter's own ``adapter_config.json``'s, every one carried or refused (:func:`~obliq.model.adapter.lora_settings`);
+    nothing of its training is known (no step, no loss): ``obliq.imported`` names the folder.
 
     Raises:
         FileNotFoundError: the folder holds no adapter, or its base is not here
