@@ -128,7 +128,7 @@ def _one(mode: str, method: str, batch: int, chunk: int, steps: int, threads: in
             loss(feats, None).backward()
             opt.step()
     else:
-        from obliq.data import Collator  # the collator alone: no Lightning to import
+        from obliq.data import Collator, RowCaps  # the collator alone: no Lightning to import
         from obliq.data.rows import parse_row
         from obliq.losses import InfoNCE, StepView
         from obliq.model import BiEncoder
@@ -157,7 +157,7 @@ def _one(mode: str, method: str, batch: int, chunk: int, steps: int, threads: in
             )
             for i, r in enumerate(rows)
         ]
-        b = Collator(enc.text, max_negatives=NEGATIVES[mode])(training_rows)  # tokenized once, here
+        b = Collator(enc.text, RowCaps(max_negatives=NEGATIVES[mode]))(training_rows)  # tokenized once, here
         q, d, target, keys = b["query"], b["docs"], b["positive_index"], b["doc_keys"]
         tokens = int(q["attention_mask"].sum() + d["attention_mask"].sum())
         slots = (

@@ -79,7 +79,7 @@ def speed(args) -> None:
 def agree(args) -> None:
     import yaml
 
-    from obliq.llm.backends import BackendConfig, ask
+    from obliq.llm.backends import ask, backend_config
     from obliq.llm.prompts import cut_words
     from obliq.synth.generate import sample_documents
     from obliq.synth.prompts import TaskSpec, load_stage_prompt, render_stage
@@ -92,7 +92,9 @@ def agree(args) -> None:
     order, _ = sample_documents(data, args.n_docs, config["seed"])
     docs = [cut_words(data.doc_texts[i], config["generation"]["max_doc_words"])[0] for i in order]
     backends = {
-        name: BackendConfig(name=name, threads=args.threads, device="cpu" if name == "transformers" else None).build()
+        name: backend_config(
+            name=name, threads=args.threads, **({"device": "cpu"} if name == "transformers" else {})
+        ).build()
         for name in ("transformers", "llamacpp")
     }
     stage_a, stage_b = load_stage_prompt("A"), load_stage_prompt("B", spec.lens)

@@ -12,7 +12,7 @@ import pytest
 import torch
 from support import task_rows, write_rows
 
-from obliq.data import Collator, Source, TrainingDataModule, parse_row
+from obliq.data import Collator, RowCaps, Source, TrainingDataModule, parse_row
 from obliq.data.collisions import ROLE_PAIRS
 from obliq.data.teacher_table import TeacherTable, write_teacher_table
 from obliq.text import id_hash, normalise_text, text_hash
@@ -77,7 +77,7 @@ def test_the_batch_puts_first_positives_first_then_each_rows_further_positives_a
     assert {len(r["negatives"]) for r in batch_rows} >= {0, 3}
     assert {len(positives_of(r)) for r in batch_rows} >= {1, 3, 4}
     parsed = [parse_row(json.dumps(r), "rows.jsonl", n) for n, r in enumerate(batch_rows, 1)]
-    batch = Collator(tokenize, max_negatives=2, max_positives=max_positives)(parsed)
+    batch = Collator(tokenize, RowCaps(max_negatives=2, max_positives=max_positives))(parsed)
     docs, row_of, positive = expected_layout(batch_rows, 2, max_positives)
     n, m = len(batch_rows), len(docs)
     assert batch["doc_ids"] == [d["id"] for d in docs]
@@ -101,12 +101,12 @@ def test_max_positives_is_checked_where_it_is_set(tmp_path, tokenize, rows):
     path = write_rows(tmp_path / "rows.jsonl", rows[:8])
     for bad in (0, -1, True, 1.5):
         with pytest.raises(ValueError, match=r"^data\.max_positives must be an integer >= 1 or null \(all positives\)"):
-            Collator(tokenize, max_positives=bad)
+            RowCaps(max_positives=bad)
         with pytest.raises(ValueError, match="^data.max_positives must be an integer >= 1 or null"):
             TrainingDataModule([Source(str(path))], max_positives=bad, index_dir=str(tmp_path / "index"))
     with pytest.raises(ValueError, match="^data.max_negatives must be an integer >= 0, got -1"):
-        Collator(tokenize, max_negatives=-1)
-    assert Collator(tokenize, max_positives=3).max_positives == 3
+        RowCaps(max_negatives=-1)
+    assert TrainingDataModule([Source(str(path))], max_positives=3, index_dir=str(tmp_path / "i")).caps == RowCaps(4, 3)
 
 
 def test_the_collator_carries_the_teachers_vectors(tmp_path, tokenize, rows):
@@ -124,7 +124,7 @@ def test_the_collator_carries_the_teachers_vectors(tmp_path, tokenize, rows):
     write_teacher_table(tmp_path / "t.npz", ids, vectors)
     table = TeacherTable(tmp_path / "t.npz")
     parsed = [parse_row(json.dumps(r), "rows.jsonl", n) for n, r in enumerate(batch_rows, 1)]
-    batch = Collator(tokenize, max_negatives=4, teacher=table)(parsed)
+    batch = Collator(tokenize, RowCaps(max_negatives=4), teacher=table)(parsed)
     tq, td = batch["teacher_query_vectors"], batch["teacher_doc_vectors"]
     assert tq.dtype == td.dtype == torch.float32 and tq.shape == (5, 6) and td.shape == (len(docs), 6)
     assert "teacher_cosines" not in batch

@@ -11,7 +11,7 @@ import pytest
 import torch
 from support import file_ids, task_rows, write_rows
 
-from obliq.data import RowError, Source, TrainingDataModule, parse_row
+from obliq.data import RowCaps, RowError, Source, TrainingDataModule, parse_row
 from obliq.text import normalise_text, text_hash
 
 
@@ -244,7 +244,7 @@ def test_a_row_with_several_positives_keeps_them_in_order(good_rows):
     docs = [*src["positives"], *src["negatives"]]
     expected = [*row.query_key()] + [k for d in docs for k in (id_hash(d["id"]), text_hash(d["text"]))]
     assert row.keys() == expected
-    assert row.keys(max_negatives=1, max_positives=2) == expected[:6] + expected[8:10]
+    assert row.keys(RowCaps(max_negatives=1, max_positives=2)) == expected[:6] + expected[8:10]
     # a one-element list is one positive, read as `positive` is
     one = dict(copy.deepcopy(good_rows[1]))
     one["positives"] = [one.pop("positive")]

@@ -46,7 +46,7 @@ def chats(texts):
 def backend():
     from obliq.llm.llamacpp import LlamaCppBackend
 
-    engine = LlamaCppBackend("smollm2", parallel=4, threads=1)
+    engine = LlamaCppBackend("smollm2", batch_size=4, threads=1)
     yield engine
     engine.close()
 
@@ -124,7 +124,7 @@ def test_a_group_that_does_not_fit_the_cache_is_split_and_a_chat_that_cannot_is_
     prompts = chats(TWEETS[:3])
     rows = [chat_ids(backend.tokenizer, c, enable_thinking=False) for c in prompts]
     context = len(rows[0]) + 8 + 4  # one chat and its budget of 8 fit, two do not
-    small = LlamaCppBackend("smollm2", parallel=3, context=context, threads=1)
+    small = LlamaCppBackend("smollm2", batch_size=3, context=context, threads=1)
     try:
         assert len(small.generate(prompts, 8, 0.0, 0)) == 3 and small.finished == [False] * 3
         assert small.prefix_tokens > 0  # three groups of one: each later one reused the kept prompts' prefix
@@ -149,7 +149,7 @@ def test_samples_and_retries_share_their_prompt(backend):
 
 def test_model_setting_refusals(tmp_path):
     from obliq.aliases import smollm2_gguf
-    from obliq.llm.backends import BackendConfig
+    from obliq.llm.backends import backend_config
     from obliq.llm.llamacpp import gguf_file
 
     assert gguf_file("SmolLM2") == smollm2_gguf()
@@ -167,8 +167,8 @@ def test_model_setting_refusals(tmp_path):
         gguf_file(str(tmp_path / "weights.gguf"))
     with pytest.raises(FileNotFoundError, match="downloads nothing"):
         gguf_file("HuggingFaceTB/SmolLM2-135M-Instruct-GGUF")
-    with pytest.raises(ValueError, match="device, dtype: transformers settings"):
-        BackendConfig(name="llamacpp", device="cpu")
+    with pytest.raises(ValueError, match="device: a transformers setting; the llamacpp backend takes name, model"):
+        backend_config(name="llamacpp", device="cpu")
 
 
 def test_synth_generate_with_the_llamacpp_backend(tasks_dir, tmp_path):
@@ -208,10 +208,12 @@ def test_the_seed_llama_cpp_reads_as_random_is_a_seed_like_any_other(backend):
 
 
 def test_too_many_chats_together_are_refused_in_the_config():
-    from obliq.llm.backends import BackendConfig
+    from obliq.llm.backends import backend_config
+    from obliq.llm.llamacpp import LlamaCppConfig
 
     with pytest.raises(ValueError, match="batch_size: the llamacpp backend decodes at most 85 chats together"):
-        BackendConfig(name="llamacpp", batch_size=86)
+        backend_config(name="llamacpp", batch_size=86)
+    assert LlamaCppConfig(batch_size=85).batch_size == 85
 
 
 def test_every_end_of_generation_id_llama_cpp_reports_ends_a_reply(backend, reference):
@@ -291,7 +293,7 @@ def test_backend_context_is_bounded_by_the_model_s_trained_context(reference):
     bound; the bound itself is accepted (the module's ``backend`` fixture runs at SmolLM2's 8,192)."""
     import random
 
-    from obliq.llm.backends import BackendConfig
+    from obliq.llm.backends import backend_config
     from obliq.llm.llamacpp import LlamaCppBackend
 
     trained = int(reference.metadata[f"{reference.metadata['general.architecture']}.context_length"])
@@ -299,7 +301,7 @@ def test_backend_context_is_bounded_by_the_model_s_trained_context(reference):
     rng = random.Random(7)
     for context in sorted({trained + 1, 12 * trained, rng.randrange(trained + 2, 40 * trained), 10**9}):
         with pytest.raises(ValueError) as err:
-            BackendConfig(name="llamacpp", context=context, threads=1).build()
+            backend_config(name="llamacpp", context=context, threads=1).build()
         message = str(err.value)
         assert message.startswith("backend.context:") and f"{trained:,}" in message and "\n" not in message
-    LlamaCppBackend("smollm2", parallel=1, context=trained, threads=1).close()
+    LlamaCppBackend("smollm2", batch_size=1, context=trained, threads=1).close()

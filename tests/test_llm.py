@@ -177,7 +177,7 @@ def two_end_ids_model(tmp_path_factory, smollm2_path):
 
 
 def test_a_reply_ending_on_the_second_end_id_is_finished(two_end_ids_model):
-    from obliq.llm.backends import TransformersBackend
+    from obliq.llm.transformers import TransformersBackend
 
     folder, tokenizer = two_end_ids_model
     backend = TransformersBackend(folder, device="cpu")
@@ -211,7 +211,8 @@ def test_the_budget_grows_by_the_reasoning_tokens_only_when_the_model_reasons():
 def test_reasoning_is_switched_off_through_the_chat_template_by_default(two_end_ids_model):
     """The backend asks the chat template for ``enable_thinking=False`` unless reasoning is asked for;
     a Qwen3-style template then writes an empty reasoning block into the prompt."""
-    from obliq.llm.backends import BackendConfig, TransformersBackend
+    from obliq.llm.backends import backend_config
+    from obliq.llm.transformers import TransformersBackend
 
     folder, _ = two_end_ids_model
     template = (
@@ -220,7 +221,7 @@ def test_reasoning_is_switched_off_through_the_chat_template_by_default(two_end_
         "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n{% endif %}"
         "{% endif %}"
     )
-    assert BackendConfig().reasoning is False
+    assert backend_config().reasoning is False
     rendered = {}
     for reasoning in (False, True):
         backend = TransformersBackend(folder, device="cpu", reasoning=reasoning)

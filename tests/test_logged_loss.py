@@ -132,14 +132,14 @@ def test_the_two_process_steps_hold_several_positives_and_a_guided_mask_that_mas
     builds it) holds rows with two positives, and the teacher-guided mask leaves out some in-batch candidates of
     the whole step (all of some rows' negatives), while the step keeps negatives to train on."""
     from obliq.data.collate import Collator
-    from obliq.data.rows import parse_row
+    from obliq.data.rows import RowCaps, parse_row
     from obliq.data.teacher_table import TeacherTable
     from obliq.losses import GuidedMask, StepView, negatives_left
 
     rows_file, teacher = _corpus(tmp_path)
     rows = [parse_row(line, str(rows_file), n) for n, line in enumerate(rows_file.read_bytes().splitlines(), 1)]
     dummy = lambda texts, kind, instructions=None: {"input_ids": torch.zeros(len(texts), 1, dtype=torch.long)}  # noqa: E731
-    collate = Collator(dummy, max_negatives=2, teacher=TeacherTable(teacher))
+    collate = Collator(dummy, RowCaps(max_negatives=2), TeacherTable(teacher))
     for step in range(2):
         view = StepView.of(collate(rows[8 * step : 8 * step + 8]))
         assert (view.positives.sum(1) == 2).sum() == 4

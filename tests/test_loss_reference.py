@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from obliq.data.collate import Collator
-from obliq.data.rows import parse_row
+from obliq.data.rows import RowCaps, parse_row
 from obliq.losses import InfoNCE, StepView
 
 TAU = 0.05
@@ -88,7 +88,7 @@ def test_the_loss_of_generated_batches_equals_a_float64_reference(form):
         rows = _rows(rng)
         max_pos, max_neg = rng.choice([None, 1, 2, 3]), rng.choice([0, 1, 2, 4])
         parsed = [parse_row(json.dumps(r), "gen.jsonl", k + 1) for k, r in enumerate(rows)]
-        batch = Collator(_tokenize, max_neg, None, max_pos)(parsed)
+        batch = Collator(_tokenize, RowCaps(max_neg, max_pos))(parsed)
         # the batch's documents as the collator lays them out (its layout is its docstring's): firsts, then each
         # row's further kept positives and its kept negatives
         docs = [(r["positives"][0]["id"], r["positives"][0]["text"], i, True) for i, r in enumerate(rows)]
@@ -122,7 +122,7 @@ def test_a_positive_the_cap_leaves_out_is_not_a_negative_of_its_row():
     b = {"id": "b", "task": "t", "source": "synthetic", "query": "qb", "negatives": [{"id": "n", "text": "other"}]}
     b["positives"] = [{"id": "p2", "text": "second"}]
     rows = [parse_row(json.dumps(r), "x.jsonl", k + 1) for k, r in enumerate((a, b))]
-    view = StepView.of(Collator(_tokenize, 4, None, 1)(rows))
+    view = StepView.of(Collator(_tokenize, RowCaps(4, 1))(rows))
     q = torch.tensor([[1.0, 0.0], [0.0, 1.0]], dtype=torch.float64)
     d = torch.tensor([[1.0, 0.0], [1.0, 0.0], [0.0, -1.0]], dtype=torch.float64)  # p1, p2 (= row a's query), n
     sym = InfoNCE(TAU, symmetric=True)(q, d, view)
@@ -149,7 +149,7 @@ def test_two_ranks_mask_a_positive_the_cap_left_out_on_the_other_rank(tmp_path):
     g = torch.Generator().manual_seed(0)
     vec = {i: F.normalize(torch.randn(8, generator=g, dtype=torch.float64), dim=0) for i in texts}
     qvec = [F.normalize(torch.randn(8, generator=g, dtype=torch.float64), dim=0) for _ in rows]
-    collate = Collator(_tokenize, 1, None, 1)
+    collate = Collator(_tokenize, RowCaps(1, 1))
     parts = []
     for r in range(2):
         batch = collate([parse_row(json.dumps(x), "gen.jsonl", 1) for x in rows[4 * r : 4 * r + 4]])

@@ -12,8 +12,8 @@ from lightning.pytorch import Trainer
 from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.plugins.precision import MixedPrecision
 
-from obliq.data.datamodule import Collator
-from obliq.data.rows import parse_row
+from obliq.data.collate import Collator
+from obliq.data.rows import RowCaps, parse_row
 from obliq.losses import InfoNCE, StepView
 from obliq.model import BiEncoder, LoraSettings
 from obliq.model.module import RetrieverModule
@@ -42,7 +42,7 @@ def _batch(encoder: BiEncoder) -> dict:
         )
         for i, (q, d) in enumerate(zip(QUERIES, DOCS))
     ]
-    return Collator(encoder.text, max_negatives=0)(rows)
+    return Collator(encoder.text, RowCaps(max_negatives=0))(rows)
 
 
 def _lora(module) -> dict[str, torch.Tensor]:

@@ -150,7 +150,8 @@ def tiny_chat_model(tmp_path_factory, smollm2_path):
 
 
 def test_the_transformers_and_vllm_backends_are_fed_the_same_safe_ids(tiny_chat_model, tokenizer, spec):
-    from obliq.llm.backends import TransformersBackend, VLLMBackend
+    from obliq.llm.transformers import TransformersBackend
+    from obliq.llm.vllm import VLLMBackend
 
     prompt = load_stage_prompt("A")
     chats = [render_stage(prompt, spec, TWEET), render_stage(prompt, spec, f"{TWEET} {FORGED}")]

@@ -360,7 +360,7 @@ def test_every_rerank_config_loads():
             r"bad.yaml:2:tasks.writing-news: must be one of identity, tourrank, listwise",
         ),
         ("depth: 0\n", r"bad.yaml:1:depth: must be an integer >= 1"),
-        ("backend:\n  name: ollama\n", r"bad.yaml:2:backend.name: must be one of transformers, vllm"),
+        ("backend:\n  name: ollama\n", r"bad.yaml:2:backend.name: must be one of llamacpp, transformers, vllm"),
         ("listwise: 5\n", r"bad.yaml:1:listwise: expected a mapping"),
         (
             "depth: 5\nbackend:\n  dtype: float33\n",
@@ -381,11 +381,19 @@ def test_every_rerank_config_loads():
             r"bad.yaml:2:backend.model: model .*/no-such-model': no such file or folder",
         ),
         (
-            "backend:\n  gpu_memory_utilization: true\n",
-            r"bad.yaml:2:backend.gpu_memory_utilization: must be a number in",
+            "backend:\n  name: vllm\n  gpu_memory_utilization: true\n",
+            r"bad.yaml:3:backend.gpu_memory_utilization: must be a number in",
         ),
         ("backend:\n  threads: 0\n", r"bad.yaml:2:backend.threads: must be an integer >= 1"),
-        ("backend:\n  max_model_len: 1.5\n", r"bad.yaml:2:backend.max_model_len: must be an integer >= 1"),
+        (
+            "backend:\n  name: vllm\n  max_model_len: 1.5\n",
+            r"bad.yaml:3:backend.max_model_len: must be an integer >= 1",
+        ),
+        (
+            "backend:\n  name: llamacpp\n  device: cpu\n",
+            r"bad.yaml:3:backend.device: a transformers setting; the llamacpp backend takes name, model",
+        ),
+        ("backend:\n  rounds: 3\n", r"bad.yaml:2:backend.rounds: unknown key; the transformers backend takes name"),
         ("prompt_dir: ../no-such-prompts\n", r"bad.yaml:1:prompt_dir: not a folder: /.*/no-such-prompts$"),
     ],
 )

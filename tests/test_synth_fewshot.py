@@ -151,7 +151,14 @@ def test_few_shot_rows_record_their_examples_and_copies_are_retried(split, tmp_p
     backend = ScriptedBackend(task, {first: {"B": [copy_example]}})
     out = tmp_path / "rows.jsonl"
     rep = synthesize(
-        task, SPEC, backend, out, n_docs=3, seed=13, generation=GenerationConfig(batch_size=2), fewshot=FewShotConfig(2)
+        task,
+        SPEC,
+        backend,
+        out,
+        n_docs=3,
+        seed=13,
+        generation=GenerationConfig(candidates_per_round=2),
+        fewshot=FewShotConfig(2),
     )
     assert rep.generated == 3 and rep.rejected == {"B:copied-example": 1}
     assert rep.fewshot == {"k": 2, "split": "dev", "queries": len(dev_gold), "short": 0}
@@ -190,13 +197,15 @@ def test_samples_have_their_own_ids_and_seeds_resume_and_report_their_cost(split
     d1, d2 = (task.doc_ids[i] for i in order)
     out = tmp_path / "rows.jsonl"
     one = ScriptedBackend(task)
-    rep = synthesize(task, SPEC, one, out, n_docs=2, seed=13, generation=GenerationConfig(batch_size=4))
+    rep = synthesize(task, SPEC, one, out, n_docs=2, seed=13, generation=GenerationConfig(candidates_per_round=4))
     single = out.read_bytes()
     assert [json.loads(x)["id"] for x in single.splitlines()] == [f"synth:math-theoremqa:{d}" for d in (d1, d2)]
     assert rep.candidates == 2 and rep.samples == 1
 
     three = ScriptedBackend(task, {d2: {"B": ["", "", "", ""]}})  # d2's sample 1 is skipped after 3 retries
-    rep = synthesize(task, SPEC, three, out, n_docs=2, seed=13, samples=3, generation=GenerationConfig(batch_size=1))
+    rep = synthesize(
+        task, SPEC, three, out, n_docs=2, seed=13, samples=3, generation=GenerationConfig(candidates_per_round=1)
+    )
     assert out.read_bytes().startswith(single)  # the single-sample rows are sample 0: kept, not redone
     assert (rep.candidates, rep.already_done, rep.generated, rep.skipped) == (6, 2, 3, {"A": 0, "B": 1})
     rows = [json.loads(x) for x in out.read_text().splitlines()]
@@ -273,7 +282,7 @@ def test_a_killed_run_resumed_with_other_settings_is_refused(split, tmp_path, mo
             return super().generate(*a, **k)
 
     monkeypatch.setattr(BackendConfig, "build", lambda self: Killed(task))
-    common = dict(task=folder, spec=SPEC, n_docs=4, seed=13, generation=GenerationConfig(batch_size=1))
+    common = dict(task=folder, spec=SPEC, n_docs=4, seed=13, generation=GenerationConfig(candidates_per_round=1))
     out = tmp_path / "rows.jsonl"
     child = multiprocessing.get_context("fork").Process(target=generate, kwargs=dict(out=out, **common))
     child.start()
@@ -281,8 +290,8 @@ def test_a_killed_run_resumed_with_other_settings_is_refused(split, tmp_path, mo
     assert child.exitcode == 9 and len(out.read_text().splitlines()) == 1  # one row written before the kill
     for other, named in (
         (dict(seed=14), "seed"),
-        (dict(generation=GenerationConfig(batch_size=1, temperature=0.3)), "generation"),
-        (dict(backend=BackendConfig(model="minilm")), "backend.model"),
+        (dict(generation=GenerationConfig(candidates_per_round=1, temperature=0.3)), "generation"),
+        (dict(backend={"model": "minilm"}), "backend.model"),
     ):
         with pytest.raises(ValueError, match=rf"rows.jsonl: its rows were generated with other {named}"):
             generate(out=out, **{**common, **other})

@@ -92,7 +92,7 @@ def test_retries_and_skips_are_counted(math_task, tmp_path):
     }
     backend = ScriptedBackend(math_task, script)
     out = tmp_path / "rows.jsonl"
-    cfg = GenerationConfig(max_retries=2, batch_size=2, query_words=(4, 40))
+    cfg = GenerationConfig(max_retries=2, candidates_per_round=2, query_words=(4, 40))
     rep = synthesize(math_task, SPEC, backend, out, n_docs=3, seed=13, generation=cfg)
 
     assert rep.sampled == 3 and rep.generated == 2 and rep.already_done == 0
@@ -133,13 +133,17 @@ def test_retries_and_skips_are_counted(math_task, tmp_path):
 def test_resume_skips_done_documents_and_cuts_a_half_written_line(math_task, tmp_path):
     out = tmp_path / "rows.jsonl"
     first = ScriptedBackend(math_task)
-    rep = synthesize(math_task, SPEC, first, out, n_docs=2, seed=13, generation=GenerationConfig(batch_size=1))
+    rep = synthesize(
+        math_task, SPEC, first, out, n_docs=2, seed=13, generation=GenerationConfig(candidates_per_round=1)
+    )
     assert rep.generated == 2
     done = out.read_bytes()
     out.write_bytes(done + b'{"id": "synth:math-theoremqa:tqa-0')  # a run killed mid-write
 
     second = ScriptedBackend(math_task)
-    rep = synthesize(math_task, SPEC, second, out, n_docs=4, seed=13, generation=GenerationConfig(batch_size=1))
+    rep = synthesize(
+        math_task, SPEC, second, out, n_docs=4, seed=13, generation=GenerationConfig(candidates_per_round=1)
+    )
     order, _ = sample_documents(math_task, 4, seed=13)
     assert rep.already_done == 2 and rep.generated == 2 and rep.dropped_partial_line
     assert {d for d, _ in second.calls} == {math_task.doc_ids[i] for i in order[2:]}
@@ -222,10 +226,10 @@ def test_vllm_backend_missing_names_the_extra():
         pass
     else:
         pytest.skip("vLLM is installed here")
-    from obliq.llm.backends import load_backend
+    from obliq.llm.backends import backend_config
 
     with pytest.raises(ImportError, match=re.escape("pip install -e '.[gen]'")):
-        load_backend("vllm", "smollm2")
+        backend_config(name="vllm").build()
 
 
 @pytest.mark.slow

@@ -16,7 +16,7 @@ from support import task_rows, write_config, write_rows
 from obliq.cli import main as obliq_main
 from obliq.data.collate import Collator
 from obliq.data.mixture import Source
-from obliq.data.rows import parse_row
+from obliq.data.rows import RowCaps, parse_row
 from obliq.losses import InfoNCE, StepView, check_negatives, info_nce, negatives_left
 
 FIX = (
@@ -43,7 +43,7 @@ def _sharing_one_positive(rows: list[dict]) -> list[dict]:
 
 def _batch(rows: list[dict], tokenize, max_negatives: int = 2) -> dict:
     parsed = [parse_row(json.dumps(r), "rows.jsonl", i + 1) for i, r in enumerate(rows)]
-    return Collator(tokenize, max_negatives)(parsed)
+    return Collator(tokenize, RowCaps(max_negatives))(parsed)
 
 
 def _check(batch: dict, step: int, mask: torch.Tensor | None = None, data=None) -> None:

@@ -6,14 +6,15 @@ Usage::
 
     dm = TrainingDataModule(
         sources=[Source("rows/synthetic/*.jsonl"), Source("rows/knn-writing.jsonl", count=5000)],
-        batch_size=32, max_negatives=4, max_positives=None, seed=0, on_bad_row="fail", num_workers=2,
+        batch_size=32, max_negatives=4, seed=0, on_bad_row="fail", num_workers=2,
     )
     # the LightningModule's setup() sets: trainer.datamodule.tokenize = self.encoder.text
     trainer.fit(model, datamodule=dm)                     # resumes exactly with ckpt_path=...
 
 Rows are the training-row format of docs/formats.md, validated when the file is first indexed
 (:mod:`obliq.data.rows`, :mod:`obliq.data.index`); the mixture, order and rank sharding are
-:mod:`obliq.data.mixture`; the loader and resume are :mod:`obliq.data.datamodule`.
+:mod:`obliq.data.mixture`; reading rows by reference is :mod:`obliq.data.reader`; the loader and resume are
+:mod:`obliq.data.datamodule`.
 
 Batch (one per rank per step; ``n`` anchors, ``n == batch_size`` except in an epoch's tail where it
 may be smaller, and differ by at most one across ranks; ``M`` documents)::
@@ -22,8 +23,8 @@ may be smaller, and differ by at most one across ranks; ``M`` documents)::
       "query":          tokenize(queries, "query", instructions),     # dict: input_ids, attention_mask (n, Lq), ...
       "docs":           tokenize(doc texts, "passage"), # dict: input_ids, attention_mask (M, Ld), ...
                         # docs[0:n] are the rows' first positives in row order; then, row after row, that
-                        # row's further positives (its first max_positives in all; None: every one) and its
-                        # first max_negatives hard negatives (possibly none)
+                        # row's further positives and its hard negatives (possibly none), as many as
+                        # data.max_positives and data.max_negatives keep (obliq.data.rows.RowCaps)
       "positive_index": LongTensor (n,)   # docs index of each query's first positive: arange(n)
       "doc_row":        LongTensor (M,)   # the row (0..n-1) each document came with
       "doc_positive":   BoolTensor (M,)   # True where the document is a positive of its row (doc_row says
@@ -34,7 +35,7 @@ may be smaller, and differ by at most one across ranks; ``M`` documents)::
                         # text (equal for equal normalised text); the loss masks equal keys
       "query_keys":     LongTensor (n, 2) # the queries' keys, the same way (TrainingRow.query_key: a
                         # query that is a corpus document, a kNN anchor, keys by its id too)
-      "cut_positive_keys": LongTensor (C, 2) # keys of the positives rows hold beyond max_positives (not in
+      "cut_positive_keys": LongTensor (C, 2) # keys of the positives rows hold beyond the cap (not in
                         # docs): never negatives of their row, masked as its positives' copies are
       "cut_positive_row": LongTensor (C,) # the row of each
       "teacher_scores": FloatTensor (n, 1 + k) # a teacher's scores of each row's positive, then of its
@@ -66,6 +67,7 @@ from obliq.data.rows import (
     ERROR_KINDS,
     ROW_SOURCES,
     Doc,
+    RowCaps,
     RowError,
     TrainingRow,
     parse_row,
@@ -80,6 +82,7 @@ __all__ = [
     "MixturePlan",
     "PlanSampler",
     "ROW_SOURCES",
+    "RowCaps",
     "RowError",
     "RowReader",
     "Source",
@@ -94,7 +97,8 @@ __all__ = [
 
 _LAZY = {
     "Collator": "collate",
-    **{n: "datamodule" for n in ("BatchRef", "PlanSampler", "RowReader", "TrainingDataModule")},
+    **{n: "reader" for n in ("BatchRef", "RowReader")},
+    **{n: "datamodule" for n in ("PlanSampler", "TrainingDataModule")},
 }
 """name → the module it is imported from on first use: the collator brings torch, the loader Lightning (~5 s)."""
 

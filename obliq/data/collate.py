@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from obliq.data.rows import TrainingRow
+from obliq.data.rows import RowCaps, TrainingRow
 from obliq.data.teacher_table import TeacherTable, row_teacher_scores
 from obliq.text import id_hash
 
@@ -19,68 +19,40 @@ Tokenize = Callable[[list[str], str, list[str | None]], dict[str, torch.Tensor]]
 (:class:`obliq.model.TextTokenizer` is the encoder's)."""
 
 
-def check_limits(max_negatives: int, max_positives: int | None) -> None:
-    """Refuse a negative ``max_negatives`` or a ``max_positives`` below 1 (None: all positives).
-
-    Raises:
-        ValueError: either, naming the setting.
-    """
-    if isinstance(max_negatives, bool) or not isinstance(max_negatives, int) or max_negatives < 0:
-        raise ValueError(f"data.max_negatives must be an integer >= 0, got {max_negatives!r}")
-    if max_positives is not None and (
-        isinstance(max_positives, bool) or not isinstance(max_positives, int) or max_positives < 1
-    ):
-        raise ValueError(f"data.max_positives must be an integer >= 1 or null (all positives), got {max_positives!r}")
-
-
 class Collator:
     """Tokenizes a list of rows into the batch dictionary of :mod:`obliq.data` (its docstring has the layout).
 
     Documents: ``docs[0:n]`` the rows' first positives in row order, then row after row that row's further
-    positives (its first ``max_positives`` in all) and its first ``max_negatives`` hard negatives.
+    positives and its hard negatives, as many as ``caps`` keeps.
 
     Args:
         tokenize: ``tokenize(texts, kind, instructions) -> {"input_ids": (B, L), "attention_mask":
             (B, L), ...}`` with ``kind`` ``"query"`` or ``"passage"`` and, for queries, each row's
             ``instruction`` (or None); it adds prefixes and truncates (``obliq.model.TextTokenizer``,
             the encoder's ``text``). Runs in the loader's worker processes.
-        max_negatives: k, the most hard negatives kept per row (the first k in file order).
+        caps: how many positives and negatives of a row a batch brings (:class:`~obliq.data.rows.RowCaps`).
         teacher: a teacher's vectors by id; the batch then holds its vectors of the queries (kNN anchors) and
             documents, ``teacher_query_vectors`` (n, d) and ``teacher_doc_vectors`` (M, d), float32, NaN rows
             where it has none (a generated query, a document of another corpus). From them the loss side takes
             the teacher's cosines between every rank's rows.
-        max_positives: the most positives kept per row (its first ones in file order); None: all.
-
-    Raises:
-        ValueError: ``max_negatives < 0`` or ``max_positives < 1`` (:func:`check_limits`).
     """
 
-    def __init__(
-        self,
-        tokenize: Tokenize,
-        max_negatives: int = 4,
-        teacher: TeacherTable | None = None,
-        max_positives: int | None = None,
-    ):
-        check_limits(max_negatives, max_positives)
-        self.tokenize, self.max_negatives, self.teacher = tokenize, max_negatives, teacher
-        self.max_positives = max_positives
+    def __init__(self, tokenize: Tokenize, caps: RowCaps = RowCaps(), teacher: TeacherTable | None = None):
+        self.tokenize, self.caps, self.teacher = tokenize, caps, teacher
 
     def __call__(self, rows: Sequence[TrainingRow]) -> dict[str, Any]:
-        n = len(rows)
+        n, kept = len(rows), [self.caps.positives(len(row.positives)) for row in rows]
         rest = [  # (row, doc, is a positive), row after row: its further positives, then its negatives
             (i, doc, positive)
             for i, row in enumerate(rows)
             for docs, positive in (
-                (row.positives[1 : self.max_positives], True),
-                (row.negatives[: self.max_negatives], False),
+                (row.positives[1 : kept[i]], True),
+                (row.negatives[: self.caps.max_negatives], False),
             )
             for doc in docs
         ]
         docs = [row.positive for row in rows] + [doc for _, doc, _ in rest]
-        cut = [
-            (i, doc) for i, row in enumerate(rows) for doc in row.positives[self.max_positives or len(row.positives) :]
-        ]
+        cut = [(i, doc) for i, row in enumerate(rows) for doc in row.positives[kept[i] :]]
         batch = {
             "query": self.tokenize([row.query for row in rows], "query", [row.instruction for row in rows]),
             "docs": self.tokenize([doc.text for doc in docs], "passage"),
@@ -96,7 +68,7 @@ class Collator:
                 -1, 2
             ),
             "cut_positive_row": torch.tensor([i for i, _ in cut], dtype=torch.long),
-            "teacher_scores": row_teacher_scores(rows, self.max_negatives),
+            "teacher_scores": row_teacher_scores(rows, self.caps.max_negatives),
             "row_ids": [row.id for row in rows],
         }
         if self.teacher is not None:

@@ -5,10 +5,10 @@ How the pieces fit (the batch structure and guarantees are in the package docstr
 - :class:`TrainingDataModule` indexes every file once (:mod:`obliq.data.index`), drops or rejects
   duplicate row ids across the whole mixture, and builds one loader per rank (:class:`PlanLoader`,
   a torchdata ``StatefulDataLoader``) over
-- :class:`PlanSampler`, which yields a :class:`BatchRef` (the rows of one step of this rank, from
+- :class:`PlanSampler`, which yields a :class:`~obliq.data.reader.BatchRef` (the rows of one step of this rank, from
   :class:`~obliq.data.mixture.MixturePlan`) per step and whose state is ``(epoch, next step)``;
-- :class:`RowReader`, a map-style dataset that reads and re-validates a :class:`BatchRef`'s rows
-  with one ``pread`` each; and
+- :class:`~obliq.data.reader.RowReader`, a map-style dataset that reads and re-validates a
+  :class:`~obliq.data.reader.BatchRef`'s rows with one ``pread`` each (:mod:`obliq.data.reader`); and
 - :class:`~obliq.data.collate.Collator`, which tokenizes them with the injected ``tokenize(texts, kind)``
   and adds a teacher's vectors of the batch's queries and documents
   (:class:`~obliq.data.teacher_table.TeacherTable`) when one is given.
@@ -29,34 +29,24 @@ resumes under another ``num_workers`` (:class:`PlanLoader`).
 
 from __future__ import annotations
 
-import hashlib
 import os
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict
-from typing import Any, Literal, NamedTuple
+from typing import Any, Literal
 
 import lightning as L
 import numpy as np
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
-from torch.utils.data import Dataset, DistributedSampler
+from torch.utils.data import DistributedSampler
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from obliq.data.collate import Collator, Tokenize, check_limits
-from obliq.data.index import FileIndex, index_file
+from obliq.data.collate import Collator, Tokenize
+from obliq.data.index import index_file
 from obliq.data.mixture import MixturePlan, Source, StepArrangement
-from obliq.data.rows import RowError, TrainingRow, parse_row
+from obliq.data.reader import BatchRef, RowReader
+from obliq.data.rows import RowCaps, RowError, TrainingRow
 from obliq.data.teacher_table import TeacherTable
-from obliq.text import id_hash
-
-
-class BatchRef(NamedTuple):
-    """The rows of one step of one rank: ``source[i]``, ``row[i]`` (int64 arrays, shape ``(n,)``)."""
-
-    epoch: int
-    step: int
-    source: np.ndarray
-    row: np.ndarray
 
 
 def collision_line(c: dict) -> str:
@@ -74,162 +64,6 @@ def collision_line(c: dict) -> str:
             else ""
         )
     )
-
-
-class RowReader(Dataset):
-    """Reads rows by (source, row number) from indexed files; ``reader[ref]`` gives a batch's rows.
-
-    Row ``r`` of source ``s`` is the ``r``-th valid row of the source's files in sorted order,
-    leaving out duplicate-id rows excluded in skip mode. Each row is read with ``os.pread`` at its
-    indexed offset and parsed again with :func:`~obliq.data.rows.parse_row`, so it comes back
-    repaired exactly as it was validated. Picklable (memory maps and file descriptors are reopened
-    lazily in each process).
-
-    Args:
-        indexes: per source, the :class:`~obliq.data.index.FileIndex` of each file.
-        excluded: ``{(source, file): sorted positions in that file's index}`` to leave out.
-        max_negatives: the negatives a batch keeps per row (what :meth:`keys` reports; None: all).
-        max_positives: the positives a batch keeps per row (what :meth:`keys` and :meth:`positives` report;
-            None: all).
-
-    Attributes:
-        sizes: usable rows per source.
-    """
-
-    def __init__(
-        self,
-        indexes: Sequence[Sequence[FileIndex]],
-        excluded: dict[tuple[int, int], np.ndarray] | None = None,
-        max_negatives: int | None = None,
-        max_positives: int | None = None,
-    ):
-        self.indexes = [list(files) for files in indexes]
-        self.max_negatives, self.max_positives = max_negatives, max_positives
-        self.excluded = {k: np.asarray(v, np.int64) for k, v in (excluded or {}).items()}
-        usable = [
-            [fi.rows - len(self.excluded.get((s, f), ())) for f, fi in enumerate(files)]
-            for s, files in enumerate(self.indexes)
-        ]
-        self._cum = [np.cumsum([0, *u]) for u in usable]
-        self.sizes = [int(c[-1]) for c in self._cum]
-        self._maps: dict[tuple[int, int, str], np.ndarray] = {}
-        self._fds: dict[str, int] = {}
-
-    def __getstate__(self):
-        return {**self.__dict__, "_maps": {}, "_fds": {}}
-
-    def __del__(self):
-        for fd in getattr(self, "_fds", {}).values():
-            try:
-                os.close(fd)
-            except OSError:
-                pass
-
-    def __len__(self) -> int:
-        return sum(self.sizes)
-
-    def content(self) -> list[str]:
-        """Per source, the sha256 of its usable rows' id hashes and content hashes in order (what a
-        resumed position must find again: the same count of other rows is another mixture, and so are
-        the same ids with other texts)."""
-        out = []
-        for s, files in enumerate(self.indexes):
-            digest = hashlib.sha256()
-            for f, fi in enumerate(files):
-                for name in ("ids", "content"):
-                    digest.update(np.delete(np.asarray(fi.array(name)), self.excluded.get((s, f), [])).tobytes())
-            out.append(digest.hexdigest()[:16])
-        return out
-
-    def _array(self, s: int, f: int, name: str) -> np.ndarray:
-        key = (s, f, name)
-        if key not in self._maps:
-            self._maps[key] = self.indexes[s][f].array(name)
-        return self._maps[key]
-
-    def locate(self, source: int, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """File number and position in that file's index of rows of one source (int64 arrays)."""
-        cum = self._cum[source]
-        f = np.searchsorted(cum[1:], rows, side="right")
-        pos = rows - cum[f]
-        for k in np.unique(f):
-            excl = self.excluded.get((source, int(k)))
-            if excl is not None and len(excl):
-                at = f == k
-                pos[at] += np.searchsorted(excl - np.arange(len(excl)), pos[at], side="right")
-        return f, pos
-
-    def _key_starts(self, s: int, f: int) -> np.ndarray:
-        key = (s, f, "key_starts")
-        if key not in self._maps:
-            self._maps[key] = np.concatenate([[0], np.cumsum(self._array(s, f, "n_keys"), dtype=np.int64)])
-        return self._maps[key]
-
-    def _indexed(self, source: int, rows: np.ndarray) -> Iterator[tuple[np.ndarray, int, int]]:
-        """Each row's index keys (query, every positive, every negative: id and text key each), its number of
-        positives and how many of them a batch keeps (:attr:`max_positives`)."""
-        files, positions = self.locate(source, np.asarray(rows, dtype=np.int64))
-        for f, p in zip(files.tolist(), positions.tolist()):
-            starts, n_pos = self._key_starts(source, f), int(self._array(source, f, "n_positives")[p])
-            row = np.asarray(self._array(source, f, "keys")[starts[p] : starts[p + 1]])
-            yield row, n_pos, n_pos if self.max_positives is None else min(n_pos, self.max_positives)
-
-    def keys(self, source: int, rows: np.ndarray) -> list[np.ndarray]:
-        """The identity keys of rows of one source, from the index (:meth:`obliq.data.rows.TrainingRow.keys`
-        with the first :attr:`max_positives` positives and :attr:`max_negatives` negatives): what a step plan
-        keeps apart."""
-        cut = None if self.max_negatives is None else 2 * self.max_negatives
-        return [np.concatenate([r[: 2 + 2 * k], r[2 + 2 * n :][:cut]]) for r, n, k in self._indexed(source, rows)]
-
-    def cut_keys(self, source: int, rows: np.ndarray) -> list[np.ndarray]:
-        """The id and text keys of the positives each row holds beyond :attr:`max_positives` (empty arrays when it
-        keeps all): documents the loss masks for the row though the batch does not bring them (issue 53)."""
-        return [r[2 + 2 * k : 2 + 2 * n] for r, n, k in self._indexed(source, rows)]
-
-    def positives(self, source: int, rows: np.ndarray) -> list[int]:
-        """The positives each row of one source brings to a batch (at most :attr:`max_positives`), from the index."""
-        return [k for _, _, k in self._indexed(source, rows)]
-
-    def tasks(self, source: int, rows: np.ndarray) -> list[str]:
-        """The ``task`` field of rows of one source, from the index."""
-        files, positions = self.locate(source, np.asarray(rows, dtype=np.int64))
-        return [
-            self.indexes[source][f].task_names[int(self._array(source, f, "tasks")[p])]
-            for f, p in zip(files.tolist(), positions.tolist())
-        ]
-
-    def read(self, source: int, file: int, pos: int) -> TrainingRow:
-        """Read and parse the row at index position ``pos`` of one file.
-
-        Raises:
-            RuntimeError: the file no longer holds the indexed row (it changed after indexing).
-        """
-        fi = self.indexes[source][file]
-        offset, length = int(self._array(source, file, "offsets")[pos]), int(self._array(source, file, "lengths")[pos])
-        line = int(self._array(source, file, "lines")[pos])
-        fd = self._fds.get(fi.path)
-        if fd is None:
-            fd = self._fds[fi.path] = os.open(fi.path, os.O_RDONLY)
-        raw = os.pread(fd, length, offset)
-        try:
-            row = parse_row(raw, fi.path, line)
-        except RowError as err:
-            raise RuntimeError(f"{err} (the file changed after it was indexed; restart to index it again)") from None
-        if id_hash(row.id) != int(self._array(source, file, "ids")[pos]):
-            raise RuntimeError(
-                f"{fi.path}:{line}: row differs from the indexed one: the file changed while keeping its "
-                f"size and time; restart, or delete {fi.folder} if it changed before this run"
-            )
-        return row
-
-    def __getitem__(self, ref: BatchRef) -> list[TrainingRow]:
-        out: list[TrainingRow | None] = [None] * len(ref.row)
-        for s in np.unique(ref.source):
-            where = np.flatnonzero(ref.source == s)
-            files, positions = self.locate(int(s), ref.row[where])
-            for i, f, p in zip(where, files, positions):
-                out[i] = self.read(int(s), int(f), int(p))
-        return out  # type: ignore[return-value]
 
 
 class PlanSampler(DistributedSampler):
@@ -318,9 +152,8 @@ class TrainingDataModule(L.LightningDataModule):
             see :class:`~obliq.data.mixture.Source` and :mod:`obliq.data.mixture`.
         batch_size: anchors (rows) per rank per step, N. The whole step batch of one rank; the
             model splits it into GradCache chunks.
-        max_negatives: k, hard negatives kept per row (default 4; rows may have fewer).
-        max_positives: positives kept per row, its first ones in file order (None, the default: all of them;
-            a single-positive row always brings its one).
+        max_negatives, max_positives: how much of each row a batch brings (default 4 negatives, every
+            positive), kept as :attr:`caps` (:class:`~obliq.data.rows.RowCaps`, which checks and reads them).
         seed: seed of the epoch order and of the per-source subsets (>= 0).
         shuffle: ``False`` reads sources and rows in file order.
         on_bad_row: ``"fail"`` raises the first bad row's ``file:line:field`` error; ``"skip"``
@@ -373,15 +206,14 @@ class TrainingDataModule(L.LightningDataModule):
             raise ValueError(f"on_bad_row must be 'fail' or 'skip', got {on_bad_row!r}")
         if not sources:
             raise ValueError("no sources")
-        check_limits(max_negatives, max_positives)
+        self.caps = RowCaps(max_negatives, max_positives)
         if batch_size < 1 or num_workers < 0 or prefetch_factor < 1 or seed < 0:
             raise ValueError("need batch_size >= 1, num_workers >= 0, prefetch_factor >= 1, seed >= 0")
         self.sources = [s if isinstance(s, Source) else Source(**s) for s in sources]
         names = [s.name for s in self.sources if s.name is not None]
         if len(set(names)) != len(names):
             raise ValueError(f"two data sources share a name: {sorted(n for n in names if names.count(n) > 1)[0]!r}")
-        self.batch_size, self.max_negatives, self.seed, self.shuffle = batch_size, max_negatives, seed, shuffle
-        self.max_positives = max_positives
+        self.batch_size, self.seed, self.shuffle = batch_size, seed, shuffle
         self.on_bad_row, self.num_workers, self.prefetch_factor = on_bad_row, num_workers, prefetch_factor
         if index_dir is None:
             from obliq.files import cache_dir
@@ -430,7 +262,7 @@ class TrainingDataModule(L.LightningDataModule):
         indexes = [[index_file(p, self.index_dir, self.on_bad_row) for p in paths] for paths in self._files()]
         reader = RowReader(indexes)
         excluded = self._duplicates(reader)
-        reader = RowReader(indexes, excluded, self.max_negatives, self.max_positives)
+        reader = RowReader(indexes, excluded, self.caps)
         self.reader = reader
         if self.teacher is not None:  # the first 64 rows of every file: vectors of another corpus are refused
             try:
@@ -562,7 +394,7 @@ class TrainingDataModule(L.LightningDataModule):
             self.reader,
             sampler=PlanSampler(self.plan, rank),
             batch_size=None,
-            collate_fn=Collator(self.tokenize, self.max_negatives, self.teacher, self.max_positives),
+            collate_fn=Collator(self.tokenize, self.caps, self.teacher),
             num_workers=self.num_workers,
             persistent_workers=self.num_workers > 0,
             prefetch_factor=self.prefetch_factor if self.num_workers > 0 else None,

@@ -223,7 +223,7 @@ class StepArrangement:
 
 
 class RowKeys(Protocol):
-    """What an arranged plan reads of the rows (:class:`obliq.data.datamodule.RowReader` provides it); a reader of
+    """What an arranged plan reads of the rows (:class:`obliq.data.reader.RowReader` provides it); a reader of
     rows with several positives also has ``positives(source, rows) -> list[int]``, each row's kept positives
     (how :meth:`MixturePlan.collisions` tells their keys from the negatives'; without it: one per row)."""
 
@@ -501,7 +501,7 @@ class MixturePlan:
     def fingerprint(self) -> dict:
         """What a saved position depends on; resuming under a different fingerprint cannot be exact. A plan that
         keeps texts apart (``no_duplicates``) also depends on the texts each row brings, so on the reader's
-        ``max_positives`` and ``max_negatives`` (issue 53: a resume under other caps re-arranged the epoch, rows
+        caps (:class:`~obliq.data.rows.RowCaps`; issue 53: a resume under other caps re-arranged the epoch, rows
         twice and never)."""
         out = {
             "sources": [
@@ -515,5 +515,6 @@ class MixturePlan:
             "shuffle": self.shuffle,
         }
         if self.arrangement.no_duplicates and self.rows is not None:
-            out["row_caps"] = {k: getattr(self.rows, k, None) for k in ("max_positives", "max_negatives")}
+            caps = getattr(self.rows, "caps", None)
+            out["row_caps"] = asdict(caps) if caps is not None else dict.fromkeys(("max_negatives", "max_positives"))
         return out

@@ -84,6 +84,38 @@ class Doc:
     text_hash: int
 
 
+@dataclass(frozen=True)
+class RowCaps:
+    """How much of each row a batch brings: ``data.max_negatives`` and ``data.max_positives``, written once
+    (:class:`~obliq.data.datamodule.TrainingDataModule` builds it), checked here and read by what fills a batch
+    (the collator, the reader's keys) and by a plan that keeps texts apart (its fingerprint).
+
+    Attributes:
+        max_negatives: k, the hard negatives kept per row, its first ones in file order (rows may have fewer).
+        max_positives: the positives kept per row, its first ones in file order (None: all of them; a
+            single-positive row always brings its one). A row's positives beyond it are never its negatives:
+            the loss masks them for it (``cut_positive_keys``).
+
+    Raises:
+        ValueError: a negative ``max_negatives`` or a ``max_positives`` below 1, naming the setting.
+    """
+
+    max_negatives: int = 4
+    max_positives: int | None = None
+
+    def __post_init__(self) -> None:
+        k = self.max_negatives
+        if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+            raise ValueError(f"data.max_negatives must be an integer >= 0, got {k!r}")
+        p = self.max_positives
+        if p is not None and (isinstance(p, bool) or not isinstance(p, int) or p < 1):
+            raise ValueError(f"data.max_positives must be an integer >= 1 or null (all positives), got {p!r}")
+
+    def positives(self, n: int) -> int:
+        """How many of a row's ``n`` positives a batch brings (its first ones)."""
+        return n if self.max_positives is None else min(n, self.max_positives)
+
+
 @dataclass(frozen=True, slots=True)
 class TrainingRow:
     """One validated training row (docs/formats.md).
@@ -134,13 +166,16 @@ class TrainingRow:
         qid = self.query_id
         return id_hash(qid) if qid is not None else id_hash(f"\0query\0{self.id}"), text_hash(self.query)
 
-    def keys(self, max_negatives: int | None = None, max_positives: int | None = None) -> list[int]:
-        """Every identity key of the row, by role: query (id, text), then each of its first ``max_positives``
-        positives (id, text), then each of its first ``max_negatives`` negatives (id, text); None: all. What a
-        no-duplicates step plan keeps apart (no text twice in a step, in any role); the role of a key follows
-        from the number of positives kept (the index stores it: :mod:`obliq.data.index`)."""
+    def keys(self, caps: RowCaps | None = None) -> list[int]:
+        """Every identity key of the row, by role: query (id, text), then each positive (id, text), then each
+        negative (id, text); with ``caps``, only those a batch brings (:class:`RowCaps`). What a no-duplicates
+        step plan keeps apart (no text twice in a step, in any role); the role of a key follows from the number
+        of positives kept (the index stores it: :mod:`obliq.data.index`)."""
         out = [*self.query_key()]
-        for doc in (*self.positives[:max_positives], *self.negatives[:max_negatives]):
+        positives, negatives = self.positives, self.negatives
+        if caps is not None:
+            positives, negatives = positives[: caps.positives(len(positives))], negatives[: caps.max_negatives]
+        for doc in (*positives, *negatives):
             out += [id_hash(doc.id), doc.text_hash]
         return out
 

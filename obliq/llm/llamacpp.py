@@ -32,8 +32,11 @@ import os
 import struct
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
+from obliq.errors import check_int
+from obliq.llm.backends import BackendConfig
 from obliq.llm.chat import chat_ids
 from obliq.llm.prompts import Messages
 from obliq.llm.reply import end_ids, reasoning_delimiters
@@ -42,6 +45,14 @@ INSTALL_HINT = (
     "the llamacpp backend needs llama-cpp-python, which compiles llama.cpp: "
     "`pip install -e '.[llamacpp]'` (`make install` does it)"
 )
+
+SEQUENCES_PER_CHAT = 3
+"""KV-cache sequences the backend holds per chat decoded together: the group's chats, and the prompts of the
+last two groups kept (for a retry, or a chat sharing a prefix)."""
+MAX_SEQUENCES = 256
+"""llama.cpp's ``LLAMA_MAX_SEQ``: the most sequences one context holds."""
+MAX_BATCH_SIZE = MAX_SEQUENCES // SEQUENCES_PER_CHAT
+"""The most chats decoded together (``batch_size``): 85."""
 
 
 def gguf_file(model: str) -> Path:
@@ -167,7 +178,9 @@ class LlamaCppBackend:
 
     Args:
         model: the ``smollm2`` alias, a ``.gguf`` file or a folder holding one (:func:`gguf_file`).
-        parallel: chats decoded together (sequences in the KV cache at once).
+        batch_size: chats decoded together (llama.cpp's parallel sequences; :data:`SEQUENCES_PER_CHAT` each
+            in the KV cache, so at most :data:`MAX_BATCH_SIZE`, checked by :class:`LlamaCppConfig`). Not
+            llama.cpp's ``n_batch`` (tokens per ``llama_decode`` call: 512 here).
         context: KV cache cells shared by a group's sequences (prefix once, plus each chat's own
             prompt and reply budget); a group that would not fit is split, a single chat that would
             not fit is refused. At most the model's trained context (llama.cpp's ``n_ctx_train``), so no
@@ -193,7 +206,7 @@ class LlamaCppBackend:
     def __init__(
         self,
         model: str = "smollm2",
-        parallel: int = 8,
+        batch_size: int = 8,
         context: int = 8192,
         threads: int | None = None,
         top_p: float = 0.95,
@@ -212,7 +225,7 @@ class LlamaCppBackend:
         if not self.tokenizer.chat_template:
             raise ValueError(f"{path}: the tokenizer has no chat template; use an instruction-tuned model")
         self._lib = lib = llama_cpp
-        self.parallel, self.context, self.top_p = parallel, context, top_p
+        self.batch_size, self.context, self.top_p = batch_size, context, top_p
         self.threads = threads or len(os.sched_getaffinity(0))
         self.reasoning, self.reasoning_tokens = reasoning, reasoning_tokens
         lib.llama_backend_init()
@@ -229,7 +242,7 @@ class LlamaCppBackend:
             )
         params = lib.llama_context_default_params()
         params.n_ctx, params.n_batch, params.n_ubatch = context, 512, 512
-        self.sequences = 3 * parallel  # a group's chats, and the prompts of the last two groups kept
+        self.sequences = SEQUENCES_PER_CHAT * batch_size
         params.n_seq_max, params.kv_unified = self.sequences, True
         params.n_threads = params.n_threads_batch = self.threads
         self._ctx = lib.llama_init_from_model(self._model, params)
@@ -327,7 +340,7 @@ class LlamaCppBackend:
     def generate(
         self, prompts: Sequence[Messages], max_new_tokens: int, temperature: float, seed: int | Sequence[int]
     ) -> list[str]:
-        """See :class:`obliq.llm.backends.Backend`. Chats go in groups of ``parallel`` in order; each
+        """See :class:`obliq.llm.backends.Backend`. Chats go in groups of ``batch_size`` in order; each
         chat is sampled with its own seed (``seed`` itself for all, when one)."""
         seeds = [seed] * len(prompts) if isinstance(seed, int) else list(seed)
         rows = [chat_ids(self.tokenizer, chat, enable_thinking=self.reasoning) for chat in prompts]
@@ -336,7 +349,7 @@ class LlamaCppBackend:
         start = time.perf_counter()
         i = 0
         while i < len(rows):
-            n = self._group_size(rows[i : i + self.parallel], max_new_tokens)
+            n = self._group_size(rows[i : i + self.batch_size], max_new_tokens)
             try:
                 replies = self._generate_group(rows[i : i + n], max_new_tokens, temperature, seeds[i : i + n])
             except _CacheFull:  # the kept prompts took the room: drop them, then the group fits (checked)
@@ -456,6 +469,40 @@ class LlamaCppBackend:
             self.finished.append(finished)
             texts.append(self.tokenizer.decode(reply[:-1] if finished else reply, skip_special_tokens=False).strip())
         return texts
+
+
+@dataclass
+class LlamaCppConfig(BackendConfig):
+    """The llamacpp backend's settings (``backend: {name: llamacpp, …}``): those of
+    :class:`~obliq.llm.backends.BackendConfig` and:
+
+    Attributes:
+        batch_size: chats decoded together, at most :data:`MAX_BATCH_SIZE`.
+        context: KV cache cells a group of chats shares.
+        threads: llama.cpp's threads (default the CPUs this process may use).
+    """
+
+    backend_class = LlamaCppBackend
+
+    name: str = "llamacpp"
+    batch_size: int = 8
+    context: int = 8192
+    threads: int | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_int("batch_size", self.batch_size, 1)
+        if self.batch_size > MAX_BATCH_SIZE:
+            raise ValueError(
+                f"batch_size: the llamacpp backend decodes at most {MAX_BATCH_SIZE} chats together "
+                f"({SEQUENCES_PER_CHAT} sequences each, llama.cpp holds {MAX_SEQUENCES}), got {self.batch_size}"
+            )
+        check_int("context", self.context, 16)
+        if self.threads is not None:
+            check_int("threads", self.threads, 1)
+
+
+CONFIG = LlamaCppConfig
 
 
 _UNSHARED = {

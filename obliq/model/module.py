@@ -30,7 +30,7 @@ import numpy as np
 import torch
 from torchmetrics import SumMetric
 
-from obliq.data.datamodule import BatchRef
+from obliq.data.reader import BatchRef
 from obliq.distributed import world
 from obliq.losses import InfoNCE, StepView, Term, check_negatives
 from obliq.losses.settings import spec

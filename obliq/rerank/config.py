@@ -39,7 +39,7 @@ import yaml
 
 from obliq.errors import check_int
 from obliq.files import read_text
-from obliq.llm.backends import BackendConfig
+from obliq.llm.backends import BackendConfig, backend_config
 from obliq.llm.prompts import PromptTemplate
 from obliq.rerank.prompts import load_rerank_prompt
 from obliq.yaml_checks import check_yaml
@@ -104,7 +104,7 @@ class RerankConfig:
 
     tasks: dict[str, str] = field(default_factory=dict)
     depth: int = 100
-    backend: BackendConfig = field(default_factory=BackendConfig)
+    backend: BackendConfig = field(default_factory=backend_config)
     tourrank: TourRankConfig = field(default_factory=TourRankConfig)
     listwise: ListwiseConfig = field(default_factory=ListwiseConfig)
     max_query_words: int = 200
@@ -145,7 +145,7 @@ class RerankConfig:
         return self._prompts[method, task]
 
 
-_SECTIONS = {"backend": BackendConfig, "tourrank": TourRankConfig, "listwise": ListwiseConfig}
+_SECTIONS = {"backend": backend_config, "tourrank": TourRankConfig, "listwise": ListwiseConfig}
 
 
 def _key_lines(node, path: tuple = (), out: dict | None = None) -> dict[tuple, int]:
@@ -187,8 +187,8 @@ def load_policy(path: str | Path) -> RerankConfig:
     def build(cls, values, prefix: tuple):
         if not isinstance(values, dict):
             raise ValueError(f"{where(*prefix)}: expected a mapping, got {type(values).__name__}")
-        names = [f.name for f in dataclasses.fields(cls)]
-        for key in values:
+        names = [f.name for f in dataclasses.fields(cls)] if dataclasses.is_dataclass(cls) else values
+        for key in values:  # backend_config checks its keys itself: they are those of the backend it names
             if key not in names:
                 raise ValueError(f"{where(*prefix, str(key))}: unknown key (expected one of {', '.join(names)})")
         try:

@@ -17,12 +17,12 @@ import json
 import logging
 from dataclasses import asdict
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from obliq.claims import claim_outputs
 from obliq.data.rows import parse_row, read_rows, row_positives
 from obliq.files import atomic_write, json_text, read_text, write_json
-from obliq.llm.backends import BackendConfig
+from obliq.llm.backends import backend_config
 from obliq.search.bm25 import BM25
 from obliq.search.settings import RetrievalSettings
 from obliq.shards import Shard, check_cover, check_same_run
@@ -81,7 +81,7 @@ def generate(
     spec: TaskSpec,
     n_docs: int | None = 100,
     seed: int = 13,
-    backend: BackendConfig = BackendConfig(),
+    backend: dict[str, Any] | None = None,
     generation: GenerationConfig = GenerationConfig(),
     prompt_dir: Path | None = None,
     shard: Shard = Shard(),
@@ -106,9 +106,9 @@ def generate(
         spec: the task's name, lens and attribute wording (configs/synth/<task>.yaml).
         n_docs: documents to sample (seeded), or null for all.
         seed: sampling and generation seed.
-        backend: the generator: ``name`` ``transformers`` (CPU or GPU) or ``vllm`` (GPU; the ``gen``
-            extra in its own env), ``model`` (an alias such as smollm2, a folder or a hub id), and its
-            settings (:class:`obliq.llm.backends.BackendConfig`).
+        backend: the generator: ``name`` ``transformers`` (CPU or GPU), ``llamacpp`` (CPU, a GGUF file) or
+            ``vllm`` (GPU; the ``gen`` extra in its own env), ``model`` (an alias such as smollm2, a folder or a
+            hub id), and that backend's settings (``--backend.<key>``; :func:`obliq.llm.backends.backend_config`).
         generation: generation settings.
         prompt_dir: a folder of prompt files replacing the packaged ones (obliq/synth/prompts).
         shard: one shard of the sample (``--shard.index i --shard.count n``, or a SLURM array's), written
@@ -122,6 +122,10 @@ def generate(
     """
     shard = shard.resolved()
     out = shard.path(out)
+    try:
+        backend = backend_config(**(backend or {}))
+    except ValueError as err:
+        raise ValueError(f"backend.{err}") from None
     args = json.loads(json_text(locals()))
     outputs = {
         "out": out,

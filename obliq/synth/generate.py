@@ -29,15 +29,16 @@ through the task's lens. Here:
    real development query that is relevant to its own source, a development label leaking into training.
    A reply that copies an example (its query or document as shown, :func:`obliq.synth.parse.copies`)
    is rejected as ``copied-example`` and retried like any other rejected reply.
-5. **Generation**, in batches of ``batch_size`` candidates: Stage A for the batch, then Stage B for
-   the candidates with a description; each candidate's seeds derive from the run's seed and its own key
-   (not its batch's). A reply that :func:`obliq.synth.parse.parse_reply` rejects is
-   generated again (new seed) up to ``max_retries`` times (a Stage B reply cut by the token limit is
-   rejected as overlong; a Stage A reply keeps its finished sentences), then the candidate is skipped
-   and counted. Every rejected reply is appended to ``<out>.rejects.jsonl`` (document, sample, stage,
-   attempt, reason, reply).
+5. **Generation**, in rounds of ``candidates_per_round`` candidates: Stage A for the round, then Stage B
+   for the candidates with a description; each candidate's seeds derive from the run's seed and its own key
+   (not its round's). The backend decodes a stage's chats of a round together as far as its own setting
+   lets it (``backend.batch_size``: chats per ``generate`` call, or decoded together; vLLM: all).
+   A reply that :func:`obliq.synth.parse.parse_reply` rejects is generated again (new seed) up to
+   ``max_retries`` times (a Stage B reply cut by the token limit is rejected as overlong; a Stage A reply
+   keeps its finished sentences), then the candidate is skipped and counted. Every rejected reply is
+   appended to ``<out>.rejects.jsonl`` (document, sample, stage, attempt, reason, reply).
 6. **Rows** (docs/formats.md format, checked with :func:`obliq.data.rows.parse_row`) are appended and
-   flushed after every batch: ``id`` = ``synth:<task>:<doc id>`` (sample 0) or
+   flushed after every round: ``id`` = ``synth:<task>:<doc id>`` (sample 0) or
    ``synth:<task>:<doc id>:<i>``, ``source`` = ``synthetic``, ``negatives`` = ``[]`` (``obliq negatives
    mine`` fills them), ``lens``, the task's ``instruction`` when set, and ``meta`` = the Stage A
    ``description``, the generator, seed, ``sample``, attempts and, with few-shot, ``fewshot``: the
@@ -54,7 +55,7 @@ import json
 import logging
 import os
 import random
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 from pathlib import Path
 
 from obliq.data.rows import RowError, parse_row
@@ -80,26 +81,33 @@ class GenerationConfig:
         max_new_tokens_b: token limit of a Stage B reply.
         temperature: sampling temperature (0 = greedy).
         max_retries: extra attempts for a rejected reply before the document is skipped.
-        batch_size: documents per batch (one append to the output per batch).
+        candidates_per_round: candidates generated together, Stage A then Stage B, and appended to the
+            output at once (what a killed run loses at most; the backend's own setting says how many chats
+            it decodes together).
         max_doc_words: documents are cut to this many whitespace words in the prompts.
         description_words: accepted length of a Stage A description, ``[min, max]`` words.
         query_words: accepted length of a Stage B query, ``[min, max]`` words.
         copy_ngram: a reply sharing this many consecutive words with its document (or with a few-shot
             example) is rejected; so is one equal to it, normalised (0: only that).
+        batch_size: ``candidates_per_round``'s old name, refused with a line naming it (the backend has a
+            ``batch_size`` of its own).
     """
 
     max_new_tokens_a: int = 96
     max_new_tokens_b: int = 64
     temperature: float = 0.7
     max_retries: int = 3
-    batch_size: int = 8
+    candidates_per_round: int = 8
     max_doc_words: int = 300
     description_words: tuple[int, int] = (5, 80)
     query_words: tuple[int, int] = (4, 40)
     copy_ngram: int = 8
+    batch_size: InitVar[int | None] = None
 
-    def __post_init__(self) -> None:
-        for key in ("max_new_tokens_a", "max_new_tokens_b", "batch_size", "max_doc_words"):
+    def __post_init__(self, batch_size: int | None) -> None:
+        if batch_size is not None:
+            raise ValueError("generation.batch_size: renamed generation.candidates_per_round")
+        for key in ("max_new_tokens_a", "max_new_tokens_b", "candidates_per_round", "max_doc_words"):
             if getattr(self, key) < 1:
                 raise ValueError(f"generation.{key}: must be at least 1, got {getattr(self, key)}")
         if self.max_retries < 0 or self.temperature < 0 or self.copy_ngram < 0:
@@ -262,13 +270,13 @@ def candidate_key(doc_id: str, sample: int) -> str:
 
 def _seed(base: int, stage: str, attempt: int, doc_id: str) -> int:
     """A candidate's own generation seed (``doc_id``: its :func:`candidate_key`): the same whichever
-    batch or shard the candidate falls in."""
+    round or shard the candidate falls in."""
     key = f"{base}:{stage}:{attempt}:{doc_id}".encode()
     return int.from_bytes(hashlib.blake2b(key, digest_size=4).digest(), "little")
 
 
 class _Stage:
-    """Generate one stage for a batch with retries; collects counts into the report."""
+    """Generate one stage for a round's candidates with retries; collects counts into the report."""
 
     def __init__(
         self, name: str, backend: Backend, cfg: GenerationConfig, report: SynthReport, rejects, prompt: PromptTemplate
@@ -377,7 +385,7 @@ def synthesize(
         prompt_dir: a folder of prompt files replacing the packaged ones.
         shard: generate for this shard of the sample only (:class:`obliq.shards.Shard`, resolved);
             every document's seeds are its own, so merged shards give a single run's rows (with a
-            backend that seeds each chat: vLLM, or transformers with ``batch_size`` 1 or greedy).
+            backend that seeds each chat: vLLM, or transformers with ``backend.batch_size`` 1 or greedy).
         fewshot: few-shot Stage B settings (:class:`~obliq.synth.fewshot.FewShotConfig`; default none).
         samples: candidates per document (best-of-n), at least 1.
 
@@ -432,12 +440,12 @@ def synthesize(
     with out.open("a", encoding="utf-8") as sink, rejects_path.open("a", encoding="utf-8") as rejects:
         stage_a = _Stage("A", backend, cfg, report, rejects, prompt_a)
         stage_b = _Stage("B", backend, cfg, report, rejects, prompt_b)
-        for start in range(0, len(todo), cfg.batch_size):
-            batch = todo[start : start + cfg.batch_size]
-            ids = [candidate_key(task.doc_ids[i], s) for i, s in batch]
-            owners = [(task.doc_ids[i], s) for i, s in batch]
+        for start in range(0, len(todo), cfg.candidates_per_round):
+            part = todo[start : start + cfg.candidates_per_round]
+            ids = [candidate_key(task.doc_ids[i], s) for i, s in part]
+            owners = [(task.doc_ids[i], s) for i, s in part]
             docs = []
-            for i, _ in batch:
+            for i, _ in part:
                 text, cut = cut_words(task.doc_texts[i], cfg.max_doc_words)
                 docs.append(text)
                 if cut:
@@ -447,7 +455,7 @@ def synthesize(
             )
             keep = [n for n, d in enumerate(ids) if d in descriptions]
             shown = {
-                ids[n]: pool.choose(batch[n][0], fewshot.k, _seed(seed, "fewshot", 0, owners[n][0])) if pool else []
+                ids[n]: pool.choose(part[n][0], fewshot.k, _seed(seed, "fewshot", 0, owners[n][0])) if pool else []
                 for n in keep
             }
             if pool is not None:
@@ -468,7 +476,7 @@ def synthesize(
             retried.update(d for d, t in tries_a.items() if t > 1)
             retried.update(d for d, t in tries_b.items() if t > 1)
             lines = []
-            for n, (i, sample) in enumerate(batch):
+            for n, (i, sample) in enumerate(part):
                 key, doc_id = ids[n], task.doc_ids[i]
                 if key not in queries:
                     continue
@@ -507,7 +515,7 @@ def synthesize(
             log.info(
                 "%s: %d/%d candidates, %d rows written, %d skipped",
                 spec.name,
-                start + len(batch),
+                start + len(part),
                 len(todo),
                 report.generated,
                 sum(report.skipped.values()),
