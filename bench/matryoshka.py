@@ -3,8 +3,8 @@
 Both students train the same recipe (default ``configs/writing-cpu.yaml``: all-MiniLM-L6-v2 + LoRA on
 writing-news's kNN pairs, one epoch on 2 CPU cores) from the same seed and data order; the Matryoshka
 twin wraps the recipe's loss in ``obliq.losses.Matryoshka`` with ``dims: [d, d/2, d/4, d/8]`` (the loss at each
-truncated, re-normalised dimension, summed with weight 1: :func:`obliq.losses.matryoshka`). Base MiniLM is evaluated beside
-them.
+truncated, re-normalised dimension, summed with weight 1: :func:`obliq.losses.matryoshka`). Base MiniLM is
+evaluated beside them.
 
 Every system is evaluated by ``obliq evaluate`` on the tasks' test queries at each dimension
 (``--retrieval.dim``: the first components, re-normalised), exact search; the corpus is encoded once

@@ -196,7 +196,8 @@ def gloo_grad_cache_worker(rank: int, path: str, init_file: str, out_dir: str, s
     """One of two gloo processes (``torch.multiprocessing.spawn``): a GradCache step (chunks of 1) of
     ``lora_encoder(path)`` under DDP on ``shards[rank]`` (``q``, ``d``, document ``ids``, optional query
     ``qids``; query i's positive is document i) with the real objective of
-    ``RetrieverModule(encoder, build(loss))`` (``loss`` a config: ``class_path`` + ``init_args``) over the step's view (:meth:`RetrieverModule.view`, gathered
+    ``RetrieverModule(encoder, build(loss))`` (``loss`` a config: ``class_path`` + ``init_args``) over the step's
+    view (:meth:`RetrieverModule.view`, gathered
     across the processes as in training); saves the loss and the gradients to ``out_dir/rank<r>.pt``."""
     import torch.distributed as dist
 

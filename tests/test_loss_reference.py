@@ -157,7 +157,9 @@ def test_two_ranks_mask_a_positive_the_cap_left_out_on_the_other_rank(tmp_path):
         parts.append({"batch": batch, "q": torch.stack(qvec[4 * r : 4 * r + 4]), "d": d})
     from support import two_gloo_view_losses
 
-    losses = two_gloo_view_losses(tmp_path, parts, {"class_path": "obliq.losses.InfoNCE", "init_args": {"temperature": TAU}})
+    losses = two_gloo_view_losses(
+        tmp_path, parts, {"class_path": "obliq.losses.InfoNCE", "init_args": {"temperature": TAU}}
+    )
     docs = [(r["positives"][0]["id"], r["positives"][0]["text"], i, True) for i, r in enumerate(rows)]
     docs += [(r["negatives"][0]["id"], r["negatives"][0]["text"], i, False) for i, r in enumerate(rows)]
     want = _reference(rows, docs, torch.stack(qvec), torch.stack([vec[i] for i, *_ in docs]), "mil-nce").item()

@@ -150,7 +150,18 @@ SHARDS = [
 @pytest.mark.distributed
 @pytest.mark.slow
 def test_matryoshka_across_two_processes_equals_one_process(tiny_llama_dir, tmp_path):
-    ranks = two_gloo_ranks(tiny_llama_dir, tmp_path, SHARDS, {"class_path": "obliq.losses.Matryoshka", "init_args": {"loss": {"class_path": "obliq.losses.InfoNCE", "init_args": {"temperature": 0.05}}, "dims": DIMS}})
+    ranks = two_gloo_ranks(
+        tiny_llama_dir,
+        tmp_path,
+        SHARDS,
+        {
+            "class_path": "obliq.losses.Matryoshka",
+            "init_args": {
+                "loss": {"class_path": "obliq.losses.InfoNCE", "init_args": {"temperature": 0.05}},
+                "dims": DIMS,
+            },
+        },
+    )
     enc = lora_encoder(tiny_llama_dir).eval()
     q = enc(enc.tokenize(SHARDS[0]["q"] + SHARDS[1]["q"], "query"))
     d = enc(enc.tokenize(SHARDS[0]["d"] + SHARDS[1]["d"], "passage"))

@@ -179,7 +179,8 @@ def test_a_positive_shared_by_two_rows_is_neither_rows_negative():
 
 
 def test_the_module_reads_several_positives_from_a_batch_view():
-    """StepView.of: a batch's doc_row and doc_positive give each row's positives; each form over it equals the reference."""
+    """StepView.of: a batch's doc_row and doc_positive give each row's positives; each form over it equals the
+    reference."""
     q, d = _vectors(4)
     batch = {
         "positive_index": torch.arange(4),

@@ -48,7 +48,10 @@ def test_a_resume_with_new_matryoshka_dims_says_so(one_step, caplog):
 
 MATRYOSHKA = {
     "class_path": "obliq.losses.Matryoshka",
-    "init_args": {"loss": {"class_path": "obliq.losses.InfoNCE", "init_args": {"temperature": 0.05}}, "dims": [384, 64]},
+    "init_args": {
+        "loss": {"class_path": "obliq.losses.InfoNCE", "init_args": {"temperature": 0.05}},
+        "dims": [384, 64],
+    },
 }
 OLD_LOSS = {  # a checkpoint's model.loss of before issue 56: InfoNCE's flags, every one recorded
     "class_path": "obliq.losses.infonce.InfoNCE",
@@ -124,8 +127,8 @@ def _settings(cls) -> dict:
 
 
 def test_changing_any_setting_on_resume_is_reported_or_refused(one_step):
-    """Walks every RetrieverModule setting, every setting of its loss (InfoNCE, wrapped in Matryoshka) and of every term of
-    obliq.losses, every BiEncoder setting and every LoRA setting: changed on a resume, each is reported as
+    """Walks every RetrieverModule setting, every setting of its loss (InfoNCE, wrapped in Matryoshka) and of every
+    term of obliq.losses, every BiEncoder setting and every LoRA setting: changed on a resume, each is reported as
     applied or refused (a setting a checkpoint does not record is named in UNRECORDED, with why), so a new
     setting cannot be forgotten. The docs' refused row stays REFUSED."""
     import copy

@@ -129,7 +129,9 @@ def info_nce(
     Raises:
         ValueError: a temperature that is not positive, a malformed ``positives``, a row with several.
     """
-    return one_positive_rows(scored(queries, docs, positives, doc_keys, temperature, query_keys, mask, cut)).mean().float()
+    return (
+        one_positive_rows(scored(queries, docs, positives, doc_keys, temperature, query_keys, mask, cut)).mean().float()
+    )
 
 
 def check_temperature(temperature) -> float:
@@ -177,7 +179,9 @@ class InfoNCE(Loss):
 
     def scored(self, queries: torch.Tensor, docs: torch.Tensor, view: StepView) -> Scored:
         """The view's scores and masks at this loss's τ (:func:`scored`)."""
-        return scored(queries, docs, view.positives, view.doc_keys, self.temperature, view.query_keys, view.mask, view.cut)
+        return scored(
+            queries, docs, view.positives, view.doc_keys, self.temperature, view.query_keys, view.mask, view.cut
+        )
 
     def rows(self, s: Scored) -> torch.Tensor:
         """(B,) float64, each row's loss (:func:`one_positive_rows`); a form for several positives overrides it."""
@@ -202,7 +206,8 @@ class InfoNCE(Loss):
         """Its name, settings and references (as sentence-transformers' losses describe themselves)."""
         return {
             "class": type(self).__name__,
-            "loss": f"{self.what} over in-batch positives and hard negatives (GradCache), in-batch false negatives masked",
+            "loss": f"{self.what} over in-batch positives and hard negatives (GradCache), in-batch false negatives "
+            "masked",
             "temperature": self.temperature,
             "scale": 1.0 / self.temperature,
             "gather_across_devices": self.gather_across_devices,

@@ -49,7 +49,6 @@ class Loss(nn.Module):
         computes the same global value. Default False: this rank's rows."""
         return False
 
-
     def logged(self) -> list[str]:
         """The names of the parts it logs beside its value (``train/<part>``); default none."""
         return []

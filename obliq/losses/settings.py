@@ -27,7 +27,10 @@ def build(config):
     """
     module, _, name = str(config["class_path"]).rpartition(".")
     cls = getattr(importlib.import_module(module), name)
-    args = {k: build(v) if isinstance(v, dict) and "class_path" in v else v for k, v in (config.get("init_args") or {}).items()}
+    args = {
+        k: build(v) if isinstance(v, dict) and "class_path" in v else v
+        for k, v in (config.get("init_args") or {}).items()
+    }
     return cls(**args)
 
 
@@ -53,7 +56,7 @@ def _spec(value, default: dict | None) -> dict | None:
 
 INFONCE_FLAGS = {
     "symmetric": "model.loss: obliq.losses.Symmetric, its init_args.loss the loss it makes symmetric",
-    "multi_positive": "model.loss: obliq.losses.MILNCE or obliq.losses.SupCon (the loss of rows with several positives)",
+    "multi_positive": "model.loss: obliq.losses.MILNCE or obliq.losses.SupCon (losses of rows with several positives)",
     "matryoshka_dims": "model.loss: obliq.losses.Matryoshka, its dims (init_args.loss: the loss at each)",
     "matryoshka_weights": "model.loss: obliq.losses.Matryoshka, its weights (init_args.loss: the loss at each)",
 }
@@ -192,5 +195,7 @@ def check_flat_objective(argv: list[str]) -> None:
         )
     if flags and loss in ("obliq.losses.InfoNCE", "obliq.losses.infonce.InfoNCE"):
         key, where = flags[0]
-        raise ValueError(f"{where}: model.loss.init_args.{key} of obliq.losses.InfoNCE is now {INFONCE_FLAGS[key]} "
-                         "(docs/training.md)")
+        raise ValueError(
+            f"{where}: model.loss.init_args.{key} of obliq.losses.InfoNCE is now {INFONCE_FLAGS[key]} "
+            "(docs/training.md)"
+        )

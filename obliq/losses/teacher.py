@@ -103,7 +103,9 @@ class TeacherScores(Term):
     def forward(self, queries, docs, view: StepView, temperature: float) -> torch.Tensor:
         if view.teacher_scores is None:
             raise ValueError("TeacherScores needs the batch key teacher_scores (rows' meta.teacher_scores)")
-        temperature = need_temperature(self, temperature) if self.kind == "kl" else temperature or 1.0  # margin-mse: no τ
+        temperature = (
+            need_temperature(self, temperature) if self.kind == "kl" else temperature or 1.0
+        )  # margin-mse: no τ
         return teacher_distillation(
             queries, docs, view.positive_index, view.doc_row, view.teacher_scores, self.kind, temperature,
             self.teacher_temperature, view.positives,

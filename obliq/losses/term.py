@@ -91,5 +91,7 @@ def need_temperature(term: Term, temperature: float | None) -> float:
         ValueError: the loss has none (:attr:`obliq.losses.loss.Loss.temperature` is None).
     """
     if temperature is None:
-        raise ValueError(f"{type(term).__name__} compares the student's scores at the loss's τ, and model.loss has none")
+        raise ValueError(
+            f"{type(term).__name__} compares the student's scores at the loss's τ, and model.loss has none"
+        )
     return temperature

@@ -10,7 +10,6 @@ import torch
 
 from obliq.distributed import gather, world
 
-
 ADDED_BY = "set data.teacher_vectors (obliq distill graph --vectors_out writes them)"
 """What adds the teacher's vectors (:meth:`StepView.teacher_cosines`) to a batch."""
 
@@ -140,7 +139,9 @@ class StepView:
             ValueError: the batch holds no teacher vectors, naming ``needed_by`` and the setting that adds them.
         """
         if self.teacher_query_vectors is None or self.teacher_doc_vectors is None:
-            raise ValueError(f"{needed_by} needs the batch keys teacher_query_vectors and teacher_doc_vectors: {ADDED_BY}")
+            raise ValueError(
+                f"{needed_by} needs the batch keys teacher_query_vectors and teacher_doc_vectors: {ADDED_BY}"
+            )
         return (self.teacher_query_vectors.double() @ self.teacher_doc_vectors.double().T).float()
 
     def with_mask(self, mask: torch.Tensor | None) -> StepView:

@@ -324,11 +324,12 @@ class RetrieverModule(L.LightningModule):
         concatenated batch: ``loss + Σ_t weight_t · term_t``, every part over the view's rows (every rank's
         queries against every rank's documents when the loss gathers them: each rank computes the same value
         and back-propagates into its own rows). The loss's value is logged under its name, and the parts it
-        reports beside it (:meth:`obliq.losses.Loss.logged`: Matryoshka's ``infonce_dim<d>``) too. When it does not
-        gather, each rank's parts are its own batch's, and the objective their mean over the ranks. Each logged term is the sum over
-        ranks of the shares kept here (``torchmetrics.SumMetric``, synced at every step): the objective's
-        value, the same on 1 and N processes. Sources: GradCache (Gao et al. 2021) for the cached gradients;
-        DDP averages the ranks' gradients (PyTorch ``DistributedDataParallel``), hence the backward scale.
+        reports beside it (:meth:`obliq.losses.Loss.logged`: Matryoshka's ``infonce_dim<d>``) too. When it does
+        not gather, each rank's parts are its own batch's, and the objective their mean over the ranks. Each
+        logged part is the sum over ranks of the shares kept here (``torchmetrics.SumMetric``, synced at every
+        step): the objective's value, the same on 1 and N processes. Sources: GradCache (Gao et al. 2021) for
+        the cached gradients; DDP averages the ranks' gradients (PyTorch ``DistributedDataParallel``), hence the
+        backward scale.
 
         Args:
             q: (B_r, h) this rank's query embeddings; d: (M_r, h) its document embeddings.
