@@ -43,30 +43,16 @@ class Scored(NamedTuple):
     temperature: float
 
 
-def scored(
-    queries: torch.Tensor,
-    docs: torch.Tensor,
-    positives: torch.Tensor,
-    doc_keys: torch.Tensor | None = None,
-    temperature: float = TEMPERATURE,
-    query_keys: torch.Tensor | None = None,
-    mask: torch.Tensor | None = None,
-    cut: tuple[torch.Tensor, torch.Tensor] | None = None,
-) -> Scored:
-    """The scores and masks of a step, in float64 (the (B, M) matrix is small, and float32 rounds a near-zero
+def scored(queries: torch.Tensor, docs: torch.Tensor, view: StepView, temperature: float) -> Scored:
+    """The view's scores and masks, in float64 (the (B, M) matrix is small, and float32 rounds a near-zero
     loss at scale 50 away: log(1 + e^-16) = 1.1254e-7 comes out as 1.19e-7, C06).
 
     Args:
-        queries: (B, h) unit query vectors.
-        docs: (M, h) unit document vectors (positives and hard negatives of the whole batch).
-        positives: (B,) index into ``docs`` of each row's one positive, or (B, M) bool, each row's positives.
-        doc_keys: (M,) or (M, K) int64 identity keys of the documents (an id hash and a text hash);
-            None masks nothing.
+        queries: (B, h) unit query vectors; docs: (M, h) unit document vectors (the view's rows).
+        view: the step's view: each row's positives, the identity keys whose in-batch false negatives are
+            masked (:func:`~obliq.losses.masks.false_negative_masks`; none without ``doc_keys``), a mask term's
+            mask (never a row's positive), the positives the batch's cap left out (never negatives of their rows).
         temperature: τ; scores are q·d / τ (0.02 → scale 50).
-        query_keys: (B,) or (B, K) int64 keys of the queries, in the same columns as ``doc_keys``.
-        mask: (B, M) bool, more in-batch candidates to leave out (a mask term's); never a row's positive.
-        cut: the keys and rows of positives the batch's cap left out (:func:`~obliq.losses.masks.false_negative_masks`):
-            never negatives of their rows.
 
     Raises:
         ValueError: a temperature that is not positive, a malformed ``positives``.
@@ -74,10 +60,10 @@ def scored(
     if not temperature > 0:
         raise ValueError(f"temperature must be positive, got {temperature}")
     q, d = queries.double(), docs.double()
-    positives = positive_mask(positives.to(q.device), len(d))
-    forward, reverse = false_negative_masks(positives, doc_keys, query_keys, cut)
-    if mask is not None:
-        forward = mask & ~positives if forward is None else forward | (mask & ~positives)
+    positives = positive_mask(view.positives.to(q.device), len(d))
+    forward, reverse = false_negative_masks(positives, view.doc_keys, view.query_keys, view.cut)
+    if view.mask is not None:
+        forward = view.mask & ~positives if forward is None else forward | (view.mask & ~positives)
     candidates = ~forward if forward is not None else torch.ones_like(positives)
     return Scored(q, d, q @ d.T / temperature, positives, candidates, reverse, temperature)
 
@@ -121,7 +107,16 @@ def info_nce(
     negatives masked (:func:`~obliq.losses.masks.false_negative_masks`): :class:`InfoNCE`'s value, as a function.
 
     Args:
-        queries, docs, positives, doc_keys, temperature, query_keys, mask, cut: as :func:`scored` takes them.
+        queries: (B, h) unit query vectors.
+        docs: (M, h) unit document vectors (positives and hard negatives of the whole batch).
+        positives: (B,) index into ``docs`` of each row's one positive, or (B, M) bool, each row's positives.
+        doc_keys: (M,) or (M, K) int64 identity keys of the documents (an id hash and a text hash);
+            None masks nothing.
+        temperature: τ; scores are q·d / τ (0.02 → scale 50).
+        query_keys: (B,) or (B, K) int64 keys of the queries, in the same columns as ``doc_keys``.
+        mask: (B, M) bool, more in-batch candidates to leave out (a mask term's); never a row's positive.
+        cut: the keys and rows of positives the batch's cap left out (:func:`~obliq.losses.masks.false_negative_masks`):
+            never negatives of their rows.
 
     Returns:
         Scalar float32 loss (computed in float64).
@@ -129,9 +124,11 @@ def info_nce(
     Raises:
         ValueError: a temperature that is not positive, a malformed ``positives``, a row with several.
     """
-    return (
-        one_positive_rows(scored(queries, docs, positives, doc_keys, temperature, query_keys, mask, cut)).mean().float()
-    )
+    positives = positive_mask(positives.to(queries.device), len(docs))
+    cut_keys, cut_row = cut if cut is not None else (None, None)
+    view = StepView(positives, positives.to(torch.uint8).argmax(1), torch.arange(len(docs)), doc_keys, query_keys,
+                    mask=mask, cut_keys=cut_keys, cut_row=cut_row)  # fmt: skip
+    return one_positive_rows(scored(queries, docs, view, temperature)).mean().float()
 
 
 def check_temperature(temperature) -> float:
@@ -179,9 +176,7 @@ class InfoNCE(Loss):
 
     def scored(self, queries: torch.Tensor, docs: torch.Tensor, view: StepView) -> Scored:
         """The view's scores and masks at this loss's τ (:func:`scored`)."""
-        return scored(
-            queries, docs, view.positives, view.doc_keys, self.temperature, view.query_keys, view.mask, view.cut
-        )
+        return scored(queries, docs, view, self.temperature)
 
     def rows(self, s: Scored) -> torch.Tensor:
         """(B,) float64, each row's loss (:func:`one_positive_rows`); a form for several positives overrides it."""
