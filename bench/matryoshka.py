@@ -2,9 +2,9 @@
 
 Both students train the same recipe (default ``configs/writing-cpu.yaml``: all-MiniLM-L6-v2 + LoRA on
 writing-news's kNN pairs, one epoch on 2 CPU cores) from the same seed and data order; the Matryoshka
-twin adds ``--model.loss.init_args.matryoshka_dims=[d, d/2, d/4, d/8]`` (the loss at each truncated,
-re-normalised dimension, summed with weight 1: :func:`obliq.losses.matryoshka`). Base MiniLM is evaluated beside
-them.
+twin wraps the recipe's loss in ``obliq.losses.Matryoshka`` with ``dims: [d, d/2, d/4, d/8]`` (the loss at each
+truncated, re-normalised dimension, summed with weight 1: :func:`obliq.losses.matryoshka`). Base MiniLM is
+evaluated beside them.
 
 Every system is evaluated by ``obliq evaluate`` on the tasks' test queries at each dimension
 (``--retrieval.dim``: the first components, re-normalised), exact search; the corpus is encoded once
@@ -51,6 +51,14 @@ def full_dimension(recipe: str) -> int:
     return int(AutoConfig.from_pretrained(resolve_model(backbone)).hidden_size)
 
 
+def matryoshka_loss(recipe: str, dims: list[int]) -> dict:
+    """The recipe's loss (its ``model.loss``; InfoNCE by default) at ``dims``, as a config."""
+    from obliq.recipes import recipe_config
+
+    loss = recipe_config(recipe)["model"].get("loss") or {"class_path": "obliq.losses.InfoNCE"}
+    return {"class_path": "obliq.losses.Matryoshka", "init_args": {"loss": loss, "dims": dims}}
+
+
 def train(recipe: str, out: Path, extra: list[str]) -> str:
     """Train the recipe (with ``extra`` overrides) and export its adapter; reused when already exported."""
     from obliq.trainer import fit_and_export
@@ -84,7 +92,7 @@ def main(argv: list[str] | None = None) -> None:
         "MiniLM (base)": "minilm",
         "plain": train(args.recipe, out / "plain", []),
         "Matryoshka": train(
-            args.recipe, out / "matryoshka", [f"--model.loss.init_args.matryoshka_dims=[{','.join(map(str, dims))}]"]
+            args.recipe, out / "matryoshka", [f"--model.loss={json.dumps(matryoshka_loss(args.recipe, dims))}"]
         ),
     }
     systems = {}

@@ -24,7 +24,7 @@ def gather(x: torch.Tensor) -> torch.Tensor:
 
     Ranks may hold different numbers of rows. Remote shards are constants: every rank then
     computes the same global loss and back-propagates only into its own embeddings, so the sum
-    of the ranks' gradients is the full-batch gradient (see :attr:`obliq.losses.InfoNCE.backward_scale`).
+    of the ranks' gradients is the full-batch gradient (see :attr:`obliq.model.module.RetrieverModule.backward_scale`).
 
     Args:
         x: (n_local, ...) tensor.

@@ -196,11 +196,12 @@ def gloo_grad_cache_worker(rank: int, path: str, init_file: str, out_dir: str, s
     """One of two gloo processes (``torch.multiprocessing.spawn``): a GradCache step (chunks of 1) of
     ``lora_encoder(path)`` under DDP on ``shards[rank]`` (``q``, ``d``, document ``ids``, optional query
     ``qids``; query i's positive is document i) with the real objective of
-    ``RetrieverModule(encoder, InfoNCE(**loss))`` over the step's view (:meth:`RetrieverModule.view`, gathered
+    ``RetrieverModule(encoder, build(loss))`` (``loss`` a config: ``class_path`` + ``init_args``) over the step's
+    view (:meth:`RetrieverModule.view`, gathered
     across the processes as in training); saves the loss and the gradients to ``out_dir/rank<r>.pt``."""
     import torch.distributed as dist
 
-    from obliq.losses import InfoNCE
+    from obliq.losses.settings import build
     from obliq.model.gradcache import grad_cache_step
     from obliq.model.module import RetrieverModule
 
@@ -209,7 +210,7 @@ def gloo_grad_cache_worker(rank: int, path: str, init_file: str, out_dir: str, s
         enc = lora_encoder(path).eval()  # no dropout: the two setups then draw nothing at random
         ddp = torch.nn.parallel.DistributedDataParallel(enc)
         shard = shards[rank]
-        module = RetrieverModule(enc, InfoNCE(**loss))
+        module = RetrieverModule(enc, build(loss))
         batch = {
             "query": enc.tokenize(shard["q"], "query"),
             "docs": enc.tokenize(shard["d"], "passage"),
@@ -226,7 +227,7 @@ def gloo_grad_cache_worker(rank: int, path: str, init_file: str, out_dir: str, s
             lambda q, d: module.objective(q, d, view),
             chunk_size=1,
             no_sync=ddp.no_sync,
-            backward_scale=module.loss.backward_scale,
+            backward_scale=module.backward_scale,
         )
         grads = {n: p.grad.clone() for n, p in enc.named_parameters() if p.requires_grad}
         torch.save({"loss": value, "grads": grads}, os.path.join(out_dir, f"rank{rank}.pt"))
@@ -243,19 +244,20 @@ def two_gloo_ranks(path: str, folder: Path, shards: list[dict], loss: dict) -> l
 
 
 def gloo_view_loss_worker(rank: int, init_file: str, out_dir: str, parts: list[dict], loss: dict):
-    """One of two gloo processes: the loss ``InfoNCE(**loss)`` of ``parts[rank]`` (``batch``, a collated batch;
+    """One of two gloo processes: the loss ``build(loss)`` (a config) of ``parts[rank]`` (``batch``, a collated batch;
     ``q`` (B_r, h), ``d`` (M_r, h) its embeddings) over the view gathered across both, as training builds it
     (:meth:`StepView.of` with ``gathered``); saves the value to ``out_dir/rank<r>.pt``."""
     import torch.distributed as dist
 
-    from obliq.losses import InfoNCE, StepView
+    from obliq.losses import StepView
+    from obliq.losses.settings import build
 
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
     try:
         part = parts[rank]
         view = StepView.of(part["batch"], gathered=True)
         q, d = view.embeddings(part["q"], part["d"])
-        torch.save({"loss": InfoNCE(**loss)(q, d, view).item()}, os.path.join(out_dir, f"rank{rank}.pt"))
+        torch.save({"loss": build(loss)(q, d, view).item()}, os.path.join(out_dir, f"rank{rank}.pt"))
     finally:
         dist.destroy_process_group()
 

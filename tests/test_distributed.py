@@ -9,9 +9,13 @@ import torch
 import torch.distributed as dist
 from support import lora_encoder, lora_weights
 
-from obliq.losses import InfoNCE, StepView
+from obliq.losses import InfoNCE, StepView, Symmetric
 from obliq.model import BiEncoder, LoraSettings
 
+SYMMETRIC = {
+    "class_path": "obliq.losses.Symmetric",
+    "init_args": {"loss": {"class_path": "obliq.losses.InfoNCE", "init_args": {"temperature": 0.05}}},
+}
 # Per rank: 2 queries, docs = [2 positives, 2 negatives]. Rank 1's first positive is rank 0's
 # first positive (same id): masked as a negative across ranks too (C05). Rank 1's first query is rank
 # 0's document "neg C" (id 3: a passage↔passage row), and its second query is rank 0's first query
@@ -45,7 +49,7 @@ def test_two_processes_equal_one_process_with_the_concatenated_batch(torchrun_la
     keys = torch.tensor(SHARDS[0]["ids"] + SHARDS[1]["ids"])
     query_keys = torch.tensor(SHARDS[0]["qids"] + SHARDS[1]["qids"])
     view = StepView.of({"positive_index": torch.tensor([0, 1, 4, 5]), "doc_keys": keys, "query_keys": query_keys})
-    loss = InfoNCE(temperature=0.05, gather_across_devices=False, symmetric=True)(q, d, view)
+    loss = Symmetric(InfoNCE(temperature=0.05, gather_across_devices=False))(q, d, view)
     loss.backward()
     ref = {n: p.grad for n, p in enc.named_parameters() if p.requires_grad}
 
@@ -176,7 +180,7 @@ def torchrun_launch(tiny_llama_dir, tasks_dir, tmp_path_factory):
     grad_cache = [tiny_llama_dir, str(root / "gc.init"), str(root / "gradcache"), SHARDS]
     shares = [tiny_llama_dir, str(shares_task), str(root / "eval.init"), str(root / "shares")]
     commands = [
-        {"call": "support:gloo_grad_cache_worker", "args": [*grad_cache, {"temperature": 0.05, "symmetric": True}]},
+        {"call": "support:gloo_grad_cache_worker", "args": [*grad_cache, SYMMETRIC]},
         {"call": "test_distributed:_eval_worker", "args": shares},
         ["evaluate", *_evaluate_args(task_dir), "--output", str(root / "two")],
     ]

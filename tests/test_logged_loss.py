@@ -64,12 +64,12 @@ def _config(folder, rows, teacher, backbone, devices: int):
     if devices > 1:
         cfg["trainer"]["strategy"] = "ddp"
     cfg["model"]["encoder"]["init_args"]["lora"]["dropout"] = 0.0
-    cfg["model"]["loss"]["init_args"].update(
-        symmetric=True,
-        multi_positive="supcon",
-        matryoshka_dims=WEIGHTS["dims"],
-        matryoshka_weights=WEIGHTS["dim_weights"],
-    )
+    supcon = {"class_path": "obliq.losses.SupCon", "init_args": cfg["model"]["loss"]["init_args"]}
+    symmetric = {"class_path": "obliq.losses.Symmetric", "init_args": {"loss": supcon}}
+    cfg["model"]["loss"] = {
+        "class_path": "obliq.losses.Matryoshka",
+        "init_args": {"loss": symmetric, "dims": WEIGHTS["dims"], "weights": WEIGHTS["dim_weights"]},
+    }
     cfg["model"]["terms"] = [
         {"class_path": "obliq.losses.TeacherScores", "init_args": {"kind": "kl", "weight": WEIGHTS["teacher"]}},
         {"class_path": "obliq.losses.Relational", "init_args": {"weight": WEIGHTS["relational"]}},

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from obliq.losses import InfoNCE, StepView, info_nce
+from obliq.losses import InfoNCE, Matryoshka, StepView, Symmetric, info_nce, positive_mask
 from obliq.model.gradcache import grad_cache_step
 
 
@@ -67,8 +67,8 @@ def test_masking_never_hides_the_target_and_rejects_bad_temperature():
         with pytest.raises(ValueError, match=r"model\.loss temperature must be a finite number >= 0\.0001, got"):
             InfoNCE(temperature=tau)
     for weight in (math.inf, math.nan, -1.0):
-        with pytest.raises(ValueError, match=r"matryoshka_weights: finite positive numbers"):
-            InfoNCE(matryoshka_dims=[2, 1], matryoshka_weights=[1.0, weight])
+        with pytest.raises(ValueError, match=r"Matryoshka weights: finite positive numbers"):
+            Matryoshka(InfoNCE(), [2, 1], [1.0, weight])
 
 
 # C34: unit vectors A, B, C, D and τ = 0.05 (shared/cases/C34.md); keys are (id hash, text hash).
@@ -139,7 +139,8 @@ def test_masks_and_the_symmetric_loss_match_a_brute_force_reference(symmetric):
         keys = torch.randint(100, 110, (n + extra, 2), generator=g)  # few values: many collisions
         qkeys = torch.randint(100, 110, (n, 2), generator=g)
         pos = torch.arange(n)
-        got = info_nce(q, d, pos, keys, 0.1, qkeys, symmetric).item()
+        view = StepView(positive_mask(pos, len(d)), pos, torch.arange(len(d)), keys, qkeys)
+        got = (Symmetric(InfoNCE(0.1)) if symmetric else InfoNCE(0.1))(q, d, view).item()
         assert got == pytest.approx(_reference(q, d, pos, keys.tolist(), qkeys.tolist(), 0.1, symmetric), rel=1e-5)
 
 

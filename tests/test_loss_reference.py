@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 from obliq.data.collate import Collator
 from obliq.data.rows import RowCaps, parse_row
-from obliq.losses import InfoNCE, StepView
+from obliq.losses import MILNCE, InfoNCE, StepView, SupCon, Symmetric
 
 TAU = 0.05
 
@@ -103,7 +103,7 @@ def test_the_loss_of_generated_batches_equals_a_float64_reference(form):
         want = _reference(rows, docs, q, dv, form)
         if want is None:
             continue
-        got = InfoNCE(TAU, multi_positive=form)(q, dv, StepView.of(batch))
+        got = {"mil-nce": MILNCE, "supcon": SupCon}[form](TAU)(q, dv, StepView.of(batch))
         assert got.item() == pytest.approx(want.item(), rel=1e-6), (case, rows, max_pos, max_neg)
         gq, gd = torch.autograd.grad(got, (q, dv))
         rq, rd = torch.autograd.grad(want, (q, dv))
@@ -125,7 +125,7 @@ def test_a_positive_the_cap_leaves_out_is_not_a_negative_of_its_row():
     view = StepView.of(Collator(_tokenize, RowCaps(4, 1))(rows))
     q = torch.tensor([[1.0, 0.0], [0.0, 1.0]], dtype=torch.float64)
     d = torch.tensor([[1.0, 0.0], [1.0, 0.0], [0.0, -1.0]], dtype=torch.float64)  # p1, p2 (= row a's query), n
-    sym = InfoNCE(TAU, symmetric=True)(q, d, view)
+    sym = Symmetric(InfoNCE(TAU))(q, d, view)
     # forward: row a's only negative is "other" (score -0 / tau), p2 gone; reverse: p2 meets only query b
     fa = -(1 / TAU) + torch.logsumexp(torch.tensor([1 / TAU, 0.0]), 0)
     fb = torch.logsumexp(torch.tensor([0.0, 0.0, -1 / TAU]), 0)  # p1, p2 (target), n
@@ -157,7 +157,9 @@ def test_two_ranks_mask_a_positive_the_cap_left_out_on_the_other_rank(tmp_path):
         parts.append({"batch": batch, "q": torch.stack(qvec[4 * r : 4 * r + 4]), "d": d})
     from support import two_gloo_view_losses
 
-    losses = two_gloo_view_losses(tmp_path, parts, {"temperature": TAU})
+    losses = two_gloo_view_losses(
+        tmp_path, parts, {"class_path": "obliq.losses.InfoNCE", "init_args": {"temperature": TAU}}
+    )
     docs = [(r["positives"][0]["id"], r["positives"][0]["text"], i, True) for i, r in enumerate(rows)]
     docs += [(r["negatives"][0]["id"], r["negatives"][0]["text"], i, False) for i, r in enumerate(rows)]
     want = _reference(rows, docs, torch.stack(qvec), torch.stack([vec[i] for i, *_ in docs]), "mil-nce").item()

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from support import lora_encoder, two_gloo_ranks
 
-from obliq.losses import InfoNCE, StepView, info_nce
+from obliq.losses import InfoNCE, Matryoshka, StepView, info_nce
 from obliq.model.gradcache import grad_cache_step
 
 
@@ -41,7 +41,7 @@ def test_matryoshka_loss_equals_a_float64_reference():
     q, d = rng.standard_normal((4, 12)), rng.standard_normal((9, 12))
     positive, keys = [0, 2, 4, 6], [10, 11, 12, 13, 14, 15, 16, 17, 10]  # doc 8 copies query 0's positive
     dims, weights = [12, 6, 3], [1.0, 0.5, 2.0]
-    loss = InfoNCE(temperature=0.05, matryoshka_dims=dims, matryoshka_weights=weights)
+    loss = Matryoshka(InfoNCE(temperature=0.05), dims, weights)
     view = _view(positive, len(d), torch.tensor(keys))
     got = loss(torch.tensor(q, dtype=torch.float32), torch.tensor(d, dtype=torch.float32), view)
     ref = _reference(q, d, positive, keys, 0.05, dims, weights)
@@ -58,7 +58,7 @@ def test_matryoshka_loss_equals_a_float64_reference():
     # one dimension, the full one, is the plain loss on unit vectors
     qt, dt = F.normalize(torch.tensor(q), dim=-1), F.normalize(torch.tensor(d), dim=-1)
     plain = info_nce(qt, dt, torch.tensor(positive), torch.tensor(keys), 0.05)
-    assert InfoNCE(0.05, matryoshka_dims=[12])(qt, dt, view).item() == pytest.approx(plain.item(), rel=1e-6)
+    assert Matryoshka(InfoNCE(0.05), [12])(qt, dt, view).item() == pytest.approx(plain.item(), rel=1e-6)
 
 
 def test_matryoshka_gradients_equal_those_of_a_float64_reference():
@@ -79,7 +79,7 @@ def test_matryoshka_gradients_equal_those_of_a_float64_reference():
     d = torch.randn(5, 8, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(reference, (q, d))
     ref_q, ref_d = torch.autograd.grad(reference(q, d), (q, d))
-    loss = InfoNCE(temperature=0.1, matryoshka_dims=dims, matryoshka_weights=weights)
+    loss = Matryoshka(InfoNCE(temperature=0.1), dims, weights)
     got = loss(q, d, _view(torch.arange(3), 5))
     assert got.item() == pytest.approx(reference(q, d).item(), rel=1e-6)
     got_q, got_d = torch.autograd.grad(got, (q, d))
@@ -89,14 +89,16 @@ def test_matryoshka_gradients_equal_those_of_a_float64_reference():
 
 def test_bad_matryoshka_settings_are_refused():
     with pytest.raises(ValueError, match="positive integers"):
-        InfoNCE(matryoshka_dims=[0, 4])
+        Matryoshka(InfoNCE(), [0, 4])
     with pytest.raises(ValueError, match="given twice"):
-        InfoNCE(matryoshka_dims=[4, 4])
+        Matryoshka(InfoNCE(), [4, 4])
     with pytest.raises(ValueError, match="one weight per"):
-        InfoNCE(matryoshka_dims=[4, 2], matryoshka_weights=[1.0])
+        Matryoshka(InfoNCE(), [4, 2], [1.0])
     with pytest.raises(ValueError, match="outside 1 … 8"):
-        InfoNCE(matryoshka_dims=[16])(torch.randn(2, 8), torch.randn(2, 8), _view(torch.arange(2), 2))
-    assert "Kusupati et al. 2022 (Matryoshka)" in InfoNCE(matryoshka_dims=[8, 4]).citation()["references"]
+        Matryoshka(InfoNCE(), [16])(torch.randn(2, 8), torch.randn(2, 8), _view(torch.arange(2), 2))
+    cited = Matryoshka(InfoNCE(), [8, 4]).citation()
+    assert "Kusupati et al. 2022 (Matryoshka)" in cited["references"] and cited["class"] == "Matryoshka(InfoNCE)"
+    assert cited["matryoshka_dims"] == [8, 4]  # what an export records (obliq_export.json)
 
 
 QUERIES = ["which author writes like this", "a proof by induction", "stance against the policy", "the witness dodged"]
@@ -119,7 +121,7 @@ def _grads(enc):
 @pytest.mark.parametrize("chunk", [1, 3])
 def test_gradcache_with_matryoshka_equals_one_full_batch_pass(tiny_llama_dir, chunk):
     enc = lora_encoder(tiny_llama_dir).eval()  # no dropout: one unchunked pass is the reference
-    loss = InfoNCE(temperature=0.05, matryoshka_dims=DIMS, matryoshka_weights=[1.0, 1.0, 0.5, 0.25])
+    loss = Matryoshka(InfoNCE(temperature=0.05), DIMS, [1.0, 1.0, 0.5, 0.25])
     view = _view(torch.arange(4), len(DOCS), torch.arange(len(DOCS)))
     fn = lambda q, d: loss(q, d, view)  # noqa: E731
     q, d = enc.tokenize(QUERIES, "query"), enc.tokenize(DOCS, "passage")
@@ -148,13 +150,24 @@ SHARDS = [
 @pytest.mark.distributed
 @pytest.mark.slow
 def test_matryoshka_across_two_processes_equals_one_process(tiny_llama_dir, tmp_path):
-    ranks = two_gloo_ranks(tiny_llama_dir, tmp_path, SHARDS, {"temperature": 0.05, "matryoshka_dims": DIMS})
+    ranks = two_gloo_ranks(
+        tiny_llama_dir,
+        tmp_path,
+        SHARDS,
+        {
+            "class_path": "obliq.losses.Matryoshka",
+            "init_args": {
+                "loss": {"class_path": "obliq.losses.InfoNCE", "init_args": {"temperature": 0.05}},
+                "dims": DIMS,
+            },
+        },
+    )
     enc = lora_encoder(tiny_llama_dir).eval()
     q = enc(enc.tokenize(SHARDS[0]["q"] + SHARDS[1]["q"], "query"))
     d = enc(enc.tokenize(SHARDS[0]["d"] + SHARDS[1]["d"], "passage"))
     keys = torch.tensor(SHARDS[0]["ids"] + SHARDS[1]["ids"])
     view = _view(torch.tensor([0, 1, 3, 4]), len(keys), keys)
-    loss = InfoNCE(0.05, gather_across_devices=False, matryoshka_dims=DIMS)(q, d, view)
+    loss = Matryoshka(InfoNCE(0.05, gather_across_devices=False), DIMS)(q, d, view)
     loss.backward()
     ref = {n: p.grad for n, p in enc.named_parameters() if p.requires_grad}
     for r in ranks:

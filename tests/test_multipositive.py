@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from support import lora_encoder
 
-from obliq.losses import InfoNCE, StepView, info_nce, negatives_left
+from obliq.losses import MILNCE, StepView, SupCon, Symmetric, info_nce, negatives_left, positive_mask
 from obliq.model.gradcache import grad_cache_step
 
 TAU = 0.1
@@ -28,6 +28,18 @@ POSITIVE = [True] * 4 + [True, True, True, True, True, False, False]
 DOC_KEYS = [[100 + j, 200 + j] for j in range(11)]
 DOC_KEYS[9][1] = DOC_KEYS[5][1]  # the same normalised text as document 5
 QUERY_KEYS = [[300, 400], [301, 401], [300, 402], [110, 403]]  # row 2 shares row 0's query id; row 3 is document 10
+
+
+FORMS = {"mil-nce": MILNCE, "supcon": SupCon}
+
+
+def _loss(q, d, positives, keys, qkeys, form: str, symmetric: bool = False) -> torch.Tensor:
+    """The loss of ``form`` (:class:`MILNCE` or :class:`SupCon`, made :class:`Symmetric` or not) at τ ``TAU`` over a
+    view of these positives and keys."""
+    positives = positive_mask(positives, len(d))
+    view = StepView(positives, positives.to(torch.uint8).argmax(1), torch.arange(len(d)), keys, qkeys)
+    loss = FORMS[form](TAU)
+    return (Symmetric(loss) if symmetric else loss)(q, d, view)
 
 
 def _positives() -> torch.Tensor:
@@ -111,7 +123,7 @@ def test_both_forms_equal_a_float64_reference_with_gradients(form, symmetric):
     keys, qkeys, positives = torch.tensor(DOC_KEYS), torch.tensor(QUERY_KEYS), _positives()
     # the example's masks at work (module notes): row 0 loses 2 and 9, row 2 loses 0, 4, 5, 9, row 3 loses 10
     assert negatives_left(positives, keys, qkeys).tolist() == [6, 9, 6, 7]
-    got = info_nce(q, d, positives, keys, TAU, qkeys, symmetric, form=form)
+    got = _loss(q, d, positives, keys, qkeys, form, symmetric)
     gq, gd = torch.autograd.grad(got, (q, d))
     want = _reference(q, d, positives, form, symmetric)
     rq, rd = torch.autograd.grad(want, (q, d))
@@ -124,10 +136,10 @@ def test_the_two_forms_differ_with_several_positives_and_agree_with_one():
     q, d = _vectors(1)
     keys, qkeys = torch.tensor(DOC_KEYS), torch.tensor(QUERY_KEYS)
     several = _positives()
-    mil, sup = (info_nce(q, d, several, keys, TAU, qkeys, form=f).item() for f in ("mil-nce", "supcon"))
+    mil, sup = (_loss(q, d, several, keys, qkeys, f).item() for f in ("mil-nce", "supcon"))
     assert abs(mil - sup) > 1e-3
     one = torch.tensor([0, 1, 2, 3])  # one positive a row: both are sentence-transformers' MNRL, masks included
-    mil, sup = (info_nce(q, d, one, keys, TAU, qkeys, form=f).item() for f in ("mil-nce", "supcon"))
+    mil, sup = (_loss(q, d, one, keys, qkeys, f).item() for f in ("mil-nce", "supcon"))
     assert mil == pytest.approx(sup, rel=1e-12)
     assert mil == pytest.approx(_reference(q, d, F.one_hot(one, 11).bool(), "mil-nce", False).item(), rel=1e-6)
 
@@ -140,7 +152,7 @@ def test_a_row_without_negatives_adds_zero_and_a_finite_gradient():
     keys, qkeys = torch.arange(4), torch.tensor([7, 7])
     assert negatives_left(positives, keys, qkeys).tolist() == [0, 0]
     for form in ("mil-nce", "supcon"):
-        loss = info_nce(q, d, positives, keys, TAU, qkeys, form=form)
+        loss = _loss(q, d, positives, keys, qkeys, form)
         loss.backward()
         assert loss.item() == 0.0 and torch.isfinite(q.grad).all() and torch.isfinite(d.grad).all()
         assert q.grad.abs().max() == 0.0
@@ -154,7 +166,7 @@ def test_a_positive_shared_by_two_rows_is_neither_rows_negative():
     positives = torch.tensor([[1, 0, 1, 0, 0], [0, 1, 0, 1, 0]], dtype=torch.bool)
     keys = torch.tensor([[1, 11], [2, 12], [3, 13], [4, 13], [5, 15]])  # documents 2 and 3: one text
     for form in ("mil-nce", "supcon"):
-        got = info_nce(q[:2], d[:5], positives, keys, TAU, torch.tensor([[90, 91], [92, 93]]), form=form)
+        got = _loss(q[:2], d[:5], positives, keys, torch.tensor([[90, 91], [92, 93]]), form)
         # the same loss as a batch where each row's copy of the shared text is absent from the other row
         s = q[:2] @ d[:5].T / TAU
         if form == "mil-nce":
@@ -167,7 +179,8 @@ def test_a_positive_shared_by_two_rows_is_neither_rows_negative():
 
 
 def test_the_module_reads_several_positives_from_a_batch_view():
-    """StepView.of: a batch's doc_row and doc_positive give each row's positives; InfoNCE over it is info_nce."""
+    """StepView.of: a batch's doc_row and doc_positive give each row's positives; each form over it equals the
+    reference."""
     q, d = _vectors(4)
     batch = {
         "positive_index": torch.arange(4),
@@ -179,7 +192,7 @@ def test_the_module_reads_several_positives_from_a_batch_view():
     view = StepView.of(batch)
     assert torch.equal(view.positives, _positives())
     for form in ("mil-nce", "supcon"):
-        got = InfoNCE(TAU, multi_positive=form, symmetric=True)(q, d, view)
+        got = Symmetric(FORMS[form](TAU))(q, d, view)
         assert got.item() == pytest.approx(_reference(q, d, _positives(), form, True).item(), rel=1e-6)
 
 
@@ -189,8 +202,8 @@ def test_bad_positive_masks_are_refused():
         info_nce(q[:2], d[:3], torch.tensor([[True, False, False], [False, False, False]]))
     with pytest.raises(ValueError, match="document 0 is the positive of two rows"):
         info_nce(q[:2], d[:3], torch.tensor([[True, False, False], [True, True, False]]))
-    with pytest.raises(ValueError, match="multi_positive must be one of"):
-        InfoNCE(multi_positive="mean")
+    with pytest.raises(ValueError, match=r"InfoNCE takes one positive a row: row 0 has 2 .*obliq\.losses\.MILNCE"):
+        info_nce(q[:2], d[:3], torch.tensor([[True, True, False], [False, False, True]]))
 
 
 @pytest.mark.parametrize("form", ["mil-nce", "supcon"])
@@ -210,7 +223,7 @@ def test_gradcache_with_several_positives_equals_one_full_batch_pass(tiny_llama_
             "query_keys": torch.tensor(QUERY_KEYS),
         }
     )
-    loss = InfoNCE(0.05, symmetric=True, multi_positive=form)
+    loss = Symmetric(FORMS[form](0.05))
     qt, dt = enc.tokenize(queries, "query"), enc.tokenize(docs, "passage")
     cached = grad_cache_step(enc, qt, dt, lambda q, d: loss(q, d, view), chunk)
     grads = {n: p.grad.clone() for n, p in enc.named_parameters() if p.requires_grad}

@@ -4,6 +4,7 @@ derived from the settings themselves (Lightning #20801, PR #21455) — not from 
 from __future__ import annotations
 
 import inspect
+import json
 import logging
 import re
 import typing
@@ -33,15 +34,55 @@ def test_a_resume_with_new_matryoshka_dims_says_so(one_step, caplog):
         "--trainer.max_steps=2",
         "--model.lr",
         "0.002",
-        "--model.loss.init_args.matryoshka_dims",
-        "[384, 64]",
+        "--model.loss",
+        json.dumps(MATRYOSHKA),
         "--ckpt_path",
         str(ckpt),
     )
-    assert resumed.trainer.global_step == 2 and resumed.model.loss.matryoshka_dims == [384, 64]
-    assert resumed.model.hparams.loss["init_args"]["matryoshka_dims"] == [384, 64]
+    assert resumed.trainer.global_step == 2 and resumed.model.loss.dims == [384, 64]
+    assert resumed.model.hparams.loss["init_args"]["dims"] == [384, 64]
     assert "model.lr: 0.005 in the checkpoint, 0.002 now: applied" in caplog.text
-    assert "model.loss.init_args.matryoshka_dims: None in the checkpoint, [384, 64] now: applied" in caplog.text
+    changed = "model.loss: 'obliq.losses.infonce.InfoNCE' in the checkpoint, 'obliq.losses.matryoshka.Matryoshka' now"
+    assert changed + ": applied" in caplog.text
+
+
+MATRYOSHKA = {
+    "class_path": "obliq.losses.Matryoshka",
+    "init_args": {
+        "loss": {"class_path": "obliq.losses.InfoNCE", "init_args": {"temperature": 0.05}},
+        "dims": [384, 64],
+    },
+}
+OLD_LOSS = {  # a checkpoint's model.loss of before issue 56: InfoNCE's flags, every one recorded
+    "class_path": "obliq.losses.infonce.InfoNCE",
+    "init_args": {"temperature": 0.05, "gather_across_devices": True, "symmetric": True, "multi_positive": "supcon"}
+    | {"matryoshka_dims": [384, 64], "matryoshka_weights": None},
+}
+
+
+def test_an_old_checkpoints_infonce_flags_read_as_the_classes_of_now():
+    """Issue 56: a checkpoint of InfoNCE with symmetric, multi_positive and matryoshka_dims is the objective of
+    Matryoshka(Symmetric(SupCon)): resumed with that, nothing is said; with plain InfoNCE, the change is named (a
+    resume never changes the objective silently). The old spelling on a command line or in a recipe is refused,
+    naming the class it is now; a flat checkpoint of before obliq.losses reads the same way."""
+    from obliq.losses.settings import check_flat_objective, objective_differences
+
+    changes = lambda stored, model: [p for p in objective_differences(stored, model) if p[1] != p[2]]  # noqa: E731
+    supcon = {"class_path": "obliq.losses.SupCon", "init_args": {"temperature": 0.05}}
+    now = {**MATRYOSHKA, "init_args": {**MATRYOSHKA["init_args"]}}
+    now["init_args"]["loss"] = {"class_path": "obliq.losses.Symmetric", "init_args": {"loss": supcon}}
+    assert changes({"loss": OLD_LOSS}, {"loss": now}) == []
+    flat = {"temperature": 0.05, "symmetric": True, "matryoshka_dims": [384, 64]}  # its form: MIL-NCE, the default
+    now["init_args"]["loss"]["init_args"]["loss"] = {**supcon, "class_path": "obliq.losses.MILNCE"}
+    assert changes(flat, {"loss": now}) == []
+    plain = {"loss": MATRYOSHKA["init_args"]["loss"]}
+    changed = changes({"loss": OLD_LOSS}, plain)
+    assert changed == [("model.loss", "obliq.losses.matryoshka.Matryoshka", "obliq.losses.infonce.InfoNCE")]
+    with pytest.raises(ValueError, match=r"^the command line: model\.loss\.init_args\.symmetric of obliq\.losses\.Inf"):
+        check_flat_objective(["fit", "--model.loss.init_args.symmetric=true"])
+    with pytest.raises(ValueError, match=r"model\.loss\.init_args\.multi_positive .* obliq\.losses\.MILNCE or"):
+        check_flat_objective(["fit", "--model.loss.init_args.multi_positive", "supcon"])
+    check_flat_objective(["fit", "--model.loss=obliq.losses.Matryoshka", "--model.loss.init_args.matryoshka_dims=[1]"])
 
 
 def _other(value, annotation):
@@ -65,9 +106,8 @@ def _other(value, annotation):
 
 
 OTHER = {
-    ("InfoNCE", "multi_positive"): "supcon",
-    ("InfoNCE", "matryoshka_dims"): [384, 32],
-    ("InfoNCE", "matryoshka_weights"): [1.0, 0.25],
+    ("Matryoshka", "dims"): [384, 32],
+    ("Matryoshka", "weights"): [1.0, 0.25],
     ("TeacherScores", "kind"): "margin-mse",
 }
 """Another value of a loss's or term's setting where :func:`_other`'s is not one the class accepts."""
@@ -87,14 +127,15 @@ def _settings(cls) -> dict:
 
 
 def test_changing_any_setting_on_resume_is_reported_or_refused(one_step):
-    """Walks every RetrieverModule setting, every setting of its loss (InfoNCE) and of every term of
-    obliq.losses, every BiEncoder setting and every LoRA setting: changed on a resume, each is reported as
+    """Walks every RetrieverModule setting, every setting of its loss (InfoNCE, wrapped in Matryoshka) and of every
+    term of obliq.losses, every BiEncoder setting and every LoRA setting: changed on a resume, each is reported as
     applied or refused (a setting a checkpoint does not record is named in UNRECORDED, with why), so a new
     setting cannot be forgotten. The docs' refused row stays REFUSED."""
     import copy
 
     import obliq.losses
-    from obliq.losses import InfoNCE, Term
+    from obliq.losses import InfoNCE, Matryoshka, Term
+    from obliq.losses.settings import build
     from obliq.model.checkpoint import read_checkpoint
     from obliq.model.encoder import BiEncoder, LoraSettings
     from obliq.model.module import RetrieverModule, spec
@@ -126,20 +167,30 @@ def test_changing_any_setting_on_resume_is_reported_or_refused(one_step):
     changed = copy.deepcopy(model)
     changed["loss"]["init_args"]["temperature"] = 0.07  # the recipe's loss itself
     seen["loss"] = outcome(changed, "model.loss.init_args.temperature")
-    # a checkpoint trained with Matryoshka dimensions and weights (so that each can change alone)
-    loss_args = {**model["loss"]["init_args"], "matryoshka_dims": [384, 64], "matryoshka_weights": [1.0, 0.5]}
+    # a checkpoint trained with Matryoshka dimensions and weights over the recipe's loss (each can change alone)
+    loss = {"class_path": "obliq.losses.Matryoshka", "init_args": {"loss": model["loss"], "dims": [384, 64]}}
+    loss["init_args"]["weights"] = [1.0, 0.5]
     with_dims = copy.deepcopy(ckpt)
-    with_dims["hyper_parameters"]["loss"] = spec(InfoNCE(**loss_args))
+    with_dims["hyper_parameters"]["loss"] = spec(build(loss))
     asked = copy.deepcopy(model)
-    asked["loss"]["init_args"] = loss_args
+    asked["loss"] = loss
     assert resume_differences(with_dims, asked, ckpt_path) == []
-    for key, annotation in _settings(InfoNCE).items():
-        changed = copy.deepcopy(asked)
-        changed["loss"]["init_args"][key] = _other_setting(InfoNCE, loss_args, key, annotation)
-        lines = resume_differences(with_dims, changed, ckpt_path)
-        assert [line.split(": ")[0] for line in lines] == [f"model.loss.init_args.{key}"], lines
-        assert lines[0].endswith(": applied")
-        seen[f"loss.{key}"] = "applied"
+    inner = loss["init_args"]["loss"]["init_args"]
+    walks = [(Matryoshka, ["loss"], {**loss["init_args"], "loss": InfoNCE()}), (InfoNCE, ["loss", "loss"], inner)]
+    for cls, path, args in walks:
+        for key, annotation in _settings(cls).items():
+            if key == "loss":  # the wrapped loss: walked setting by setting
+                continue
+            changed = copy.deepcopy(asked)
+            entry = changed["loss"]
+            for step in path[1:]:  # into the wrapped loss
+                entry = entry["init_args"][step]
+            entry["init_args"][key] = _other_setting(cls, args, key, annotation)
+            lines = resume_differences(with_dims, changed, ckpt_path)
+            name = "model." + ".init_args.".join(path) + f".init_args.{key}"
+            assert [line.split(": ")[0] for line in lines] == [name], lines
+            assert lines[0].endswith(": applied")
+            seen[f"{cls.__name__}.{key}"] = "applied"
     assert not model.get("terms")  # the recipe has none: adding one is a change
     changed = copy.deepcopy(model)
     changed["terms"] = [{"class_path": "obliq.losses.Relational", "init_args": {"weight": 0.5}}]

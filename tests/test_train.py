@@ -22,6 +22,8 @@ from support import (
     write_rows,
 )
 
+from obliq.losses import Loss
+
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = sorted(
     p for p in (REPO / "configs").glob("*.yaml")
@@ -447,16 +449,23 @@ def test_dose_sweep_trains_each_dose_and_writes_table_and_plot(tiny_llama_dir, t
     assert json.loads((tmp_path / "sweep" / "dose_sweep.json").read_text())["systems"]["dose 8"]["metrics"]
 
 
-class _Poisoned(torch.nn.Module):
-    """The module's InfoNCE loss, made NaN on chosen calls (1-based) — a stand-in for a diverging step."""
+class _Poisoned(Loss):
+    """The module's loss, made NaN on chosen calls (1-based) — a stand-in for a diverging step; what the module asks
+    of a loss (obliq.losses.Loss) is the wrapped loss's answer."""
 
     def __init__(self, loss, bad_calls):
         super().__init__()
         self.inner, self.bad_calls, self.calls = loss, set(bad_calls), 0
-        self.backward_scale = loss.backward_scale
-        self.citation = loss.citation
-        for name in ("temperature", "gather_across_devices", "symmetric", "matryoshka_dims"):  # what the module reads
-            setattr(self, name, getattr(loss, name))
+        self.temperature = loss.temperature
+
+    name = property(lambda self: self.inner.name)
+    gathers = property(lambda self: self.inner.gathers)
+
+    def negatives_left(self, view):
+        return self.inner.negatives_left(view)
+
+    def citation(self):
+        return self.inner.citation()
 
     def forward(self, *args):
         self.calls += 1
@@ -649,3 +658,45 @@ def test_teacher_scores_from_the_graph_train_with_a_kl_term(tiny_llama_dir, task
     saved = read_checkpoint(next((tmp_path / "kl").rglob("last.ckpt")))
     [term] = saved["obliq"]["terms"]
     assert term["term"] == "teacher" and term["kind"] == "kl"
+
+
+class _Hinge(Loss):
+    """A loss that is not InfoNCE (nor any class of obliq.losses): each row's hinge between its positives' mean
+    cosine and its hardest in-batch document's, logging that gap beside its value."""
+
+    def forward(self, queries, docs, view, parts=None):
+        s = queries @ docs.T
+        pos = (s * view.positives).sum(1) / view.positives.sum(1)
+        hardest = s.masked_fill(view.positives, -2.0).max(1).values
+        if parts is not None:
+            parts["hinge_gap"] = (pos - hardest).mean().detach()
+        return torch.relu(0.5 - pos + hardest).mean()
+
+    def logged(self):
+        return ["hinge_gap"]
+
+    def citation(self):
+        return {**super().citation(), "references": ["a test's own"]}
+
+
+@pytest.mark.slow
+def test_a_loss_that_is_not_infonce_trains_and_its_checkpoint_cites_it(tiny_llama_dir, rows_file, tmp_path):
+    """model.loss takes any obliq.losses.Loss: the module asks it only through that protocol, logs its value and
+    its parts under its names, and the checkpoint's citation (the model card's loss line) names the class that ran;
+    a run of InfoNCE cites no multi-positive form."""
+    from obliq.model.module import RetrieverModule
+    from obliq.trainer import cli
+
+    config = write_config(tmp_path, rows_file, tiny_llama_dir, max_steps=2)
+    run = cli(["--config", str(config)], run=False)
+    assert run.model.loss.citation()["class"] == "InfoNCE"
+    assert not any("MIL-NCE" in r or "Khosla" in r for r in run.model.loss.citation()["references"])
+    module = RetrieverModule(run.model.encoder, _Hinge(), chunk_size=2, lr=1e-3)
+    before = {k: v.clone() for k, v in module.state_dict().items() if "lora_" in k}
+    run.trainer.fit(module, datamodule=run.datamodule)
+    assert run.trainer.global_step == 2
+    assert any(not torch.equal(v, module.state_dict()[k]) for k, v in before.items())  # it trained
+    cited = torch.load(tmp_path / "ckpt" / "last.ckpt", weights_only=True)["obliq"]["loss"]
+    assert cited["class"] == "_Hinge" and cited["references"] == ["a test's own"]
+    metrics = next(tmp_path.rglob("metrics.csv")).read_text()
+    assert all(len(csv_column(metrics, k)) == 2 for k in ("train/_hinge", "train/hinge_gap", "train/loss"))

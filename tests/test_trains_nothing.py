@@ -47,9 +47,9 @@ def _batch(rows: list[dict], tokenize, max_negatives: int = 2) -> dict:
 
 
 def _check(batch: dict, step: int, mask: torch.Tensor | None = None, data=None) -> None:
-    """check_negatives as a training step calls it: the batch's view (with the mask terms' mask) and InfoNCE()'s
-    ``symmetric``."""
-    check_negatives(StepView.of(batch).with_mask(mask), InfoNCE().symmetric, step, batch, data)
+    """check_negatives as a training step calls it: the batch's view (with the mask terms' mask) and the loss,
+    InfoNCE()."""
+    check_negatives(StepView.of(batch).with_mask(mask), InfoNCE(), step, batch, data)
 
 
 def _refusal(batch: dict, step: int = 7, data=None) -> str:

@@ -8,8 +8,8 @@ import math
 
 import torch
 
-from obliq.losses.term import TEACHER_VECTORS, Term
-from obliq.losses.view import StepView, positive_mask
+from obliq.losses.term import Term
+from obliq.losses.view import StepView, positive_mask, teacher_vectors_problem
 
 
 def guided_mask(teacher: torch.Tensor, positives: torch.Tensor, margin: float = 0.0) -> torch.Tensor:
@@ -39,7 +39,10 @@ class GuidedMask(Term):
     """
 
     name = "guided"
-    needs = TEACHER_VECTORS
+
+    @classmethod
+    def data_problem(cls, data: dict) -> str | None:
+        return teacher_vectors_problem(data)
 
     def __init__(self, margin: float = 0.0):
         super().__init__(weight=0.0)

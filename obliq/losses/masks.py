@@ -94,7 +94,8 @@ def negatives_left(
     and no gradient.
 
     Args:
-        positives, doc_keys, query_keys, mask, symmetric, cut: as :func:`obliq.losses.infonce.info_nce` takes them.
+        positives, doc_keys, query_keys, mask, cut: as :func:`obliq.losses.infonce.scored` takes them.
+        symmetric: count the reverse direction too (:class:`obliq.losses.Symmetric`).
     """
     positives = positive_mask(positives, len(doc_keys))
     forward, reverse = false_negative_masks(positives, doc_keys, query_keys, cut)
@@ -106,27 +107,27 @@ def negatives_left(
     return left
 
 
-def check_negatives(view: StepView, symmetric: bool, step: int, batch: dict | None = None, data=None) -> None:
+def check_negatives(view: StepView, loss, step: int, batch: dict | None = None, data=None) -> None:
     """Refuse a training step in which no row has a negative left (issue 49 §4): every row's loss is then 0
     with gradient 0 (one row and no hard negative; every in-batch document a copy of the row's positive,
     e.g. rows that all share one positive), so the step, and a run made of such steps, trains nothing.
-    Counted with the loss's own masks (:func:`negatives_left`) on the view (every rank's rows when gathered;
-    otherwise the step trains when any rank's rows do).
+    Counted by the loss itself (:meth:`obliq.losses.Loss.negatives_left`, with the masks of :func:`negatives_left`)
+    on the view (every rank's rows when gathered; otherwise the step trains when any rank's rows do).
 
     Args:
         view: the step's :class:`~obliq.losses.view.StepView` (its mask terms' mask included).
-        symmetric: the contrastive loss's ``symmetric``.
+        loss: the main loss (:class:`obliq.losses.Loss`).
         step: the global step, named in the message.
         batch: the rank's collated batch, whose ``row_ids`` the message names; or None.
         data: the data module whose sources the message names (``sources``), or None.
 
     Raises:
-        ValueError: ``no negative left in step N: …``, naming the rows, the data, why and what to change.
+        ValueError: ``no negative left in step N: …``, naming the rows, the data, why and what to change; or the
+            loss's refusal of the view (e.g. InfoNCE's of a row with several positives).
     """
     if view.doc_keys is None:
         return
-    left = negatives_left(view.positives, view.doc_keys, view.query_keys, view.mask, symmetric, view.cut)
-    left = left.sum().reshape(1)
+    left = loss.negatives_left(view).sum().reshape(1)
     if world()[1] > 1 and not view.gathered:
         left = gather(left).sum()
     if int(left):

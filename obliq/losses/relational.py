@@ -10,8 +10,8 @@ import math
 import torch
 
 from obliq.losses.masks import false_negative_masks
-from obliq.losses.term import TEACHER_VECTORS, Term
-from obliq.losses.view import StepView
+from obliq.losses.term import Term, need_temperature
+from obliq.losses.view import StepView, teacher_vectors_problem
 
 
 def relational_distillation(
@@ -77,7 +77,10 @@ class Relational(Term):
     """
 
     name = "relational"
-    needs = TEACHER_VECTORS
+
+    @classmethod
+    def data_problem(cls, data: dict) -> str | None:
+        return teacher_vectors_problem(data)
 
     def __init__(self, weight: float = 1.0, teacher_temperature: float | None = None):
         super().__init__(weight)
@@ -90,7 +93,8 @@ class Relational(Term):
     def forward(self, queries, docs, view: StepView, temperature: float) -> torch.Tensor:
         forward, _ = false_negative_masks(view.positives, view.doc_keys, view.query_keys, view.cut)
         teacher = view.teacher_cosines("Relational")
-        return relational_distillation(queries, docs, teacher, forward, temperature, self.teacher_temperature)
+        tau = need_temperature(self, temperature)
+        return relational_distillation(queries, docs, teacher, forward, tau, self.teacher_temperature)
 
     def settings(self) -> dict:
         return {"weight": self.weight, "teacher_temperature": self.teacher_temperature}

@@ -1,7 +1,9 @@
 """The objective's settings as configs give them: a loss or term as ``{"class_path", "init_args"}``
-(:func:`spec`), what a resume changes in them (:func:`objective_differences`, for
-:func:`obliq.trainer.resume_differences`), and the flat spelling of before this package, read from old
-checkpoints and refused, with its new place, on a command line or in a recipe (:func:`check_flat_objective`)."""
+(:func:`spec`; a wrapper's base loss nested in its ``init_args.loss``), what a resume changes in them
+(:func:`objective_differences`, for :func:`obliq.trainer.resume_differences`), and the spellings of before:
+the flat settings of before this package and InfoNCE's flags of before its forms were losses of their own
+(``symmetric``, ``multi_positive``, ``matryoshka_dims``), read from old checkpoints as the classes they are now and
+refused, with their new place, on a command line or in a recipe (:func:`check_flat_objective`)."""
 
 from __future__ import annotations
 
@@ -17,32 +19,77 @@ def spec(part: torch.nn.Module) -> dict:
     return {"class_path": f"{cls.__module__}.{cls.__qualname__}", "init_args": part.settings()}
 
 
+def build(config):
+    """A loss or term from its config (``class_path`` + ``init_args``, a wrapper's ``loss`` a config too).
+
+    Raises:
+        ImportError, AttributeError, ValueError, KeyError: no such class; TypeError, ValueError: its refusal.
+    """
+    module, _, name = str(config["class_path"]).rpartition(".")
+    cls = getattr(importlib.import_module(module), name)
+    args = {
+        k: build(v) if isinstance(v, dict) and "class_path" in v else v
+        for k, v in (config.get("init_args") or {}).items()
+    }
+    return cls(**args)
+
+
 def _spec(value, default: dict | None) -> dict | None:
     """A loss or term config (``class_path`` + ``init_args``, or None for ``default``) with every setting,
-    as :func:`spec` records it; a config that cannot be built is returned as given."""
+    as :func:`spec` records it; a config that cannot be built is returned as given; InfoNCE's flags of before
+    read as the classes they are now (:func:`_infonce_flags`)."""
     from jsonargparse import Namespace
 
     if value is None:
         return default
-    value = value.as_dict() if isinstance(value, Namespace) else dict(value)
+    value = _infonce_flags(value.as_dict() if isinstance(value, Namespace) else dict(value))
     try:
         module, _, name = str(value["class_path"]).rpartition(".")
         cls = getattr(importlib.import_module(module), name)
     except (ImportError, AttributeError, ValueError, KeyError):
         return value  # compared as given; building it is the fit's business
     try:
-        return spec(cls(**(value.get("init_args") or {})))
+        return spec(build(value))
     except (TypeError, ValueError):  # settings the fit will refuse: compared as given, under the class's own name
         return {"class_path": f"{cls.__module__}.{cls.__qualname__}", "init_args": value.get("init_args") or {}}
 
 
+INFONCE_FLAGS = {
+    "symmetric": "model.loss: obliq.losses.Symmetric, its init_args.loss the loss it makes symmetric",
+    "multi_positive": "model.loss: obliq.losses.MILNCE or obliq.losses.SupCon (losses of rows with several positives)",
+    "matryoshka_dims": "model.loss: obliq.losses.Matryoshka, its dims (init_args.loss: the loss at each)",
+    "matryoshka_weights": "model.loss: obliq.losses.Matryoshka, its weights (init_args.loss: the loss at each)",
+}
+"""InfoNCE's settings of before its forms were losses of their own (issue 56), and the class each is now."""
+
+
+def _infonce_flags(config: dict) -> dict:
+    """An ``obliq.losses.InfoNCE`` config of before issue 56 (``symmetric``, ``multi_positive``, ``matryoshka_*``
+    among its settings, as every checkpoint of then records them) as the classes that compute the same loss now:
+    ``MILNCE`` or ``SupCon`` (the form; ``mil-nce`` was the default, and equals InfoNCE on rows with one positive),
+    wrapped in ``Symmetric`` and ``Matryoshka`` as asked. Any other config is returned as it is."""
+    args = dict(config.get("init_args") or {})
+    infonce = config.get("class_path") in ("obliq.losses.InfoNCE", "obliq.losses.infonce.InfoNCE")
+    if not infonce or not args.keys() & INFONCE_FLAGS.keys():
+        return config
+    symmetric, form = args.pop("symmetric", False), args.pop("multi_positive", "mil-nce")
+    dims, weights = args.pop("matryoshka_dims", None), args.pop("matryoshka_weights", None)
+    name = {"mil-nce": "MILNCE", "supcon": "SupCon"}.get(form, form)
+    out = {"class_path": f"obliq.losses.{name}", "init_args": args}
+    if symmetric:
+        out = {"class_path": "obliq.losses.Symmetric", "init_args": {"loss": out}}
+    if dims:
+        out = {"class_path": "obliq.losses.Matryoshka", "init_args": {"loss": out, "dims": dims, "weights": weights}}
+    return out
+
+
 def _flat_objective(hp: dict) -> tuple[dict | None, list | None]:
     """The loss and terms of a checkpoint written before obliq.losses (its module took ``temperature``,
-    ``symmetric``, ``teacher_loss``, … as flat settings), as configs; (None, None) for a newer one."""
+    ``symmetric``, ``teacher_loss``, … as flat settings), as configs of now; (None, None) for a newer one."""
     if "loss" in hp or "temperature" not in hp:
         return None, None
     keys = ("temperature", "gather_across_devices", "symmetric", "matryoshka_dims", "matryoshka_weights")
-    loss = {"class_path": "obliq.losses.InfoNCE", "init_args": {k: hp[k] for k in keys if k in hp}}
+    loss = _infonce_flags({"class_path": "obliq.losses.InfoNCE", "init_args": {k: hp[k] for k in keys if k in hp}})
     terms = []
     if hp.get("teacher_loss", "none") != "none":
         args = {"kind": hp["teacher_loss"], "weight": hp.get("teacher_weight", 1.0)}
@@ -83,13 +130,18 @@ def _pairs(names, before, now) -> list[tuple[str, object, object]]:
             out.append((name, a.get("class_path"), b.get("class_path")))
             continue
         args_a, args_b = a.get("init_args") or {}, b.get("init_args") or {}
-        out += [(f"{name}.init_args.{k}", args_a.get(k), args_b.get(k)) for k in sorted(args_a.keys() | args_b.keys())]
+        for k in sorted(args_a.keys() | args_b.keys()):
+            x, y = args_a.get(k), args_b.get(k)
+            if all(isinstance(v, dict) and "class_path" in v for v in (x, y)):  # a wrapper's loss: key by key
+                out += _pairs([f"{name}.init_args.{k}"], [x], [y])
+            else:
+                out.append((f"{name}.init_args.{k}", x, y))
     return out
 
 
 FLAT_OBJECTIVE = {
-    **{k: f"model.loss.init_args.{k}" for k in ("temperature", "gather_across_devices", "symmetric")},
-    **{k: f"model.loss.init_args.{k}" for k in ("matryoshka_dims", "matryoshka_weights")},
+    **{k: f"model.loss.init_args.{k}" for k in ("temperature", "gather_across_devices")},
+    **{k: INFONCE_FLAGS[k] for k in ("symmetric", "matryoshka_dims", "matryoshka_weights")},
     "teacher_loss": "model.terms: obliq.losses.TeacherScores (its kind)",
     "teacher_weight": "model.terms: obliq.losses.TeacherScores (its weight)",
     "teacher_temperature": "model.terms: obliq.losses.TeacherScores (its teacher_temperature)",
@@ -101,8 +153,10 @@ FLAT_OBJECTIVE = {
 
 
 def check_flat_objective(argv: list[str]) -> None:
-    """Refuse a setting of the objective in its flat spelling of before ``obliq.losses`` (``--model.temperature``,
-    a config file's ``model.relational_weight``, …), saying where it is now (:data:`FLAT_OBJECTIVE`), instead
+    """Refuse a setting of the objective in a spelling of before: flat, before ``obliq.losses``
+    (``--model.temperature``, a config file's ``model.relational_weight``, …), or one of InfoNCE's flags of before
+    its forms were losses of their own (``model.loss.init_args.symmetric``, ``multi_positive``, ``matryoshka_*``,
+    on ``obliq.losses.InfoNCE``), saying where it is now (:data:`FLAT_OBJECTIVE`, :data:`INFONCE_FLAGS`), instead
     of jsonargparse's bare "unrecognized arguments".
 
     Raises:
@@ -110,11 +164,15 @@ def check_flat_objective(argv: list[str]) -> None:
     """
     from obliq.yaml_checks import load_yaml
 
-    found = []
+    found, flags, loss = [], [], "obliq.losses.InfoNCE"  # the module's default loss
     for n, token in enumerate(argv):
-        key = token.split("=", 1)[0]
+        key, _, value = token.partition("=")
         if key.startswith("--model.") and key[len("--model.") :] in FLAT_OBJECTIVE:
             found.append((key[len("--model.") :], "the command line"))
+        if key.startswith("--model.loss.init_args.") and key.split(".")[-1] in INFONCE_FLAGS:
+            flags.append((key.split(".")[-1], "the command line"))
+        if key in ("--model.loss", "--model.loss.class_path") and value:
+            loss = value if value.startswith("obliq.") or "." in value else f"obliq.losses.{value}"
         config = token[len("--config=") :] if token.startswith("--config=") else None
         if token == "--config" and n + 1 < len(argv):
             config = argv[n + 1]
@@ -123,10 +181,21 @@ def check_flat_objective(argv: list[str]) -> None:
                 model = (load_yaml(Path(config).read_text(encoding="utf-8"), config) or {}).get("model") or {}
             except Exception:  # noqa: BLE001 - a file jsonargparse will read and refuse itself
                 continue
-            found += [(k, config) for k in model if isinstance(model, dict) and k in FLAT_OBJECTIVE]
+            if not isinstance(model, dict):
+                continue
+            found += [(k, config) for k in model if k in FLAT_OBJECTIVE]
+            given = model.get("loss") if isinstance(model.get("loss"), dict) else {}
+            loss = given.get("class_path", loss)
+            flags += [(k, config) for k in given.get("init_args") or {} if k in INFONCE_FLAGS]
     if found:
         key, where = found[0]
         raise ValueError(
             f"{where}: model.{key} is now {FLAT_OBJECTIVE[key]} (the objective is model.loss and model.terms, "
             "obliq/losses; docs/training.md)"
+        )
+    if flags and loss in ("obliq.losses.InfoNCE", "obliq.losses.infonce.InfoNCE"):
+        key, where = flags[0]
+        raise ValueError(
+            f"{where}: model.loss.init_args.{key} of obliq.losses.InfoNCE is now {INFONCE_FLAGS[key]} "
+            "(docs/training.md)"
         )

@@ -10,7 +10,7 @@ import math
 
 import torch
 
-from obliq.losses.term import Term
+from obliq.losses.term import Term, need_temperature
 from obliq.losses.view import StepView, positive_mask
 
 TEACHER_TEMPERATURE = 0.05
@@ -82,14 +82,13 @@ class TeacherScores(Term):
     Args:
         kind: ``kl`` or ``margin-mse``.
         weight: its weight in the objective.
-        teacher_temperature: τ of the teacher's softmax (kl); the student's is the contrastive loss's.
+        teacher_temperature: τ of the teacher's softmax (kl); the student's is the main loss's.
 
     Raises:
         ValueError: an unknown kind, a bad weight or temperature.
     """
 
     name = "teacher"
-    needs = ("teacher_scores",)
 
     def __init__(self, kind: str = "kl", weight: float = 1.0, teacher_temperature: float = TEACHER_TEMPERATURE):
         super().__init__(weight)
@@ -104,6 +103,9 @@ class TeacherScores(Term):
     def forward(self, queries, docs, view: StepView, temperature: float) -> torch.Tensor:
         if view.teacher_scores is None:
             raise ValueError("TeacherScores needs the batch key teacher_scores (rows' meta.teacher_scores)")
+        temperature = (
+            need_temperature(self, temperature) if self.kind == "kl" else temperature or 1.0
+        )  # margin-mse: no τ
         return teacher_distillation(
             queries, docs, view.positive_index, view.doc_row, view.teacher_scores, self.kind, temperature,
             self.teacher_temperature, view.positives,

@@ -1,6 +1,6 @@
-"""What a term of the training objective is: a part beside the contrastive loss, named, weighted, and
-declaring the batch keys it reads (so that a config asking for it without the data that feeds it is refused
-before a run starts: :func:`check_terms`)."""
+"""What a term of the training objective is: a part beside the main loss, named, weighted, and saying what
+in the data settings or rows leaves it nothing to compute (so that a config asking for it without the data that
+feeds it is refused before a run starts: :func:`check_terms`)."""
 
 from __future__ import annotations
 
@@ -11,18 +11,13 @@ from torch import nn
 
 from obliq.losses.view import StepView
 
-TEACHER_VECTORS = ("teacher_query_vectors", "teacher_doc_vectors")
-PROVIDED_BY = {key: "teacher_vectors" for key in TEACHER_VECTORS}
-"""The batch keys a batch holds only when a data setting asks for them, and that setting (``data.<name>``)."""
-WRITTEN_BY = {"teacher_vectors": "obliq distill graph --vectors_out writes them"}
-
 
 class Term(nn.Module):
-    """A part of the step's objective beside the contrastive loss (:class:`obliq.losses.infonce.InfoNCE`).
+    """A part of the step's objective beside the main loss (:class:`obliq.losses.loss.Loss`).
 
-    A subclass sets ``name`` (logged as ``train/<name>``) and ``needs`` (the batch keys it reads beyond the
-    contrastive loss's), and overrides :meth:`forward` (a value added to the objective, times ``weight``)
-    or :meth:`mask` (candidates the contrastive loss leaves out), or both. Each is computed over the step's
+    A subclass sets ``name`` (logged as ``train/<name>``), overrides :meth:`forward` (a value added to the
+    objective, times ``weight``) or :meth:`mask` (candidates the contrastive loss leaves out), or both, and says
+    what it needs of the data (:meth:`data_problem`, :meth:`rows_problem`). Each is computed over the step's
     :class:`~obliq.losses.view.StepView`: every rank's rows when the loss gathers them, so a term is the
     same on one process and on several.
 
@@ -34,7 +29,6 @@ class Term(nn.Module):
     """
 
     name = "term"
-    needs: tuple[str, ...] = ()
 
     def __init__(self, weight: float = 1.0):
         super().__init__()
@@ -44,7 +38,8 @@ class Term(nn.Module):
 
     def forward(self, queries: torch.Tensor, docs: torch.Tensor, view: StepView, temperature: float):
         """The term's value over the view's rows (queries (B, h), docs (M, h), unit vectors); ``temperature``
-        is the contrastive loss's τ. None: the term adds nothing (a mask term)."""
+        is the main loss's τ (:attr:`obliq.losses.loss.Loss.temperature`; None when it has none). None: the term
+        adds nothing (a mask term)."""
         return None
 
     def mask(self, view: StepView) -> torch.Tensor | None:
@@ -71,15 +66,15 @@ class Term(nn.Module):
 
 
 def check_terms(terms, data: dict | None, where: str = "model.terms") -> None:
-    """Refuse terms whose batch keys the data will not provide (``model.terms[i] (Class) needs batch key K: set
-    <setting>``), or whose data settings leave them nothing to compute (:meth:`Term.data_problem`).
+    """Refuse terms whose data settings leave them nothing to compute (:meth:`Term.data_problem`: e.g. a term of
+    the teacher's vectors without the data setting that adds them to a batch).
 
     Args:
         terms: the term classes or instances, in config order.
         data: the ``data`` config section (its settings by name), or None.
 
     Raises:
-        ValueError: naming the term, the key and the data setting that provides it.
+        ValueError: ``model.terms[i] (Class) <the term's reason>``.
     """
     data = data or {}
     for i, term in enumerate(terms):
@@ -87,9 +82,16 @@ def check_terms(terms, data: dict | None, where: str = "model.terms") -> None:
         problem = term.data_problem(data) if hasattr(term, "data_problem") else None
         if problem:
             raise ValueError(f"{where}[{i}] ({name}) {problem}")
-        for key in getattr(term, "needs", ()):
-            setting = PROVIDED_BY.get(key)
-            if setting is not None and not data.get(setting):
-                raise ValueError(
-                    f"{where}[{i}] ({name}) needs the batch key {key}: set data.{setting} ({WRITTEN_BY[setting]})"
-                )
+
+
+def need_temperature(term: Term, temperature: float | None) -> float:
+    """The main loss's τ, which ``term`` compares the student's scores at.
+
+    Raises:
+        ValueError: the loss has none (:attr:`obliq.losses.loss.Loss.temperature` is None).
+    """
+    if temperature is None:
+        raise ValueError(
+            f"{type(term).__name__} compares the student's scores at the loss's τ, and model.loss has none"
+        )
+    return temperature

@@ -10,6 +10,15 @@ import torch
 
 from obliq.distributed import gather, world
 
+ADDED_BY = "set data.teacher_vectors (obliq distill graph --vectors_out writes them)"
+"""What adds the teacher's vectors (:meth:`StepView.teacher_cosines`) to a batch."""
+
+
+def teacher_vectors_problem(data: dict) -> str | None:
+    """Why the ``data`` settings leave a term of the teacher's vectors (the relational KL, the guided mask) nothing
+    to read, said as a term's refusal (:meth:`obliq.losses.Term.data_problem`); None when they add them."""
+    return None if data.get("teacher_vectors") else f"needs the batch key teacher_query_vectors: {ADDED_BY}"
+
 
 def positive_mask(positives: torch.Tensor, n_docs: int) -> torch.Tensor:
     """(B, M) bool, True at each of row i's positives.
@@ -131,8 +140,7 @@ class StepView:
         """
         if self.teacher_query_vectors is None or self.teacher_doc_vectors is None:
             raise ValueError(
-                f"{needed_by} needs the batch keys teacher_query_vectors and teacher_doc_vectors: set "
-                "data.teacher_vectors (obliq distill graph --vectors_out writes them)"
+                f"{needed_by} needs the batch keys teacher_query_vectors and teacher_doc_vectors: {ADDED_BY}"
             )
         return (self.teacher_query_vectors.double() @ self.teacher_doc_vectors.double().T).float()
 

@@ -9,9 +9,11 @@ scaler is updated after every step, and a step it skips for overflow is counted 
 (``train/overflow_steps``), not as a bad step: the schedule advances only on applied steps (the
 PyTorch AMP recipe: scale → backward → unscale → clip → step → update).
 
-Logged every step: ``train/loss`` and its terms (``train/infonce``, ``train/infonce_dim<d>``, ``train/teacher``,
-``train/relational``), each the value of the objective whose gradient the step applies, summed over the ranks
-(torchmetrics' ``SumMetric``), so the same on 1 and N processes (:meth:`RetrieverModule.objective`).
+Logged every step: ``train/loss`` and its parts: the main loss's value under its name and the parts it logs
+(:class:`obliq.losses.Loss`: ``train/infonce``, ``train/infonce_dim<d>`` for InfoNCE under Matryoshka) and each
+term's (``train/teacher``, ``train/relational``), each the value of the objective whose gradient the step applies,
+summed over the ranks (torchmetrics' ``SumMetric``), so the same on 1 and N processes
+(:meth:`RetrieverModule.objective`).
 
 Checkpoints hold only the trainable weights (the LoRA adapter, or everything when training fully),
 plus what Lightning saves itself: optimizer, scheduler, loop and data-loader state. Randomness is
@@ -32,7 +34,7 @@ from torchmetrics import SumMetric
 
 from obliq.data.reader import BatchRef
 from obliq.distributed import world
-from obliq.losses import InfoNCE, StepView, Term, check_negatives
+from obliq.losses import InfoNCE, Loss, StepView, Term, check_negatives
 from obliq.losses.settings import spec
 from obliq.model.encoder import BiEncoder
 from obliq.model.gradcache import chunk_counts_across_ranks, grad_cache_step
@@ -40,18 +42,19 @@ from obliq.model.gradcache import chunk_counts_across_ranks, grad_cache_step
 log = logging.getLogger(__name__)
 
 
-def check_plan_negatives(datamodule, symmetric: bool, first: int, last: int, most: int = 20_000) -> None:
+def check_plan_negatives(datamodule, loss: Loss, first: int, last: int, most: int = 20_000) -> None:
     """Refuse, before training, a step of the plan in which no row has a negative left (issue 53 §3: found at
     step 20 otherwise): the check of :func:`obliq.losses.check_negatives` on each step's identity keys, read from
     the data's index (the step's rows on every rank together; mask terms, which need the model, left out).
 
     Args:
         datamodule: a :class:`~obliq.data.TrainingDataModule` whose plan is built (its loader made).
-        symmetric: the contrastive loss's ``symmetric``.
+        loss: the main loss, which counts each row's negatives (:meth:`obliq.losses.Loss.negatives_left`).
         first, last: the global steps to check, ``[first, last)``; at most ``most`` of them.
 
     Raises:
-        ValueError: :func:`~obliq.losses.check_negatives`'s message, naming the step and the data.
+        ValueError: :func:`~obliq.losses.check_negatives`'s message, naming the step and the data (or the loss's
+            refusal of a step, e.g. InfoNCE's of rows with several positives).
     """
     plan, reader = datamodule.plan, datamodule.plan.rows
     for step in range(first, min(last, first + most)):
@@ -76,20 +79,20 @@ def check_plan_negatives(datamodule, symmetric: bool, first: int, last: int, mos
             gathered=True,  # every rank's rows of the step
         )
         try:
-            check_negatives(view, symmetric, step, None, datamodule)
+            check_negatives(view, loss, step, None, datamodule)
         except ValueError:  # the message names the rows: read them
             rows = reader[BatchRef(epoch, at, source, row)]
-            check_negatives(view, symmetric, step, {"row_ids": [r.id for r in rows]}, datamodule)
+            check_negatives(view, loss, step, {"row_ids": [r.id for r in rows]}, datamodule)
             raise
 
 
 class RetrieverModule(L.LightningModule):
-    """Trains a :class:`~obliq.model.BiEncoder` with a contrastive loss and its terms + GradCache.
+    """Trains a :class:`~obliq.model.BiEncoder` with a main loss and its terms + GradCache.
 
     Args:
         encoder: the bi-encoder (in a config: ``class_path: obliq.model.BiEncoder`` + ``init_args``).
-        loss: the contrastive loss (:class:`obliq.losses.InfoNCE`, which owns the temperature τ; default
-            ``InfoNCE()``: τ 0.02 = scale 50, the model card).
+        loss: the main loss, any :class:`obliq.losses.Loss` (asked only what that protocol says); default
+            ``InfoNCE()``: τ 0.02 = scale 50, the model card.
         terms: the terms beside it (:mod:`obliq.losses`: ``TeacherScores``, ``Relational``, ``GuidedMask``, or
             any :class:`~obliq.losses.Term`), each computed over the step's view (every rank's rows when the
             loss gathers them); a term's batch keys are checked before a run (:func:`obliq.losses.check_terms`).
@@ -108,13 +111,13 @@ class RetrieverModule(L.LightningModule):
     ``doc_keys``, ``query_keys``, ...).
 
     Raises:
-        ValueError: bad settings, or two terms of one name.
+        ValueError: bad settings, or two logged parts of one name (two terms, or a term and the loss).
     """
 
     def __init__(
         self,
         encoder: BiEncoder,
-        loss: InfoNCE | None = None,
+        loss: Loss | None = None,
         terms: list[Term] | None = None,
         chunk_size: int | None = 4,
         sort_by_length: bool = True,
@@ -137,6 +140,10 @@ class RetrieverModule(L.LightningModule):
             twice = next(n for n in names if names.count(n) > 1)
             where = [i for i, n in enumerate(names) if n == twice]
             raise ValueError(f"model.terms: entries {where} are both the term {twice!r}: give each term once")
+        logged = ["loss", loss.name, *loss.logged()]
+        clash = next((n for n in names if n in logged), None) or next((n for n in logged if logged.count(n) > 1), None)
+        if clash is not None:
+            raise ValueError(f"model.loss ({type(loss).__name__}) and its terms both log train/{clash}: rename one")
         self.save_hyperparameters(ignore=["encoder", "loss", "terms"])
         # the objective's settings as a config gives them (compared on a resume: obliq.trainer.resume_differences)
         self.hparams["loss"] = spec(loss)
@@ -153,7 +160,6 @@ class RetrieverModule(L.LightningModule):
         self.overflow_steps = 0  # fp16 steps the GradScaler skipped (not bad steps)
         self._grad_norm = torch.tensor(0.0)
         self._t_last: float | None = None
-        logged = ["loss", "infonce", *(f"infonce_dim{d}" for d in loss.matryoshka_dims or [])]
         logged += [t.name for t in terms if adds(t)]
         # what each rank adds to a logged term, summed over the ranks at every step (module notes)
         self.logged_terms = torch.nn.ModuleDict({t: SumMetric(dist_sync_on_step=True) for t in logged})
@@ -229,7 +235,7 @@ class RetrieverModule(L.LightningModule):
         datamodule = getattr(self.trainer, "datamodule", None)
         if getattr(datamodule, "plan", None) is not None and getattr(datamodule.plan, "rows", None) is not None:
             last = self.trainer.max_steps if self.trainer.max_steps > 0 else self.total_steps()
-            check_plan_negatives(datamodule, self.loss.symmetric, self.global_step, last)
+            check_plan_negatives(datamodule, self.loss, self.global_step, last)
         optimizer, scheduler = self.optimizers(), self.lr_schedulers()
         scheduler.base_lrs = [self.hparams.lr] * len(optimizer.param_groups)
         for group, fn in zip(optimizer.param_groups, scheduler.lr_lambdas):
@@ -251,7 +257,7 @@ class RetrieverModule(L.LightningModule):
         optimizer.zero_grad(set_to_none=True)
         torch.manual_seed(self.hparams.seed * 1_000_003 + self.global_step)  # CPU and every CUDA device
         view = self.view(batch)
-        check_negatives(view, self.loss.symmetric, self.global_step, batch, self.trainer.datamodule)  # issue 49 §4
+        check_negatives(view, self.loss, self.global_step, batch, self.trainer.datamodule)  # issue 49 §4
         try:
             loss = grad_cache_step(
                 self.encoder,
@@ -261,7 +267,7 @@ class RetrieverModule(L.LightningModule):
                 self.chunk_size,
                 backward=self.manual_backward,
                 no_sync=self.trainer.strategy.block_backward_sync if self.trainer.world_size > 1 else None,
-                backward_scale=self.loss.backward_scale,
+                backward_scale=self.backward_scale,
                 pad_to=chunk_counts_across_ranks(batch["query"], batch["docs"], self.chunk_size)
                 if self.device_mesh is not None
                 else None,  # FSDP: the same passes on every rank
@@ -295,27 +301,35 @@ class RetrieverModule(L.LightningModule):
         self._log_step(batch, grad_norm, lr)
         return loss
 
+    @property
+    def backward_scale(self) -> float:
+        """Factor for the backward pass: DDP/FSDP average the ranks' gradients, and each rank's gradient of a
+        gathered objective (:attr:`obliq.losses.Loss.gathers`) already is its share of the global one's, so the
+        average is scaled back up."""
+        return float(world()[1]) if self.loss.gathers else 1.0
+
     def view(self, batch: dict) -> StepView:
         """The step's :class:`~obliq.losses.StepView` (every rank's rows when the loss gathers them), with the
         mask terms' masks. A collective call under several processes."""
-        view = StepView.of(batch, gathered=self.loss.gather_across_devices, device=self.device)
+        view = StepView.of(batch, gathered=self.loss.gathers, device=self.device)
         for term in self.terms:
             view = view.with_mask(term.mask(view))
         return view
 
     def objective(self, q: torch.Tensor, d: torch.Tensor, view: StepView) -> torch.Tensor:
-        """This rank's loss of the step, the one GradCache back-propagates (times ``loss.backward_scale``,
-        which the strategy's gradient average undoes), and each logged term's share of this rank.
+        """This rank's loss of the step, the one GradCache back-propagates (times :attr:`backward_scale`,
+        which the strategy's gradient average undoes), and each logged part's share of this rank.
 
         The step's objective, whose gradient the step applies, is what one process computes over the ranks'
-        concatenated batch: ``infonce + Σ_t weight_t · term_t``, every part over the view's rows (every rank's
+        concatenated batch: ``loss + Σ_t weight_t · term_t``, every part over the view's rows (every rank's
         queries against every rank's documents when the loss gathers them: each rank computes the same value
-        and back-propagates into its own rows). With Matryoshka, ``infonce`` is the weighted sum of each
-        dimension's, logged too as ``infonce_dim<d>``. Without ``gather_across_devices`` each rank's parts
-        are its own batch's, and the objective their mean over the ranks. Each logged term is the sum over
-        ranks of the shares kept here (``torchmetrics.SumMetric``, synced at every step): the objective's
-        value, the same on 1 and N processes. Sources: GradCache (Gao et al. 2021) for the cached gradients;
-        DDP averages the ranks' gradients (PyTorch ``DistributedDataParallel``), hence the backward scale.
+        and back-propagates into its own rows). The loss's value is logged under its name, and the parts it
+        reports beside it (:meth:`obliq.losses.Loss.logged`: Matryoshka's ``infonce_dim<d>``) too. When it does
+        not gather, each rank's parts are its own batch's, and the objective their mean over the ranks. Each
+        logged part is the sum over ranks of the shares kept here (``torchmetrics.SumMetric``, synced at every
+        step): the objective's value, the same on 1 and N processes. Sources: GradCache (Gao et al. 2021) for
+        the cached gradients; DDP averages the ranks' gradients (PyTorch ``DistributedDataParallel``), hence the
+        backward scale.
 
         Args:
             q: (B_r, h) this rank's query embeddings; d: (M_r, h) its document embeddings.
@@ -326,12 +340,11 @@ class RetrieverModule(L.LightningModule):
         """
         ranks = world()[1]
         q, d = view.embeddings(q, d)
-        parts: list[torch.Tensor] = []
-        nce = self.loss(q, d, view, parts)
-        total = nce
-        shares = {"infonce": nce.detach() / ranks}
-        shares.update({f"infonce_dim{dim}": p / ranks for dim, p in zip(self.loss.matryoshka_dims or [], parts)})
-        loss = shares["infonce"]
+        parts: dict[str, torch.Tensor] = {}
+        main = self.loss(q, d, view, parts)
+        total = main
+        shares = {self.loss.name: main.detach() / ranks, **{name: p / ranks for name, p in parts.items()}}
+        loss = shares[self.loss.name]
         for term in self.terms:
             value = term(q, d, view, self.loss.temperature)
             if value is None:
