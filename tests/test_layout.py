@@ -109,6 +109,61 @@ def test_the_import_check_sees_imports_inside_functions(tmp_path):
     assert [n for _, n in _imports(bad)] == ["obliq.rerank.reranker", "obliq.synth.generate"]
 
 
+COMMANDS_HOME = PACKAGE / "commands"
+"""Where every command lives (issue 56): the one folder, with ``cli.py``, that claims outputs or reads argv."""
+
+
+def _command_work(path: Path) -> list[str]:
+    """Where a file does a command's work (``file:line``): calls :func:`obliq.claims.claim_output` or
+    ``claim_outputs`` (the claim of a command's outputs), or reads ``sys.argv``."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Call):
+            func = node.func
+            name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else ""
+            if name in ("claim_output", "claim_outputs"):
+                found.append(f"{node.lineno}: calls {name}")
+        elif isinstance(node, ast.Attribute) and node.attr == "argv" and getattr(node.value, "id", None) == "sys":
+            found.append(f"{node.lineno}: reads sys.argv")
+    return [f"{path.relative_to(REPO) if path.is_relative_to(REPO) else path}:{f}" for f in found]
+
+
+def test_only_commands_claim_outputs_or_read_argv():
+    """Every command lives in obliq/commands/ (one module per verb of the cli's table): no library module
+    claims a command's outputs or reads the command line."""
+    wrong = [
+        line
+        for path in PACKAGE_FILES
+        if not path.is_relative_to(COMMANDS_HOME) and path not in (PACKAGE / "cli.py", PACKAGE / "claims.py")
+        for line in _command_work(path)
+    ]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_command_work_check_can_fail(tmp_path):
+    """A negative control for the check above."""
+    bad = tmp_path / "bad.py"
+    bad.write_text(
+        "import sys\nfrom obliq import claims\n"
+        "def run(out):\n    with claims.claim_outputs({'out': out}):\n        return sys.argv[1:]\n"
+    )
+    assert [line.split(":", 1)[1] for line in _command_work(bad)] == ["4: calls claim_outputs", "5: reads sys.argv"]
+
+
+def test_the_cli_table_points_only_into_commands():
+    """``obliq``'s table names functions of obliq.commands.* only (one module per top-level verb)."""
+    from obliq.cli import COMMANDS
+
+    def entries(table: dict) -> list[tuple[str, str]]:
+        out = []
+        for name, target in table.items():
+            out += entries(target) if isinstance(target, dict) else [(name, target)]
+        return out
+
+    wrong = [f"{name}: {target}" for name, target in entries(COMMANDS) if not target.startswith("obliq.commands.")]
+    assert not wrong, "\n".join(wrong)
+
+
 def _outside_use(path: Path) -> list[str]:
     """What a script does that only the package may: import a private name of obliq (``_x``), edit
     ``sys.path``, or import the callbacks by a top-level name (they install as ``obliq.callbacks``)."""
