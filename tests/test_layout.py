@@ -41,14 +41,8 @@ LAYERS = {
     "distill": 6,
     "negatives": 6,
     "callbacks": 6,
-    "export": 7,
-    "interpolate": 7,
-    "trainer": 8,
-    # commands that wire stages together
-    "quickstart": 9,
-    "dose": 9,
-    "evaluate": 9,
-    "encode": 9,
+    # every command, one module per top-level verb (issue 56): each may call the library and the other commands
+    "commands": 9,
     "cli": 10,
 }
 """The layer of every top-level module or package of obliq/; a module may import its own package and
@@ -221,7 +215,7 @@ def test_the_public_names_check_can_fail(tmp_path):
     """A negative control for the check above."""
     bad = tmp_path / "bad.py"
     bad.write_text(
-        "import sys\nsys.path.insert(0, '..')\nfrom obliq.quickstart import _Helper\n"
+        "import sys\nsys.path.insert(0, '..')\nfrom obliq.commands.quickstart import _Helper\n"
         "from callbacks import RetrievalEvaluation\n"
     )
     assert len(_outside_use(bad)) == 3
@@ -247,9 +241,9 @@ def test_defaults_are_defined_once_and_every_entry_point_reads_them():
     from jsonargparse import ArgumentParser
     from obliq.callbacks.evaluation import RetrievalEvaluation
 
-    from obliq.audit.commands import audit
-    from obliq.dose import dose_sweep
-    from obliq.evaluate import evaluate
+    from obliq.commands.audit import audit
+    from obliq.commands.dose import dose_sweep
+    from obliq.commands.evaluate import evaluate
     from obliq.model.encoder import BiEncoder
     from obliq.model.tokenizer import PASSAGE_MAX_LENGTH, QUERY_MAX_LENGTH, TextTokenizer
     from obliq.search.bm25 import BM25, BM25_STEMMER
@@ -350,15 +344,24 @@ def _lines(path: Path) -> int:
     return len(path.read_text().splitlines())
 
 
+def _share_unit(path: Path) -> str:
+    """What the folder cap counts a file in: its package folder, or for obliq/commands/ its verb's module
+    (``commands/train``): the commands' folder is one module per verb, each its own unit."""
+    if path.is_relative_to(COMMANDS_HOME):
+        return f"commands/{path.stem}"
+    return _unit(path)
+
+
 def test_no_file_is_too_long_and_no_folder_holds_too_much_of_the_package():
     """Issue 30: every file of obliq/ stays under 600 lines, and no package folder (a subpackage of obliq/,
-    or callbacks/) holds over 15 % of the package's lines (``.py`` files under obliq/ plus callbacks/)."""
+    or callbacks/) holds over 15 % of the package's lines (``.py`` files under obliq/ plus callbacks/);
+    obliq/commands/ counts per verb module (issue 56)."""
     long = [f"{p.relative_to(REPO)}: {_lines(p)} lines" for p in PACKAGE.rglob("*.py") if _lines(p) > MAX_FILE_LINES]
     total = sum(_lines(p) for p in PACKAGE_FILES)
     folders: dict[str, int] = {}
     for path in PACKAGE_FILES:
         if path.is_relative_to(REPO / "callbacks") or len(path.relative_to(PACKAGE).parts) > 1:
-            folders[_unit(path)] = folders.get(_unit(path), 0) + _lines(path)
+            folders[_share_unit(path)] = folders.get(_share_unit(path), 0) + _lines(path)
     big = [f"{name}/: {n / total:.1%} of {total} lines" for name, n in folders.items() if n > MAX_FOLDER_SHARE * total]
     assert total > 10000 and len(folders) > 8
     assert not long + big, "\n".join(long + big)

@@ -138,7 +138,7 @@ class RetrieverModule(L.LightningModule):
             where = [i for i, n in enumerate(names) if n == twice]
             raise ValueError(f"model.terms: entries {where} are both the term {twice!r}: give each term once")
         self.save_hyperparameters(ignore=["encoder", "loss", "terms"])
-        # the objective's settings as a config gives them (compared on a resume: obliq.trainer.resume_differences)
+        # the objective's settings as a config gives them (a resume compares them: commands.train.resume_differences)
         self.hparams["loss"] = spec(loss)
         self.hparams["terms"] = [spec(t) for t in terms]
         self.automatic_optimization = False
