@@ -1,7 +1,7 @@
 """Evaluate a model (or BM25, or a run file) on retrieval tasks:
 ``python evaluate.py --model M --tasks T… --output DIR``.
 
-The same command as ``obliq evaluate`` (:func:`obliq.evaluate.evaluate`; ``--help`` lists its
+The same command as ``obliq evaluate`` (:func:`obliq.commands.evaluate.evaluate`; ``--help`` lists its
 flags; ``--config file.yaml`` works, ``--print_config`` writes one). Examples:
 
     python evaluate.py --model bm25 --tasks ../shared/data/tasks --output runs/bm25

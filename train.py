@@ -1,7 +1,7 @@
 """Train a retriever: ``python train.py fit --config configs/<recipe>.yaml [--key=value …] [--ckpt_path last]``.
 
 The same command as ``obliq train`` (LightningCLI over the RetrieverModule and the
-TrainingDataModule, :func:`obliq.trainer.cli`). ``--print_config`` prints the resolved configuration.
+TrainingDataModule, :func:`obliq.commands.train.cli`). ``--print_config`` prints the resolved configuration.
 """
 
 import sys

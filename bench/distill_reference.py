@@ -3,7 +3,7 @@
 Both students start from all-MiniLM-L6-v2 and read the same rows: every row of the recipe's source
 named ``knn`` (the kNN pairs written by ``obliq distill pairs``; the source must have no ``count``, so
 that "the same pairs" is the whole file). obliq trains the recipe (``train.py fit --config …``,
-LoRA or full fine-tuning as the recipe says) through :func:`obliq.trainer.fit_and_export`;
+LoRA or full fine-tuning as the recipe says) through :func:`obliq.commands.train.fit_and_export`;
 sentence-transformers trains with ``SentenceTransformerTrainer`` and ``MultipleNegativesRankingLoss``
 (full fine-tuning, its default lr 5e-5 and 10% warmup, the recipe's batch size, scale 1/τ of the
 recipe, no-duplicates batches; when the recipe sets a GradCache ``chunk_size``, the same loss as
@@ -96,8 +96,8 @@ def knn_source(recipe: list[str]) -> tuple[Path, dict]:
 
 def train_obliq(recipe: list[str], run_dir: Path) -> dict:
     """Train the recipe in this process; returns the adapter folder, steps, wall and CPU seconds, peak RSS."""
+    from obliq.commands.train import fit_and_export
     from obliq.model.checkpoint import checkpoint_info
-    from obliq.trainer import fit_and_export
 
     t0 = time.perf_counter()
     configs = [arg for file in recipe for arg in ("--config", file)]

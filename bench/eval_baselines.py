@@ -2,7 +2,7 @@
 
     python bench/eval_baselines.py --output runs/baselines [--tasks ../shared/data/tasks] [--models bm25 minilm]
 
-Each model is evaluated with :func:`obliq.evaluate.evaluate` into ``<output>/<model>/`` (a model
+Each model is evaluated with :func:`obliq.commands.evaluate.evaluate` into ``<output>/<model>/`` (a model
 whose ``results.md`` is already there is not re-run); the closing table is printed as markdown.
 MiniLM on the 4,000-document tasks takes minutes on a CPU.
 """
@@ -15,8 +15,8 @@ import logging
 import sys
 from pathlib import Path
 
+from obliq.commands.evaluate import evaluate
 from obliq.eval.results import made_with
-from obliq.evaluate import evaluate
 from obliq.tasks import find_tasks
 
 REPO = Path(__file__).resolve().parents[1]

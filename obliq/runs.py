@@ -38,7 +38,7 @@ VERSION = re.compile(r"^(version_(\d+)|wandb-\w+)$")
 SIGTERM_CHECKPOINT = "sigterm.ckpt"
 """The file :class:`obliq.callbacks.CheckpointOnSigterm` writes in the run's folder."""
 FINAL = "final.ckpt"
-"""The checkpoint :func:`obliq.trainer.fit` writes at the end of training, in the run's folder."""
+"""The checkpoint :func:`obliq.commands.train.fit` writes at the end of training, in the run's folder."""
 
 OWNER_FILE = "owner.json"
 """The record a version folder holds of the job that runs it (:func:`job_owner`), its launch, host and process."""
@@ -295,7 +295,7 @@ class RunFolder:
 
     @property
     def final(self) -> Path | None:
-        """``final.ckpt``: the weights at the end of training (written by :func:`obliq.trainer.fit`), or None."""
+        """``final.ckpt``: the weights at the end of training (written by :func:`obliq.commands.train.fit`), or None."""
         file = self.path / FINAL
         return file if file.is_file() else None
 

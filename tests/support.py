@@ -351,7 +351,7 @@ def start_training(config: Path, *extra: str, cwd: Path = REPO, drop_env: tuple[
 def fit_here(config: Path, *extra: str):
     """``train.py fit --config <config> <extra>`` in this process, on one thread as :func:`start_training`'s
     process (so the same numbers, to the bit), without the start-up of another process; returns the CLI."""
-    from obliq.trainer import cli
+    from obliq.commands.train import cli
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)

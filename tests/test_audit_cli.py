@@ -8,7 +8,7 @@ import pytest
 from jsonargparse import auto_cli
 from test_audit_lean import write_task
 
-from obliq.audit.commands import audit
+from obliq.commands.audit import audit
 
 
 def test_audit_parses_and_runs_from_the_command_line(tmp_path):

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from obliq.audit.commands import audit
+from obliq.commands.audit import audit
 from obliq.search.runs import read_run
 from obliq.search.settings import RetrievalSettings
 from obliq.tasks import read_qrels

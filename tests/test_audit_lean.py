@@ -11,10 +11,10 @@ import math
 
 import pytest
 
-from obliq.audit.commands import audit
 from obliq.audit.contrasts import group_contrast, paired_contrast, paired_values
 from obliq.audit.inputs import load_query_sets, read_document_lean, read_query_attributes, restrict_queries
 from obliq.audit.lean import lean_at_k
+from obliq.commands.audit import audit
 
 LEAN = {"d1": -1.0, "d2": -1.0, "d3": 0.0, "d4": 0.0, "d5": 1.0, "d6": 1.0}
 # L1's d3 and d6 tie at rank 3: trec_eval breaks ties by doc id descending, so d6 is third.

@@ -168,7 +168,7 @@ def test_c64_tokenless_documents_through_evaluate_and_mining(pyserini_backend, t
     against Lucene: the same scores, d1 first, NDCG@1 = 1 by pytrec_eval."""
     import pytrec_eval
 
-    from obliq.evaluate import evaluate
+    from obliq.commands.evaluate import evaluate
     from obliq.negatives.mine import Bm25sBackend
     from obliq.search.runs import read_run
     from obliq.search.settings import RetrievalSettings

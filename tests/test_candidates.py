@@ -13,12 +13,13 @@ import pytest
 import pytrec_eval
 from support import make_task
 
+from obliq.commands.evaluate import evaluate
+from obliq.commands.task import split_task
 from obliq.eval.metrics import evaluate_run
-from obliq.evaluate import evaluate
 from obliq.search.retrieval import make_retriever
 from obliq.search.runs import read_run
 from obliq.search.settings import RetrievalSettings
-from obliq.tasks import load_query_split, load_task, split_task, subset_queries
+from obliq.tasks import load_query_split, load_task, subset_queries
 
 DOCS = {
     "a": "the cat sat on the warm mat",

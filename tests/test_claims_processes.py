@@ -57,11 +57,11 @@ def write(paths, tag):
 if spec.get("cwd"):
     os.chdir(spec["cwd"])
 out, kind = spec["out"], spec["kind"]
-if kind == "evaluate":  # as obliq/evaluate.py claims --output
+if kind == "evaluate":  # as obliq/commands/evaluate.py claims --output
     claim = dict(outputs={"output": out}, command="evaluate", what="evaluation results", folders=["output"])
 elif kind == "data convert":  # as obliq/data/convert.py claims --out
     claim = dict(outputs={"out": out}, command="data convert", what="rows")
-else:  # as obliq/synth/commands.py claims generate's --out and the files beside it
+else:  # as obliq/commands/synth.py claims generate's --out and the files beside it
     outputs = {"out": out, "rejects": out + ".rejects.jsonl", "report": out + ".report.json"}
     claim = dict(outputs=outputs, command="synth generate", what="synthetic rows", append=True)
 try:

@@ -38,8 +38,8 @@ def test_work_dir_on_the_command_line_reads_as_in_the_recipe(tmp_path):
     """`train.py fit --config quickstart.yaml --run_dir='${work_dir}/sweep' --print_config` (the user's
     command, its own process) and train_config of the same argv give the run folder <work_dir>/sweep/version_0,
     and every setting as recipe_config reads the recipe with that override."""
+    from obliq.commands.train import train_config
     from obliq.recipes import recipe_config
-    from obliq.trainer import train_config
 
     argv = ["fit", "--config", str(QUICKSTART), f"--work_dir={tmp_path}", "--run_dir=${work_dir}/sweep"]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
@@ -65,7 +65,7 @@ def test_work_dir_on_the_command_line_reads_as_in_the_recipe(tmp_path):
 
 @pytest.mark.slow
 def test_a_one_step_fit_with_work_dir_on_the_command_line(tiny_llama_dir, tasks_dir, tmp_path):
-    from obliq.trainer import cli
+    from obliq.commands.train import cli
 
     rows = write_rows(tmp_path / "rows.jsonl", task_rows(tasks_dir, "math-theoremqa", limit=8))
     config = write_config(tmp_path / "recipe", rows, tiny_llama_dir, max_steps=1)
@@ -84,7 +84,7 @@ def test_a_one_step_fit_with_work_dir_on_the_command_line(tiny_llama_dir, tasks_
 def test_every_form_of_a_command_line_value_reads_as_in_the_recipe(tmp_path):
     """`--name value`, a nested key, a mapping value and an appended list item: each ``${…}`` from the top of
     the recipe, ``${run_dir}`` the run's version folder."""
-    from obliq.trainer import train_config
+    from obliq.commands.train import train_config
 
     checkpoint = {"class_path": "lightning.pytorch.callbacks.ModelCheckpoint", "init_args": {"dirpath": "${run_dir}/x"}}
     config = train_config(

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from obliq.data.convert import ConvertError, convert
+from obliq.commands.data import convert
+from obliq.data.convert import ConvertError
 from obliq.data.rows import parse_row, read_rows
 
 

@@ -23,7 +23,8 @@ datasets = pytest.importorskip("datasets")
 pa = pytest.importorskip("pyarrow")
 import pyarrow.parquet as pq  # noqa: E402
 
-from obliq.data.convert import ConvertError, convert  # noqa: E402
+from obliq.commands.data import convert  # noqa: E402
+from obliq.data.convert import ConvertError  # noqa: E402
 from obliq.data.rows import read_rows  # noqa: E402
 
 SCHEMA = pa.schema(

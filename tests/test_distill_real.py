@@ -13,7 +13,7 @@ import json
 
 import pytest
 
-from obliq.distill.commands import fuse, graph, pairs, purity
+from obliq.commands.distill import fuse, graph, pairs, purity
 from obliq.distill.graph import teacher_graph
 from obliq.distill.purity import graph_purity, labels_for
 from obliq.files import read_id_table

@@ -98,7 +98,7 @@ C50_SCORES = {("q1", "d1"): 1.528826, ("q2", "d2"): 1.597309, ("q3", "d3"): 1.67
 def test_c50_unicode_forms_match_through_obliq_evaluate(tmp_path):
     import pytrec_eval
 
-    from obliq.evaluate import evaluate
+    from obliq.commands.evaluate import evaluate
     from obliq.search.runs import read_run
 
     assert unicodedata.normalize("NFC", C50_DOCS["d1"]) != C50_DOCS["d1"] != C50_QUERIES["q1"]  # forms differ

@@ -149,7 +149,7 @@ def test_one_model_gives_one_number_through_every_command(tmp_path, tasks_dir, c
     callback give the same NDCG@10 on the same queries (issue 14: one system, one number). A smaller slice (8
     queries, their relevant problems and 12 others): the four paths encode it four times."""
     from obliq.cli import main as obliq_main
-    from obliq.dose import dose_sweep
+    from obliq.commands.dose import dose_sweep
     from obliq.model import BiEncoder
     from obliq.search.retrieval import make_retriever
 

@@ -192,7 +192,7 @@ def test_rr_at_k_is_cut_at_k():
 
 
 def test_obliq_metrics_refuses_an_empty_run_or_one_of_another_task_and_counts_strays(tmp_path, caplog):
-    from obliq.eval.metrics import score_files
+    from obliq.commands.metrics import score_files
 
     qrels = tmp_path / "qrels.tsv"
     qrels.write_text("query-id\tcorpus-id\tscore\nq1\td1\t1\nq2\td2\t1\n")

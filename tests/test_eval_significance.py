@@ -11,7 +11,8 @@ from scipy import stats
 from support import cli_fails
 
 from obliq.cli import main as obliq_main
-from obliq.eval.significance import compare, compare_files, sign_flip_test
+from obliq.commands.compare import compare_files
+from obliq.eval.significance import compare, sign_flip_test
 
 
 def test_identical_runs_give_zero_difference_and_p_one():
@@ -172,7 +173,6 @@ def test_compare_reads_obliq_output_folders(tmp_path, capsys):
 def test_compare_refuses_runs_that_miss_judged_queries_unless_told_what_to_do(tmp_path, capsys):
     """Issue 24: a run that misses most queries is not "significantly worse"; the comparison says which
     queries it compares."""
-    from obliq.eval.significance import compare_files
 
     runs, qrels = _c20_files(tmp_path, 12)
     full = tmp_path / runs[0]

@@ -35,7 +35,7 @@ def test_c33_an_exported_instruct_decoder_reads_plain_text_as_the_adapter(tmp_pa
     SmolLM2's chat template); so does the adapter card's transformers + peft snippet."""
     from sentence_transformers import SentenceTransformer
 
-    from obliq.export import PROBE, export
+    from obliq.commands.export import PROBE, export
     from obliq.model.checkpoint import load_checkpoint
 
     ckpt = make_checkpoint(tmp_path / "smol.ckpt", "smollm2")
@@ -74,12 +74,12 @@ def test_c33_a_failed_verification_names_the_chat_template(tmp_path, monkeypatch
     §2), so neither the merged folder nor the adapter written before the check is left. The decoder is the
     tiny random Llama with SmolLM2-135M-Instruct's tokenizer (its chat template, what sentence-transformers
     wraps texts in): the merge, the check and the clean-up are SmolLM2's, at a fraction of the cost."""
-    import obliq.export
+    import obliq.commands.export
 
     ckpt = make_checkpoint(tmp_path / "tiny.ckpt", tiny_llama_dir)
-    monkeypatch.setattr(obliq.export, "TEXT_ONLY", None)  # what sentence-transformers infers by itself
+    monkeypatch.setattr(obliq.commands.export, "TEXT_ONLY", None)  # what sentence-transformers infers by itself
     with pytest.raises(ValueError, match="'message' modality: sentence-transformers wraps every text in the") as err:
-        obliq.export.export(ckpt, tmp_path / "out", merge=True)
+        obliq.commands.export.export(ckpt, tmp_path / "out", merge=True)
     assert "chat template" in str(err.value) and "float32" not in str(err.value).split("chat template")[0][-40:]
     assert not (tmp_path / "out" / "merged").exists() and not (tmp_path / "out" / "adapter").exists()
 
@@ -91,7 +91,7 @@ def test_c35_a_local_copy_of_minilm_as_backbone_gives_a_card_without_a_machine_p
     from huggingface_hub import ModelCard
     from huggingface_hub.utils import validate_repo_id
 
-    from obliq.export import export
+    from obliq.commands.export import export
 
     local = tmp_path / "models" / "my-minilm"
     shutil.copytree(minilm_path, local)
@@ -119,8 +119,8 @@ def test_c35_a_local_copy_of_minilm_as_backbone_gives_a_card_without_a_machine_p
 
 @pytest.mark.slow
 def test_the_card_takes_only_this_checkpoints_evaluation_and_probes_must_check(tmp_path, tasks_dir, minilm_ckpt):
-    from obliq.evaluate import evaluate
-    from obliq.export import export
+    from obliq.commands.evaluate import evaluate
+    from obliq.commands.export import export
 
     ckpt = minilm_ckpt
     other = make_checkpoint(tmp_path / "o.ckpt", "minilm", length=32, seed=1)
@@ -154,7 +154,7 @@ def test_the_card_takes_only_this_checkpoints_evaluation_and_probes_must_check(t
 def test_nan_weights_are_refused_before_anything_is_written(tmp_path, minilm_ckpt):
     """Issue 32 §3: a diverged run's NaN weights were exported (and a merge passed its probe check, since
     NaN < 0.999 is false). The export refuses in one line naming the weight, and writes nothing."""
-    from obliq.export import export
+    from obliq.commands.export import export
 
     ckpt_path = tmp_path / "m.ckpt"  # the shared checkpoint with a NaN, as a file of this test
     ckpt = read_checkpoint(minilm_ckpt)
@@ -172,7 +172,7 @@ def test_c47_a_roberta_lora_merges_and_its_check_names_no_wrong_cause(tmp_path):
     sentence-transformers gives the adapter's embeddings (the export's own probe check, min cosine 0.999)."""
     from test_encoder import _roberta_dir
 
-    from obliq.export import export
+    from obliq.commands.export import export
 
     folder, _ = _roberta_dir(tmp_path / "roberta")
     ckpt = make_checkpoint(tmp_path / "r.ckpt", str(folder), length=512)
@@ -183,7 +183,7 @@ def test_c47_a_roberta_lora_merges_and_its_check_names_no_wrong_cause(tmp_path):
 def test_a_resized_or_foreign_checkpoint_is_refused_in_one_line(tmp_path, minilm_ckpt):
     """Issue 32 §3: a checkpoint with a resized weight gave a traceback, one with a weight the encoder lacks was
     loaded with the weight silently dropped (strict=False). Both are refused, naming the weight; nothing written."""
-    from obliq.export import export
+    from obliq.commands.export import export
 
     ckpt = read_checkpoint(minilm_ckpt)
     name = next(n for n in ckpt["state_dict"] if "lora_B" in n)
@@ -205,7 +205,7 @@ def test_a_dimension_the_model_was_not_trained_at_is_warned_about(tmp_path, mini
     of before obliq.losses: its hyper-parameters); evaluating it at another dimension warns."""
     import logging
 
-    from obliq.export import export
+    from obliq.commands.export import export
     from obliq.search.retrieval import make_retriever
     from obliq.search.settings import RetrievalSettings
 

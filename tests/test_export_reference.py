@@ -188,7 +188,7 @@ def test_c60_an_exported_adapter_and_merged_folder_are_the_model_peft_loads(tmp_
     rsLoRA 0.78, alpha_pattern 0.53, alpha 12.5 0.99989, and the export passed its own probe at 1.0)."""
     from peft import LoraConfig
 
-    from obliq.export import export
+    from obliq.commands.export import export
 
     _cover_every_class(CASES)
     config = random_lora(seed, _targets(base))
@@ -224,7 +224,7 @@ def test_c68_a_merged_folder_read_by_plain_sentence_transformers_cuts_where_obli
     (before: saved at the backbone's 2,048 tokens; queries 0.9945, 0.9215; passages 0.9586)."""
     from transformers import AutoTokenizer
 
-    from obliq.export import export
+    from obliq.commands.export import export
 
     config = {"r": 8, "lora_alpha": 16, "target_modules": ["q_proj", "v_proj"]}
     folder = build_adapter(tiny_llama_dir, tmp_path / "input", config, 0, "peft")
@@ -247,7 +247,7 @@ def test_c68_a_checkpoints_own_lengths_travel_with_its_merged_folder(tmp_path, m
     than both (before: the folder read 256 tokens of every text)."""
     from transformers import AutoTokenizer
 
-    from obliq.export import export
+    from obliq.commands.export import export
     from obliq.model.checkpoint import read_checkpoint
 
     ckpt_path = make_checkpoint(tmp_path / "m.ckpt", "minilm", length=24)
@@ -300,7 +300,7 @@ def test_a_lora_setting_obliq_does_not_carry_is_refused_by_name(tmp_path, small_
     """An adapter whose LoraConfig has a setting obliq's encoder does not carry (a variant, a base-changing
     initialisation, a setting this peft does not know) is refused naming the field, before anything is written
     (before: exported as another model, or failing elsewhere)."""
-    from obliq.export import export
+    from obliq.commands.export import export
 
     folder = tmp_path / "adapter"
     shutil.copytree(small_adapter, folder)
@@ -334,7 +334,7 @@ def test_malformed_adapter_files_are_refused_in_one_line_naming_the_file(tmp_pat
     compute (a Dense projection), and an adapter without its
     weights file are refused in one line naming the file (before: a JSON or attribute traceback, and "trained on
     another model" for the missing weights), by export and by evaluate's loader."""
-    from obliq.export import export
+    from obliq.commands.export import export
     from obliq.search.encoders import load_encoder
 
     def variant(name: str, edit) -> Path:
@@ -367,7 +367,7 @@ def test_malformed_adapter_files_are_refused_in_one_line_naming_the_file(tmp_pat
 def test_a_written_adapter_lists_its_targets_sorted(tmp_path, tiny_llama_dir):
     """Issue 53 §3: peft writes target_modules from a set, in an order that changes with the hash seed, so each
     re-export of one checkpoint wrote another adapter_config.json; the export writes them sorted."""
-    from obliq.export import export
+    from obliq.commands.export import export
 
     ckpt = make_checkpoint(tmp_path / "t.ckpt", tiny_llama_dir, length=16)  # all seven decoder projections
     export(ckpt, tmp_path / "out", probe_file=_probe_file(tmp_path))

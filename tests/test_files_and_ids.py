@@ -102,7 +102,7 @@ def test_a_qrels_id_with_a_space_and_a_run_id_with_a_tab_are_refused(tmp_path):
 def test_every_run_writer_reads_back_to_the_same_numbers(tmp_path, tasks_dir):
     """evaluate's run.trec, the audit's and the reranker's go through write_run: unusual but legal ids
     (unicode, quotes, slashes) and close scores read back through read_run to the same metrics."""
-    from obliq.evaluate import evaluate
+    from obliq.commands.evaluate import evaluate
 
     qrels = {"q/1": {'d"é': 1, "d·2": 2}, "q-2": {"d,3": 1}}
     run = {"q/1": {'d"é': 0.3000000000000001, "d·2": 0.3, "x": 0.1}, "q-2": {"d,3": 1e-12, "y": 2e-12}}
@@ -178,7 +178,7 @@ def test_a_summary_with_no_evaluable_query_is_strict_json(tmp_path):
 
 
 def test_evaluate_refuses_a_cutoff_deeper_than_top_k_and_the_curve_stops_at_the_depth(tmp_path, tasks_dir):
-    from obliq.evaluate import evaluate
+    from obliq.commands.evaluate import evaluate
     from obliq.search.settings import RetrievalSettings
 
     task = str(tasks_dir / "math-theoremqa")  # 620 documents
@@ -244,8 +244,8 @@ def test_the_obliq_console_script_exits_0_on_success_and_2_on_bad_input(tmp_path
 
 def test_per_query_values_read_back_equal_trec_evals_and_bad_lines_are_named(tmp_path):
     """read_per_query (the input of every paired comparison) against pytrec_eval on the written run."""
+    from obliq.commands.evaluate import evaluate
     from obliq.eval.results import read_per_query
-    from obliq.evaluate import evaluate
 
     docs = [{"_id": f"d{i}", "text": f"apple pie recipe number {i}" if i % 2 else f"pear tart {i}"} for i in range(12)]
     task = make_task(

@@ -225,7 +225,7 @@ def test_evaluate_overwrite_replaces_the_whole_earlier_result(task, tmp_path, ca
 
 
 def test_negatives_merge_refuses_shards_of_other_settings_or_another_task(task, tmp_path, capsys):
-    from obliq.negatives.commands import merge, mine
+    from obliq.commands.negatives import merge, mine
     from obliq.shards import Shard
 
     rows = write_rows(
@@ -283,9 +283,9 @@ BOMB = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
 
 
 def test_a_key_given_twice_is_an_error_everywhere_a_config_is_read(task, tmp_path, capsys):
+    from obliq.commands.train import train_config
     from obliq.recipes import recipe_config
     from obliq.rerank.config import load_policy
-    from obliq.trainer import train_config
 
     config = tmp_path / "c.yaml"
     config.write_text(f"model: bm25\ntasks: [{task}]\noutput: {tmp_path / 'o'}\nmodel: minilm\n")
@@ -333,7 +333,7 @@ def test_a_nested_alias_bomb_is_refused_quickly_everywhere(task, tmp_path, capsy
 def test_a_recipe_cannot_import_a_module_outside_the_allowed_paths(tmp_path, capsys, monkeypatch):
     """jsonargparse imports a class_path's module before checking its type: a recipe may name only
     classes under obliq.recipes.RECIPE_IMPORTS; a module of the project tree is never imported."""
-    from obliq.trainer import train_config
+    from obliq.commands.train import train_config
 
     (tmp_path / "evil_callbacks.py").write_text(
         "import pathlib\npathlib.Path(__file__).with_name('RAN').write_text('x')\nclass Evil: ...\n"

@@ -14,7 +14,7 @@ import pytest
 import torch
 from support import make_checkpoint
 
-from obliq.interpolate import interpolate
+from obliq.commands.interpolate import interpolate
 from obliq.model.checkpoint import load_checkpoint, read_checkpoint
 
 TEXTS = ["An aphoristic, restless voice.", "The witness turned the question back on the committee."]
@@ -108,7 +108,7 @@ def test_full_fine_tuning_interpolates_with_the_backbones_weights(tmp_path, mini
 
 
 def test_the_result_exports_like_any_checkpoint(tmp_path, made):
-    from obliq.export import export
+    from obliq.commands.export import export
 
     one, two = _pair(made, tmp_path)
     interpolate([one, two], tmp_path / "soup.ckpt", alpha=0.5)

@@ -175,7 +175,7 @@ def test_synth_generate_with_the_llamacpp_backend(tasks_dir, tmp_path):
     """The command with the task's own config and the backend switched: rows written, the generator
     named in the report and in each row."""
     from obliq.cli import main
-    from obliq.tasks import split_task
+    from obliq.commands.task import split_task
 
     split_task(tasks_dir / "stance-tweets", tmp_path / "task", 0.5, 0)
     out = tmp_path / "synth.jsonl"

@@ -26,12 +26,13 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from obliq.eval.metrics import evaluate_run, score_files
+from obliq.commands.compare import compare_files
+from obliq.commands.metrics import score_files
+from obliq.eval.metrics import evaluate_run
 from obliq.eval.significance import (
     bootstrap_gap,
     bootstrap_mean,
     compare,
-    compare_files,
     mann_whitney_test,
     sign_flip_test,
     wilcoxon_test,

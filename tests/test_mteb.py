@@ -15,9 +15,9 @@ import mteb
 import numpy as np
 import pytest
 
+from obliq.commands.task import from_mteb
 from obliq.search.runs import read_mteb_predictions
 from obliq.tasks import load_task
-from obliq.tasks.from_mteb import from_mteb
 from obliq.tasks.obliq_bench import OBLIQ_BENCH
 
 K_VALUES = [1, 3, 5, 10, 20, 100, 1000]
@@ -88,7 +88,7 @@ def test_obliq_bench_math_converts_with_candidates_pooled_judgements_and_the_b3_
     )
     assert (meta["subset"], meta["split"], meta["mteb_version"]) == ("math", "test", mteb.__version__)
 
-    from obliq.evaluate import evaluate
+    from obliq.commands.evaluate import evaluate
 
     (summary,) = evaluate("bm25", [str(tmp_path / "math")], tmp_path / "bm25", measures=["NDCG@10"])
     assert summary["judgements"] == "pooled" and summary["ranking"]["over"] == "candidates"
@@ -127,7 +127,7 @@ def test_a_task_refused_midway_leaves_nothing_that_evaluates(tmp_path):
     """Issue 32 §3: a from-mteb refused after writing corpus, queries and qrels (a candidate not in the corpus)
     left a folder without task.json or candidate sets, which evaluate scored over the whole corpus as gold.
     The task is written aside and moved in whole: the refused folder holds no task."""
-    from obliq.evaluate import evaluate
+    from obliq.commands.evaluate import evaluate
 
     ds = hub_folder(tmp_path / "hub", "math", CORPUS, QUERIES, QRELS, {**TOP_RANKED, "qb": ["m1", "m9"]})
     with pytest.raises(ValueError, match="candidate 'm9' of query 'qb' is not in the corpus"):
@@ -221,8 +221,8 @@ def exported(tmp_path_factory, tasks_dir, minilm_path) -> Path:
     import yaml
     from support import task_rows, write_config, write_rows
 
-    from obliq.export import export
-    from obliq.trainer import cli
+    from obliq.commands.export import export
+    from obliq.commands.train import cli
 
     folder = tmp_path_factory.mktemp("mteb-export")
     rows = write_rows(folder / "rows.jsonl", task_rows(tasks_dir, "math-theoremqa", limit=16))
@@ -249,9 +249,10 @@ def test_mteb_on_an_obliq_folder_gives_obliq_evaluates_numbers(exported, tasks_d
     from mteb._evaluators.retrieval_metrics import calculate_retrieval_scores
     from sentence_transformers import SentenceTransformer
 
+    from obliq.commands.compare import compare_files
+    from obliq.commands.evaluate import evaluate
     from obliq.eval.mteb_bridge import MtebEncoder, mteb_task
-    from obliq.eval.significance import compare, compare_files
-    from obliq.evaluate import evaluate
+    from obliq.eval.significance import compare
     from obliq.search.settings import RetrievalSettings
 
     folder = small_math_task(tasks_dir, tmp_path / ("math-cand" if candidates else "math-full"), candidates)

@@ -212,8 +212,8 @@ def test_real_task_four_negatives_per_row_matching_an_exact_bm25(tasks_dir, tmp_
 
 
 def test_bad_row_file_names_file_line_and_field(tasks_dir, tmp_path):
+    from obliq.commands.negatives import mine as mine_cmd
     from obliq.data.rows import RowError
-    from obliq.negatives.commands import mine as mine_cmd
 
     src = tmp_path / "rows.jsonl"
     src.write_text(

@@ -14,7 +14,8 @@ import pytest
 import yaml
 
 from obliq.cli import main as obliq_main
-from obliq.tasks import load_query_split, load_task, split_queries, split_task
+from obliq.commands.task import split_task
+from obliq.tasks import load_query_split, load_task, split_queries
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -250,7 +251,7 @@ def test_a_stage_is_done_only_when_its_outputs_are_newer_than_its_inputs(chain, 
     (tmp_path / "rows.jsonl.report.json").write_text(json.dumps(report))
     assert chain.synth_complete(rows, 5)
     # against the synth config now: an output of other samples, few-shot settings or prompts is not complete
-    from obliq.synth.commands import prompts_digest
+    from obliq.commands.synth import prompts_digest
     from obliq.synth.prompts import TaskSpec
 
     config = REPO / "configs" / "synth" / "math-theoremqa.yaml"
@@ -267,7 +268,7 @@ def test_a_stage_is_done_only_when_its_outputs_are_newer_than_its_inputs(chain, 
 
 
 def test_report_tables_every_system_and_compares_them_per_task(chain, split_tasks, tmp_path):
-    from obliq.evaluate import evaluate
+    from obliq.commands.evaluate import evaluate
     from obliq.search.settings import RetrievalSettings
 
     root = tmp_path / "mini"
@@ -313,7 +314,7 @@ def test_report_tables_every_system_and_compares_them_per_task(chain, split_task
     assert set(result["interpolated_vs_base"]) == set(chain.TASKS)  # its row: the test side's verdicts
     assert result["filter"] == {} and "the filter" not in table  # no filter run either
 
-    from obliq.synth.commands import filter_queries
+    from obliq.commands.synth import filter_queries
 
     math = load_task(split_tasks / "math-theoremqa")
     rows = root / "synth" / "math-theoremqa.jsonl"

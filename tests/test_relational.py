@@ -126,10 +126,10 @@ def test_knn_rows_get_the_teachers_in_batch_term_when_training(tiny_llama_dir, t
     from support import csv_column, task_slice, write_config, write_rows
 
     from obliq.cli import main as obliq_main
+    from obliq.commands.train import cli
     from obliq.model.checkpoint import read_checkpoint
     from obliq.search.teachers import StylometricTeacher
     from obliq.tasks import load_task
-    from obliq.trainer import cli
 
     task_dir = task_slice(tasks_dir, "writing-news", tmp_path / "news", 4, 30)  # 71 of its 702 documents: quick
     common = ["--task", str(task_dir), "--graph", str(tmp_path / "g.json")]
@@ -173,8 +173,8 @@ def test_teacher_vectors_that_cannot_serve_are_refused_before_training(tiny_llam
     ids) are refused instead of leaving every teacher cosine NaN (no term at all)."""
     from support import write_config, write_rows
 
+    from obliq.commands.train import cli
     from obliq.data import TrainingDataModule
-    from obliq.trainer import cli
 
     rows = [
         {

@@ -14,10 +14,10 @@ import pytest
 import yaml
 
 from obliq.cli import main as obliq_main
+from obliq.commands.evaluate import evaluate
+from obliq.commands.rerank import policy as policy_command
 from obliq.eval.metrics import evaluate_run
-from obliq.evaluate import evaluate
 from obliq.llm.backends import BackendConfig
-from obliq.rerank.commands import policy as policy_command
 from obliq.rerank.config import RerankConfig, TourRankConfig, load_policy
 from obliq.rerank.listwise import windows
 from obliq.rerank.parse import parse_permutation, parse_selection

@@ -10,8 +10,8 @@ import json
 import pytest
 import yaml
 
+from obliq.commands.rerank import run as rerank_run
 from obliq.llm.backends import BackendConfig
-from obliq.rerank.commands import run as rerank_run
 from obliq.rerank.config import load_policy
 from obliq.rerank.tourrank import tourrank_calls
 from obliq.search.retrieval import retrieve_bm25

@@ -28,7 +28,7 @@ def one_step(tasks_dir, minilm_path, tmp_path_factory) -> tuple[Path, Path]:
 @pytest.mark.slow
 def test_a_resume_with_new_matryoshka_dims_says_so(one_step, caplog):
     config, ckpt = one_step
-    caplog.set_level(logging.WARNING, logger="obliq.trainer")
+    caplog.set_level(logging.WARNING, logger="obliq.commands.train")
     resumed = fit_here(
         config,
         "--trainer.max_steps=2",
@@ -134,12 +134,12 @@ def test_changing_any_setting_on_resume_is_reported_or_refused(one_step):
     import copy
 
     import obliq.losses
+    from obliq.commands.train import REFUSED, UNRECORDED, resume_differences, train_config
     from obliq.losses import InfoNCE, Matryoshka, Term
     from obliq.losses.settings import build
     from obliq.model.checkpoint import read_checkpoint
     from obliq.model.encoder import BiEncoder, LoraSettings
     from obliq.model.module import RetrieverModule, spec
-    from obliq.trainer import REFUSED, UNRECORDED, resume_differences, train_config
 
     config, ckpt_path = one_step
     ckpt = read_checkpoint(ckpt_path)

@@ -59,7 +59,7 @@ def test_each_shipped_sweep_trial_gets_a_logger_of_its_own_with_only_the_folder_
     recipe's save folder, and the sweep's project; the recipe's CSVLogger `name: logs` does not carry."""
     from test_train import _parser
 
-    from obliq.trainer import train_config
+    from obliq.commands.train import train_config
 
     argv = _sweep_command(sweep_file, tmp_path)
     recipe_logger = yaml.safe_load(Path(argv[argv.index("--config") + 1]).read_text())["trainer"]["logger"]
@@ -101,7 +101,7 @@ def test_each_shipped_sweep_trial_gets_a_logger_of_its_own_with_only_the_folder_
     ids=["lightning-class", "space", "class_path", "json", "then-a-name", "stacked-config"],
 )
 def test_every_way_of_swapping_the_logger_class_carries_only_the_folder(swap, tmp_path):
-    from obliq.trainer import train_config
+    from obliq.commands.train import train_config
 
     stacked = tmp_path / "stacked.yaml"
     stacked.write_text(

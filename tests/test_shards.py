@@ -52,8 +52,8 @@ def test_two_generation_shards_merge_into_one_runs_rows(tasks_dir, tmp_path, mon
     do the same with vLLM); the 2-shard merge is the single run's file, byte for byte."""
     from test_synth_generate import SPEC, ScriptedBackend
 
+    from obliq.commands.synth import generate, merge
     from obliq.llm.backends import BackendConfig
-    from obliq.synth.commands import generate, merge
     from obliq.tasks import load_task
 
     task = load_task(tasks_dir / "math-theoremqa")
@@ -76,7 +76,7 @@ def test_two_generation_shards_merge_into_one_runs_rows(tasks_dir, tmp_path, mon
 
 def test_two_mining_shards_merge_into_one_runs_rows(tasks_dir, tmp_path):
     """Rows sharing a query exclude each other's positives across shards too."""
-    from obliq.negatives.commands import merge, mine
+    from obliq.commands.negatives import merge, mine
 
     rows = task_rows(tasks_dir, "math-theoremqa", limit=30)
     rows += [

@@ -15,11 +15,12 @@ from pathlib import Path
 import pytest
 from test_synth_generate import GOOD_B, SPEC, ScriptedBackend
 
+from obliq.commands.task import split_task
 from obliq.synth.fewshot import ExamplePool, FewShotConfig
 from obliq.synth.generate import GenerationConfig, sample_documents, synthesize
 from obliq.synth.parse import parse_reply
 from obliq.synth.prompts import TaskSpec, load_stage_prompt, render_stage
-from obliq.tasks import load_task, split_task
+from obliq.tasks import load_task
 from obliq.text import normalise_text
 
 REPO = Path(__file__).resolve().parents[1]
@@ -224,9 +225,9 @@ def test_samples_have_their_own_ids_and_seeds_resume_and_report_their_cost(split
 
 
 def test_sharded_samples_merge_into_the_single_runs_rows(split, tmp_path, monkeypatch):
+    from obliq.commands.synth import generate, merge
     from obliq.llm.backends import BackendConfig
     from obliq.shards import Shard
-    from obliq.synth.commands import generate, merge
 
     folder = split / "math-theoremqa"
     task = load_task(folder)
@@ -264,8 +265,8 @@ def test_a_killed_run_resumed_with_other_settings_is_refused(split, tmp_path, mo
     """Issue 53 §3: the settings record is written before the first row, so a run killed midway (no final report)
     still refuses a resume with another seed, temperature or model, and an output holding rows without any record
     is refused (its making unknown); the same settings resume it."""
+    from obliq.commands.synth import generate
     from obliq.llm.backends import BackendConfig
-    from obliq.synth.commands import generate
     from obliq.synth.generate import GenerationConfig
 
     folder = split / "math-theoremqa"

@@ -14,10 +14,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from obliq.commands.task import split_task
 from obliq.search.bm25 import BM25
 from obliq.synth.audit import entity_tokens, leaks
 from obliq.synth.filter import FilterConfig, dense_threshold, filter_candidates, lexical_threshold
-from obliq.tasks import load_task, read_qrels, split_task
+from obliq.tasks import load_task, read_qrels
 from obliq.text import normalise_text
 
 

@@ -205,7 +205,7 @@ def test_task_configs_load_against_the_command(tasks_dir):
     real task, and uses the lens of that task's mechanism (task.json)."""
     from jsonargparse import ArgumentParser
 
-    from obliq.synth.commands import generate
+    from obliq.commands.synth import generate
 
     files = sorted((REPO / "configs" / "synth").glob("*.yaml"))
     assert {f.stem for f in files} >= {"writing-news", "math-theoremqa", "stance-tweets", "hearings-exchanges"}
@@ -241,7 +241,7 @@ def test_real_generation_with_smollm2_few_shot_and_two_samples(tasks_dir, tmp_pa
     import torch
 
     from obliq.cli import main
-    from obliq.tasks import split_task
+    from obliq.commands.task import split_task
 
     split_task(tasks_dir / "math-theoremqa", tmp_path / "task", 0.5, 0)
     threads = torch.get_num_threads()

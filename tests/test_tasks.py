@@ -143,9 +143,10 @@ def test_evaluate_scores_the_development_side_when_asked(tasks_dir, tmp_path):
     import pytrec_eval
     from support import task_slice
 
-    from obliq.evaluate import evaluate
+    from obliq.commands.evaluate import evaluate
+    from obliq.commands.task import split_task
     from obliq.search.runs import read_run
-    from obliq.tasks import read_qrels, split_task
+    from obliq.tasks import read_qrels
 
     task_slice(tasks_dir, "stance-tweets", tmp_path / "slice", n_queries=40, n_distractors=100)
     split_task(tmp_path / "slice", tmp_path / "split", dev_fraction=0.5, seed=0)

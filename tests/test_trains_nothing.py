@@ -177,15 +177,15 @@ def test_max_epochs_0_is_refused_too(tmp_path, rows, capsys):
 def test_a_resume_already_at_its_last_step_says_so_and_one_past_it_is_refused(
     rows, tiny_llama_dir, tmp_path, capsys, caplog
 ):
-    from obliq.trainer import cli
+    from obliq.commands.train import cli
 
     config = write_config(tmp_path, write_rows(tmp_path / "rows.jsonl", rows[:8]), tiny_llama_dir, max_steps=2)
     assert cli(["fit", "--config", str(config)]).trainer.global_step == 2
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="obliq.trainer"):
+    with caplog.at_level(logging.WARNING, logger="obliq.commands.train"):
         again = obliq_main(["train", "fit", "--config", str(config), "--ckpt_path", "last"])  # returns: exit 0
     assert again.trainer.global_step == 2
-    assert [r.getMessage() for r in caplog.records if r.name == "obliq.trainer"][-1] == (
+    assert [r.getMessage() for r in caplog.records if r.name == "obliq.commands.train"][-1] == (
         "already at step 2 of 2: nothing to train"
     )
     with pytest.raises(SystemExit) as stop:

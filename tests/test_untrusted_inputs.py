@@ -40,7 +40,7 @@ def rows_file(tasks_dir, tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def trained(tiny_llama_dir, rows_file, tmp_path_factory) -> Path:
     """A 3-step run of the tiny Llama: its last checkpoint."""
-    from obliq.trainer import cli
+    from obliq.commands.train import cli
 
     folder = tmp_path_factory.mktemp("trained")
     cli(["fit", "--config", str(write_config(folder, rows_file, tiny_llama_dir, max_steps=3))])
@@ -52,9 +52,9 @@ def trained(tiny_llama_dir, rows_file, tmp_path_factory) -> Path:
 
 @pytest.mark.slow
 def test_a_crafted_checkpoint_runs_no_code_on_export_or_resume(trained, tiny_llama_dir, rows_file, tmp_path):
-    from obliq.export import export
+    from obliq.commands.export import export
+    from obliq.commands.train import cli
     from obliq.model.checkpoint import load_checkpoint, read_checkpoint
-    from obliq.trainer import cli
 
     evil = _evil_backbone(tmp_path / "evil-model", tiny_llama_dir)
     ckpt = read_checkpoint(trained / "ckpt" / "last.ckpt")  # as data, as obliq reads it
@@ -91,7 +91,7 @@ def test_a_crafted_checkpoint_runs_no_code_on_export_or_resume(trained, tiny_lla
 def test_a_resume_applies_a_new_lr_and_refuses_a_new_prefix(trained, tiny_llama_dir, rows_file, tmp_path, caplog):
     import shutil
 
-    from obliq.trainer import cli
+    from obliq.commands.train import cli
 
     folder = tmp_path / "run"
     shutil.copytree(trained, folder)
@@ -120,7 +120,7 @@ def test_a_resume_applies_a_new_lr_and_refuses_a_new_prefix(trained, tiny_llama_
 
 @pytest.mark.slow
 def test_each_run_of_a_recipe_gets_its_own_folder_and_last_finds_the_newest(tiny_llama_dir, rows_file, tmp_path):
-    from obliq.trainer import cli
+    from obliq.commands.train import cli
 
     config = write_config(tmp_path / "recipe", rows_file, tiny_llama_dir, max_steps=2)
     cfg = yaml.safe_load(config.read_text())
@@ -180,10 +180,10 @@ def test_evaluate_refuses_to_write_over_earlier_results_unless_asked(tmp_path, c
 
 
 def test_an_output_that_is_an_input_is_always_refused(tmp_path, tasks_dir):
-    from obliq.distill.commands import graph, pairs
-    from obliq.negatives.commands import mine
-    from obliq.rerank.commands import run as rerank_run
-    from obliq.synth.commands import generate
+    from obliq.commands.distill import graph, pairs
+    from obliq.commands.negatives import mine
+    from obliq.commands.rerank import run as rerank_run
+    from obliq.commands.synth import generate
     from obliq.synth.prompts import TaskSpec
 
     task = make_task(
@@ -249,8 +249,8 @@ def test_synth_resume_keeps_a_complete_last_line_and_cuts_a_partial_one(tmp_path
 
 
 def test_rows_runs_and_tasks_of_another_task_are_refused(tmp_path, tasks_dir):
-    from obliq.evaluate import evaluate
-    from obliq.negatives.commands import mine
+    from obliq.commands.evaluate import evaluate
+    from obliq.commands.negatives import mine
     from obliq.search.retrieval import retrieve_run_file
     from obliq.tasks import find_tasks, load_task
 
@@ -308,7 +308,7 @@ def test_a_task_name_never_leaves_the_output_folder(tmp_path):
         assert all(p.parent.parent.name.startswith("out-") for p in tmp_path.rglob("summary.json"))
         rows = [line for line in (out / "results.md").read_text().splitlines() if line.startswith("| ")]
         assert all(line.replace("\\|", "").count("|") == rows[0].count("|") for line in rows[:2])  # one cell each
-    from obliq.evaluate import evaluate
+    from obliq.commands.evaluate import evaluate
 
     (task / "task.json").write_text(json.dumps({"name": ".."}))
     with pytest.raises(ValueError, match="task name '..' cannot be used as a folder name"):

@@ -125,7 +125,7 @@ def synth_complete(rows: Path, docs: int, config: Path | None = None) -> bool:
         return True
     import yaml
 
-    from obliq.synth.commands import prompts_digest
+    from obliq.commands.synth import prompts_digest
     from obliq.synth.prompts import TaskSpec
 
     cfg = yaml.safe_load(config.read_text())

@@ -3,7 +3,7 @@
 The identity-signals paper's evaluation (``reference/002_*.txt``) as a pipeline stage: paired query
 variants (ΔRR@10, Recall@k differences; bootstrap CI, Wilcoxon, sign-flip permutation test),
 unpaired groups (MRR gap; bootstrap CI, Mann–Whitney U) and lean@k (own-lean gap), for any model
-``evaluate.py`` accepts, several side by side. ``obliq audit`` is :func:`obliq.audit.commands.audit`;
+``evaluate.py`` accepts, several side by side. ``obliq audit`` is :func:`obliq.commands.audit.audit`;
 docs/audit.md has the method and the exact statistical choices.
 """
 

@@ -1,6 +1,6 @@
-"""The inputs of ``obliq data convert`` (:mod:`obliq.data.convert`): a JSONL, Parquet or Arrow file, a folder
-that ``datasets``' ``save_to_disk`` wrote, or a dataset folder as the hub keeps one, whose configurations,
-splits and data files ``datasets`` itself resolves, as ``datasets.load_dataset(folder, name=config,
+"""The inputs of ``obliq data convert`` (:mod:`obliq.commands.data`, :mod:`obliq.data.convert`): a JSONL, Parquet
+or Arrow file, a folder that ``datasets``' ``save_to_disk`` wrote, or a dataset folder as the hub keeps one, whose
+configurations, splits and data files ``datasets`` itself resolves, as ``datasets.load_dataset(folder, name=config,
 split=split)`` does (a README.md ``configs:`` header, ``<config>/<split>-*.parquet``, files named by split such
 as ``train.parquet`` / ``test.jsonl``); obliq then reads those files in that order, itself, so that a refusal
 names the file and its line (JSONL) or ``row <i>`` (Parquet, Arrow).

@@ -7,7 +7,7 @@ use them too.
 - :mod:`obliq.distill.graph`: the teacher's kNN graph through obliq's one exact search, and the fusion of graphs;
 - :mod:`obliq.distill.pairs`: training rows from the graph (every distinct edge), the random-neighbour control;
 - :mod:`obliq.distill.purity`: the purity diagnostic (same-attribute rate of the edges vs the base rate);
-- :mod:`obliq.distill.commands`: the ``obliq distill …`` commands.
+- :mod:`obliq.commands.distill`: the ``obliq distill …`` commands.
 """
 
 from obliq.distill.graph import KnnGraph, fuse_graphs, knn_graph, load_graph, teacher_graph

@@ -4,7 +4,7 @@ peft (:func:`plain_reader`: ``PeftModel.from_pretrained`` on its base, the adapt
 sentence-transformers folder by plain ``SentenceTransformer(folder)`` with nothing set afterwards
 (:func:`st_reader`: ``encode_query`` / ``encode_document`` at the prompts and lengths the folder carries).
 
-``obliq export`` checks the folders it writes with them (:mod:`obliq.export`): against the input adapter read
+``obliq export`` checks the folders it writes with them (:mod:`obliq.commands.export`): against the input adapter read
 the same plain way (each text alone, no padding), or a training checkpoint's rebuilt encoder, on probe texts
 that include one longer than both lengths (:func:`probe_texts`), so a folder that reads past them (or short of
 them) differs.

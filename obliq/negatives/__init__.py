@@ -4,7 +4,7 @@
   duplicates, vetoes, positive-aware filtering, rank range, skipped ranks; a report of drops), its
   filter over existing rows, and the backends over obliq's one BM25 and over a dense model or teacher;
 - :mod:`obliq.negatives.pyserini_backend`: a real Lucene index through Pyserini (optional extra);
-- :mod:`obliq.negatives.commands`: the ``obliq negatives mine / filter / merge`` commands.
+- :mod:`obliq.commands.negatives`: the ``obliq negatives mine / filter / merge`` commands.
 """
 
 from obliq.negatives.mine import (

@@ -9,5 +9,5 @@ per task by a policy file (the paper's π*).
 - :mod:`obliq.rerank.parse`: tolerant parsing of selections and permutations, with counted repairs.
 - :mod:`obliq.rerank.judge`: sends prompts to the backend, falls back on failure, counts the cost.
 - :mod:`obliq.rerank.reranker`: applies a policy to runs (used by ``evaluate.py --rerank``).
-- :mod:`obliq.rerank.commands`: ``obliq rerank run`` and ``obliq rerank policy``.
+- :mod:`obliq.commands.rerank`: ``obliq rerank run`` and ``obliq rerank policy``.
 """

@@ -23,7 +23,7 @@ shard is untouched, and a rerun encodes only the shards without a ``.json``.
 :class:`Store` is one such folder with the fingerprint it must hold, made once per (model, reading
 settings, task) by :meth:`Store.of`; everything that reads or writes a store goes through it. A store
 of an obliq export is found by the weights digest the export records, so exporting the same weights
-again finds the same store instead of adding one; ``obliq cache`` (:mod:`obliq.search.cache`) lists and
+again finds the same store instead of adding one; ``obliq cache`` (:mod:`obliq.commands.cache`) lists and
 prunes stores.
 """
 

