@@ -65,7 +65,8 @@ def test_an_old_checkpoints_infonce_flags_read_as_the_classes_of_now():
     Matryoshka(Symmetric(SupCon)): resumed with that, nothing is said; with plain InfoNCE, the change is named (a
     resume never changes the objective silently). The old spelling on a command line or in a recipe is refused,
     naming the class it is now; a flat checkpoint of before obliq.losses reads the same way."""
-    from obliq.losses.settings import check_flat_objective, objective_differences
+    from obliq.commands.train import check_flat_objective
+    from obliq.losses.settings import objective_differences
 
     changes = lambda stored, model: [p for p in objective_differences(stored, model) if p[1] != p[2]]  # noqa: E731
     supcon = {"class_path": "obliq.losses.SupCon", "init_args": {"temperature": 0.05}}
@@ -134,12 +135,13 @@ def test_changing_any_setting_on_resume_is_reported_or_refused(one_step):
     import copy
 
     import obliq.losses
-    from obliq.commands.train import REFUSED, UNRECORDED, resume_differences, train_config
+    from obliq.commands.train import train_config
     from obliq.losses import InfoNCE, Matryoshka, Term
     from obliq.losses.settings import build
     from obliq.model.checkpoint import read_checkpoint
     from obliq.model.encoder import BiEncoder, LoraSettings
     from obliq.model.module import RetrieverModule, spec
+    from obliq.model.resume import REFUSED, UNRECORDED, resume_differences
 
     config, ckpt_path = one_step
     ckpt = read_checkpoint(ckpt_path)

@@ -684,8 +684,8 @@ def test_a_loss_that_is_not_infonce_trains_and_its_checkpoint_cites_it(tiny_llam
     """model.loss takes any obliq.losses.Loss: the module asks it only through that protocol, logs its value and
     its parts under its names, and the checkpoint's citation (the model card's loss line) names the class that ran;
     a run of InfoNCE cites no multi-positive form."""
+    from obliq.commands.train import cli
     from obliq.model.module import RetrieverModule
-    from obliq.trainer import cli
 
     config = write_config(tmp_path, rows_file, tiny_llama_dir, max_steps=2)
     run = cli(["--config", str(config)], run=False)

@@ -46,92 +46,73 @@ from lightning.pytorch.cli import LightningCLI
 
 from obliq.callbacks.checkpoints import CheckpointOnSigterm
 from obliq.callbacks.progress import StepProgressBar
-from obliq.losses.settings import check_flat_objective, objective_differences
+from obliq.losses.settings import INFONCE_FLAGS
+from obliq.model.resume import resume_differences
 from obliq.recipes import PARSER_MODE, add_recipe_arguments, recipe_imports, recipe_spelling
 from obliq.runs import FINAL, RUN_FOLDER_ENV, RunFolder, check_checkpoint_folders, drop_refused_folder, run_folder
 
 log = logging.getLogger(__name__)
 
-REFUSED = ("backbone", "bidirectional", "query_prefix", "passage_prefix", "use_instructions", "lora")
-"""Encoder settings the trained weights depend on: a resume that changes one is refused. Every other
-setting a checkpoint records is applied from the user's config, and said so (:func:`resume_differences`)."""
-UNRECORDED = {
-    "trust_remote_code": "never taken from a file: the command line's alone",
-    "adapter": "a resume's weights are the checkpoint's",
-    "gradient_checkpointing": "not in BiEncoder.settings",
-    "quantization": "not in BiEncoder.settings",
+FLAT_OBJECTIVE = {
+    **{k: f"model.loss.init_args.{k}" for k in ("temperature", "gather_across_devices")},
+    **{k: INFONCE_FLAGS[k] for k in ("symmetric", "matryoshka_dims", "matryoshka_weights")},
+    "teacher_loss": "model.terms: obliq.losses.TeacherScores (its kind)",
+    "teacher_weight": "model.terms: obliq.losses.TeacherScores (its weight)",
+    "teacher_temperature": "model.terms: obliq.losses.TeacherScores (its teacher_temperature)",
+    "relational_weight": "model.terms: obliq.losses.Relational (its weight)",
+    "relational_temperature": "model.terms: obliq.losses.Relational (its teacher_temperature)",
+    "guided_margin": "model.terms: obliq.losses.GuidedMask (its margin)",
 }
-"""BiEncoder settings a checkpoint does not record (``obliq.encoder`` holds ``BiEncoder.settings``), so a
-resume has nothing to compare them with: the user's value is used."""
+"""The module's settings of before obliq.losses (issue 47) and where each is now."""
 
 
-def _defaults(cls) -> dict:
-    return {n: p.default for n, p in inspect.signature(cls).parameters.items() if p.default is not p.empty}
-
-
-def resume_differences(ckpt: dict, model: dict, source: object) -> list[str]:
-    """What the user asks that differs from the checkpoint's own settings: every ``RetrieverModule``
-    setting (its saved hyper-parameters, key by key) and every encoder setting the checkpoint records,
-    derived from the settings themselves, so a new one is never left out (C58; Lightning #20801, PR #21455
-    applies the command line's values on a resume). A setting the checkpoint predates is compared with its
-    default, what the checkpoint was trained with.
-
-    Args:
-        ckpt: the checkpoint (read with ``weights_only=True``).
-        model: the user's ``model`` config section (``encoder`` with its ``init_args``, and the module's
-            settings).
-        source: the checkpoint's path, for messages.
-
-    Returns:
-        One line per applied difference (``model.lr: 0.001 in the checkpoint, 0.0005 now: applied``).
+def check_flat_objective(argv: list[str]) -> None:
+    """Refuse a setting of the objective in a spelling of before: flat, before ``obliq.losses``
+    (``--model.temperature``, a config file's ``model.relational_weight``, …), or one of InfoNCE's flags of before
+    its forms were losses of their own (``model.loss.init_args.symmetric``, ``multi_positive``, ``matryoshka_*``,
+    on ``obliq.losses.InfoNCE``), saying where it is now (:data:`FLAT_OBJECTIVE`, :data:`INFONCE_FLAGS`), instead
+    of jsonargparse's bare "unrecognized arguments".
 
     Raises:
-        ValueError: a difference in what the trained weights depend on (:data:`REFUSED`), listing every
-            such difference.
+        ValueError: naming the setting, where it was given and its new place.
     """
-    from obliq.aliases import portable_name
-    from obliq.model.encoder import BiEncoder
-    from obliq.model.module import RetrieverModule
+    from obliq.yaml_checks import load_yaml
 
-    saved = ckpt.get("obliq") or {}
-    stored = {**_defaults(RetrieverModule), **(ckpt.get("hyper_parameters") or {})}
-    asked = dict((model.get("encoder") or {}).get("init_args") or {})
-    lora = saved.get("lora")
-    if isinstance(lora, dict):  # a LoRA setting the checkpoint predates: its default, what it was trained with
-        from dataclasses import asdict
-
-        from obliq.model.lora import LoraSettings
-
-        lora = {**asdict(LoraSettings()), **lora}
-    encoder = {**_defaults(BiEncoder), **(saved.get("encoder") or {}), "lora": lora}
-    pairs = [(f"model.{k}", stored.get(k), v) for k, v in model.items() if k not in ("encoder", "loss", "terms")]
-    pairs += objective_differences(stored, model)  # obliq.losses.settings
-    for key, value in asked.items():
-        if key == "lora" and isinstance(value, dict) and isinstance(encoder["lora"], dict):
-            pairs += [
-                (f"model.encoder.init_args.lora.{k}", encoder["lora"][k], value[k])
-                for k in value
-                if k in encoder["lora"]
-            ]
-        elif key not in UNRECORDED:
-            pairs.append((f"model.encoder.init_args.{key}", encoder.get(key), value))
-    applied, refused = [], []
-    for name, before, now in pairs:
-        same = portable_name(before) == portable_name(now) if name.endswith(".backbone") else before == now
-        if same:
-            continue
-        line = f"{name}: {before!r} in the checkpoint, {now!r} now"
-        if name.startswith("model.encoder.") and name.split(".")[3] in REFUSED:
-            refused.append(line)
-        else:
-            applied.append(line + ": applied")
-    if refused:
+    found, flags, loss = [], [], "obliq.losses.InfoNCE"  # the module's default loss
+    for n, token in enumerate(argv):
+        key, _, value = token.partition("=")
+        if key.startswith("--model.") and key[len("--model.") :] in FLAT_OBJECTIVE:
+            found.append((key[len("--model.") :], "the command line"))
+        if key.startswith("--model.loss.init_args.") and key.split(".")[-1] in INFONCE_FLAGS:
+            flags.append((key.split(".")[-1], "the command line"))
+        if key in ("--model.loss", "--model.loss.class_path") and value:
+            loss = value if value.startswith("obliq.") or "." in value else f"obliq.losses.{value}"
+        config = token[len("--config=") :] if token.startswith("--config=") else None
+        if token == "--config" and n + 1 < len(argv):
+            config = argv[n + 1]
+        if config and Path(config).is_file():
+            try:
+                model = (load_yaml(Path(config).read_text(encoding="utf-8"), config) or {}).get("model") or {}
+            except Exception:  # noqa: BLE001 - a file jsonargparse will read and refuse itself
+                continue
+            if not isinstance(model, dict):
+                continue
+            found += [(k, config) for k in model if k in FLAT_OBJECTIVE]
+            given = model.get("loss") if isinstance(model.get("loss"), dict) else {}
+            loss = given.get("class_path", loss)
+            flags += [(k, config) for k in given.get("init_args") or {} if k in INFONCE_FLAGS]
+    if found:
+        key, where = found[0]
         raise ValueError(
-            f"{source}: cannot resume with another model: "
-            + "; ".join(refused)
-            + " (start a new run, or resume with the checkpoint's settings)"
+            f"{where}: model.{key} is now {FLAT_OBJECTIVE[key]} (the objective is model.loss and model.terms, "
+            "obliq/losses; docs/training.md)"
         )
-    return applied
+    if flags and loss in ("obliq.losses.InfoNCE", "obliq.losses.infonce.InfoNCE"):
+        key, where = flags[0]
+        raise ValueError(
+            f"{where}: model.loss.init_args.{key} of obliq.losses.InfoNCE is now {INFONCE_FLAGS[key]} "
+            "(docs/training.md)"
+        )
 
 
 LOGGER = "--trainer.logger"
@@ -258,7 +239,7 @@ class TrainCLI(LightningCLI):
         if isinstance(args, (dict, Namespace)):
             return super().parse_arguments(parser, args)
         argv = recipe_spelling(list(sys.argv[1:] if args is None else args))  # ${work_dir} as in the recipe
-        check_flat_objective(argv)  # obliq.losses.settings
+        check_flat_objective(argv)
         printing = [a for a in argv if a.startswith("--print_config")]
         quiet = [a for a in argv if a not in printing]
         config = parser.parse_args(quiet)

@@ -1,14 +1,14 @@
 """The objective's settings as configs give them: a loss or term as ``{"class_path", "init_args"}``
 (:func:`spec`; a wrapper's base loss nested in its ``init_args.loss``), what a resume changes in them
-(:func:`objective_differences`, for :func:`obliq.trainer.resume_differences`), and the spellings of before:
+(:func:`objective_differences`, for :func:`obliq.model.resume.resume_differences`), and the spellings of before:
 the flat settings of before this package and InfoNCE's flags of before its forms were losses of their own
-(``symmetric``, ``multi_positive``, ``matryoshka_dims``), read from old checkpoints as the classes they are now and
-refused, with their new place, on a command line or in a recipe (:func:`check_flat_objective`)."""
+(``symmetric``, ``multi_positive``, ``matryoshka_dims``, :data:`INFONCE_FLAGS`), read from old checkpoints as the
+classes they are now (a command line or recipe that gives them is refused by the training command,
+:func:`obliq.commands.train.check_flat_objective`)."""
 
 from __future__ import annotations
 
 import importlib
-from pathlib import Path
 
 import torch
 
@@ -137,65 +137,3 @@ def _pairs(names, before, now) -> list[tuple[str, object, object]]:
             else:
                 out.append((f"{name}.init_args.{k}", x, y))
     return out
-
-
-FLAT_OBJECTIVE = {
-    **{k: f"model.loss.init_args.{k}" for k in ("temperature", "gather_across_devices")},
-    **{k: INFONCE_FLAGS[k] for k in ("symmetric", "matryoshka_dims", "matryoshka_weights")},
-    "teacher_loss": "model.terms: obliq.losses.TeacherScores (its kind)",
-    "teacher_weight": "model.terms: obliq.losses.TeacherScores (its weight)",
-    "teacher_temperature": "model.terms: obliq.losses.TeacherScores (its teacher_temperature)",
-    "relational_weight": "model.terms: obliq.losses.Relational (its weight)",
-    "relational_temperature": "model.terms: obliq.losses.Relational (its teacher_temperature)",
-    "guided_margin": "model.terms: obliq.losses.GuidedMask (its margin)",
-}
-"""The module's settings of before obliq.losses (issue 47) and where each is now."""
-
-
-def check_flat_objective(argv: list[str]) -> None:
-    """Refuse a setting of the objective in a spelling of before: flat, before ``obliq.losses``
-    (``--model.temperature``, a config file's ``model.relational_weight``, …), or one of InfoNCE's flags of before
-    its forms were losses of their own (``model.loss.init_args.symmetric``, ``multi_positive``, ``matryoshka_*``,
-    on ``obliq.losses.InfoNCE``), saying where it is now (:data:`FLAT_OBJECTIVE`, :data:`INFONCE_FLAGS`), instead
-    of jsonargparse's bare "unrecognized arguments".
-
-    Raises:
-        ValueError: naming the setting, where it was given and its new place.
-    """
-    from obliq.yaml_checks import load_yaml
-
-    found, flags, loss = [], [], "obliq.losses.InfoNCE"  # the module's default loss
-    for n, token in enumerate(argv):
-        key, _, value = token.partition("=")
-        if key.startswith("--model.") and key[len("--model.") :] in FLAT_OBJECTIVE:
-            found.append((key[len("--model.") :], "the command line"))
-        if key.startswith("--model.loss.init_args.") and key.split(".")[-1] in INFONCE_FLAGS:
-            flags.append((key.split(".")[-1], "the command line"))
-        if key in ("--model.loss", "--model.loss.class_path") and value:
-            loss = value if value.startswith("obliq.") or "." in value else f"obliq.losses.{value}"
-        config = token[len("--config=") :] if token.startswith("--config=") else None
-        if token == "--config" and n + 1 < len(argv):
-            config = argv[n + 1]
-        if config and Path(config).is_file():
-            try:
-                model = (load_yaml(Path(config).read_text(encoding="utf-8"), config) or {}).get("model") or {}
-            except Exception:  # noqa: BLE001 - a file jsonargparse will read and refuse itself
-                continue
-            if not isinstance(model, dict):
-                continue
-            found += [(k, config) for k in model if k in FLAT_OBJECTIVE]
-            given = model.get("loss") if isinstance(model.get("loss"), dict) else {}
-            loss = given.get("class_path", loss)
-            flags += [(k, config) for k in given.get("init_args") or {} if k in INFONCE_FLAGS]
-    if found:
-        key, where = found[0]
-        raise ValueError(
-            f"{where}: model.{key} is now {FLAT_OBJECTIVE[key]} (the objective is model.loss and model.terms, "
-            "obliq/losses; docs/training.md)"
-        )
-    if flags and loss in ("obliq.losses.InfoNCE", "obliq.losses.infonce.InfoNCE"):
-        key, where = flags[0]
-        raise ValueError(
-            f"{where}: model.loss.init_args.{key} of obliq.losses.InfoNCE is now {INFONCE_FLAGS[key]} "
-            "(docs/training.md)"
-        )

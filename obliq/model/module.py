@@ -145,7 +145,7 @@ class RetrieverModule(L.LightningModule):
         if clash is not None:
             raise ValueError(f"model.loss ({type(loss).__name__}) and its terms both log train/{clash}: rename one")
         self.save_hyperparameters(ignore=["encoder", "loss", "terms"])
-        # the objective's settings as a config gives them (a resume compares them: commands.train.resume_differences)
+        # the objective's settings as a config gives them (a resume compares them: model.resume.resume_differences)
         self.hparams["loss"] = spec(loss)
         self.hparams["terms"] = [spec(t) for t in terms]
         self.automatic_optimization = False
