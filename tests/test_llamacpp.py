@@ -305,3 +305,46 @@ def test_backend_context_is_bounded_by_the_model_s_trained_context(reference):
         message = str(err.value)
         assert message.startswith("backend.context:") and f"{trained:,}" in message and "\n" not in message
     LlamaCppBackend("smollm2", batch_size=1, context=trained, threads=1).close()
+
+
+def test_quantize_runs_a_cached_requantized_copy_and_leaves_the_shipped_file(tmp_path, monkeypatch):
+    """``backend.quantize: q4_0``: the shipped Q4_1 file requantized once into obliq's cache (the gguf package,
+    not llama.cpp, reads its tensor types), keyed by the source's bytes, the source untouched; the backend
+    decodes that copy: its greedy picks are llama-cpp-python's own argmax over the same copy."""
+    import hashlib
+    from collections import Counter
+
+    from gguf import GGUFReader
+
+    from obliq.aliases import smollm2_gguf
+    from obliq.llm.backends import backend_config
+    from obliq.llm.llamacpp import LlamaCppBackend, quantized_gguf
+
+    monkeypatch.setenv("OBLIQ_CACHE", str(tmp_path / "cache"))
+    shipped = smollm2_gguf()
+    before = hashlib.sha256(shipped.read_bytes()).hexdigest()
+    engine = LlamaCppBackend("smollm2", threads=1, quantize="q4_0")
+    assert engine.name == "llamacpp:smollm2:q4_0"
+    copy = engine.file
+    assert copy.parent == tmp_path / "cache" / "gguf" and copy.name.endswith(f".{before[:16]}.q4_0.gguf")
+    types = Counter(t.tensor_type.name for t in GGUFReader(str(copy)).tensors)
+    assert types["Q4_0"] == 210 and "Q4_1" not in types  # every Q4_1 weight of the shipped file
+    assert hashlib.sha256(shipped.read_bytes()).hexdigest() == before
+    made = copy.stat().st_mtime_ns
+    assert quantized_gguf(shipped, "q4_0") == copy and copy.stat().st_mtime_ns == made  # made once
+    other = tmp_path / "other.gguf"  # the same name with other bytes gets its own copy
+    other.write_bytes(shipped.read_bytes()[:-1] + b"\0")
+    assert quantized_gguf(other, "q4_0").name.split(".")[-3] != before[:16]
+
+    reference = llama_cpp.Llama(model_path=str(copy), n_ctx=2048, n_threads=1, verbose=False, logits_all=True)
+    try:
+        prompts = chats(TWEETS[:2])
+        ids = [chat_ids(engine.tokenizer, chat, enable_thinking=False) for chat in prompts]
+        _, replies = replies_ids(engine, prompts, 24, 0.0, 0)
+        picked = [g for row, reply in zip(ids, replies) for g in gaps(reference, row, reply)]
+        assert len(picked) > 20 and max(picked) < 0.5
+    finally:
+        reference.close()
+        engine.close()
+    with pytest.raises(ValueError, match="quantize: one of q4_0, q8_0 .* got 'q4_1'"):
+        backend_config(name="llamacpp", quantize="q4_1")

@@ -333,11 +333,93 @@ def write_report(summaries: list[dict], output: Path) -> None:
     fig.savefig(output / "recall_at_k.png", dpi=120)
 
 
+ISA_FLAGS = {
+    "avx2": "AVX2",
+    "avx512f": "AVX-512 F",
+    "avx512_vnni": "AVX-512 VNNI",
+    "avx512_bf16": "AVX-512 BF16",
+    "avx_vnni": "AVX-VNNI",
+    "amx_tile": "AMX",
+    "amx_bf16": "AMX-BF16",
+    "amx_int8": "AMX-INT8",
+}
+"""The instruction sets whose kernels decide a CPU figure (``/proc/cpuinfo`` flag: name), in this order."""
+
+
+def cpu_from_cpuinfo(text: str) -> dict:
+    """``{"model", "isa"}`` of a Linux ``/proc/cpuinfo`` text (its first processor): the model name, and
+    which of :data:`ISA_FLAGS` its flags hold; ``"unknown"`` for what the text does not say."""
+    fields: dict[str, str] = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition(":")
+        if sep:
+            fields.setdefault(key.strip().lower(), value.strip())
+    flags = fields.get("flags")
+    if flags is None and "features" in fields:  # an Arm CPU lists its own features: none of the x86 sets
+        flags = ""
+    return {
+        "model": fields.get("model name") or fields.get("cpu model") or "unknown",
+        "isa": [name for flag, name in ISA_FLAGS.items() if flag in flags.split()] if flags is not None else "unknown",
+    }
+
+
+def cpu() -> dict:
+    """The CPU this process runs on: ``{"model", "isa"}``, ``isa`` the list of :data:`ISA_FLAGS` it has
+    (``/proc/cpuinfo`` on Linux; ``sysctl`` on macOS; ``"unknown"`` where neither says, never a guess)."""
+    import subprocess
+
+    if Path("/proc/cpuinfo").is_file():
+        try:
+            return cpu_from_cpuinfo(Path("/proc/cpuinfo").read_text(errors="replace"))
+        except OSError:
+            pass
+    if platform.system() == "Darwin":
+
+        def sysctl(key: str) -> str:
+            try:
+                return subprocess.run(["sysctl", "-n", key], capture_output=True, text=True, timeout=5).stdout
+            except (OSError, subprocess.SubprocessError):
+                return ""
+
+        model = sysctl("machdep.cpu.brand_string").strip() or "unknown"
+        if platform.machine() != "x86_64":  # Apple silicon: none of the x86 sets
+            return {"model": model, "isa": []}
+        flags = " ".join(sysctl(k) for k in ("machdep.cpu.features", "machdep.cpu.leaf7_features")).lower().split()
+        names = {"avx2": "avx2", "avx512f": "avx512f", "avx512vnni": "avx512_vnni", "avx512bf16": "avx512_bf16"}
+        return {"model": model, "isa": [ISA_FLAGS[names[f]] for f in names if f in flags] if flags else "unknown"}
+    return {"model": platform.processor() or "unknown", "isa": "unknown"}
+
+
+def llama_cpp_build() -> dict | None:
+    """How the installed llama.cpp (``llama-cpp-python``) was built, or None when it is not installed:
+    ``{"build", "features"}``. ``features`` is the CPU part of llama.cpp's own system info
+    (``llama_print_system_info``: the instruction sets its kernels were compiled with); ``build`` is
+    ``portable`` when its library folder holds several CPU variants chosen at run time (``GGML_BACKEND_DL``
+    with ``GGML_CPU_ALL_VARIANTS``), otherwise ``native``: one CPU library, compiled for the CPU it was built
+    on (llama.cpp's ``GGML_NATIVE`` default, which ``make install`` keeps): a copy carried to a CPU without those
+    features can stop with an illegal instruction."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("llama_cpp")
+    if spec is None or not spec.origin:
+        return None
+    variants = sorted(p.name for p in (Path(spec.origin).parent / "lib").glob("libggml-cpu-*.so"))
+    try:
+        import llama_cpp
+
+        info = llama_cpp.llama_print_system_info().decode(errors="replace")
+    except Exception as err:  # a library that does not load on this CPU says so in the report
+        return {"build": "portable" if variants else "native", "features": f"unknown ({type(err).__name__})"}
+    features = [f.split("=")[0].rpartition(":")[2].strip() for f in info.split("|") if f.strip().endswith("= 1")]
+    return {"build": "portable" if variants else "native", "features": features}
+
+
 @functools.cache
 def environment() -> dict:
-    """What a figure was made with: ``{"python", "machine", "obliq", "packages": {name: version}}``, the
-    packages being obliq's declared dependencies (extras included) as installed (``importlib.metadata``);
-    ``make install`` installs the versions locked in ``constraints.txt``."""
+    """What a figure was made with: ``{"python", "machine", "cpu", "llama_cpp", "obliq", "packages": {name:
+    version}}``: the CPU's model and instruction sets (:func:`cpu`), how llama.cpp was built
+    (:func:`llama_cpp_build`; None when not installed), and obliq's declared dependencies (extras included) as
+    installed (``importlib.metadata``); ``make install`` installs the versions locked in ``constraints.txt``."""
     from importlib import metadata
 
     from packaging.requirements import Requirement
@@ -352,19 +434,31 @@ def environment() -> dict:
     return {
         "python": platform.python_version(),
         "machine": platform.machine(),
+        "cpu": cpu(),
+        "llama_cpp": llama_cpp_build(),
         "obliq": metadata.version("obliq"),
         "packages": packages,
     }
 
 
 def environment_text(env: dict) -> str:
-    """One line naming an :func:`environment`: ``Python 3.11.7 (x86_64); obliq 0.1.0, torch 2.13.0, …``."""
+    """One line naming an :func:`environment`: ``Python 3.11.7 (x86_64); CPU AMD EPYC (AVX2, AVX-512 F, …);
+    llama.cpp native build (AVX2, AVX512, …); obliq 0.1.0, torch 2.13.0, …`` (an older record without the CPU
+    says ``CPU unknown``)."""
     packages = ", ".join(f"{k} {v}" for k, v in env.get("packages", {}).items())
-    return f"Python {env.get('python')} ({env.get('machine')}); obliq {env.get('obliq')}, {packages}"
+    info = env.get("cpu") or {"model": "unknown", "isa": "unknown"}
+    isa = (", ".join(info["isa"]) or "no AVX2, AVX-512 or AMX") if isinstance(info["isa"], list) else info["isa"]
+    line = f"Python {env.get('python')} ({env.get('machine')}); CPU {info['model']} ({isa})"
+    if env.get("llama_cpp"):
+        built = env["llama_cpp"]
+        features = built["features"] if isinstance(built["features"], str) else ", ".join(built["features"])
+        line += f"; llama.cpp {built['build']} build ({features})"
+    return f"{line}; obliq {env.get('obliq')}, {packages}"
 
 
 def made_with() -> str:
-    """``Made with: Python …; obliq …, torch …, …``: the line a benchmark prints with its figures."""
+    """``Made with: Python …; CPU …; llama.cpp …; obliq …, torch …, …``: the line a benchmark prints with its
+    figures."""
     return "Made with: " + environment_text(environment())
 
 

