@@ -25,12 +25,16 @@ Measured (each section reports numbers, or ``skipped`` with its reason, never st
 - ``train_bf16``: the recipe's step: 8 anchors + 4 hard negatives each, every sequence 1024 tokens,
   InfoNCE τ 0.02, GradCache chunk 4 (length-sorted; the last chunk's graph kept), bf16 autocast,
   AdamW on the LoRA weights. rows/s (anchors), tokens/s, peak memory, MFU and HFU.
-- ``train_qlora``: the same step with the base in 4-bit nf4 (needs CUDA and bitsandbytes).
+- ``train_qlora``: the same step with the base in 4-bit nf4 (needs CUDA and bitsandbytes); its peak memory and
+  the weights' memory as loaded (``weights_gib``) beside the plan's QLoRA terms for the 3B shape.
 - ``faiss``: exact inner-product search (obliq's :class:`~obliq.search.exact.ExactIndex`) of 100 random
   queries over 100k random 3072-d unit vectors on CPU and on GPU: time of each, and whether the top-10
   ids agree.
 - ``latency``: one query of 256 tokens encoded (tokenizer included) and searched over those vectors,
   p50/p95 over 50 queries.
+- ``generate_vllm``: vLLM's generation throughput for the 3B shape (:func:`measure_vllm`: a causal Llama of
+  the backbone's shape, random weights, token-id prompts; new tokens/s, requests/s). Needs vLLM: run the
+  script in the ``gen`` environment (``pip install -e '.[gen]'``); skipped with that reason elsewhere.
 - ``plan`` (:func:`gpu_plan.plan`; needs no GPU, runs on the meta device, alone with ``--plan-only``): the
   recipe's run (``configs/obliq-ir-3b.yaml``, its published 3B config) before the first GPU hour:
   trainable LoRA parameters counted on the model and by formula, memory per device term by term
@@ -62,7 +66,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import numpy as np
 import torch
-from gpu_plan import DATASHEET_BF16_TFLOPS, PLAN_RECIPE, flop_terms, plan, print_plan, step_flops
+from gpu_plan import DATASHEET_BF16_TFLOPS, PLAN_RECIPE, flop_terms, plan, print_plan, print_table, step_flops
 
 from obliq.eval.results import made_with
 from obliq.model.bidirectional import PUBLISHED
@@ -95,8 +99,12 @@ RECIPE = dict(
     latency_length=256,
     latency_n=50,
     matmul=8192,
+    gen_requests=256,
+    gen_prompt=512,
+    gen_new=256,
 )
 TINY_RECIPE = dict(RECIPE, length=32, docs=2000, dim=64, queries=10, latency_length=16, latency_n=10, matmul=256)
+TINY_RECIPE.update(gen_requests=8, gen_prompt=32, gen_new=16)
 
 
 # ---------------------------------------------------------------------- backbone and tokenizer
@@ -214,6 +222,7 @@ def measure_step(folder: Path, recipe: dict, device: str, steps: int, peak: dict
     )
     if quantization is None:
         enc.to(device)
+    weights = torch.cuda.memory_allocated() / 2**30 if device.startswith("cuda") else None
     enc.train()
     vocab = len(enc.tokenizer)
     n_q, n_d, length, chunk = (
@@ -274,6 +283,7 @@ def measure_step(folder: Path, recipe: dict, device: str, steps: int, peak: dict
         "tokens_per_s": tokens / step_s,
         "peak_memory_gib": memory,
         "peak_memory_kind": memory_kind,
+        "weights_gib": weights,  # torch.cuda.memory_allocated once loaded (None on a CPU run)
         "loss_first_last": [losses[0], losses[-1]],
         "tokens_per_step": tokens,
         **terms,
@@ -359,6 +369,73 @@ def measure_latency(enc, index, recipe: dict, device: str) -> dict:
     }
 
 
+def causal_config(published: dict):
+    """The backbone's shape as a causal Llama for generation: a ``LlamaConfig`` of the published config's fields
+    (its LM head tied to the embeddings, as Llama-3.2-3B's)."""
+    from transformers import LlamaConfig
+
+    drop = ("architectures", "auto_map", "model_type", "torch_dtype", "transformers_version")
+    return LlamaConfig(**{k: v for k, v in published.items() if k not in drop})
+
+
+def causal_replica(published: dict, folder: Path, device: str) -> dict:
+    """:func:`causal_config` with random bf16 weights, written to ``folder`` without a tokenizer (vLLM reads
+    token ids). Returns the config as written."""
+    from transformers import AutoModelForCausalLM
+
+    config = causal_config(published)
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    model.save_pretrained(folder)
+    del model
+    return json.loads((Path(folder) / "config.json").read_text())
+
+
+def measure_vllm(published: dict, recipe: dict, device: str, folder: Path) -> dict:
+    """vLLM generation throughput of ``published``'s shape (:func:`causal_replica`): ``gen_requests`` prompts of
+    ``gen_prompt`` random token ids, each answered with exactly ``gen_new`` tokens (``ignore_eos``: random weights
+    end anywhere), sampled (temperature 0.8, a seed per request), no tokenizer (``skip_tokenizer_init``); one
+    ``LLM.generate`` call timed after a one-request warm-up, as obliq's vLLM backend calls it."""
+    try:
+        import vllm
+    except ImportError as err:
+        raise _Skip(
+            f"vLLM is not installed ({err}): run this script in the gen environment (pip install -e '.[gen]')"
+        ) from None
+    written = causal_replica(published, folder, device)
+    n, length, new = recipe["gen_requests"], recipe["gen_prompt"], recipe["gen_new"]
+    llm = vllm.LLM(
+        model=str(folder), skip_tokenizer_init=True, dtype="bfloat16", max_model_len=length + new, seed=0,
+        gpu_memory_utilization=0.5,  # the torch sections' cached memory may still be held by this process
+    )  # fmt: skip
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(3, written["vocab_size"], (n + 1, length), generator=g).tolist()
+    prompts = [{"prompt_token_ids": row} for row in ids]
+    params = [
+        vllm.SamplingParams(temperature=0.8, max_tokens=new, min_tokens=new, ignore_eos=True, seed=i, detokenize=False)
+        for i in range(n + 1)
+    ]
+    llm.generate(prompts[:1], params[:1], use_tqdm=False)  # warm-up: the first call compiles and allocates
+    t = time.perf_counter()
+    results = llm.generate(prompts[1:], params[1:], use_tqdm=False)
+    seconds = time.perf_counter() - t
+    made = sum(len(r.outputs[0].token_ids) for r in results)
+    del llm
+    return {
+        "vllm": vllm.__version__,
+        "requests": n,
+        "prompt_tokens": n * length,
+        "new_tokens": made,
+        "generate_s": seconds,
+        "new_tokens_per_s": made / seconds,
+        "requests_per_s": n / seconds,
+        "tokens_per_s": (made + n * length) / seconds,
+        "model": f"LlamaForCausalLM, {written['num_hidden_layers']} layers, hidden {written['hidden_size']}, "
+        f"vocab {written['vocab_size']}, random bf16 weights",
+    }
+
+
 def _section(results: dict, name: str, fn, *args):
     """Run one measurement; record its result, or ``skipped``/``failed`` with the reason."""
     t = time.perf_counter()
@@ -405,42 +482,6 @@ def _latency(enc, index, recipe, device):
     if index is None:
         raise _Skip("no index: the faiss section did not run")
     return measure_latency(enc.eval(), index, recipe, device)
-
-
-def _print_table(results: dict) -> None:
-    rows = [
-        ("peak", "measured bf16 TFLOP/s", "measured_tflops"),
-        ("peak", "datasheet bf16 TFLOP/s", "datasheet_tflops"),
-    ]
-    for section in ("train_bf16", "train_qlora"):
-        rows += [
-            (section, "rows/s", "rows_per_s"),
-            (section, "tokens/s", "tokens_per_s"),
-            (section, "step s", "step_s"),
-            (section, "peak memory GiB", "peak_memory_gib"),
-            (section, "MFU (measured peak)", "mfu"),
-            (section, "MFU (datasheet peak)", "mfu_datasheet"),
-            (section, "HFU (measured peak)", "hfu"),
-        ]
-    rows += [
-        ("faiss", "same top-10", "same_top10_queries"),
-        ("faiss", "GPU speed-up", "gpu_speedup"),
-        ("latency", "p50 ms", "p50_ms"),
-        ("latency", "p95 ms", "p95_ms"),
-    ]
-    print("| section | measure | value |\n|---|---|---:|")
-    for section, label, key in rows:
-        s = results.get(section, {})
-        value = s.get("skipped") if "skipped" in s else s.get(key, "—")
-        print(
-            f"| {section} | {label} | {value:.4g} |"
-            if isinstance(value, float)
-            else f"| {section} | {label} | {value} |"
-        )
-    faiss = results.get("faiss", {})
-    for side in ("cpu", "gpu"):
-        s = faiss.get(side, {})
-        print(f"| faiss | {side} search s | {s.get('skipped', s.get('search_s', '—'))} |")
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -501,15 +542,21 @@ def main(argv: list[str] | None = None) -> dict:
         if args.device.startswith("cuda"):
             torch.cuda.empty_cache()
         _section(results, "train_qlora", _qlora, folder, recipe, args.device, max(2, args.steps // 2), peak)
+        if args.device.startswith("cuda"):
+            torch.cuda.empty_cache()
+        _section(results, "generate_vllm", measure_vllm, config, recipe, args.device, folder / "causal")
         train = results["train_bf16"]  # its MFU predicts the 3B run's time only when it timed the 3B shape on a GPU
         measured = train.get("mfu_datasheet") if args.device.startswith("cuda") and not args.tiny else None
         _section(results, "plan", plan, args.recipe, measured, results["peak"].get("device_name", args.device))
+        qlora, planned = results["train_qlora"], results["plan"].get("qlora")
+        if qlora.get("weights_gib") and planned and not args.tiny:  # the 3B shape measured: beside its plan
+            qlora["planned_weights_gib"] = planned["weights_gib"]
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     results["total_s"] = time.perf_counter() - start
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=1, default=str))
-    _print_table(results)
+    print_table(results)
     print()
     print_plan(results["plan"]) if "skipped" not in results["plan"] else print(f"plan: {results['plan']['skipped']}")
     print(f"\n{results['total_s']:.0f} s; JSON: {args.out}", file=sys.stderr)

@@ -99,6 +99,8 @@ CARD = dict(rows=154_361, gpus=40, gpu="H100 SXM", minutes=50, lora_params=24e6)
 CAPACITY_GB = {"H100": 80, "H200": 141}
 """Datasheet GPU memory in GB (10⁹ bytes); the plan compares in GiB, so 80 GB is 74.5 GiB (torch
 reports a little more than the datasheet figure: the comparison errs on the safe side)."""
+NF4_BLOCK = 64
+"""Weights per bitsandbytes 4-bit block: one fp32 absmax each (no double quantization), beside 4 bits a weight."""
 ASSUMED_MFU = 0.35
 """The MFU the wall-time prediction assumes when no ``train_bf16`` section measured one on a GPU."""
 
@@ -232,6 +234,14 @@ def plan(recipe_path: Path = PLAN_RECIPE, measured_mfu: float | None = None, mea
     }
     activations = {"no_checkpointing": act["full"] / gib, "checkpointing": act["checkpointed"] / gib}
     total = {k: sum(memory.values()) + v for k, v in activations.items()}
+    quantized = config.num_hidden_layers * sum(a * b for a, b in lora_pairs(config).values())
+    qlora = {  # bitsandbytes nf4 (obliq's BitsAndBytesConfig: no double quantization) on the projections
+        "frozen_weights_nf4": (0.5 + 4 / NF4_BLOCK) * quantized / gib,
+        "frozen_rest_fp32": 4 * (frozen - quantized) / gib,  # embeddings, norms: prepare_model_for_kbit_training
+    }
+    qlora["weights_gib"] = qlora["frozen_weights_nf4"] + qlora["frozen_rest_fp32"] + memory["lora_weights_fp32"]
+    qlora["total_gib"] = {k: v - memory["frozen_weights_bf16"] + qlora["frozen_weights_nf4"] + qlora["frozen_rest_fp32"]
+                          for k, v in total.items()}  # fmt: skip
     fits = {
         gpu: {
             "capacity_gib": gb * 1e9 / gib,
@@ -274,6 +284,7 @@ def plan(recipe_path: Path = PLAN_RECIPE, measured_mfu: float | None = None, mea
         "activations_method": "estimate: derived from the tensors a Llama block saves under bf16 autocast "
         "(activation_bytes; checked against torch's saved-tensors hooks on a small CPU model)",
         "total_gib": total,
+        "qlora": qlora,
         "fits": fits,
         "rows": CARD["rows"],
         "steps": steps,
@@ -341,6 +352,20 @@ def print_plan(p: dict) -> None:
                 "the terms above with this activation row",
             )
         )
+    q = p["qlora"]
+    rows += [
+        (
+            "QLoRA: frozen projections nf4 + the rest fp32",
+            f"{q['frozen_weights_nf4']:.2f} + {q['frozen_rest_fp32']:.2f} GiB",
+            f"4 bits + one fp32 absmax per {NF4_BLOCK} weights; embeddings and norms upcast to fp32 (peft's "
+            "prepare_model_for_kbit_training)",
+        ),
+        (
+            "QLoRA: total per device, no checkpointing / checkpointing",
+            f"{q['total_gib']['no_checkpointing']:.2f} / {q['total_gib']['checkpointing']:.2f} GiB",
+            "the totals above with these frozen weights; gpu_check's train_qlora measures the peak",
+        ),
+    ]
     for gpu, f in p["fits"].items():
         rows.append(
             (
@@ -373,3 +398,45 @@ def print_plan(p: dict) -> None:
     print(f"| plan: {p['backbone']}, {p['recipe']} | value | how |\n|---|---:|---|")
     for row in rows:
         print("| " + " | ".join(row) + " |")
+
+
+def print_table(results: dict) -> None:
+    """The measured sections of a ``gpu_check.py`` run as a markdown table (a skipped one: its reason)."""
+    rows = [
+        ("peak", "measured bf16 TFLOP/s", "measured_tflops"),
+        ("peak", "datasheet bf16 TFLOP/s", "datasheet_tflops"),
+    ]
+    for section in ("train_bf16", "train_qlora"):
+        rows += [
+            (section, "weights GiB as loaded", "weights_gib"),
+            (section, "rows/s", "rows_per_s"),
+            (section, "tokens/s", "tokens_per_s"),
+            (section, "step s", "step_s"),
+            (section, "peak memory GiB", "peak_memory_gib"),
+            (section, "MFU (measured peak)", "mfu"),
+            (section, "MFU (datasheet peak)", "mfu_datasheet"),
+            (section, "HFU (measured peak)", "hfu"),
+        ]
+    rows += [
+        ("train_qlora", "planned weights GiB", "planned_weights_gib"),
+        ("generate_vllm", "new tokens/s", "new_tokens_per_s"),
+        ("generate_vllm", "requests/s", "requests_per_s"),
+        ("generate_vllm", "prompt + new tokens/s", "tokens_per_s"),
+        ("faiss", "same top-10", "same_top10_queries"),
+        ("faiss", "GPU speed-up", "gpu_speedup"),
+        ("latency", "p50 ms", "p50_ms"),
+        ("latency", "p95 ms", "p95_ms"),
+    ]
+    print("| section | measure | value |\n|---|---|---:|")
+    for section, label, key in rows:
+        s = results.get(section, {})
+        value = s.get("skipped") if "skipped" in s else s.get(key, "—")
+        print(
+            f"| {section} | {label} | {value:.4g} |"
+            if isinstance(value, float)
+            else f"| {section} | {label} | {value} |"
+        )
+    faiss = results.get("faiss", {})
+    for side in ("cpu", "gpu"):
+        s = faiss.get(side, {})
+        print(f"| faiss | {side} search s | {s.get('skipped', s.get('search_s', '—'))} |")

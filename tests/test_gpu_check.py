@@ -18,6 +18,7 @@ SECTIONS = {
     "train_bf16": ["rows_per_s", "tokens_per_s", "step_s", "peak_memory_gib", "mfu", "hfu", "model_tflop_per_step"],
     "train_qlora": ["rows_per_s", "tokens_per_s", "step_s", "peak_memory_gib", "mfu", "hfu"],
     "latency": ["p50_ms", "p95_ms", "encode_p50_ms", "search_p50_ms"],
+    "generate_vllm": ["new_tokens_per_s", "requests_per_s", "tokens_per_s", "generate_s"],
 }
 
 
@@ -208,3 +209,40 @@ def test_the_plan_refuses_a_device_count_it_cannot_plan_and_out_is_not_replaced(
     with pytest.raises(SystemExit):
         gc.main(["--plan-only", "--out", str(kept)])
     assert "--out" in capsys.readouterr().err and kept.read_text() == '{"earlier": "results"}'
+
+
+def test_the_generation_replica_has_the_3b_shape_and_vllm_is_skipped_with_its_environment_named(tmp_path):
+    """generate_vllm's model: the backbone's shape as a causal Llama whose LM head is the embedding table (no
+    parameter added: the 3B encoder's count, built on the meta device); the tiny one written and read back by
+    transformers. Without vLLM the section says where to run it."""
+    from transformers import AutoModel, AutoModelForCausalLM
+
+    gc = _gpu_check()
+    with torch.device("meta"):
+        causal = AutoModelForCausalLM.from_config(gc.causal_config(gc.LLAMA_3B), dtype=torch.bfloat16)
+        encoder = AutoModel.from_config(gc.causal_config(gc.LLAMA_3B), dtype=torch.bfloat16)
+    assert sum(p.numel() for p in causal.parameters()) == sum(p.numel() for p in encoder.parameters())
+    assert causal.config.tie_word_embeddings and causal.config.rope_parameters["rope_type"] == "llama3"
+    written = gc.causal_replica(gc.TINY, tmp_path, "cpu")
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path)
+    assert written["architectures"] == ["LlamaForCausalLM"] and written["vocab_size"] == 128256
+    assert loaded.lm_head.weight.data_ptr() == loaded.model.embed_tokens.weight.data_ptr()
+    if importlib.util.find_spec("vllm") is None:
+        with pytest.raises(gc._Skip, match=r"vLLM is not installed .*pip install -e '.\[gen\]'"):
+            gc.measure_vllm(gc.TINY, gc.TINY_RECIPE, "cpu", tmp_path / "other")
+
+
+def test_the_plan_counts_qlora_weights_from_the_shape():
+    """QLoRA's frozen weights in the plan: the projections at 4 bits plus an fp32 absmax per 64 weights, the
+    embedding table and the norms in fp32, counted here from Llama-3.2-3B's published sizes by hand."""
+    gp = _gpu_plan()
+    plan = gp.plan()
+    h, i, vocab, layers, kv = 3072, 8192, 128_256, 28, 8 * 128
+    projections = layers * (h * h + 2 * h * kv + h * h + 3 * h * i)
+    assert plan["frozen_params"] - projections == vocab * h + (2 * layers + 1) * h  # embeddings and norms
+    q = plan["qlora"]
+    assert q["frozen_weights_nf4"] == pytest.approx(projections * (0.5 + 4 / 64) / 2**30)
+    assert q["frozen_rest_fp32"] == pytest.approx(4 * (vocab * h + (2 * layers + 1) * h) / 2**30)
+    for mode, total in plan["total_gib"].items():
+        saved = plan["memory_gib"]["frozen_weights_bf16"] - q["frozen_weights_nf4"] - q["frozen_rest_fp32"]
+        assert q["total_gib"][mode] == pytest.approx(total - saved) and saved > 3  # GiB
