@@ -184,8 +184,10 @@ def test_synth_generate_with_the_llamacpp_backend(tasks_dir, tmp_path):
         + ["--out", str(out), "--n_docs", "2", "--samples", "1", "--generation.max_retries", "1"]
         + ["--backend.name", "llamacpp", "--backend.threads", "1"]
     )
-    report = json.loads((tmp_path / "synth.jsonl.report.json").read_text())["report"]
+    saved = json.loads((tmp_path / "synth.jsonl.report.json").read_text())
+    report = saved["report"]
     assert report["backend"] == "llamacpp:smollm2" and report["candidates"] == 2
+    assert saved["environment"]["cpu"]["model"] and saved["environment"]["llama_cpp"]["build"] == "native"
     assert report["generated"] + sum(report["skipped"].values()) == 2 and report["new_tokens"] > 0
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(rows) == report["generated"]

@@ -21,6 +21,7 @@ from typing import Any, Literal
 
 from obliq.claims import claim_outputs
 from obliq.data.rows import parse_row, read_rows, row_positives
+from obliq.eval.results import environment
 from obliq.files import atomic_write, json_text, read_text, write_json
 from obliq.llm.backends import backend_config
 from obliq.search.bm25 import BM25
@@ -159,7 +160,8 @@ def generate(
                 samples=samples,
             )
         )
-        write_json(outputs["report"], {"args": args, "prompts": digest, "report": report})
+        made_with = environment()  # the CPU and llama.cpp's build beside the versions (what the cost was measured on)
+        write_json(outputs["report"], {"args": args, "prompts": digest, "report": report, "environment": made_with})
         log.info(
             "%s: %d rows written (%d already done), skipped %s, %d retries, %.1f tokens/s",
             report["task"],
