@@ -282,9 +282,9 @@ def test_the_4bit_recipe_trains_on_two_processes_is_killed_and_resumes(qlora_run
 @pytest.mark.distributed
 def test_the_4bit_recipe_exports_into_the_unquantized_base_and_evaluates(qlora_runs, tmp_path):
     """``obliq export --merge true`` of the resumed 4-bit run: every merged projection is the replica folder's own
-    weight plus the adapter's ``B·A·α/r`` (float32, cast once to the training dtype; to a float32 rounding, or one
-    bf16 ulp), read here from the two safetensors files, and not the dequantized nf4 weight plus it (nf4's error,
-    above 1e-3, is far more).
+    weight plus the adapter's ``B·A·α/r`` (in float32, cast once to the dtype export.json names; to a float32
+    rounding, or one bf16 ulp), read here from the two safetensors files, and not the dequantized nf4 weight plus
+    it (nf4's error, above 1e-3, is far more).
     Then ``obliq evaluate`` of the adapter and the merged folder: the same metrics. The 4-bit encoder's vectors
     with the exported adapter equal the plain QLoRA reference to 1e-5; the float32 LoRA encoder (the adapter on
     the unquantized base, what the merge holds) stays within nf4's own error on the base: its least cosine
@@ -300,14 +300,15 @@ def test_the_4bit_recipe_exports_into_the_unquantized_base_and_evaluates(qlora_r
     [last] = (qlora_runs["root"] / f"qlora-{dtype}").glob("version_0/checkpoints/last.ckpt")
     export = tmp_path / "export"
     main(["export", "--checkpoint", str(last), "--out", str(export), "--merge", "true"])
-    assert json.loads((export / "export.json").read_text())["probe_min_cosine"] >= 0.999
+    report = json.loads((export / "export.json").read_text())
+    assert report["probe_min_cosine"] >= 0.999
 
     base = load_file(Path(replica) / "model.safetensors")
     adapter = load_file(export / "adapter" / "adapter_model.safetensors")
     lora = json.loads((export / "adapter" / "adapter_config.json").read_text())
     scale = lora["lora_alpha"] / lora["r"]
     merged = load_file(export / "merged" / "model.safetensors")
-    stored = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
+    stored = {"float32": torch.float32, "bfloat16": torch.bfloat16}[report["merged_dtype"]]
     projections = [k for k in base if k.endswith("proj.weight")]
     assert len(projections) == 2 * 7
     for key in projections:
@@ -316,7 +317,8 @@ def test_the_4bit_recipe_exports_into_the_unquantized_base_and_evaluates(qlora_r
         delta = (b @ a) * scale
         want = (base[key].float() + delta).to(stored)
         # float32: peft's B·A to float32 rounding; bfloat16: a tie of the one cast may round either way (1 ulp)
-        torch.testing.assert_close(merged[key], want, rtol=2**-7 if dtype == "bfloat16" else 1e-6, atol=1e-8, msg=key)
+        rtol = 2**-7 if stored == torch.bfloat16 else 1e-6
+        torch.testing.assert_close(merged[key], want, rtol=rtol, atol=1e-8, msg=key)
         q, state = bnbf.quantize_4bit(base[key].float(), quant_type="nf4")
         from_4bit = (bnbf.dequantize_4bit(q, state).float() + delta).to(stored)
         assert (merged[key].float() - from_4bit.float()).abs().max() > 1e-3, key  # nf4's error: ~1e-2 here
