@@ -72,11 +72,11 @@ LACKS = (
 )
 
 
-@pytest.fixture(scope="module")
-def recipe_runs(tmp_path_factory, smollm2_path, tasks_dir) -> dict:
+def recipe_work(root: Path, smollm2_path: str, tasks_dir: Path) -> tuple[str, Path]:
+    """The replica of the recipe's backbone and the recipe's work folder (its rows and its dev task) under
+    ``root``; the replica's folder and the work folder."""
     from obliq.cli import main
 
-    root = tmp_path_factory.mktemp("recipe-3b")
     replica = save_published_replica(
         root / "llama-nv-embed-reasoning-3b", "nvidia/llama-nv-embed-reasoning-3b", smollm2_path
     )
@@ -91,6 +91,13 @@ def recipe_runs(tmp_path_factory, smollm2_path, tasks_dir) -> dict:
     )
     task = small_real_task(tasks_dir, root / "slice", n_queries=12, n_distractors=20)
     main(["task", "split", "--task", str(task), "--out", str(work / "tasks" / "math-slice")])
+    return replica, work
+
+
+@pytest.fixture(scope="module")
+def recipe_runs(tmp_path_factory, smollm2_path, tasks_dir) -> dict:
+    root = tmp_path_factory.mktemp("recipe-3b")
+    replica, work = recipe_work(root, smollm2_path, tasks_dir)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCHELASTIC", "SLURM"))}
     env.update(PYTHONHASHSEED="0", OMP_NUM_THREADS="1", WANDB_MODE="offline")
 

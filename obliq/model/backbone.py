@@ -59,14 +59,11 @@ def ensure_pad_token(tokenizer) -> None:
 
 def quantization_config(quantization: str, compute_dtype: torch.dtype):
     """The bitsandbytes loading settings of QLoRA's base: ``4bit`` (nf4, computing in ``compute_dtype``) or
-    ``8bit``.
+    ``8bit``. On a CUDA GPU or on the CPU (bitsandbytes' CPU backend: nf4 and int8 forward and backward).
 
     Raises:
-        RuntimeError: no CUDA GPU.
         ValueError: another ``quantization``.
     """
-    if not torch.cuda.is_available():
-        raise RuntimeError(f"{quantization} quantization (QLoRA) needs a CUDA GPU and bitsandbytes")
     try:
         import bitsandbytes  # noqa: F401
     except ImportError as err:  # pragma: no cover - bitsandbytes is a core dependency
@@ -78,3 +75,21 @@ def quantization_config(quantization: str, compute_dtype: torch.dtype):
     if quantization == "8bit":
         return BitsAndBytesConfig(load_in_8bit=True)
     raise ValueError(f"quantization must be '4bit', '8bit' or None, got {quantization!r}")
+
+
+def one_4bit_kernel(model) -> int:
+    """Keep every bitsandbytes 4-bit layer of ``model`` on the kernel it trains with, in evaluation too; how many.
+
+    On a CPU with AVX512-BF16, bitsandbytes 0.50 repacks a ``Linear4bit``'s weights for a faster inference kernel
+    the first time it runs in eval mode without gradients, and keeps them so: a layer whose input size is not a
+    multiple of its 64-weight block then fails (``shape '[96, 1]' is invalid``), training after an evaluation (the
+    recipe's evaluation callback) runs the inference kernel, which has no backward (the LoRA weights of earlier
+    layers get no gradient), and its block scales are rounded to bf16, so evaluation reads another model than
+    training does. Off, one kernel (dequantize, then matmul in the compute dtype) serves both, as on any other
+    CPU or GPU."""
+    from bitsandbytes.nn import Linear4bit
+
+    layers = [m for m in model.modules() if isinstance(m, Linear4bit)]
+    for layer in layers:
+        layer.support_avx512bf16_for_cpu = False
+    return len(layers)

@@ -3,7 +3,7 @@
 One encoder serves queries and passages (the OBLIQ-IR paper §3.3; the model card). Decoder-only
 backbones (Llama, Qwen, Mistral) get bidirectional attention as NV-Embed does (Lee et al., 2025);
 encoders (BERT) run as they are. LoRA comes from peft (Hu et al., 2022); QLoRA loads the base in
-4 or 8 bit through bitsandbytes on a CUDA GPU (:mod:`obliq.model.backbone`: how a backbone is loaded).
+4 or 8 bit through bitsandbytes, on a CUDA GPU or the CPU (:mod:`obliq.model.backbone`: how a backbone is loaded).
 Texts become token ids in :mod:`obliq.model.tokenizer`; the settings a saved encoder may set are
 :mod:`obliq.model.settings`'s, an adapter folder's base is checked by :mod:`obliq.model.adapter`.
 """
@@ -26,7 +26,14 @@ from torch import nn
 from obliq.aliases import portable_name, resolve_model
 from obliq.files import read_json_object, write_json, write_text
 from obliq.model.adapter import BASE_DIGEST, base_digest, check_adapter_weights, check_base, resolve_base
-from obliq.model.backbone import DTYPES, POSITION_OFFSET_MODELS, ensure_pad_token, model_capacity, quantization_config
+from obliq.model.backbone import (
+    DTYPES,
+    POSITION_OFFSET_MODELS,
+    ensure_pad_token,
+    model_capacity,
+    one_4bit_kernel,
+    quantization_config,
+)
 from obliq.model.bidirectional import (
     check_bidirectional,
     check_loading,
@@ -60,14 +67,14 @@ class BiEncoder(nn.Module):
             (the paper's per-task instruction; off by default as in the model card).
         query_max_length / passage_max_length: truncation lengths in tokens (256 / 1024).
         dtype: weights dtype: float32, bfloat16 or float16.
-        quantization: None, ``4bit`` or ``8bit`` (QLoRA; CUDA and bitsandbytes required).
+        quantization: None, ``4bit`` (nf4, computing in ``dtype``) or ``8bit``: QLoRA's base through bitsandbytes,
+            on a CUDA GPU or the CPU. Training only: a saved adapter names its base unquantized.
         gradient_checkpointing: recompute activations in backward (non-reentrant).
         attn_implementation: ``sdpa`` or ``eager`` (or ``flash_attention_2`` on GPU).
         trust_remote_code: allow a hub model's own code; off unless asked.
 
     Raises:
-        RuntimeError: the bidirectional self-test fails (a decoder that stayed causal, C03), or
-            QLoRA is asked for without CUDA.
+        RuntimeError: the bidirectional self-test fails (a decoder that stayed causal, C03).
         ValueError: the tokenizer has no pad token and no eos/unk token to use as one (C02); the adapter's
             weights file cannot be read (truncated, damaged) or holds NaN or infinite values.
     """
@@ -160,6 +167,8 @@ class BiEncoder(nn.Module):
 
         if quantization:
             from peft import prepare_model_for_kbit_training
+
+            one_4bit_kernel(model)  # bitsandbytes' CPU inference repacking off: it has no backward (backbone.py)
 
             model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=gradient_checkpointing)
         elif gradient_checkpointing:
