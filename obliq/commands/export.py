@@ -10,8 +10,9 @@ otherwise — so mteb reads each task's queries the way the model was trained to
 The merged folder carries the lengths the encoder reads at: sentence-transformers' ``encode_query`` /
 ``encode_document`` cut queries and documents where obliq trained and evaluated them (C68).
 
-The merge is computed in float32 and cast to the training dtype once (the model card's caveat:
-folding ``W + BA·scaling`` directly in bf16 loses digits). Both folders are then checked on a probe set
+The merge is computed and stored in the dtype the checkpoint's encoder is rebuilt in, float32 (the model
+card's caveat: folding ``W + BA·scaling`` in bf16 loses digits; a bf16 run's merged folder stays float32,
+since a bfloat16 copy drops most of a few steps' LoRA update, docs/training.md). Both folders are then checked on a probe set
 (with a text longer than both lengths) against an independent reading of the input
 (:mod:`obliq.model.plain`: an adapter folder read by transformers + peft; a checkpoint by its rebuilt
 encoder), each read as its user reads it: the adapter by transformers + peft, the merged folder by plain
@@ -197,7 +198,7 @@ def _check_adapter(folder: Path, exact: BiEncoder, texts: list[str], expect: dic
 def merge_to_sentence_transformers(
     encoder: BiEncoder, folder: Path, texts: list[str], expect: dict, source: str, least: float
 ) -> dict:
-    """Merge LoRA in float32, cast once to the training dtype, save and verify a sentence-transformers
+    """Merge LoRA in the encoder's dtype (float32 as export rebuilds it), save and verify a sentence-transformers
     folder. It carries the lengths the encoder reads at (``query_length`` / ``document_length`` in
     ``sentence_bert_config.json``: ``encode_query`` / ``encode_document`` cut there; ``max_seq_length``,
     for a plain ``encode``, is the passage length). Loaded fresh as a plain user loads it
