@@ -12,8 +12,8 @@ The merged folder carries the lengths the encoder reads at: sentence-transformer
 
 The merge is computed and stored in the dtype the checkpoint's encoder is rebuilt in, float32 (the model
 card's caveat: folding ``W + BA·scaling`` in bf16 loses digits; a bf16 run's merged folder stays float32,
-since a bfloat16 copy drops most of a few steps' LoRA update, docs/training.md). Both folders are then checked on a probe set
-(with a text longer than both lengths) against an independent reading of the input
+since a bfloat16 copy drops most of a few steps' LoRA update, docs/training.md). Both folders are then
+checked on a probe set (with a text longer than both lengths) against an independent reading of the input
 (:mod:`obliq.model.plain`: an adapter folder read by transformers + peft; a checkpoint by its rebuilt
 encoder), each read as its user reads it: the adapter by transformers + peft, the merged folder by plain
 ``SentenceTransformer(folder)``. Every cosine must be ≥ ``min_cosine``, or the export refuses (C60).
