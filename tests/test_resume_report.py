@@ -60,7 +60,7 @@ OLD_LOSS = {  # a checkpoint's model.loss of before issue 56: InfoNCE's flags, e
 }
 
 
-def test_an_old_checkpoints_infonce_flags_read_as_the_classes_of_now():
+def test_an_old_checkpoints_infonce_flags_read_as_the_classes_of_now(tmp_path):
     """Issue 56: a checkpoint of InfoNCE with symmetric, multi_positive and matryoshka_dims is the objective of
     Matryoshka(Symmetric(SupCon)): resumed with that, nothing is said; with plain InfoNCE, the change is named (a
     resume never changes the objective silently). The old spelling on a command line or in a recipe is refused,
@@ -79,11 +79,33 @@ def test_an_old_checkpoints_infonce_flags_read_as_the_classes_of_now():
     plain = {"loss": MATRYOSHKA["init_args"]["loss"]}
     changed = changes({"loss": OLD_LOSS}, plain)
     assert changed == [("model.loss", "obliq.losses.matryoshka.Matryoshka", "obliq.losses.infonce.InfoNCE")]
-    with pytest.raises(ValueError, match=r"^the command line: model\.loss\.init_args\.symmetric of obliq\.losses\.Inf"):
+    with pytest.raises(ValueError, match=r"^the command line: model\.loss\.init_args\.symmetric, InfoNCE's flag"):
         check_flat_objective(["fit", "--model.loss.init_args.symmetric=true"])
-    with pytest.raises(ValueError, match=r"model\.loss\.init_args\.multi_positive .* obliq\.losses\.MILNCE or"):
+    with pytest.raises(ValueError, match=r"model\.loss\.init_args\.multi_positive, .* obliq\.losses\.MILNCE or"):
         check_flat_objective(["fit", "--model.loss.init_args.multi_positive", "supcon"])
-    check_flat_objective(["fit", "--model.loss=obliq.losses.Matryoshka", "--model.loss.init_args.matryoshka_dims=[1]"])
+    # any loss, the short form, a wrapper's inner loss: no loss of now has these flags (issue 56 review)
+    for argv in (
+        ["fit", "--model.loss=obliq.losses.Matryoshka", "--model.loss.init_args.matryoshka_dims=[1]"],
+        ["fit", "--model.loss", "MILNCE", "--model.loss.symmetric=true"],
+        ["fit", "--model.loss.init_args.loss.init_args.symmetric=true"],
+    ):
+        with pytest.raises(ValueError, match=r"is no setting of any loss now: model\.loss: obliq\.losses\."):
+            check_flat_objective(argv)
+    config = tmp_path / "old.yaml"
+    for loss in (
+        {"class_path": "InfoNCE", "init_args": {"symmetric": True}},
+        {
+            "class_path": "obliq.losses.Symmetric",
+            "init_args": {"loss": {"class_path": "MILNCE", "init_args": {"matryoshka_dims": [8]}}},
+        },
+    ):
+        config.write_text(json.dumps({"model": {"loss": loss}}))
+        with pytest.raises(
+            ValueError,
+            match=rf"^{re.escape(str(config))}: model\.loss\.init_args\.(symmetric|loss\.init_args\.matryoshka_dims), ",
+        ):
+            check_flat_objective(["fit", "--config", str(config)])
+    check_flat_objective(["fit", "--model.loss=obliq.losses.Matryoshka", "--model.loss.init_args.dims=[1]"])
 
 
 def _other(value, annotation):

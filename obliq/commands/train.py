@@ -66,27 +66,40 @@ FLAT_OBJECTIVE = {
 """The module's settings of before obliq.losses (issue 47) and where each is now."""
 
 
+def _old_flags(loss, path: str) -> list[tuple[str, str]]:
+    """Every InfoNCE flag of before issue 56 (:data:`INFONCE_FLAGS`) in a config's ``model.loss`` (its
+    ``init_args`` or the short form, a wrapper's ``loss`` within), with where it stands (``model.loss.init_args.
+    symmetric``)."""
+    if not isinstance(loss, dict):
+        return []
+    found = [(k, f"{path}.{k}") for k in loss if k in INFONCE_FLAGS]
+    args = loss.get("init_args")
+    if isinstance(args, dict):
+        found += [(k, f"{path}.init_args.{k}") for k in args if k in INFONCE_FLAGS]
+        found += _old_flags(args.get("loss"), f"{path}.init_args.loss")
+    return found + _old_flags(loss.get("loss"), f"{path}.loss")
+
+
 def check_flat_objective(argv: list[str]) -> None:
     """Refuse a setting of the objective in a spelling of before: flat, before ``obliq.losses``
     (``--model.temperature``, a config file's ``model.relational_weight``, …), or one of InfoNCE's flags of before
-    its forms were losses of their own (``model.loss.init_args.symmetric``, ``multi_positive``, ``matryoshka_*``,
-    on ``obliq.losses.InfoNCE``), saying where it is now (:data:`FLAT_OBJECTIVE`, :data:`INFONCE_FLAGS`), instead
-    of jsonargparse's bare "unrecognized arguments".
+    its forms were losses of their own (``symmetric``, ``multi_positive``, ``matryoshka_*``: no loss of now has
+    them, so they are refused on any loss, a wrapper's inner one and the short ``--model.loss.symmetric`` form
+    included), saying where it is now (:data:`FLAT_OBJECTIVE`, :data:`INFONCE_FLAGS`), instead of jsonargparse's
+    bare "unrecognized arguments" or its list of union subtypes.
 
     Raises:
         ValueError: naming the setting, where it was given and its new place.
     """
     from obliq.yaml_checks import load_yaml
 
-    found, flags, loss = [], [], "obliq.losses.InfoNCE"  # the module's default loss
+    found, flags = [], []
     for n, token in enumerate(argv):
-        key, _, value = token.partition("=")
+        key = token.partition("=")[0]
         if key.startswith("--model.") and key[len("--model.") :] in FLAT_OBJECTIVE:
             found.append((key[len("--model.") :], "the command line"))
-        if key.startswith("--model.loss.init_args.") and key.split(".")[-1] in INFONCE_FLAGS:
-            flags.append((key.split(".")[-1], "the command line"))
-        if key in ("--model.loss", "--model.loss.class_path") and value:
-            loss = value if value.startswith("obliq.") or "." in value else f"obliq.losses.{value}"
+        if key.startswith("--model.loss.") and key.split(".")[-1] in INFONCE_FLAGS:
+            flags.append((key.split(".")[-1], key[2:], "the command line"))
         config = token[len("--config=") :] if token.startswith("--config=") else None
         if token == "--config" and n + 1 < len(argv):
             config = argv[n + 1]
@@ -98,20 +111,18 @@ def check_flat_objective(argv: list[str]) -> None:
             if not isinstance(model, dict):
                 continue
             found += [(k, config) for k in model if k in FLAT_OBJECTIVE]
-            given = model.get("loss") if isinstance(model.get("loss"), dict) else {}
-            loss = given.get("class_path", loss)
-            flags += [(k, config) for k in given.get("init_args") or {} if k in INFONCE_FLAGS]
+            flags += [(k, where, config) for k, where in _old_flags(model.get("loss"), "model.loss")]
     if found:
         key, where = found[0]
         raise ValueError(
             f"{where}: model.{key} is now {FLAT_OBJECTIVE[key]} (the objective is model.loss and model.terms, "
             "obliq/losses; docs/training.md)"
         )
-    if flags and loss in ("obliq.losses.InfoNCE", "obliq.losses.infonce.InfoNCE"):
-        key, where = flags[0]
+    if flags:
+        key, name, where = flags[0]
         raise ValueError(
-            f"{where}: model.loss.init_args.{key} of obliq.losses.InfoNCE is now {INFONCE_FLAGS[key]} "
-            "(docs/training.md)"
+            f"{where}: {name}, InfoNCE's flag of before its forms were losses of their own, is no setting of any "
+            f"loss now: {INFONCE_FLAGS[key]} (docs/training.md)"
         )
 
 
