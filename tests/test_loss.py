@@ -207,3 +207,12 @@ def test_teacher_distillation_against_hand_computed_values(as_mask):
     assert teacher_distillation(q, d, pos, doc_row, none, "kl", 0.05, 0.05, positives=positives).item() == 0.0
     with pytest.raises(ValueError, match="kl"):
         teacher_distillation(q, d, pos, doc_row, t, "mse", 0.05, 0.05)
+
+
+def test_the_loss_protocol_itself_is_refused_as_a_loss():
+    """``--model.loss=obliq.losses.Loss`` (jsonargparse offers the base class among the choices): refused as the
+    protocol it is, not later for logging under the name a term would (issue 56 review)."""
+    from obliq.losses import Loss
+
+    with pytest.raises(TypeError, match=r"^obliq\.losses\.Loss is the protocol a main loss follows, not a loss"):
+        Loss()

@@ -30,6 +30,14 @@ class Loss(nn.Module):
 
     temperature: float | None = None
 
+    def __init__(self) -> None:
+        if type(self) is Loss:
+            raise TypeError(
+                "obliq.losses.Loss is the protocol a main loss follows, not a loss: name one "
+                "(obliq.losses.InfoNCE, MILNCE, SupCon, or a wrapper: Symmetric, Matryoshka)"
+            )
+        super().__init__()
+
     @property
     def name(self) -> str:
         """Logged as ``train/<name>`` (the parts of :meth:`logged` beside it); default the class's name, lower case."""
