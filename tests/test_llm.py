@@ -237,3 +237,12 @@ def test_reasoning_is_switched_off_through_the_chat_template_by_default(two_end_
             enable_thinking=seen[0]["enable_thinking"],
         )
     assert rendered[False].endswith("<think>\n\n</think>\n\n") and "<think>" not in rendered[True]
+
+
+def test_a_null_backend_name_is_the_default_backend_and_an_empty_one_is_refused():
+    """``backend.name: null`` means what an absent name means (issue 56 review); ``""`` is no backend."""
+    from obliq.llm.backends import DEFAULT_BACKEND, backend_config
+
+    assert backend_config(name=None).name == backend_config().name == DEFAULT_BACKEND
+    with pytest.raises(ValueError, match=r"^name: must be one of .*, got ''"):
+        backend_config(name="")

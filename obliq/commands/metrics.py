@@ -20,7 +20,7 @@ def score_files(
     per_query: bool = False,
     whole_ranking: bool = False,
 ) -> dict:
-    """Score a TREC run file against qrels with trec_eval's conventions .
+    """Score a TREC run file against qrels with trec_eval's conventions.
 
     Args:
         qrels: relevance judgements, BEIR TSV (``query-id corpus-id score``, header optional) or

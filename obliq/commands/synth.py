@@ -108,8 +108,10 @@ def generate(
         n_docs: documents to sample (seeded), or null for all.
         seed: sampling and generation seed.
         backend: the generator: ``name`` ``transformers`` (CPU or GPU), ``llamacpp`` (CPU, a GGUF file) or
-            ``vllm`` (GPU; the ``gen`` extra in its own env), ``model`` (an alias such as smollm2, a folder or a
-            hub id), and that backend's settings (``--backend.<key>``; :func:`obliq.llm.backends.backend_config`).
+            ``vllm`` (GPU, or its CPU build: ``make vllm``), ``model`` (an alias such as smollm2, a folder or a
+            hub id), and that backend's settings (``--backend.<key>``): the fields of its settings class,
+            obliq.llm.transformers.TransformersConfig, obliq.llm.llamacpp.LlamaCppConfig or
+            obliq.llm.vllm.VLLMConfig (each documents its fields; docs/synthetic.md, "Backends").
         generation: generation settings.
         prompt_dir: a folder of prompt files replacing the packaged ones (obliq/synth/prompts).
         shard: one shard of the sample (``--shard.index i --shard.count n``, or a SLURM array's), written

@@ -82,7 +82,7 @@ SPLIT_COPIED = ("corpus.jsonl", "attributes.tsv", "sources.tsv")
 
 
 def split_task(task: Path, out: Path, dev_fraction: float = 0.5, seed: int = 0, overwrite: bool = False) -> dict:
-    """Write a task folder whose queries are split into a development side and a test side .
+    """Write a task folder whose queries are split into a development side and a test side.
 
     The split is :func:`~obliq.tasks.split.split_queries` (seeded; queries with the same gold relevant set stay on one
     side). ``out`` gets the corpus and the document tables (:data:`SPLIT_COPIED`) unchanged, the test

@@ -152,8 +152,10 @@ class TrainingDataModule(L.LightningDataModule):
             see :class:`~obliq.data.mixture.Source` and :mod:`obliq.data.mixture`.
         batch_size: anchors (rows) per rank per step, N. The whole step batch of one rank; the
             model splits it into GradCache chunks.
-        max_negatives, max_positives: how much of each row a batch brings (default 4 negatives, every
-            positive), kept as :attr:`caps` (:class:`~obliq.data.rows.RowCaps`, which checks and reads them).
+        max_negatives: k, hard negatives kept per row (default 4; rows may have fewer).
+        max_positives: positives kept per row, its first ones in file order (None, the default: all of them;
+            a single-positive row always brings its one). Both are kept as :attr:`caps`
+            (:class:`~obliq.data.rows.RowCaps`, which checks and reads them).
         seed: seed of the epoch order and of the per-source subsets (>= 0).
         shuffle: ``False`` reads sources and rows in file order.
         on_bad_row: ``"fail"`` raises the first bad row's ``file:line:field`` error; ``"skip"``

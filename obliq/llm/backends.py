@@ -175,7 +175,8 @@ def backend_config(**settings) -> BackendConfig:
         ValueError: ``<key>: <what is wrong>``: an unknown backend, a setting of another backend (naming
             it), an unknown key, a bad value.
     """
-    name, names = settings.get("name", DEFAULT_BACKEND), backend_names()
+    name, names = settings.get("name"), backend_names()
+    name = DEFAULT_BACKEND if name is None else name  # absent or null: the default
     if name not in names:
         raise ValueError(f"name: must be one of {', '.join(names)}, got {name!r}")
     config = _config_class(name)
@@ -185,4 +186,4 @@ def backend_config(**settings) -> BackendConfig:
             others = [n for n in names if key in {f.name for f in fields(_config_class(n))}]
             what = f"a {' and '.join(others)} setting" if others else "unknown key"
             raise ValueError(f"{key}: {what}; the {name} backend takes {', '.join(own)}")
-    return config(**settings)
+    return config(**{**settings, "name": name})
