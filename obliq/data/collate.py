@@ -29,7 +29,10 @@ class Collator:
         tokenize: ``tokenize(texts, kind, instructions) -> {"input_ids": (B, L), "attention_mask":
             (B, L), ...}`` with ``kind`` ``"query"`` or ``"passage"`` and, for queries, each row's
             ``instruction`` (or None); it adds prefixes and truncates (``obliq.model.TextTokenizer``,
-            the encoder's ``text``). Runs in the loader's worker processes.
+            the encoder's ``text``). Runs in the loader's worker processes. When it reads long texts in
+            windows (its ``windowing``, :class:`obliq.windows.Windows`), documents (and queries, with
+            ``windowing.queries``) are tokenized into windows, and ``doc_window`` (``query_window``) gives the
+            document (query) of each window row.
         caps: how many positives and negatives of a row a batch brings (:class:`~obliq.data.rows.RowCaps`).
         teacher: a teacher's vectors by id; the batch then holds its vectors of the queries (kNN anchors) and
             documents, ``teacher_query_vectors`` (n, d) and ``teacher_doc_vectors`` (M, d), float32, NaN rows
@@ -53,9 +56,23 @@ class Collator:
         ]
         docs = [row.positive for row in rows] + [doc for _, doc, _ in rest]
         cut = [(i, doc) for i, row in enumerate(rows) for doc in row.positives[kept[i] :]]
+        queries, instructions = [row.query for row in rows], [row.instruction for row in rows]
+        windows, windowed = getattr(self.tokenize, "windowing", None), {}
+        if windows is None:
+            query, doc_batch = (
+                self.tokenize(queries, "query", instructions),
+                self.tokenize([d.text for d in docs], "passage"),
+            )
+        else:
+            doc_batch, windowed["doc_window"] = self.tokenize.windows([d.text for d in docs], "passage", windows)
+            if windows.queries:
+                query, windowed["query_window"] = self.tokenize.windows(queries, "query", windows, instructions)
+            else:
+                query = self.tokenize(queries, "query", instructions)
         batch = {
-            "query": self.tokenize([row.query for row in rows], "query", [row.instruction for row in rows]),
-            "docs": self.tokenize([doc.text for doc in docs], "passage"),
+            "query": query,
+            "docs": doc_batch,
+            **windowed,
             "positive_index": torch.arange(n, dtype=torch.long),
             "doc_row": torch.tensor([*range(n), *(i for i, _, _ in rest)], dtype=torch.long),
             "doc_positive": torch.tensor([True] * n + [p for _, _, p in rest], dtype=torch.bool),

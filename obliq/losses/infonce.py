@@ -31,7 +31,7 @@ class Scored(NamedTuple):
     queries: torch.Tensor
     """(B, h) float64."""
     docs: torch.Tensor
-    """(M, h) float64."""
+    """(M, h) float64 (under MaxSim the W windows: :meth:`StepView.similarity`)."""
     scores: torch.Tensor
     """(B, M) q·d / τ."""
     positives: torch.Tensor
@@ -60,12 +60,12 @@ def scored(queries: torch.Tensor, docs: torch.Tensor, view: StepView, temperatur
     if not temperature > 0:
         raise ValueError(f"temperature must be positive, got {temperature}")
     q, d = queries.double(), docs.double()
-    positives = positive_mask(view.positives.to(q.device), len(d))
+    positives = positive_mask(view.positives.to(q.device), len(view.doc_row))
     forward, reverse = false_negative_masks(positives, view.doc_keys, view.query_keys, view.cut)
     if view.mask is not None:
         forward = view.mask & ~positives if forward is None else forward | (view.mask & ~positives)
     candidates = ~forward if forward is not None else torch.ones_like(positives)
-    return Scored(q, d, q @ d.T / temperature, positives, candidates, reverse, temperature)
+    return Scored(q, d, view.similarity(q, d) / temperature, positives, candidates, reverse, temperature)
 
 
 def one_positive_rows(s: Scored) -> torch.Tensor:

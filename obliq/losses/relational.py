@@ -21,6 +21,7 @@ def relational_distillation(
     mask: torch.Tensor | None,
     temperature: float,
     teacher_temperature: float | None,
+    similarity=None,
 ) -> torch.Tensor:
     """The mean over queries of KL(teacher's softmax ‖ student's softmax) over the documents (module notes).
 
@@ -33,6 +34,8 @@ def relational_distillation(
         teacher_temperature: τ of the teacher's; None: set from the teacher's score spread, per step, so
             its logits are as spread as the student's: ``τ · std(teacher) / std(student)`` over the
             entries used (the student's scores detached).
+        similarity: ``(queries, docs) -> (B, M)`` the student's scores (:meth:`StepView.similarity`: MaxSim over
+            document windows); None: the cosines ``queries @ docs.T``.
 
     Returns:
         Scalar float32: the mean over rows with at least two usable entries (0 when none has, or when the
@@ -43,7 +46,7 @@ def relational_distillation(
     """
     if temperature <= 0 or (teacher_temperature is not None and teacher_temperature <= 0):
         raise ValueError("temperatures must be positive")
-    s = queries.double() @ docs.double().T  # (B, M) the student's cosines
+    s = (similarity or (lambda q, d: q @ d.T))(queries.double(), docs.double())  # (B, M) the student's cosines
     t = teacher.to(s.device).double()
     usable = torch.isfinite(t) if mask is None else torch.isfinite(t) & ~mask
     rows = usable.sum(1) >= 2
@@ -94,7 +97,7 @@ class Relational(Term):
         forward, _ = false_negative_masks(view.positives, view.doc_keys, view.query_keys, view.cut)
         teacher = view.teacher_cosines("Relational")
         tau = need_temperature(self, temperature)
-        return relational_distillation(queries, docs, teacher, forward, tau, self.teacher_temperature)
+        return relational_distillation(queries, docs, teacher, forward, tau, self.teacher_temperature, view.similarity)
 
     def settings(self) -> dict:
         return {"weight": self.weight, "teacher_temperature": self.teacher_temperature}

@@ -18,7 +18,7 @@ def reverse_rows(s: Scored) -> torch.Tensor:
     """Scalar float64: the reverse direction's loss, each positive against all queries (the in-batch false
     negatives of that direction masked), a row's term the mean over its positives, averaged over the rows."""
     rows, cols = s.positives.nonzero(as_tuple=True)  # each positive with its row
-    back = s.docs[cols] @ s.queries.T / s.temperature  # (P, B): each positive against every query
+    back = s.scores[:, cols].T  # (P, B): each positive against every query
     if s.reverse is not None:
         back = back.masked_fill(s.reverse[cols], float("-inf"))
     each = F.cross_entropy(back, rows, reduction="none")  # (P,)

@@ -27,6 +27,7 @@ def teacher_distillation(
     temperature: float,
     teacher_temperature: float,
     positives: torch.Tensor | None = None,
+    similarity=None,
 ) -> torch.Tensor:
     """The mean over the rows with scores of each row's teacher term (module notes).
 
@@ -40,6 +41,8 @@ def teacher_distillation(
         temperature: τ of the student's softmax (kl); teacher_temperature: τ of the teacher's (kl).
         positives: (B, M) bool, each row's positives: a row's other positives are not its negatives here
             (None: each row's one positive, ``positive_index``).
+        similarity: ``(queries, docs) -> (B, M)`` the student's scores (:meth:`StepView.similarity`: MaxSim over
+            document windows); None: the cosines ``queries @ docs.T``.
 
     Returns:
         Scalar float32: the mean over the rows with scores (0, keeping the graph, when none has).
@@ -52,8 +55,9 @@ def teacher_distillation(
     if temperature <= 0 or teacher_temperature <= 0:
         raise ValueError("temperatures must be positive")
     if positives is None:
-        positives = positive_mask(positive_index, len(docs))
+        positives = positive_mask(positive_index, len(doc_row))
     is_positive = positives.any(0)
+    student = (similarity or (lambda q, d: q @ d.T))(queries.double(), docs.double())  # (B, M)
     terms = []
     for i in range(len(positive_index)):
         own = (doc_row == i) & ~is_positive.to(doc_row.device)
@@ -61,7 +65,7 @@ def teacher_distillation(
         t = teacher_scores[i, : len(cols)].double()
         if len(cols) < 2 or torch.isnan(t).any():
             continue
-        s = docs[cols].double() @ queries[i].double()  # (1 + k,) the student's cosines
+        s = student[i, cols]  # (1 + k,) the student's cosines
         if kind == "kl":
             # from log-probabilities: a teacher probability that underflows to 0 (scores 0–100 at a small
             # teacher temperature) adds 0, as 0 · log 0 = 0 says, not 0 · −inf = NaN
@@ -108,7 +112,7 @@ class TeacherScores(Term):
         )  # margin-mse: no τ
         return teacher_distillation(
             queries, docs, view.positive_index, view.doc_row, view.teacher_scores, self.kind, temperature,
-            self.teacher_temperature, view.positives,
+            self.teacher_temperature, view.positives, view.similarity,
         )  # fmt: skip
 
     @classmethod

@@ -9,6 +9,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from obliq.distributed import gather, world
+from obliq.windows import maxsim_scores, mean_of_windows
 
 ADDED_BY = "set data.teacher_vectors (obliq distill graph --vectors_out writes them)"
 """What adds the teacher's vectors (:meth:`StepView.teacher_cosines`) to a batch."""
@@ -63,6 +64,11 @@ class StepView:
             positive's copies are (:func:`~obliq.losses.masks.false_negative_masks`): a row's positive is never
             its negative, kept or not.
         gathered: the rows are every rank's (rank order), not this rank's.
+        query_window: (Wq,) int64, the query of each query window, when queries are read in windows
+            (:mod:`obliq.windows`): the query is the mean of its windows; None: one vector a query.
+        doc_window: (W,) int64, the document of each document window, or None (one vector a document).
+        reduce: how a document's windows become its score: ``mean`` (one vector, :meth:`embeddings` reduces
+            them) or ``maxsim`` (the best window's, :meth:`similarity`).
     """
 
     positives: torch.Tensor
@@ -77,6 +83,9 @@ class StepView:
     cut_keys: torch.Tensor | None = None
     cut_row: torch.Tensor | None = None
     gathered: bool = False
+    query_window: torch.Tensor | None = None
+    doc_window: torch.Tensor | None = None
+    reduce: str = "mean"
 
     @property
     def cut(self) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -84,11 +93,13 @@ class StepView:
         return None if self.cut_keys is None else (self.cut_keys, self.cut_row)
 
     @classmethod
-    def of(cls, batch: dict, gathered: bool = False, device: torch.device | str | None = None) -> StepView:
+    def of(
+        cls, batch: dict, gathered: bool = False, device: torch.device | str | None = None, reduce: str = "mean"
+    ) -> StepView:
         """The view of a collated batch (:mod:`obliq.data`): ``positive_index``, and where present
         ``doc_row``, ``doc_positive``, ``doc_keys``, ``query_keys``, ``cut_positive_keys``, ``cut_positive_row``,
-        ``teacher_scores``,
-        ``teacher_query_vectors``, ``teacher_doc_vectors``; with ``gathered`` and several processes, every
+        ``teacher_scores``, ``teacher_query_vectors``, ``teacher_doc_vectors``, ``query_window``, ``doc_window``
+        (texts read in windows, reduced by ``reduce``); with ``gathered`` and several processes, every
         rank's rows concatenated in rank order (each rank's row and document indices shifted by the rows and
         documents of the ranks before it). A collective call: every rank calls it with the same arguments.
         """
@@ -96,7 +107,13 @@ class StepView:
         get = lambda key: batch[key].to(device) if batch.get(key) is not None else None  # noqa: E731
         positive_index = get("positive_index")
         n_rows = len(positive_index)
-        n_docs = len(get("doc_keys")) if batch.get("doc_keys") is not None else batch["docs"]["input_ids"].shape[0]
+        query_window, doc_window = get("query_window"), get("doc_window")
+        if doc_window is not None:
+            n_docs = int(doc_window.max()) + 1 if len(doc_window) else 0
+        elif batch.get("doc_keys") is not None:
+            n_docs = len(get("doc_keys"))
+        else:
+            n_docs = batch["docs"]["input_ids"].shape[0]
         doc_row = get("doc_row")
         if doc_row is None:  # one positive a row and no other document known: rows by their positive
             doc_row = torch.full((n_docs,), -1, dtype=torch.long, device=device)
@@ -118,18 +135,36 @@ class StepView:
             fields = {k: None if v is None else gather(v) for k, v in fields.items()}
             if cut_keys is not None:
                 cut_keys, cut_row = gather(cut_keys), gather(cut_row + before[0])
+            if query_window is not None:
+                query_window = gather(query_window + before[0])
+            if doc_window is not None:
+                doc_window = gather(doc_window + before[1])
         rows = torch.arange(len(positive_index), device=device)
         positives = (doc_row[None, :] == rows[:, None]) & is_positive[None, :]
         positives = positive_mask(positives, len(doc_row))
         cut = {"cut_keys": cut_keys, "cut_row": cut_row} if cut_keys is not None else {}
-        return cls(positives, positive_index, doc_row, **fields, **cut, gathered=gathered)
+        windows = {"query_window": query_window, "doc_window": doc_window, "reduce": reduce}
+        return cls(positives, positive_index, doc_row, **fields, **cut, gathered=gathered, **windows)
 
     def embeddings(self, queries: torch.Tensor, docs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """This rank's (B_r, h) query and (M_r, h) document embeddings as the view's rows: gathered
-        (:func:`obliq.distributed.gather`, the local shard keeping its gradient) when the view is."""
+        (:func:`obliq.distributed.gather`, the local shard keeping its gradient) when the view is. Texts read in
+        windows arrive as their windows' embeddings: a query becomes the mean of its windows, a document too
+        under ``reduce`` ``mean``; under ``maxsim`` the documents stay windows, scored by :meth:`similarity`."""
         if self.gathered and world()[1] > 1:
-            return gather(queries), gather(docs)
+            queries, docs = gather(queries), gather(docs)
+        if self.query_window is not None:
+            queries = mean_of_windows(queries, self.query_window, len(self.positive_index))
+        if self.doc_window is not None and self.reduce == "mean":
+            docs = mean_of_windows(docs, self.doc_window, len(self.doc_row))
         return queries, docs
+
+    def similarity(self, queries: torch.Tensor, docs: torch.Tensor) -> torch.Tensor:
+        """(B, M) each query's score of each document: the inner product, or under ``maxsim`` the best of the
+        document's windows' (:func:`obliq.windows.maxsim_scores`; ``docs`` then holds the W windows)."""
+        if self.doc_window is not None and self.reduce == "maxsim":
+            return maxsim_scores(queries, docs, self.doc_window, len(self.doc_row))
+        return queries @ docs.T
 
     def teacher_cosines(self, needed_by: str) -> torch.Tensor:
         """(B, M) float32, the teacher's cosine of each query with each document (computed in float64), NaN

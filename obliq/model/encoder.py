@@ -45,6 +45,7 @@ from obliq.model.lora import LoraSettings, apply_lora
 from obliq.model.pooling import mean_pool
 from obliq.model.settings import stored_settings
 from obliq.model.tokenizer import PASSAGE_MAX_LENGTH, QUERY_MAX_LENGTH, Kind, TextTokenizer, check_vocabulary
+from obliq.windows import Windows, mean_of_windows
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +73,9 @@ class BiEncoder(nn.Module):
         gradient_checkpointing: recompute activations in backward (non-reentrant).
         attn_implementation: ``sdpa`` or ``eager`` (or ``flash_attention_2`` on GPU).
         trust_remote_code: allow a hub model's own code; off unless asked.
+        windows: read long texts in token windows (:class:`obliq.windows.Windows`: size, stride, reduce ``mean``
+            or ``maxsim``), in training and by default in evaluation; None (default): truncate at the max
+            lengths. Saved with the encoder.
 
     Raises:
         RuntimeError: the bidirectional self-test fails (a decoder that stayed causal, C03).
@@ -96,8 +100,10 @@ class BiEncoder(nn.Module):
         gradient_checkpointing: bool = False,
         attn_implementation: str | None = "sdpa",
         trust_remote_code: bool = False,
+        windows: Windows | None = None,
     ):
         super().__init__()
+        windows = Windows.of(windows, "windows")
         from transformers import AutoConfig, AutoModel, AutoTokenizer
 
         if dtype not in DTYPES:
@@ -112,7 +118,9 @@ class BiEncoder(nn.Module):
             passage_max_length=passage_max_length,
             dtype=dtype,
             attn_implementation=attn_implementation,
+            windows=windows.settings() if windows else None,
         )
+        self.windows = windows
         self.name_or_path = backbone
         path = resolve_model(backbone)
         family = check_model_code(path, trust_remote_code)  # a published family read as data; unknown code refused
@@ -137,6 +145,7 @@ class BiEncoder(nn.Module):
             use_instructions,
             capacity=positions,
         )
+        self.text.windowing = windows  # what the training collator reads long texts with
 
         kwargs: dict = {"dtype": DTYPES[dtype], "trust_remote_code": trust_remote_code}
         if attn_implementation:
@@ -212,11 +221,16 @@ class BiEncoder(nn.Module):
         return self.text(texts, kind, instructions, max_length)
 
     def text_policy(
-        self, query_max_length: int | None = None, passage_max_length: int | None = None, task=None
+        self,
+        query_max_length: int | None = None,
+        passage_max_length: int | None = None,
+        task=None,
+        windows: Windows | None = None,
     ) -> dict:
         """How this encoder reads texts when asked for these lengths: its prefixes (for ``task``'s
-        queries: with its instruction when the encoder uses instructions) and the token lengths it
-        actually keeps (cut to its capacity). What a report states of a system."""
+        queries: with its instruction when the encoder uses instructions), the token lengths it
+        actually keeps (cut to its capacity) and its windows (``windows``, else its own). What a report states
+        of a system."""
         return {
             "query_prefix": self.text.format([""], "query", [_instruction(task)])[0],
             "passage_prefix": self.text.prefix["passage"],
@@ -224,6 +238,7 @@ class BiEncoder(nn.Module):
             "passage_max_length": self.text.cap(passage_max_length)
             if passage_max_length
             else self.text.max_length["passage"],
+            **({"windows": windows.settings()} if (windows := windows or self.windows) else {}),
         }
 
     @property
@@ -279,6 +294,7 @@ class BiEncoder(nn.Module):
         instructions: list[str | None] | None = None,
         max_length: int | None = None,
         task=None,
+        windows: Windows | None = None,
     ) -> torch.Tensor:
         """Encode texts in batches (longest first, to pad little), in eval mode and without gradients.
 
@@ -292,17 +308,33 @@ class BiEncoder(nn.Module):
                 positions); None: the encoder's own length for ``kind``.
             task: the task being retrieved (:class:`obliq.tasks.Task`): its ``instruction`` is every
                 query's when ``instructions`` is not given (read with ``use_instructions`` only).
+            windows: read long texts in windows (:mod:`obliq.windows`); None: the encoder's own
+                (``self.windows``). A windowed text is the mean of its windows (``max_length`` is then
+                ``windows.size``); queries only with ``windows.queries``.
 
         Returns:
             (n, hidden) float32 CPU tensor of unit vectors, in the input order.
-        """
-        from tqdm.auto import tqdm
 
+        Raises:
+            ValueError: windows whose ``reduce`` is ``maxsim`` for a windowed kind: a text is then its windows
+                (:meth:`encode_windows`), not one vector.
+        """
         texts = list(texts)
         if instructions is None and kind == "query" and _instruction(task):
             instructions = [_instruction(task)] * len(texts)
+        windows = windows or self.windows
+        if windows is not None and (kind == "passage" or windows.queries):
+            if windows.reduce == "maxsim" and kind == "passage":
+                raise ValueError("windows.reduce maxsim: a passage is its windows' vectors: use encode_windows")
+            vectors, owner = self.encode_windows(texts, kind, batch_size, windows, show_progress, instructions)
+            return mean_of_windows(vectors, owner, len(texts))
         if not texts:
             return torch.empty(0, self.hidden_size)
+        return self._encode(texts, kind, batch_size, show_progress, instructions, max_length)
+
+    def _encode(self, texts, kind, batch_size, show_progress, instructions, max_length) -> torch.Tensor:
+        from tqdm.auto import tqdm
+
         order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
         starts = range(0, len(texts), batch_size)
         if show_progress is None:
@@ -320,6 +352,59 @@ class BiEncoder(nn.Module):
         out = torch.empty(len(texts), chunks[0].shape[1])
         out[torch.tensor(order)] = torch.cat(chunks)
         return out
+
+    @torch.no_grad()
+    def encode_windows(
+        self,
+        texts: list[str],
+        kind: Kind = "passage",
+        batch_size: int = 32,
+        windows: Windows | None = None,
+        show_progress: bool | None = None,
+        instructions: list[str | None] | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Encode texts as token windows (:meth:`TextTokenizer.windows`), ``batch_size`` windows a forward pass,
+        in eval mode and without gradients.
+
+        Args:
+            texts: n strings; kind: ``query`` or ``passage`` (its prefix).
+            windows: the window settings; None: the encoder's own.
+            instructions: each query's instruction (with ``use_instructions``).
+
+        Returns:
+            ``(vectors, window_doc)``: (W, hidden) float32 CPU unit vectors of every window, the windows of text 0
+            first, each text's in text order, and (W,) int64, the text of each window.
+
+        Raises:
+            ValueError: no window settings (none given, and the encoder has none).
+        """
+        from tqdm.auto import tqdm
+
+        windows = windows or self.windows
+        if windows is None:
+            raise ValueError("encode_windows: no window settings (pass windows=Windows(...))")
+        order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))  # similar lengths share a forward pass
+        starts = range(0, len(texts), batch_size)
+        if show_progress is None:
+            show_progress = len(starts) > 8
+        was_training = self.training
+        self.eval()
+        vectors, owners = [], []
+        try:
+            for s in tqdm(starts, desc=f"encode {kind} windows", disable=not show_progress):
+                idx = order[s : s + batch_size]
+                instr = [instructions[i] for i in idx] if instructions is not None else None
+                batch, owner = self.text.windows([texts[i] for i in idx], kind, windows, instr)
+                for w in range(0, len(owner), batch_size):
+                    vectors.append(self({k: v[w : w + batch_size] for k, v in batch.items()}).cpu())
+                owners.append(torch.tensor(idx, dtype=torch.long)[owner])
+        finally:
+            self.train(was_training)
+        if not vectors:
+            return torch.empty(0, self.hidden_size), torch.empty(0, dtype=torch.long)
+        owner = torch.cat(owners)
+        back = torch.sort(owner, stable=True).indices  # text order; a text's windows keep theirs
+        return torch.cat(vectors)[back], owner[back]
 
     # ------------------------------------------------------------------ saving
     def save_pretrained(self, folder: str | Path) -> None:

@@ -311,7 +311,9 @@ class RetrieverModule(L.LightningModule):
     def view(self, batch: dict) -> StepView:
         """The step's :class:`~obliq.losses.StepView` (every rank's rows when the loss gathers them), with the
         mask terms' masks. A collective call under several processes."""
-        view = StepView.of(batch, gathered=self.loss.gathers, device=self.device)
+        windows = self.encoder.windows
+        reduce = windows.reduce if windows is not None else "mean"
+        view = StepView.of(batch, gathered=self.loss.gathers, device=self.device, reduce=reduce)
         for term in self.terms:
             view = view.with_mask(term.mask(view))
         return view

@@ -18,6 +18,7 @@ SETTINGS = (
     "passage_max_length",
     "dtype",
     "attn_implementation",
+    "windows",
 )
 """The encoder settings a saved model or checkpoint records (``BiEncoder.settings``); nothing else read
 from such a file reaches the encoder (never ``trust_remote_code``)."""
@@ -35,7 +36,7 @@ def stored_settings(saved, source: object) -> dict:
 
     Raises:
         ValueError: not a mapping, or no ``backbone``; an ``attn_implementation`` outside
-            :data:`FILE_ATTENTION` (``source`` named).
+            :data:`FILE_ATTENTION`; bad ``windows`` (``source`` named).
     """
     if not isinstance(saved, dict) or not isinstance(saved.get("backbone"), str):
         raise ValueError(f"{source}: not an obliq encoder's settings (no backbone)")
@@ -53,4 +54,9 @@ def stored_settings(saved, source: object) -> dict:
             source,
             ", ".join(ignored),
         )
-    return {k: saved[k] for k in SETTINGS if k in saved}
+    out = {k: saved[k] for k in SETTINGS if k in saved}
+    if "windows" in out:
+        from obliq.windows import Windows
+
+        out["windows"] = Windows.of(out["windows"], f"{source}: windows")
+    return out

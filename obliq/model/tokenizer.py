@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING, Literal
 if TYPE_CHECKING:  # only named in annotations: the token-length defaults below are read without torch
     import torch
 
+    from obliq.windows import Windows
+
 Kind = Literal["query", "passage"]
 
 QUERY_MAX_LENGTH = 256
@@ -47,7 +49,8 @@ class TextTokenizer:
         use_instructions: prepend ``Instruct: <instruction>\\n`` to queries that carry one.
         capacity: the backbone's positions: no call tokenizes beyond it (None: no cap).
 
-    ``truncated`` counts the texts cut so far, per kind.
+    ``truncated`` counts the texts cut so far, per kind; ``windowing`` is the encoder's
+    :class:`~obliq.windows.Windows` (None: texts are cut at the max lengths), read by the training collator.
     """
 
     def __init__(
@@ -68,6 +71,7 @@ class TextTokenizer:
         self.max_length = {"query": self.cap(query_max_length), "passage": self.cap(passage_max_length)}
         self.use_instructions = use_instructions
         self.truncated = {"query": 0, "passage": 0}
+        self.windowing: Windows | None = None  # the encoder's windows: how the training collator reads long texts
 
     def cap(self, length: int) -> int:
         """``length`` cut to the backbone's positions."""
@@ -168,6 +172,75 @@ class TextTokenizer:
             self.truncated[kind] += len(over)
         features = [{"input_ids": a, "attention_mask": m} for a, m in zip(enc["input_ids"], enc["attention_mask"])]
         return dict(self.tokenizer.pad(features, padding=True, return_tensors="pt"))
+
+    def specials(self) -> tuple[int, int]:
+        """How many special tokens the tokenizer puts before and after a text's own tokens (BERT: 1, 1; Llama:
+        1, 0), found by tokenizing one word with and without them."""
+        if getattr(self, "_specials", None) is None:
+            whole = self.tokenizer("hello")["input_ids"]
+            own = self.tokenizer("hello", add_special_tokens=False)["input_ids"]
+            head = next(i for i in range(len(whole) - len(own) + 1) if whole[i : i + len(own)] == own)
+            self._specials = (head, len(whole) - len(own) - head)
+        return self._specials
+
+    def prefix_length(self, prefix: str, ids: list[int]) -> int:
+        """The number of a text's first tokens (``ids``, without special tokens) that are its prefix: the longest
+        run they share with the prefix tokenized alone (a BPE tokenizer may merge the prefix's last space into the
+        text's first word: that token then belongs to the text)."""
+        own = self.tokenizer(prefix, add_special_tokens=False)["input_ids"] if prefix else []
+        n = 0
+        while n < min(len(own), len(ids)) and own[n] == ids[n]:
+            n += 1
+        return n
+
+    def windows(
+        self, texts: list[str], kind: Kind, windows: Windows, instructions: list[str | None] | None = None
+    ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        """Tokenize n texts into token windows (:mod:`obliq.windows`): each window is the special tokens, the
+        text's prefix (and instruction) and ``windows.stride``-spaced runs of the text's own tokens, cut only
+        between tokens. A text that fits in ``windows.size`` tokens is one window, the same ids as
+        :meth:`__call__` gives it; the first window of a longer one is :meth:`__call__`'s ids at ``windows.size``.
+        A text of more than ``windows.max_windows`` windows keeps its first ones (counted in ``truncated``).
+
+        Returns:
+            ``(batch, window_doc)``: ``input_ids`` / ``attention_mask`` LongTensors (W, L), L ≤ ``windows.size``
+            (cut to the backbone's positions), and (W,) int64, the text of each window, texts in input order.
+
+        Raises:
+            ValueError: the prefix and special tokens leave a window no room for the text.
+        """
+        import torch
+
+        if isinstance(texts, str):
+            raise TypeError("windows expects a list of texts, not a single string")
+        formatted = self.format(list(texts), kind, instructions)
+        size = self.cap(windows.size)
+        limit = size + windows.stride * (windows.max_windows - 1)  # the tokens max_windows windows hold
+        _, enc = self.prefixes(formatted, limit + 1)
+        head, tail = self.specials()
+        features, owner = [], []
+        for i, ids in enumerate(enc["input_ids"]):
+            if len(ids) <= size:
+                runs = [ids]
+            else:
+                if len(ids) > limit:
+                    self.truncated[kind] += 1
+                    ids = ids[: limit - tail] + ids[len(ids) - tail :]
+                content = ids[head : len(ids) - tail]
+                n_prefix = self.prefix_length(formatted[i][: len(formatted[i]) - len(texts[i])], content)
+                room = size - head - tail - n_prefix
+                if room < windows.stride:
+                    raise ValueError(
+                        f"windows.size: {size} tokens leave {room} for the text after the prefix and special tokens "
+                        f"({n_prefix + head + tail}), fewer than windows.stride {windows.stride}"
+                    )
+                body = content[n_prefix:]
+                starts = range(0, max(1, len(body) - room + windows.stride), windows.stride)
+                runs = [ids[:head] + content[:n_prefix] + body[s : s + room] + ids[len(ids) - tail :] for s in starts]
+            features += [{"input_ids": r, "attention_mask": [1] * len(r)} for r in runs]
+            owner += [i] * len(runs)
+        batch = dict(self.tokenizer.pad(features, padding=True, return_tensors="pt"))
+        return batch, torch.tensor(owner, dtype=torch.long)
 
 
 PROBE = "The quick brown fox jumps over the lazy dog while five wizards box."
