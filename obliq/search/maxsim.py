@@ -69,7 +69,9 @@ def maxsim_search(queries, windows, window_doc, k: int, doc_ids=None) -> tuple[n
             :meth:`ExactIndex.search <obliq.search.exact.ExactIndex.search>` does).
         windows: (W, d) vectors of every document's windows, any float dtype (made unit float32:
             :meth:`Corpus.from_array <obliq.search.exact.Corpus.from_array>`), or a
-            :class:`~obliq.search.exact.Corpus` of them (e.g. a store's).
+            :class:`~obliq.search.exact.Corpus` of them (e.g. a store's, truncated by its ``dim``), or an
+            :class:`~obliq.search.exact.ExactIndex` over them (built once for many calls, e.g. one query at
+            a time).
         window_doc: (W,) integer document row of each window, in ``0 … n_docs - 1``; every document has
             at least one window; one document's windows need not be contiguous.
         k: documents wanted; more than ``n_docs`` returns all ``n_docs``.
@@ -87,7 +89,7 @@ def maxsim_search(queries, windows, window_doc, k: int, doc_ids=None) -> tuple[n
     """
     if k < 1:
         raise ValueError(f"k must be at least 1, got {k}")
-    index = ExactIndex(windows)
+    index = windows if isinstance(windows, ExactIndex) else ExactIndex(windows)
     n_windows = index.n_docs
     window_doc, n_docs = _check_window_doc(window_doc, n_windows, None if doc_ids is None else len(doc_ids))
     keys = tie_keys(doc_ids, n_docs)
