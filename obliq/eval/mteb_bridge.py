@@ -93,7 +93,9 @@ class MtebEncoder(AbsEncoder):
         kind = "query" if prompt_type == PromptType.query else "passage"
         length = self.retrieval.query_max_length if kind == "query" else self.retrieval.passage_max_length
         task = TaskPrompt(task_metadata.name, self.instructions.get(task_metadata.name))
-        vectors = encode_texts(self.encoder, texts, kind, self.retrieval.batch_size, length, task)
+        vectors = encode_texts(
+            self.encoder, texts, kind, self.retrieval.batch_size, length, task, self.retrieval.windows
+        )
         return unit_float32(vectors, f"{kind} embeddings")
 
 

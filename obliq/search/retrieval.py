@@ -68,11 +68,13 @@ from obliq.search.candidates import best_candidates, candidate_rows, candidate_s
 from obliq.search.encoders import Encoder, load_encoder
 from obliq.search.exact import Corpus, ExactIndex, set_threads, tie_keys, unit_float32
 from obliq.search.faiss_index import VectorIndex, factory_string, recall_vs_exact
+from obliq.search.maxsim import maxsim_search
 from obliq.search.runs import Run, check_run_corpus, read_run, run_from_search
 from obliq.search.settings import RetrievalSettings
 from obliq.search.store import IncompleteStore, Store
 from obliq.shards import Shard
 from obliq.tasks import Task
+from obliq.windows import Windows
 
 log = logging.getLogger(__name__)
 
@@ -152,6 +154,7 @@ def encode_shard(
             batch_size=settings.batch_size,
             max_length=settings.passage_max_length,
             **({"task": task} if takes_task(encoder.encode) else {}),
+            **windows_argument(encoder, settings.windows),
         )
         for s in range(0, len(texts), block_size)
     )
@@ -190,6 +193,27 @@ def takes_task(fn: Callable) -> bool:
         return False
 
 
+def windows_argument(encoder: Encoder, windows: Windows | None) -> dict:
+    """``{"windows": windows}`` for an encoder's ``encode`` when windows are asked for (``retrieval.windows``),
+    else ``{}``.
+
+    Raises:
+        ValueError: windows asked of an encoder that reads texts its own way (sentence-transformers').
+    """
+    if windows is None:
+        return {}
+    try:
+        takes = "windows" in inspect.signature(encoder.encode).parameters
+    except (TypeError, ValueError):
+        takes = False
+    if not takes:
+        raise ValueError(
+            f"retrieval.windows: the {type(encoder).__name__} reads texts its own way and cannot read them in "
+            "windows: use retrieval.encoder obliq"
+        )
+    return {"windows": windows}
+
+
 def encode_texts(
     encoder: Encoder,
     texts: Sequence[str],
@@ -197,9 +221,11 @@ def encode_texts(
     batch_size: int,
     max_length: int | None,
     task: Task | None = None,
+    windows: Windows | None = None,
 ):
     """``encoder.encode`` of every text, shared among the ranks of a process group (see the module
-    notes); one process encodes them all itself. ``task`` is passed on to an encoder that takes it.
+    notes); one process encodes them all itself. ``task`` is passed on to an encoder that takes it,
+    ``windows`` (:func:`windows_argument`) when given.
 
     Returns:
         (n, d) embeddings in the order of ``texts``: numpy or torch, as the encoder returns them (one
@@ -210,6 +236,7 @@ def encode_texts(
 
     rank, size = world()
     extra = {"task": task} if task is not None and takes_task(encoder.encode) else {}
+    extra |= windows_argument(encoder, windows)
     if size == 1:
         return encoder.encode(list(texts), kind=kind, batch_size=batch_size, max_length=max_length, **extra)
     per = -(-len(texts) // size)
@@ -258,7 +285,9 @@ def corpus_embeddings(
         encode_shard(encoder, task, settings, store, Shard(0, 1), overwrite=True)
         corpus = store.open(task.doc_ids)
     elif corpus is None:
-        docs = encode_texts(encoder, task.doc_texts, "passage", settings.batch_size, settings.passage_max_length, task)
+        docs = encode_texts(
+            encoder, task.doc_texts, "passage", settings.batch_size, settings.passage_max_length, task, settings.windows
+        )
         docs = unit_float32(docs, "corpus embeddings")
         if store is not None and rank == 0:
             store.write(Shard(0, 1), task.doc_ids, [docs], overwrite=True)
@@ -316,12 +345,15 @@ def retrieve_dense(
 
     def encode(texts: Sequence[str], kind: str, batch_size: int):
         length = settings.query_max_length if kind == "query" else settings.passage_max_length
-        return encode_texts(encoder, texts, kind, batch_size, length, task)
+        return encode_texts(encoder, texts, kind, batch_size, length, task, settings.windows)
 
     rank, size = world()
     set_threads(settings.threads)
     check_index(settings, task)
     rows, spec = candidate_rows(task), settings.index_spec()
+    windows = settings.windows or getattr(encoder, "windows", None)
+    if windows is not None and windows.reduce == "maxsim":
+        return retrieve_maxsim(encoder, task, settings, windows, encode, latency_queries)
     timing: dict[str, float] = {}
     t = perf_counter()
     corpus, status = corpus_embeddings(encoder, task, settings, store)
@@ -362,17 +394,62 @@ def retrieve_dense(
         lambda text: encode([text], "query", 1),
         search_one,
     )
-    policy = getattr(encoder, "text_policy", None)
-    if policy is None:
-        reads = {"texts": "whole"}
-    else:
-        extra = {"task": task} if takes_task(policy) else {}
-        reads = policy(settings.query_max_length, settings.passage_max_length, **extra)
     found = [np.asarray(i) >= 0 for i in indices]  # an approximate index may find fewer than top_k
     run = run_from_search(
         task.query_ids, task.doc_ids, [s[f] for s, f in zip(scores, found)], [i[f] for i, f in zip(indices, found)]
     )
-    return Retrieval(run, settings.top_k, timing, reads, latency, status, index=searched)
+    return Retrieval(run, settings.top_k, timing, text_policy(encoder, task, settings), latency, status, index=searched)
+
+
+def text_policy(encoder: Encoder, task: Task, settings: RetrievalSettings) -> dict:
+    """How the encoder read the task's texts (its ``text_policy``, with the settings' windows), what a report
+    states of a system; ``{"texts": "whole"}`` for an encoder without one."""
+    policy = getattr(encoder, "text_policy", None)
+    if policy is None:
+        return {"texts": "whole"}
+    extra = {"task": task} if takes_task(policy) else {}
+    if settings.windows is not None:
+        extra["windows"] = settings.windows
+    return policy(settings.query_max_length, settings.passage_max_length, **extra)
+
+
+def retrieve_maxsim(
+    encoder: Encoder, task: Task, settings: RetrievalSettings, windows: Windows, encode: Callable, latency_queries: int
+) -> Retrieval:
+    """:func:`retrieve_dense` for documents read as windows and scored by their best one (``windows.reduce``
+    ``maxsim``): every document's windows encoded (in memory: a store holds one vector a document), searched
+    exactly and reduced to documents (:func:`obliq.search.maxsim.maxsim_search`, exact against brute force).
+
+    Raises:
+        ValueError: an approximate ``retrieval.index`` or a task with candidate sets (MaxSim is searched exactly
+            over the whole corpus); an encoder without ``encode_windows``.
+    """
+    if not settings.index_spec().exact:
+        raise ValueError(f"retrieval.index {settings.index!r}: MaxSim over windows is searched exactly: use flat")
+    if candidate_rows(task) is not None:
+        raise ValueError(f"{task.name}: a task with candidate sets is not searched by MaxSim over windows")
+    if not hasattr(encoder, "encode_windows"):
+        raise ValueError(f"retrieval.windows: the {type(encoder).__name__} cannot read texts in windows")
+    timing: dict[str, float] = {}
+    t = perf_counter()
+    vectors, window_doc = encoder.encode_windows(task.doc_texts, "passage", settings.batch_size, windows)
+    timing["encode_corpus"] = perf_counter() - t
+    t = perf_counter()
+    queries = encode(task.query_texts, "query", settings.batch_size)
+    timing["encode_queries"] = perf_counter() - t
+    t = perf_counter()
+    index = ExactIndex(Corpus(Corpus.from_array(vectors).parts, settings.dim), use_gpu=False)
+    search = lambda q: maxsim_search(q, index, window_doc, settings.top_k, doc_ids=task.doc_ids)  # noqa: E731
+    scores, indices = search(queries)
+    timing["search"] = perf_counter() - t
+    latency = _latency(
+        task.query_texts[:latency_queries] if world()[1] == 1 else [],
+        lambda text: encode([text], "query", 1),
+        lambda q, i: search(q),
+    )
+    searched = {"name": "exact MaxSim over windows", "dim": index.dim, "windows": int(len(window_doc))}
+    run = run_from_search(task.query_ids, task.doc_ids, list(scores), list(indices))
+    return Retrieval(run, settings.top_k, timing, text_policy(encoder, task, settings), latency, "off", index=searched)
 
 
 def retrieve_bm25(task: Task, settings: RetrievalSettings, latency_queries: int = 0) -> Retrieval:

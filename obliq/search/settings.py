@@ -10,6 +10,7 @@ from obliq.model.tokenizer import PASSAGE_MAX_LENGTH, QUERY_MAX_LENGTH
 from obliq.search.bm25 import BM25_STEMMER, K1, B
 from obliq.search.encoders import EncoderKind
 from obliq.search.faiss_index import IndexSpec
+from obliq.windows import Windows
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,10 @@ class RetrievalSettings:
         bm25_b: BM25 length normalisation (Anserini's default 0.4).
         bm25_stemmer: PyStemmer language for BM25, or null for unstemmed tokens.
         trust_remote_code: let the model run its own code (only for models you trust).
+        windows: read long texts in token windows (:class:`obliq.windows.Windows`: ``size``, ``stride``,
+            ``reduce`` ``mean`` or ``maxsim``, ``queries``); null: the model's own (an obliq encoder trained with
+            windows keeps them), else texts are cut at the max lengths. ``obliq`` encoders only; ``maxsim`` is
+            searched exactly, never cached (:func:`obliq.search.maxsim.maxsim_search`).
     """
 
     encoder: EncoderKind = "auto"
@@ -67,8 +72,10 @@ class RetrievalSettings:
     bm25_b: float = B
     bm25_stemmer: str | None = BM25_STEMMER
     trust_remote_code: bool = False
+    windows: Windows | None = None
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "windows", Windows.of(self.windows, "retrieval.windows"))
         for key in ("top_k", "batch_size", "query_max_length", "passage_max_length"):
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:

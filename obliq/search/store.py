@@ -164,8 +164,9 @@ class Store:
 
         The fingerprint: the model (:func:`model_key`: an export's recorded weights digest, else its files'
         path, sizes and times, :func:`obliq.search.encoders.fingerprint`), the encoder kind, the passage
-        max length, the corpus file's SHA-256 and size, and the
-        task's ``prompt_name`` when it has one (a per-task document prompt changes the vectors). ``dim``
+        max length, the corpus file's SHA-256 and size, the
+        task's ``prompt_name`` when it has one (a per-task document prompt changes the vectors), and the
+        windows asked for (``retrieval.windows``; a model's own are in its files). ``dim``
         and the index settings are not part of it: one store serves every truncation and index.
         """
         made = {
@@ -175,6 +176,7 @@ class Store:
             "corpus_sha256": task.corpus_sha256,
             "n_docs": len(task.doc_ids),
             **({"prompt_name": task.prompt_name} if task.prompt_name else {}),
+            **({"windows": settings.windows.settings()} if settings.windows else {}),
         }
         key = hashlib.sha256(json_text(made, indent=None).encode()).hexdigest()[:20]
         return cls(Path(settings.store_root()) / f"{safe_name(task.name, 'task name')}-{key}", made, model_name(model))
