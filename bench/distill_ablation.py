@@ -96,20 +96,38 @@ BASELINES = {"BM25": "bm25", "MiniLM (base)": "base", "stylometric teacher": "te
 """The baselines of every comparison here: name → folder under ``runs/abl/<task>/<split>/``."""
 
 
-def baselines(task: str, split: str) -> dict:
+def baselines(task: str, split: str, windows=None) -> dict:
     """BM25, base MiniLM and the stylometric teacher (fitted on the corpus, as the quickstart) on one side,
     evaluated once into ``runs/abl/<task>/<split>/<bm25|base|teacher>/`` (``<split>-<n>-tokens`` when
-    ``--eval_tokens`` is not 256); name → its folder."""
+    ``--eval_tokens`` is not 256); name → its folder. With ``windows`` (:class:`obliq.windows.Windows`: a student
+    that reads long texts in windows), base MiniLM reads in the same windows (obliq's encoder, no prefixes: as
+    sentence-transformers reads it, in windows), into ``base-windows-<size>-<stride>-<reduce>[-queries]``."""
     from obliq.search.teachers import TeacherEncoder
 
     root = ROOT / task / (split if EVAL_TOKENS == 256 else f"{split}-{EVAL_TOKENS}-tokens")
     folders = {name: root / slug for name, slug in BASELINES.items()}
+    if windows is not None:
+        slug = f"base-windows-{windows.size}-{windows.stride}-{windows.reduce}{'-queries' if windows.queries else ''}"
+        folders["MiniLM (base)"] = root / slug
     t = task_split(task, split)
     for name, folder in folders.items():
         if not (folder / "results.md").is_file():
             model = {"BM25": "bm25", "MiniLM (base)": "minilm"}.get(name) or TeacherEncoder.stylometric(t.doc_texts)
+            if windows is not None and name == "MiniLM (base)":
+                from obliq.model import BiEncoder
+
+                model = BiEncoder("minilm", query_prefix="", passage_prefix="", windows=windows)
             evaluate(model, t, folder, name)
     return folders
+
+
+def reads_windows(folder: Path):
+    """The windows a system read with (its evaluation's ``reads``), or None."""
+    from obliq.windows import Windows
+
+    summary = next(Path(folder).rglob("summary.json"), None)
+    reads = json.loads(summary.read_text()).get("reads", {}) if summary else {}
+    return Windows.of(reads.get("windows"))
 
 
 def compare_with_baselines(name: str, folder: Path, task: str, split: str) -> dict:
@@ -118,7 +136,7 @@ def compare_with_baselines(name: str, folder: Path, task: str, split: str) -> di
     from obliq.eval.report import systems_report, write_systems_report
 
     report = systems_report(
-        {name: folder, **baselines(task, split)},
+        {name: folder, **baselines(task, split, reads_windows(folder))},
         [(name, "stylometric teacher", "vs teacher"), (name, "MiniLM (base)", "vs base")],
         title=f"{name} on {task} ({split} queries)",
         same_reading=[name, "MiniLM (base)"],

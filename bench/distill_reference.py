@@ -20,6 +20,10 @@ the pairs, stopped early if its training wall time passes obliq's (``--budget wa
 its process CPU time passes obliq's (``--budget cpu``; steadier when other jobs share the cores).
 Each training runs in its own process, so the peak RSS reported is that training's own.
 
+A recipe whose encoder reads long texts in windows (``model.encoder.init_args.windows``, issue 55) adds base MiniLM
+read in the same windows as a row of its own; the obliq student (and the fused row) is compared with it,
+sentence-transformers' trainer (which truncates) with base MiniLM truncated.
+
 Evaluation: BM25, base MiniLM, the two students and the stylometric teacher (fitted on the corpus,
 read whole) through :func:`obliq.search.retrieval.make_retriever` with one
 :class:`~obliq.search.settings.RetrievalSettings` (256 tokens both sides, or ``--eval_tokens``) on one
@@ -264,6 +268,9 @@ def _reused(name: str, pairs: Path, config: dict) -> dict:
 
 
 FUSED = "student ⊕ teacher (RRF)"
+WINDOWED_BASE = "MiniLM (base, windows)"
+"""Base MiniLM read in the obliq student's windows (a student trained with windows: issue 55), its own row; the
+student and the fused row are compared with it, sentence-transformers' trainer with base read truncated."""
 """The fused reference row: the obliq student's and the teacher's rankings by reciprocal-rank fusion."""
 
 
@@ -321,7 +328,7 @@ def main() -> None:
         return
 
     import distill_ablation
-    from distill_ablation import baselines, evaluate, task_split
+    from distill_ablation import baselines, evaluate, reads_windows, task_split
 
     from obliq.eval.report import report_markdown, systems_report, write_systems_report
 
@@ -347,13 +354,21 @@ def main() -> None:
     for name, train in trained.items():
         systems[name] = out / "eval" / ("obliq" if name == "obliq student" else "st")
         evaluate(train["model"], task, systems[name], name)
+    windows = reads_windows(systems["obliq student"])  # a student that reads long texts in windows (issue 55)
+    base = "MiniLM (base)"  # the base that reads as the obliq student does
+    if windows is not None:
+        base = WINDOWED_BASE
+        systems = {**systems, base: baselines(args.task, args.split, windows)["MiniLM (base)"]}
     systems[FUSED] = out / "eval" / "fused"
     fused_run = fuse_runs(systems["obliq student"], systems["stylometric teacher"], task, out)
     evaluate(fused_run, task, systems[FUSED], FUSED)
     pairs_ = [
         (name, ref, f"{name} − {label}")
-        for name in (*trained, FUSED, "MiniLM (base)")
-        for ref, label in (("stylometric teacher", "teacher"), ("MiniLM (base)", "base"))
+        for name in (*trained, FUSED, *dict.fromkeys(["MiniLM (base)", base]))
+        for ref, label in (
+            ("stylometric teacher", "teacher"),
+            (base if name in ("obliq student", FUSED) else "MiniLM (base)", "base"),
+        )
         if name != ref
     ]
     pairs_.append(("obliq student", "sentence-transformers trainer", "obliq − sentence-transformers"))
@@ -367,7 +382,7 @@ def main() -> None:
             f"{f' (sentence-transformers: {st_batch_size(config, read)} pairs)' if rows != edges else ''}; "
             f"budget: {args.budget} time of obliq's training; {args.eval_tokens} tokens at evaluation"
         ),
-        same_reading=["MiniLM (base)", *trained],
+        same_reading=[base, "obliq student"] if windows is not None else ["MiniLM (base)", *trained],
     )
     lines = [
         report_markdown(report),

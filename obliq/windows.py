@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Literal
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -84,18 +85,41 @@ class Windows:
             raise ValueError(f"{where}: {err}") from None
 
 
-def check_window_doc(window_doc: torch.Tensor, n_windows: int, n_docs: int) -> None:
-    """Refuse an owner index that is not one document row per window with every document owning one.
+def check_window_doc(window_doc, n_windows: int, n_docs: int | None = None) -> tuple[np.ndarray, int]:
+    """The one check of an owner index: one integer document row per window, every document owning one (the
+    windows of a document need not be contiguous).
+
+    Args:
+        window_doc: (W,) integers, numpy or torch; n_windows: W; n_docs: the documents (None: ``max + 1``).
+
+    Returns:
+        ``(window_doc, n_docs)``: (W,) int64 numpy, and the number of documents.
 
     Raises:
-        ValueError: naming ``window_doc`` and what is wrong.
+        ValueError: naming ``window_doc`` and what is wrong (shape, dtype, a row out of range, a document with
+            no window).
     """
-    if window_doc.dim() != 1 or len(window_doc) != n_windows:
-        raise ValueError(f"window_doc: {n_windows} entries expected (one a window), got {tuple(window_doc.shape)}")
-    if n_windows and (int(window_doc.min()) < 0 or int(window_doc.max()) >= n_docs):
-        raise ValueError(f"window_doc: document rows must lie in [0, {n_docs}), got {window_doc.tolist()[:8]}…")
-    if n_docs and int(torch.bincount(window_doc, minlength=n_docs).min()) == 0:
-        raise ValueError("window_doc: a document has no window")
+    if hasattr(window_doc, "detach"):
+        window_doc = window_doc.detach().cpu().numpy()
+    window_doc = np.asarray(window_doc)
+    if window_doc.ndim != 1 or len(window_doc) != n_windows:
+        raise ValueError(
+            f"window_doc: expected shape ({n_windows},) (one document row per window), got {window_doc.shape}"
+        )
+    if n_windows == 0:
+        raise ValueError("window_doc: no windows (every document needs at least one)")
+    if window_doc.dtype == bool or not np.issubdtype(window_doc.dtype, np.integer):
+        raise ValueError(f"window_doc: expected integer document rows, got dtype {window_doc.dtype}")
+    window_doc = window_doc.astype(np.int64)
+    n_docs = int(window_doc.max()) + 1 if n_docs is None else n_docs
+    if window_doc.min() < 0 or window_doc.max() >= n_docs:
+        raise ValueError(
+            f"window_doc: document rows must lie in 0 … {n_docs - 1}, got {window_doc.min()} … {window_doc.max()}"
+        )
+    empty = np.flatnonzero(np.bincount(window_doc, minlength=n_docs) == 0)
+    if len(empty):
+        raise ValueError(f"window_doc: {len(empty)} document(s) have no window (first: row {empty[0]})")
+    return window_doc, n_docs
 
 
 def mean_of_windows(vectors: torch.Tensor, window_doc: torch.Tensor, n_docs: int) -> torch.Tensor:

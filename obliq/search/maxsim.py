@@ -13,29 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from obliq.search.exact import ExactIndex, ranked, tie_keys
-
-
-def _check_window_doc(window_doc, n_windows: int, n_docs: int | None) -> tuple[np.ndarray, int]:
-    """``window_doc`` as (W,) int64 and the number of documents, or a ValueError naming ``window_doc``."""
-    window_doc = np.asarray(window_doc)
-    if window_doc.ndim != 1 or len(window_doc) != n_windows:
-        raise ValueError(
-            f"window_doc: expected shape ({n_windows},) (one document row per window), got {window_doc.shape}"
-        )
-    if n_windows == 0:
-        raise ValueError("window_doc: no windows (every document needs at least one)")
-    if window_doc.dtype == bool or not np.issubdtype(window_doc.dtype, np.integer):
-        raise ValueError(f"window_doc: expected integer document rows, got dtype {window_doc.dtype}")
-    window_doc = window_doc.astype(np.int64)
-    n_docs = int(window_doc.max()) + 1 if n_docs is None else n_docs
-    if window_doc.min() < 0 or window_doc.max() >= n_docs:
-        raise ValueError(
-            f"window_doc: document rows must lie in 0 … {n_docs - 1}, got {window_doc.min()} … {window_doc.max()}"
-        )
-    empty = np.flatnonzero(np.bincount(window_doc, minlength=n_docs) == 0)
-    if len(empty):
-        raise ValueError(f"window_doc: {len(empty)} document(s) have no window (first: row {empty[0]})")
-    return window_doc, n_docs
+from obliq.windows import check_window_doc
 
 
 def _best_per_doc(scores: np.ndarray, windows: np.ndarray, window_doc: np.ndarray, keys: np.ndarray):
@@ -91,7 +69,7 @@ def maxsim_search(queries, windows, window_doc, k: int, doc_ids=None) -> tuple[n
         raise ValueError(f"k must be at least 1, got {k}")
     index = windows if isinstance(windows, ExactIndex) else ExactIndex(windows)
     n_windows = index.n_docs
-    window_doc, n_docs = _check_window_doc(window_doc, n_windows, None if doc_ids is None else len(doc_ids))
+    window_doc, n_docs = check_window_doc(window_doc, n_windows, None if doc_ids is None else len(doc_ids))
     keys = tie_keys(doc_ids, n_docs)
     if hasattr(queries, "detach"):  # a torch tensor: as unit_float32 reads it, so rows can be taken
         queries = queries.detach().float().cpu().numpy()
