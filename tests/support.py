@@ -195,7 +195,8 @@ def lora_encoder(path: str, dropout: float = 0.0):
 def gloo_grad_cache_worker(rank: int, path: str, init_file: str, out_dir: str, shards: list[dict], loss: dict):
     """One of two gloo processes (``torch.multiprocessing.spawn``): a GradCache step (chunks of 1) of
     ``lora_encoder(path)`` under DDP on ``shards[rank]`` (``q``, ``d``, document ``ids``, optional query
-    ``qids``; query i's positive is document i) with the real objective of
+    ``qids`` and ``windows``, the documents' :class:`obliq.windows.Windows` fields; query i's positive is
+    document i) with the real objective of
     ``RetrieverModule(encoder, build(loss))`` (``loss`` a config: ``class_path`` + ``init_args``) over the step's
     view (:meth:`RetrieverModule.view`, gathered
     across the processes as in training); saves the loss and the gradients to ``out_dir/rank<r>.pt``."""
@@ -217,6 +218,11 @@ def gloo_grad_cache_worker(rank: int, path: str, init_file: str, out_dir: str, s
             "positive_index": torch.arange(len(shard["q"])),
             "doc_keys": torch.tensor(shard["ids"]),
         }
+        if shard.get("windows"):  # documents read in windows (obliq.windows), as the training collator reads them
+            from obliq.windows import Windows
+
+            enc.windows = Windows(**shard["windows"])
+            batch["docs"], batch["doc_window"] = enc.text.windows(shard["d"], "passage", enc.windows)
         if "qids" in shard:
             batch["query_keys"] = torch.tensor(shard["qids"])
         view = module.view(batch)  # a collective call: both processes

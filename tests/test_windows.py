@@ -10,7 +10,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from support import fit_here, lora_encoder, task_rows, write_config, write_rows
+from support import fit_here, lora_encoder, task_rows, two_gloo_ranks, write_config, write_rows
 
 from obliq.losses import InfoNCE, StepView, Symmetric
 from obliq.model import BiEncoder
@@ -204,3 +204,32 @@ def test_a_fit_with_windows_trains_on_them_and_the_model_keeps_them(tasks_dir, m
     module.encoder.save_pretrained(tmp_path / "saved")
     again = BiEncoder.from_pretrained(tmp_path / "saved")
     assert again.windows == module.encoder.windows
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+@pytest.mark.parametrize("reduce", ["mean", "maxsim"])
+def test_windows_across_two_processes_equal_one_process(minilm_path, tmp_path, reduce):
+    """Each rank's windows gathered with their document rows shifted as the documents are: two processes give
+    the loss and gradients of one process over the concatenated batch."""
+    windows = {"size": 16, "stride": 8, "reduce": reduce}
+    shards = [
+        {"q": QUERIES[:1], "d": DOCS[:2], "ids": [1, 2], "windows": windows},
+        {"q": QUERIES[1:], "d": [DOCS[2], DOCS[1]], "ids": [3, 2], "windows": windows},  # rank 0's negative again
+    ]
+    ranks = two_gloo_ranks(minilm_path, tmp_path, shards, {"class_path": "obliq.losses.InfoNCE"})
+    enc = lora_encoder(minilm_path).eval()
+    texts = shards[0]["d"] + shards[1]["d"]
+    d, doc_window = enc.text.windows(texts, "passage", Windows(**windows))
+    batch = {"query": enc.tokenize(QUERIES, "query"), "docs": d, "doc_window": doc_window}
+    batch |= {"positive_index": torch.tensor([0, 2]), "doc_keys": torch.tensor([1, 2, 3, 2])}
+    view = StepView.of(batch, reduce=reduce)
+    q, docs = view.embeddings(enc(batch["query"]), enc(d))
+    loss = InfoNCE(gather_across_devices=False)(q, docs, view)
+    loss.backward()
+    for r in ranks:
+        assert r["loss"].item() == pytest.approx(loss.item(), rel=1e-5)
+        for name, p in enc.named_parameters():
+            if p.requires_grad:
+                g = r["grads"][name]
+                assert (g - p.grad).norm() <= 1e-4 * p.grad.norm() + 1e-9, name
