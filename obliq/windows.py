@@ -36,7 +36,8 @@ class Windows:
         stride: tokens of the text between the starts of two windows (``size // 2``: each token of the text is in
             two windows); at most the text a window holds, so that no token is skipped.
         reduce: ``mean`` (one vector a text) or ``maxsim`` (a text scored by its best window).
-        queries: read queries in windows too (off: a query is one window of the query length, truncated).
+        queries: read queries in windows too, a query then the mean of its windows whatever ``reduce`` (off: a
+            query is one window of the query length, truncated).
         max_windows: windows a text at most; the rest of a longer text is cut (and counted, as truncation is).
 
     Raises:
