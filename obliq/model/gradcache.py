@@ -14,9 +14,8 @@ names). The step:
 The result equals one forward/backward over the whole batch (C04). A side read in token windows
 (:mod:`obliq.windows`) is chunked by windows, each window a row: a long document never puts more than
 ``chunk_size`` windows in one forward pass, and the loss reduces the windows to documents (tests/test_windows.py).
-Under DDP every re-encoding
-but the last runs inside ``no_sync`` so gradients are all-reduced once. Autocast's weight cache is
-disabled in step 1: a cast cached under ``no_grad`` would be reused by step 3 without a grad path.
+Under DDP every re-encoding but the last runs inside ``no_sync`` so gradients are all-reduced once. Autocast's
+weight cache is disabled in step 1: a cast cached under ``no_grad`` would be reused by step 3 without a grad path.
 
 Two savings that leave the result unchanged:
 
