@@ -17,6 +17,16 @@ checked on a probe set (with a text longer than both lengths) against an indepen
 (:mod:`obliq.model.plain`: an adapter folder read by transformers + peft; a checkpoint by its rebuilt
 encoder), each read as its user reads it: the adapter by transformers + peft, the merged folder by plain
 ``SentenceTransformer(folder)``. Every cosine must be ≥ ``min_cosine``, or the export refuses (C60).
+
+A model that reads long texts in token windows (:mod:`obliq.windows`, issue 55) keeps them: the adapter's
+``obliq_encoder.json`` records them, and so does the merged folder's (written for such a model only, so that obliq
+reads it in windows as it reads the adapter; a folder without windows stays a plain sentence-transformers folder).
+Both folders read a text plainly as one window (the merged folder's ``document_length`` is the window's size, and
+its queries' too when they are windowed): the probe checks that reading, and the cards say that plain
+sentence-transformers (and transformers + peft) give obliq's vector for a text within one window and the first
+window's for a longer one (:func:`obliq.model.card.model_card`). No module windows texts in sentence-transformers:
+it imports a module outside its own namespace only with ``trust_remote_code=True``
+(``sentence_transformers.util.misc.import_module_class``, 6.x), which obliq never asks of a user.
 """
 
 from __future__ import annotations
@@ -28,9 +38,9 @@ import torch
 
 from obliq.claims import claim_outputs
 from obliq.files import read_text, write_json, write_text
-from obliq.model.card import card_base_model, card_evaluation, model_card, task_prompts
+from obliq.model.card import card_base_model, card_evaluation, export_lengths, model_card, task_prompts
 from obliq.model.checkpoint import EXPORT_RECORD, adapter_checkpoint, load_checkpoint, read_checkpoint, weights_digest
-from obliq.model.encoder import BiEncoder
+from obliq.model.encoder import CONFIG_NAME, BiEncoder
 from obliq.model.plain import (
     KINDS,
     PROBE,
@@ -144,16 +154,41 @@ def export(
         write_json(adapter_dir / EXPORT_RECORD, record)
         write_text(adapter_dir / "README.md", model_card(ckpt, encoder, "adapter", evaluation, base))
         report = {"checkpoint": str(checkpoint), "adapter": str(adapter_dir), "base_model": base}
-        exact = load_checkpoint(checkpoint, ckpt, dtype="float32", **trust)
+        lengths, plain_length = export_lengths(encoder)
+        # the probe reads what both folders read plainly: a text cut at one window when the model reads windows
+        one_window = {} if encoder.windows is None else dict(windows=None, **_max_lengths(lengths))
+        exact = load_checkpoint(checkpoint, ckpt, dtype="float32", **one_window, **trust)
         texts = probe_texts(probe, exact.tokenizer, exact.text.max_length)
         expect, source = _reference(Path(checkpoint), exact, texts, trust_remote_code)
         report["adapter_probe_min_cosine"] = _check_adapter(adapter_dir, exact, texts, expect, source, min_cosine)
         if merge:
-            report.update(merge_to_sentence_transformers(exact, out / "merged", texts, expect, source, min_cosine))
+            merged = merge_to_sentence_transformers(
+                exact, out / "merged", texts, expect, source, min_cosine, max_seq_length=plain_length
+            )
+            report.update(merged)
+            if encoder.windows is not None:  # obliq reads the merged folder in windows, as it reads the adapter
+                settings = _merged_settings(encoder, merged["merged_dtype"], plain_length)
+                write_json(out / "merged" / CONFIG_NAME, settings)
             write_json(out / "merged" / EXPORT_RECORD, record)
             write_text(out / "merged" / "README.md", model_card(ckpt, encoder, "merged", evaluation, base))
         write_json(out / "export.json", report)
         return report
+
+
+def _max_lengths(lengths: dict[str, int]) -> dict[str, int]:
+    """``{"query": q, "passage": p}`` as BiEncoder's ``query_max_length`` / ``passage_max_length``."""
+    return {f"{kind}_max_length": n for kind, n in lengths.items()}
+
+
+def _merged_settings(encoder: BiEncoder, dtype: str, capacity: int) -> dict:
+    """The ``obliq_encoder.json`` of a merged folder of a model that reads long texts in windows, so that obliq
+    (``BiEncoder.from_pretrained``, ``obliq evaluate``, its mteb bridge) reads it in those windows as it reads the
+    adapter: the encoder's settings, the weights in this folder (``backbone`` ``.``: read from the folder itself,
+    no LoRA), stored in ``dtype``; the max lengths within the folder's ``max_seq_length`` (``capacity``, which
+    obliq reads as the backbone's positions: a windowed kind is read at its window, the others at lengths
+    within it, so nothing read changes)."""
+    lengths = {kind: min(n, capacity) for kind, n in encoder.text.max_length.items()}
+    return dict(encoder.settings, **_max_lengths(lengths), backbone=".", dtype=dtype, lora=None, is_adapter=False)
 
 
 def _reading(encoder: BiEncoder, trust_remote_code: bool) -> dict:
@@ -196,12 +231,18 @@ def _check_adapter(folder: Path, exact: BiEncoder, texts: list[str], expect: dic
 
 
 def merge_to_sentence_transformers(
-    encoder: BiEncoder, folder: Path, texts: list[str], expect: dict, source: str, least: float
+    encoder: BiEncoder,
+    folder: Path,
+    texts: list[str],
+    expect: dict,
+    source: str,
+    least: float,
+    max_seq_length: int | None = None,
 ) -> dict:
     """Merge LoRA in the encoder's dtype (float32 as export rebuilds it), save and verify a sentence-transformers
     folder. It carries the lengths the encoder reads at (``query_length`` / ``document_length`` in
     ``sentence_bert_config.json``: ``encode_query`` / ``encode_document`` cut there; ``max_seq_length``,
-    for a plain ``encode``, is the passage length). Loaded fresh as a plain user loads it
+    for a plain ``encode``, is ``max_seq_length``, by default the passage length). Loaded fresh as a plain user loads it
     (:func:`obliq.model.plain.st_reader`, nothing set by the probe), its embeddings of ``texts`` (which
     hold one longer than both lengths), batched and one at a time, must have cosine ≥ ``least`` with
     ``expect`` (:func:`_reference`, named by ``source``). On failure the folder is removed and the message
@@ -230,7 +271,7 @@ def merge_to_sentence_transformers(
         # chat template stays in the folder for whoever wants it; plain strings stay plain.
         transformer = Transformer(
             str(hf_dir),
-            max_seq_length=lengths["passage"],
+            max_seq_length=max_seq_length or lengths["passage"],
             query_length=lengths["query"],
             document_length=lengths["passage"],
             modality_config=TEXT_ONLY,

@@ -9,7 +9,10 @@ Two pieces, so that mteb computes an obliq model's numbers the way ``obliq evalu
   so a model trained with instructions reads the OBLIQ-IR paper's B.3 instruction of an OBLIQ-Bench
   task and a merged folder its per-task prompt. A merged folder also runs in mteb as a plain
   ``SentenceTransformer`` (its per-task prompts are keyed by the mteb task names); mteb then cuts
-  queries and passages at one length, the folder's ``max_seq_length``.
+  queries and passages at one length, the folder's ``max_seq_length``. A model that reads long texts in windows
+  (its own, or ``retrieval.windows``) gives mteb the mean of a text's windows; one read by MaxSim
+  (``windows.reduce maxsim``: a document is its windows' vectors) is refused, since mteb scores one vector a
+  document.
 - :func:`mteb_task`: an mteb retrieval task over an obliq task folder (corpus, queries, gold qrels,
   candidate sets), named by the folder's ``prompt_name`` when that is a registered mteb task (its
   metadata, with the folder as its dataset), so mteb looks up that task's prompts.
@@ -62,7 +65,8 @@ class MtebEncoder(AbsEncoder):
         name: the model's name in mteb's results (default ``obliq/<folder name>``).
 
     Raises:
-        as :func:`obliq.search.encoders.load_encoder`.
+        as :func:`obliq.search.encoders.load_encoder`; ValueError: documents read with ``windows.reduce``
+        ``maxsim`` (``retrieval.windows``, or the model's own): mteb scores one vector a document.
     """
 
     def __init__(
@@ -76,6 +80,14 @@ class MtebEncoder(AbsEncoder):
             load_encoder(model, retrieval.encoder, retrieval.trust_remote_code) if isinstance(model, str) else model
         )
         self.retrieval = retrieval
+        windows = retrieval.windows or getattr(self.encoder, "windows", None)
+        if windows is not None and windows.reduce == "maxsim":  # a document is its windows' vectors (MaxSim)
+            whose = "retrieval.windows" if retrieval.windows is not None else f"{model}: the model's windows"
+            raise ValueError(
+                f"{whose}.reduce maxsim: mteb scores one vector a document, and a MaxSim document is its windows' "
+                "vectors: read it in mteb with retrieval.windows.reduce mean (the mean of its windows), or score "
+                "MaxSim with obliq evaluate"
+            )
         self.instructions = {n: b.instruction for n, b in OBLIQ_BENCH.items()} if instructions is None else instructions
         label = Path(str(model)).name if isinstance(model, str) else type(model).__name__
         self.mteb_model_meta = ModelMeta.create_empty(

@@ -69,6 +69,26 @@ def task_prompts(encoder: BiEncoder) -> dict[str, str]:
     return prompts
 
 
+def export_lengths(encoder: BiEncoder) -> tuple[dict[str, int], int]:
+    """The tokens the exported folders read one text at, per kind (``query``, ``passage``), and a merged folder's
+    ``max_seq_length`` (a plain sentence-transformers ``encode``).
+
+    Without windows: the encoder's max lengths, and the passage length. With windows (:mod:`obliq.windows`), a
+    text is read as one window of ``windows.size`` tokens (cut to the backbone's positions): passages, and
+    queries when ``windows.queries``; so a text within one window is read whole, as obliq reads it. The
+    ``max_seq_length`` is then the longer of the two, since obliq reading the merged folder takes it for the
+    backbone's capacity (:func:`obliq.model.backbone.model_capacity`) and must keep the query length.
+    """
+    lengths = dict(encoder.text.max_length)
+    windows = encoder.windows
+    if windows is None:
+        return lengths, lengths["passage"]
+    lengths["passage"] = encoder.text.cap(windows.size)
+    if windows.queries:
+        lengths["query"] = encoder.text.cap(windows.size)
+    return lengths, max(lengths.values())
+
+
 def card_evaluation(results: Path, digest: str) -> list[dict]:
     """The per-task summaries of an ``evaluate`` output folder of an export of this checkpoint (the card's
     evaluation table, :func:`model_card`).
@@ -102,6 +122,7 @@ def model_card(ckpt: dict, encoder: BiEncoder, kind: str, evaluation: list[dict]
     it: sources are named by their file names, and the usage code names the base by its Hub id or a
     placeholder."""
     settings, lora = encoder.settings, ckpt["obliq"]["lora"]
+    lengths, plain_length = export_lengths(encoder)
     hp = ckpt.get("hyper_parameters", {})
     stats = (ckpt.get("TrainingDataModule") or {}).get("stats") or {}
     library = "peft" if kind == "adapter" else "sentence-transformers"
@@ -142,6 +163,8 @@ def model_card(ckpt: dict, encoder: BiEncoder, kind: str, evaluation: list[dict]
         f"passage {settings['passage_max_length']} tokens |",
         f"| weights dtype | {settings['dtype']} |",
     ]
+    if encoder.windows is not None:
+        lines.append(f"| long texts | {_windows_text(encoder)} |")
     if lora:
         lines.append(f"| LoRA | {_lora_text(lora, encoder)} |")
     lines += [
@@ -223,10 +246,12 @@ def model_card(ckpt: dict, encoder: BiEncoder, kind: str, evaluation: list[dict]
             "scores = queries @ docs.T",
             "```",
             "",
-            f"`encode_query` reads queries up to {encoder.text.max_length['query']} tokens and `encode_document` "
-            f"documents up to {encoder.text.max_length['passage']} (`query_length` / `document_length` in "
-            "`sentence_bert_config.json`), the lengths the model was trained and evaluated at; a plain `encode` "
-            "reads at the document length.",
+            f"`encode_query` reads queries up to {lengths['query']} tokens and `encode_document` "
+            f"documents up to {lengths['passage']} (`query_length` / `document_length` in "
+            "`sentence_bert_config.json`), the lengths the model was trained and evaluated at"
+            + (" (one window)" if encoder.windows is not None else "")
+            + "; a plain `encode` reads "
+            + ("at the document length." if plain_length == lengths["passage"] else f"up to {plain_length} tokens."),
         ]
     else:
         lines += [
@@ -261,14 +286,94 @@ def model_card(ckpt: dict, encoder: BiEncoder, kind: str, evaluation: list[dict]
             'model = PeftModel.from_pretrained(base, "path/to/this/folder").eval()',
             f'texts = [{settings["query_prefix"]!r} + "your query"]  # plain text: no chat template',
             f'batch = tokenizer(texts, return_tensors="pt", padding=True, truncation=True, '
-            f"max_length={encoder.text.max_length['query']})",
+            f"max_length={lengths['query']})",
             "with torch.no_grad():",
             "    hidden = model(**batch).last_hidden_state",
             'mask = batch["attention_mask"].unsqueeze(-1).float()',
             "embedding = torch.nn.functional.normalize((hidden * mask).sum(1) / mask.sum(1), dim=-1)",
             "```",
         ]
+    if encoder.windows is not None:
+        lines += _windows_usage(encoder, kind, lengths, plain_length)
     return "\n".join(lines) + "\n"
+
+
+def _windows_text(encoder: BiEncoder) -> str:
+    """The card's row on long texts: the windows and how a text's windows make its representation."""
+    w = encoder.windows
+    document = (
+        "the mean of its windows' vectors, L2-normalised"
+        if w.reduce == "mean"
+        else "its windows' vectors, scored by its best window (MaxSim)"
+    )
+    queries = "read in windows too" if w.queries else f"one window, cut at {encoder.text.max_length['query']} tokens"
+    return (
+        f"windows of {encoder.text.cap(w.size)} tokens, {w.stride} apart (the special tokens and the prefix in each, "
+        f"at most {w.max_windows} a text); a document is {document}; queries: {queries} (obliq's `windows`, recorded "
+        "in `obliq_encoder.json`)"
+    )
+
+
+def _windows_usage(encoder: BiEncoder, kind: str, lengths: dict[str, int], plain_length: int) -> list[str]:
+    """The card's section on long documents (issue 55): how obliq reads them, what a plain sentence-transformers
+    user (or transformers + peft) gets instead and when it is the same, and obliq's code for obliq's vectors.
+    No module is written for sentence-transformers to window with: it loads a module of its own namespace only,
+    anything else only with ``trust_remote_code=True`` (``sentence_transformers.util.misc.import_module_class``),
+    which nothing obliq writes may ask of its user."""
+    w = encoder.windows
+    size = encoder.text.cap(w.size)
+    mean = w.reduce == "mean"
+    if kind == "merged":
+        plain = (
+            f"Plain sentence-transformers does not: `encode_document` truncates at {lengths['passage']} tokens "
+            f"(`document_length`; a plain `encode` at `max_seq_length`, {plain_length})"
+        )
+    else:
+        plain = (
+            "transformers + peft as above do not: the snippet truncates at `max_length` "
+            f"({lengths['passage']} for documents)"
+        )
+    lines = [
+        "",
+        "## Long documents",
+        "",
+        f"obliq reads a text longer than one window ({size} tokens) in token {_windows_text(encoder)}. {plain}, so "
+        "it gives obliq's vector for a text within one window and another one, the first window's, for a longer "
+        "text. Windowing in sentence-transformers would take a custom module, which sentence-transformers loads only "
+        "with `trust_remote_code=True`; this folder carries none.",
+        "",
+    ]
+    if mean:
+        lines += [
+            "obliq's vectors (`obliq evaluate --model path/to/this/folder` and obliq's mteb bridge read them so):",
+            "",
+            "```python",
+            "from obliq.model import BiEncoder",
+            "",
+            'encoder = BiEncoder.from_pretrained("path/to/this/folder")',
+            'texts = ["a long document " * 40, "a short one"]',
+            'vectors = encoder.encode(texts, "passage")  # (n, d) unit vectors: the mean of each text\'s windows',
+            "```",
+        ]
+    else:
+        lines += [
+            "A document is then not one vector: `obliq evaluate --model path/to/this/folder` and obliq's search score "
+            "it so; mteb scores one vector a document and obliq's mteb bridge refuses this model (read it there with "
+            "`retrieval.windows` of `reduce: mean`, the mean of its windows). obliq's scores:",
+            "",
+            "```python",
+            "from obliq.model import BiEncoder",
+            "from obliq.windows import maxsim_scores",
+            "",
+            'encoder = BiEncoder.from_pretrained("path/to/this/folder")',
+            'queries = ["posts that quietly oppose the new policy"]',
+            'docs = ["a long document " * 40, "a short one"]',
+            'q = encoder.encode(queries, "query")',
+            'vectors, window_doc = encoder.encode_windows(docs, "passage")',
+            "scores = maxsim_scores(q, vectors, window_doc, len(docs))  # (queries, docs): each document's best window",
+            "```",
+        ]
+    return lines
 
 
 def _lora_text(lora: dict, encoder: BiEncoder) -> str:
