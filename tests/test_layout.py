@@ -24,6 +24,7 @@ LAYERS = {
     "distributed": 0,
     "argv": 0,  # the bottom: errors, how files are read and written
     "text": 1,
+    "windows": 1,  # long texts as token windows: the settings and the reductions (model, losses, search read them)
     "aliases": 1,
     "shards": 1,
     "runs": 2,  # run folders: versions, owners, resume points (claimed like outputs)
