@@ -216,13 +216,20 @@ def read_per_query(path: str | Path, measure: str = "NDCG@10", qrels: str | None
 
 def reads_text(reads: dict | None) -> str:
     """How a system read the texts, in words: ``query prefix 'query: ' ≤ 256 tokens, passage prefix
-    'passage: ' ≤ 256 tokens`` (dense), the BM25 settings, or what else the retrieval recorded."""
+    'passage: ' ≤ 256 tokens`` (dense; with its windows, issue 55), the BM25 settings, or what else the retrieval
+    recorded."""
     if not reads:
         return "unknown"
     if "query_prefix" in reads:
+        w = reads.get("windows")
         return (
             f"query prefix {reads['query_prefix']!r} ≤ {reads['query_max_length']} tokens, passage prefix "
             f"{reads['passage_prefix']!r} ≤ {reads['passage_max_length']} tokens"
+        ) + (
+            f"; longer texts in windows of {w['size']} tokens, stride {w['stride']}, {w['reduce']}"
+            f"{' (queries too)' if w.get('queries') else ' (passages)'}"
+            if w
+            else ""
         )
     return ", ".join(f"{k} {v}" for k, v in reads.items())
 
