@@ -233,3 +233,45 @@ def test_windows_across_two_processes_equal_one_process(minilm_path, tmp_path, r
             if p.requires_grad:
                 g = r["grads"][name]
                 assert (g - p.grad).norm() <= 1e-4 * p.grad.norm() + 1e-9, name
+
+
+def test_search_in_windows_equals_brute_force_and_keys_its_store(tasks_dir, minilm_path, tmp_path):
+    """``retrieval.windows`` at search: MaxSim's run is the brute-force ranking over every window (float64, ties by
+    id), the mean's is the mean vectors' ranking; the store is keyed by the windows; the reading is reported."""
+    from support import small_real_task
+
+    from obliq.eval.results import reads_text
+    from obliq.search.retrieval import make_retriever
+    from obliq.search.settings import RetrievalSettings
+    from obliq.search.store import Store
+    from obliq.tasks import load_task
+
+    task = load_task(small_real_task(tasks_dir, tmp_path / "slice", n_queries=6, n_distractors=12))
+    enc = BiEncoder(minilm_path, query_prefix="", passage_prefix="")
+    windows = Windows(size=32, stride=16, reduce="maxsim")
+    vectors, owner = enc.encode_windows(task.doc_texts, "passage", windows=windows)
+    assert len(owner) > 2 * len(task.doc_ids)
+    q = enc.encode(task.query_texts, "query").double().numpy()
+    v = vectors.double().numpy()
+    v /= np.linalg.norm(v, axis=1, keepdims=True)
+    best = np.stack([(q @ v[owner.numpy() == i].T).max(1) for i in range(len(task.doc_ids))], 1)
+    mean = mean_of_windows(vectors.double(), owner, len(task.doc_ids)).numpy()
+    for reduce, scores in (("maxsim", best), ("mean", q @ mean.T)):
+        settings = RetrievalSettings(top_k=5, cache=False, windows=replace_reduce(windows, reduce))
+        got = make_retriever(enc, settings)(task)
+        for i, qid in enumerate(task.query_ids):
+            rank = {d: r for r, d in enumerate(sorted(task.doc_ids))}  # ties: id descending (trec_eval's order)
+            order = sorted(range(len(task.doc_ids)), key=lambda j: (-np.float32(scores[i, j]), -rank[task.doc_ids[j]]))
+            want = [task.doc_ids[j] for j in order[:5]]
+            ranked = sorted(got.run[qid].items(), key=lambda kv: (-kv[1], kv[0]))
+            assert [d for d, _ in ranked] == want, (reduce, qid)
+        assert got.reads["windows"]["reduce"] == reduce and "windows of 32 tokens" in reads_text(got.reads)
+    plain = RetrievalSettings(cache_dir=tmp_path / "cache")
+    keyed = Store.of(minilm_path, plain, task).folder
+    assert Store.of(minilm_path, RetrievalSettings(cache_dir=tmp_path / "cache", windows=windows), task).folder != keyed
+
+
+def replace_reduce(windows: Windows, reduce: str) -> Windows:
+    from dataclasses import replace
+
+    return replace(windows, reduce=reduce)
