@@ -325,7 +325,11 @@ class BiEncoder(nn.Module):
         windows = windows or self.windows
         if windows is not None and (kind == "passage" or windows.queries):
             if windows.reduce == "maxsim" and kind == "passage":
-                raise ValueError("windows.reduce maxsim: a passage is its windows' vectors: use encode_windows")
+                raise ValueError(
+                    "windows.reduce maxsim: a passage is the set of its windows' vectors, not one vector: obliq "
+                    "evaluate and obliq search score it by MaxSim (encode_windows); a store (obliq encode), mteb and "
+                    "sentence-transformers take one vector a text: use windows.reduce mean"
+                )
             vectors, owner = self.encode_windows(texts, kind, batch_size, windows, show_progress, instructions)
             return mean_of_windows(vectors, owner, len(texts))
         if not texts:
