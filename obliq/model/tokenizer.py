@@ -199,15 +199,17 @@ class TextTokenizer:
         """Tokenize n texts into token windows (:mod:`obliq.windows`): each window is the special tokens, the
         text's prefix (and instruction) and ``windows.stride``-spaced runs of the text's own tokens, cut only
         between tokens. A text that fits in ``windows.size`` tokens is one window, the same ids as
-        :meth:`__call__` gives it; the first window of a longer one is :meth:`__call__`'s ids at ``windows.size``.
-        A text of more than ``windows.max_windows`` windows keeps its first ones (counted in ``truncated``).
+        :meth:`__call__` gives it; the first window of a longer one is :meth:`__call__`'s ids at ``windows.size``
+        (a tokenizer that truncates on the left keeps a text's end there; its windows still start at the text's
+        start). A text of more than ``windows.max_windows`` windows keeps its first ones (counted in ``truncated``).
 
         Returns:
             ``(batch, window_doc)``: ``input_ids`` / ``attention_mask`` LongTensors (W, L), L ≤ ``windows.size``
             (cut to the backbone's positions), and (W,) int64, the text of each window, texts in input order.
 
         Raises:
-            ValueError: the prefix and special tokens leave a window no room for the text.
+            ValueError: the prefix and special tokens leave a window less room for the text than ``windows.stride``
+                (``windows.size`` named, and its cut to the backbone's positions).
         """
         import torch
 
@@ -216,7 +218,10 @@ class TextTokenizer:
         formatted = self.format(list(texts), kind, instructions)
         size = self.cap(windows.size)
         limit = size + windows.stride * (windows.max_windows - 1)  # the tokens max_windows windows hold
-        _, enc = self.prefixes(formatted, limit + 1)
+        if getattr(self.tokenizer, "truncation_side", "right") == "left":  # it would keep a text's end: read whole
+            enc = self.tokenizer(formatted, padding=False, verbose=False)  # (prefixes() reads such texts whole too)
+        else:
+            _, enc = self.prefixes(formatted, limit + 1)
         head, tail = self.specials()
         features, owner = [], []
         for i, ids in enumerate(enc["input_ids"]):
@@ -230,9 +235,10 @@ class TextTokenizer:
                 n_prefix = self.prefix_length(formatted[i][: len(formatted[i]) - len(texts[i])], content)
                 room = size - head - tail - n_prefix
                 if room < windows.stride:
+                    cut = f" (cut to the backbone's {size} positions)" if size < windows.size else " tokens"
                     raise ValueError(
-                        f"windows.size: {size} tokens leave {room} for the text after the prefix and special tokens "
-                        f"({n_prefix + head + tail}), fewer than windows.stride {windows.stride}"
+                        f"windows.size: {windows.size}{cut} leave {room} for the text after the prefix and special "
+                        f"tokens ({n_prefix + head + tail}), fewer than windows.stride {windows.stride}"
                     )
                 body = content[n_prefix:]
                 starts = range(0, max(1, len(body) - room + windows.stride), windows.stride)

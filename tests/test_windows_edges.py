@@ -1,0 +1,62 @@
+"""Long texts in token windows (issue 55) at their edges, found by an adversarial review: a tokenizer that
+truncates on the left, no texts at all, a window cut to the backbone's positions, MaxSim asked of an encoder that
+reads texts its own way."""
+
+import pytest
+import torch
+from transformers import AutoTokenizer
+
+from obliq.model import BiEncoder
+from obliq.model.tokenizer import TextTokenizer
+from obliq.windows import Windows
+
+LONG = " ".join(f"w{i}" for i in range(60))
+
+
+def _rows(batch) -> list[list[int]]:
+    return [[int(i) for i, m in zip(ids, mask) if m] for ids, mask in zip(batch["input_ids"], batch["attention_mask"])]
+
+
+def test_a_tokenizer_that_truncates_on_the_left_reads_windows_from_the_start(minilm_path):
+    """Windows read a text from its first token, the prefix in each, whichever side the tokenizer truncates on
+    (its truncation_side is for a text cut at the max length, not for windows)."""
+    windows = Windows(size=12, stride=6, max_windows=3)
+    right = TextTokenizer(AutoTokenizer.from_pretrained(minilm_path))
+    left = TextTokenizer(AutoTokenizer.from_pretrained(minilm_path, truncation_side="left"))
+    (want, want_owner), (got, got_owner) = (t.windows([LONG, "short one"], "passage", windows) for t in (right, left))
+    assert _rows(got) == _rows(want) and got_owner.tolist() == want_owner.tolist()
+    assert left.tokenizer.decode(_rows(got)[0]).startswith("[CLS] passage : w0 w1")
+    assert left.truncated["passage"] == 1  # the text past 3 windows: cut, and counted
+
+
+def test_no_texts_encode_to_no_vectors_with_windows(minilm_path):
+    """``encode([])`` gives (0, hidden) with windows as without (a task with no queries of a split, mteb)."""
+    enc = BiEncoder(minilm_path, windows=Windows(size=32, stride=16, queries=True))
+    for kind in ("passage", "query"):
+        assert enc.encode([], kind).shape == (0, enc.hidden_size)
+
+
+def test_a_window_cut_to_the_backbones_positions_says_so(minilm_path):
+    """MiniLM reads 256 positions: windows of 512 tokens, 300 apart, leave no room for the stride once cut; the
+    refusal names the size asked for and the cut, not only the cut size."""
+    text = TextTokenizer(AutoTokenizer.from_pretrained(minilm_path), capacity=256)
+    with pytest.raises(ValueError, match=r"windows.size: 512 \(cut to the backbone's 256 positions\)"):
+        text.windows(["word " * 600], "passage", Windows(size=512, stride=300))
+
+
+def test_maxsim_asked_of_a_sentence_transformers_encoder_names_the_fix():
+    """MaxSim over windows needs obliq's encoder: the refusal says which setting gives it, as the mean's does."""
+    from obliq.search.retrieval import retrieve_maxsim
+    from obliq.search.settings import RetrievalSettings
+
+    class Plain:  # an encoder that reads texts its own way (sentence-transformers')
+        def encode(self, texts, kind="query", batch_size=32, max_length=None):
+            return torch.zeros(len(texts), 4)
+
+    class Task:
+        name, candidates, doc_texts, doc_ids = "t", None, ["a"], ["d"]
+
+    windows = Windows(size=32, stride=16, reduce="maxsim")
+    settings = RetrievalSettings(windows=windows, cache=False)
+    with pytest.raises(ValueError, match="retrieval.windows: .*use retrieval.encoder obliq"):
+        retrieve_maxsim(Plain(), Task(), settings, windows, None, 0)
