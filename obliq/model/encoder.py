@@ -323,17 +323,18 @@ class BiEncoder(nn.Module):
         if instructions is None and kind == "query" and _instruction(task):
             instructions = [_instruction(task)] * len(texts)
         windows = windows or self.windows
-        if windows is not None and (kind == "passage" or windows.queries):
-            if windows.reduce == "maxsim" and kind == "passage":
-                raise ValueError(
-                    "windows.reduce maxsim: a passage is the set of its windows' vectors, not one vector: obliq "
-                    "evaluate and obliq search score it by MaxSim (encode_windows); a store (obliq encode), mteb and "
-                    "sentence-transformers take one vector a text: use windows.reduce mean"
-                )
-            vectors, owner = self.encode_windows(texts, kind, batch_size, windows, show_progress, instructions)
-            return mean_of_windows(vectors, owner, len(texts))
+        windowed = windows is not None and (kind == "passage" or windows.queries)
+        if windowed and windows.reduce == "maxsim" and kind == "passage":
+            raise ValueError(
+                "windows.reduce maxsim: a passage is the set of its windows' vectors, not one vector: obliq "
+                "evaluate and obliq search score it by MaxSim (encode_windows); a store (obliq encode), mteb and "
+                "sentence-transformers take one vector a text: use windows.reduce mean"
+            )
         if not texts:
             return torch.empty(0, self.hidden_size)
+        if windowed:
+            vectors, owner = self.encode_windows(texts, kind, batch_size, windows, show_progress, instructions)
+            return mean_of_windows(vectors, owner, len(texts))
         return self._encode(texts, kind, batch_size, show_progress, instructions, max_length)
 
     def _encode(self, texts, kind, batch_size, show_progress, instructions, max_length) -> torch.Tensor:
