@@ -429,7 +429,9 @@ def retrieve_maxsim(
     if candidate_rows(task) is not None:
         raise ValueError(f"{task.name}: a task with candidate sets is not searched by MaxSim over windows")
     if not hasattr(encoder, "encode_windows"):
-        raise ValueError(f"retrieval.windows: the {type(encoder).__name__} cannot read texts in windows")
+        raise ValueError(
+            f"retrieval.windows: the {type(encoder).__name__} cannot read texts in windows: use retrieval.encoder obliq"
+        )
     timing: dict[str, float] = {}
     t = perf_counter()
     vectors, window_doc = encoder.encode_windows(task.doc_texts, "passage", settings.batch_size, windows)
