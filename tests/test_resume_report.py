@@ -8,7 +8,7 @@ import json
 import logging
 import re
 import typing
-from dataclasses import fields
+from dataclasses import asdict, fields, is_dataclass
 from pathlib import Path
 
 import pytest
@@ -114,6 +114,8 @@ def _other(value, annotation):
         kind = next(a for a in typing.get_args(annotation) if a is not type(None))
         if typing.get_origin(kind) is typing.Literal:
             return typing.get_args(kind)[0]
+        if is_dataclass(kind):  # settings of their own (windows): their defaults, as a config gives them (a dict)
+            return asdict(kind())
         return [1] if typing.get_origin(kind) is list else kind(1)
     if isinstance(value, bool):
         return not value
