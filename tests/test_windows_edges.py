@@ -60,3 +60,18 @@ def test_maxsim_asked_of_a_sentence_transformers_encoder_names_the_fix():
     settings = RetrievalSettings(windows=windows, cache=False)
     with pytest.raises(ValueError, match="retrieval.windows: .*use retrieval.encoder obliq"):
         retrieve_maxsim(Plain(), Task(), settings, windows, None, 0)
+
+
+def test_encode_refuses_maxsim_windows_before_claiming_a_store(tasks_dir, minilm_path, tmp_path):
+    """``obliq encode`` stores one vector a text: MaxSim windows are refused before any store folder is made."""
+    from support import small_real_task
+
+    from obliq.commands.encode import encode
+    from obliq.search.settings import RetrievalSettings
+
+    task = small_real_task(tasks_dir, tmp_path / "slice", n_queries=2, n_distractors=4)
+    windows = Windows(size=32, stride=16, reduce="maxsim")
+    settings = RetrievalSettings(encoder="obliq", cache_dir=tmp_path / "cache", windows=windows)
+    with pytest.raises(ValueError, match="retrieval.windows.reduce maxsim: a store holds one vector a text"):
+        encode(minilm_path, [str(task)], settings)
+    assert not (tmp_path / "cache").exists()

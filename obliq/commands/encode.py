@@ -61,10 +61,16 @@ def encode(
 
     Raises:
         ValueError: the store was split into another number of shards (without ``overwrite``), bad vectors;
+            ``retrieval.windows`` with ``reduce`` maxsim (a store holds one vector a text);
             a store that would lie inside (or hold) a task or the model folder, or another command's output.
         FileNotFoundError / OSError: the model or a task cannot be found.
     """
     shard = shard.resolved()
+    if retrieval.windows is not None and retrieval.windows.reduce == "maxsim":  # refused before a store is claimed
+        raise ValueError(
+            "retrieval.windows.reduce maxsim: a store holds one vector a text, and MaxSim scores a text by its windows "
+            "(obliq evaluate and obliq search read them in memory): use windows.reduce mean to store them"
+        )
     if block_size < 1:
         raise ValueError(f"block_size must be >= 1, got {block_size}")
     loaded = [load_task(p) for p in find_tasks(tasks)]
