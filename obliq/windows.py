@@ -33,8 +33,9 @@ class Windows:
 
     Attributes:
         size: tokens a window (special tokens and the prefix included); cut to the backbone's positions.
-        stride: tokens of the text between the starts of two windows (``size // 2``: each token of the text is in
-            two windows); at most the text a window holds, so that no token is skipped.
+        stride: tokens of the text between the starts of two windows (default 128, half the default size: each
+            token in two windows; it does not follow ``size``, so give both); below ``size``, and at most the text a
+            window holds after its prefix and special tokens, so that no token is skipped.
         reduce: ``mean`` (one vector a text) or ``maxsim`` (a text scored by its best window).
         queries: read queries in windows too, a query then the mean of its windows whatever ``reduce`` (off: a
             query is one window of the query length, truncated).
