@@ -170,6 +170,27 @@ def test_max_lengths_are_capped_at_what_the_model_reads(minilm_path, tmp_path):
     assert BiEncoder(str(plain), passage_max_length=1024).text.max_length["passage"] == 512
 
 
+@pytest.mark.parametrize("length", [None, 128, 300, 512])
+def test_a_sentence_transformers_folder_is_read_at_its_own_length(length, minilm_path, tmp_path):
+    """obliq reads a sentence-transformers folder at the length sentence-transformers itself loads it with: the
+    packaged folder's ``max_seq_length`` (256, in sentence_bert_config.json), and a folder that
+    sentence-transformers saved (it keeps the length as the tokenizer's ``model_max_length``, as obliq's merged
+    exports do), below, above and at MiniLM's 256 (issue 55: a merged export read at 512 positions)."""
+    from sentence_transformers import SentenceTransformer
+
+    folder = minilm_path
+    if length is not None:
+        st = SentenceTransformer(minilm_path, device="cpu")
+        st.max_seq_length = length
+        folder = str(tmp_path / "saved")
+        st.save(folder)
+    expect = SentenceTransformer(folder, device="cpu").max_seq_length
+    assert expect == (256 if length is None else length)
+    enc = BiEncoder(folder, query_prefix="", passage_prefix="", passage_max_length=4096)
+    assert enc.text.capacity == expect
+    assert enc.tokenize(["word " * 2000], "passage")["input_ids"].shape[1] == expect
+
+
 def test_instructions_only_when_enabled(minilm_path):
     off = BiEncoder(minilm_path)
     on = BiEncoder(minilm_path, use_instructions=True)

@@ -147,3 +147,29 @@ def test_a_maxsim_export_says_a_document_is_its_windows_and_mteb_refuses_it(expo
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
     with pytest.raises(ValueError, match="retrieval.windows.reduce maxsim"):
         MtebEncoder(str(exported["mean"] / "merged"), RetrievalSettings(windows=MAXSIM))
+
+
+def test_windows_wider_than_the_backbone_read_alike_from_every_folder(tmp_path):
+    """Windows of 300 tokens on MiniLM (which reads 256): the checkpoint, its adapter and its merged folder all
+    read a long text in the same 256-token windows, give the same vectors, and say 256 (the merged folder's
+    sentence-transformers length is the tokenizer's ``model_max_length``; obliq read it at the 512 positions)."""
+    from obliq.commands.export import export
+    from obliq.search.retrieval import text_policy
+    from obliq.search.settings import RetrievalSettings
+
+    wide = Windows(size=300, stride=128)
+    ckpt = make_checkpoint(tmp_path / "wide.ckpt", "minilm", length=32, windows=wide)
+    export(ckpt, tmp_path / "wide", merge=True)
+    text = " ".join([LONG] * 6)
+    trained = load_checkpoint(ckpt, dtype="float32")
+    n_windows = len(trained.text.windows([text], "passage", wide)[1])
+    assert trained.text.cap(wide.size) == 256 and n_windows >= 3
+    want = trained.encode([text], "passage")
+    task = SimpleNamespace(name="AnyTask")
+    for kind in ("adapter", "merged"):
+        encoder = BiEncoder.from_pretrained(tmp_path / "wide" / kind)
+        assert len(encoder.text.windows([text], "passage", wide)[1]) == n_windows, kind
+        assert float((encoder.encode([text], "passage") * want).sum()) >= 0.99999, kind
+        assert text_policy(encoder, task, RetrievalSettings())["windows"]["size"] == 256, kind
+        card = " ".join((tmp_path / "wide" / kind / "README.md").read_text().split())
+        assert "windows of 256 tokens, 128 apart" in card, kind

@@ -227,7 +227,7 @@ def reads_text(reads: dict | None) -> str:
             f"{reads['passage_prefix']!r} ≤ {reads['passage_max_length']} tokens"
         ) + (
             f"; longer texts in windows of {w['size']} tokens, stride {w['stride']}, {w['reduce']}"
-            f"{' (queries too)' if w.get('queries') else ' (passages)'}"
+            f"{' (queries too)' if w.get('queries') else ' (passages)'}, at most {w['max_windows']} a text"
             if w
             else ""
         )

@@ -30,14 +30,22 @@ def model_capacity(path: str, config) -> int | None:
     """How many tokens a backbone reads: its position embeddings (less the ``padding_idx + 1`` rows the
     RoBERTa family skips, :data:`POSITION_OFFSET_MODELS`), or a sentence-transformers folder's own
     ``max_seq_length`` when that is shorter (all-MiniLM-L6-v2: 256 of 512 positions, the length it
-    was trained at), so that obliq's encoder and sentence-transformers read the same text."""
+    was trained at), so that obliq's encoder and sentence-transformers read the same text.
+
+    A sentence-transformers folder's length is read as sentence-transformers reads it
+    (``sentence_transformers.base.modules.transformer.Transformer``): ``max_seq_length`` in
+    ``sentence_bert_config.json`` when there, else the tokenizer's ``model_max_length`` (where
+    sentence-transformers 5 and later save it: obliq's merged exports)."""
     positions = getattr(config, "max_position_embeddings", None)
     if positions and getattr(config, "model_type", None) in POSITION_OFFSET_MODELS:
         positions -= (getattr(config, "pad_token_id", None) or 0) + 1
     limits = [positions]
-    st_config = Path(path) / "sentence_bert_config.json"
-    if st_config.is_file():
-        limits.append(json.loads(read_text(st_config)).get("max_seq_length"))
+    folder = Path(path)
+    if (folder / "sentence_bert_config.json").is_file():
+        length = json.loads(read_text(folder / "sentence_bert_config.json")).get("max_seq_length")
+        if length is None and (folder / "tokenizer_config.json").is_file():
+            length = json.loads(read_text(folder / "tokenizer_config.json")).get("model_max_length")
+        limits.append(length)
     limits = [int(n) for n in limits if n]
     return min(limits) if limits else None
 

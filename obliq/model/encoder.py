@@ -229,17 +229,20 @@ class BiEncoder(nn.Module):
     ) -> dict:
         """How this encoder reads texts when asked for these lengths: its prefixes (for ``task``'s
         queries: with its instruction when the encoder uses instructions), the token lengths it
-        actually keeps (cut to its capacity) and its windows (``windows``, else its own). What a report states
-        of a system."""
-        return {
+        actually keeps (cut to its capacity) and its windows (``windows``, else its own; their ``size`` cut to
+        its capacity, as read). What a report states of a system."""
+        policy = {
             "query_prefix": self.text.format([""], "query", [_instruction(task)])[0],
             "passage_prefix": self.text.prefix["passage"],
             "query_max_length": self.text.cap(query_max_length) if query_max_length else self.text.max_length["query"],
             "passage_max_length": self.text.cap(passage_max_length)
             if passage_max_length
             else self.text.max_length["passage"],
-            **({"windows": windows.settings()} if (windows := windows or self.windows) else {}),
         }
+        windows = windows or self.windows
+        if windows is not None:
+            policy["windows"] = dict(windows.settings(), size=self.text.cap(windows.size))
+        return policy
 
     @property
     def truncated(self) -> dict[str, int]:
