@@ -208,11 +208,11 @@ def test_a_fit_with_windows_trains_on_them_and_the_model_keeps_them(tasks_dir, m
 
 @pytest.mark.distributed
 @pytest.mark.slow
-def test_windows_across_two_processes_equal_one_process(minilm_path, tmp_path, reduce="maxsim"):
+def test_windows_across_two_processes_equal_one_process(minilm_path, tmp_path):
     """Each rank's windows gathered with their document rows shifted as the documents are: two processes give
     the loss and gradients of one process over the concatenated batch (MaxSim: the windows themselves reach the
     loss; the mean reduces the same gathered windows, tested in one process above)."""
-    windows = {"size": 16, "stride": 8, "reduce": reduce}
+    windows = {"size": 16, "stride": 8, "reduce": "maxsim"}
     shards = [
         {"q": QUERIES[:1], "d": DOCS[:2], "ids": [1, 2], "windows": windows},
         {"q": QUERIES[1:], "d": [DOCS[2], DOCS[1]], "ids": [3, 2], "windows": windows},  # rank 0's negative again
@@ -223,7 +223,7 @@ def test_windows_across_two_processes_equal_one_process(minilm_path, tmp_path, r
     d, doc_window = enc.text.windows(texts, "passage", Windows(**windows))
     batch = {"query": enc.tokenize(QUERIES, "query"), "docs": d, "doc_window": doc_window}
     batch |= {"positive_index": torch.tensor([0, 2]), "doc_keys": torch.tensor([1, 2, 3, 2])}
-    view = StepView.of(batch, reduce=reduce)
+    view = StepView.of(batch, reduce="maxsim")
     q, docs = view.embeddings(enc(batch["query"]), enc(d))
     loss = InfoNCE(gather_across_devices=False)(q, docs, view)
     loss.backward()
