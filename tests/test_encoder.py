@@ -1,5 +1,9 @@
 """The bi-encoder: bidirectional decoders (C03), pad tokens (C02), padding sides, truncation (C17), LoRA."""
 
+import json
+import re
+import shutil
+
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaModel
@@ -157,7 +161,6 @@ def test_max_lengths_are_capped_at_what_the_model_reads(minilm_path, tmp_path):
     """all-MiniLM-L6-v2 has 512 positions but was trained at, and declares, 256 tokens
     (sentence_bert_config.json): obliq reads what sentence-transformers reads. A plain transformers
     copy without that file is capped at its 512 positions."""
-    import shutil
 
     enc = BiEncoder(minilm_path, passage_max_length=1024)
     assert enc.text.max_length["passage"] == 256
@@ -189,6 +192,24 @@ def test_a_sentence_transformers_folder_is_read_at_its_own_length(length, minilm
     enc = BiEncoder(folder, query_prefix="", passage_prefix="", passage_max_length=4096)
     assert enc.text.capacity == expect
     assert enc.tokenize(["word " * 2000], "passage")["input_ids"].shape[1] == expect
+
+
+@pytest.mark.parametrize("file", ["sentence_bert_config.json", "tokenizer_config.json"])
+@pytest.mark.parametrize("length", ["256", 0, -3, True, 12.5, [256]])
+def test_a_folders_length_that_is_no_whole_number_is_refused_by_file_and_field(file, length, minilm_path, tmp_path):
+    """A sentence-transformers folder whose length is not a positive whole number is refused with the file and
+    the field named, before any weight loads (not Python's bare ``int()`` message, nor a silent ``0``)."""
+    folder = tmp_path / "model"
+    shutil.copytree(minilm_path, folder)
+    field = {"sentence_bert_config.json": "max_seq_length", "tokenizer_config.json": "model_max_length"}[file]
+    for name in ("sentence_bert_config.json", "tokenizer_config.json"):
+        config = json.loads((folder / name).read_text())
+        config.pop("max_seq_length", None)
+        if name == file:
+            config[field] = length
+        (folder / name).write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=rf"{re.escape(str(folder / file))}: {field} is a positive whole number"):
+        BiEncoder(str(folder))
 
 
 def test_instructions_only_when_enabled(minilm_path):

@@ -59,6 +59,20 @@ def test_c17_empty_documents():
     assert empty.scores(["anything"]).tolist() == [0, 0, 0]
 
 
+def test_windows_asked_of_bm25_are_said_to_be_unused_and_change_nothing(tmp_path, caplog):
+    """BM25 reads each text whole; ``retrieval.windows`` (an encoder setting, shared by one retrieval config) is
+    said to be unused, and the run is BM25's own."""
+    from obliq.search.retrieval import make_retriever
+
+    corpus = [{"_id": f"d{i}", "text": ("filler " * 300) + ("apple" if i % 2 else "pear")} for i in range(4)]
+    task = load_task(make_task(tmp_path / "t", corpus, [{"_id": "q", "text": "apple"}], [("q", "d1", 1)]))
+    plain = make_retriever("bm25", RetrievalSettings())(task).run
+    assert "retrieval.windows" not in caplog.text
+    windowed = make_retriever("bm25", RetrievalSettings(windows={"size": 64, "stride": 32}))(task).run
+    assert "BM25 reads each text whole: retrieval.windows" in caplog.text
+    assert windowed == plain and list(plain["q"]) == ["d3", "d1"]
+
+
 def test_reproduces_the_data_readme_reference_unstemmed(tasks_dir):
     # the README's BM25: k1 = 0.9, b = 0.4, lowercase \w+ tokens, no stemming, top 1000
     reference = {  # NDCG@10, Recall@100 from ../shared/data/README.md

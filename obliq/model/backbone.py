@@ -4,13 +4,12 @@ family numbers them)."""
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 
 import torch
 
-from obliq.files import read_text
+from obliq.files import read_json_object
 
 log = logging.getLogger(__name__)
 
@@ -35,17 +34,30 @@ def model_capacity(path: str, config) -> int | None:
     A sentence-transformers folder's length is read as sentence-transformers reads it
     (``sentence_transformers.base.modules.transformer.Transformer``): ``max_seq_length`` in
     ``sentence_bert_config.json`` when there, else the tokenizer's ``model_max_length`` (where
-    sentence-transformers 5 and later save it: obliq's merged exports)."""
+    sentence-transformers 5 and later save it: obliq's merged exports).
+
+    Raises:
+        ValueError: either file is not one JSON object, or its length is not a positive whole number (file and
+            field named).
+    """
     positions = getattr(config, "max_position_embeddings", None)
     if positions and getattr(config, "model_type", None) in POSITION_OFFSET_MODELS:
         positions -= (getattr(config, "pad_token_id", None) or 0) + 1
     limits = [positions]
     folder = Path(path)
     if (folder / "sentence_bert_config.json").is_file():
-        length = json.loads(read_text(folder / "sentence_bert_config.json")).get("max_seq_length")
-        if length is None and (folder / "tokenizer_config.json").is_file():
-            length = json.loads(read_text(folder / "tokenizer_config.json")).get("model_max_length")
-        limits.append(length)
+        for name, field in (
+            ("sentence_bert_config.json", "max_seq_length"),
+            ("tokenizer_config.json", "model_max_length"),
+        ):
+            if (folder / name).is_file():
+                length = read_json_object(folder / name).get(field)
+                if length is not None:
+                    whole = isinstance(length, int) or (isinstance(length, float) and length.is_integer())
+                    if isinstance(length, bool) or not whole or length < 1:
+                        raise ValueError(f"{folder / name}: {field} is a positive whole number, got {length!r}")
+                    limits.append(length)
+                    break
     limits = [int(n) for n in limits if n]
     return min(limits) if limits else None
 

@@ -124,10 +124,10 @@ class BiEncoder(nn.Module):
         self.name_or_path = backbone
         path = resolve_model(backbone)
         family = check_model_code(path, trust_remote_code)  # a published family read as data; unknown code refused
+        positions = model_capacity(path, AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code))
         self.tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
         check_vocabulary(self.tokenizer, path)
         ensure_pad_token(self.tokenizer)
-        positions = model_capacity(path, AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code))
         if positions and max(query_max_length, passage_max_length) > positions:
             log.warning(
                 "%s reads at most %d tokens: max lengths %d/%d cut to fit",

@@ -560,6 +560,8 @@ def make_retriever(
     """
     settings = settings or RetrievalSettings()
     if isinstance(model, str) and model.lower() == "bm25":
+        if settings.windows is not None:  # said, not refused: one retrieval config serves BM25 and encoders alike
+            log.warning("BM25 reads each text whole: retrieval.windows is for encoders and is not used here")
         return lambda task: retrieve_bm25(task, settings, latency_queries)
     if is_run_file(model):
         return lambda task: retrieve_run_file(model, task)
