@@ -88,6 +88,7 @@ def writing(tasks_dir, tmp_path_factory):
     return root
 
 
+@pytest.mark.heavy
 def test_distill_ablation_trains_evaluates_and_compares_a_run(writing):
     env = {"OBLIQ_DATA": str(writing / "data"), "OBLIQ_ABL_ROOT": str(writing / "abl")}
     out = bench(
@@ -163,6 +164,7 @@ def test_distill_ablation_trains_evaluates_and_compares_a_run(writing):
     assert "knn-other.jsonl" in done.stderr and not (writing / "ref-other" / "st").exists()
 
 
+@pytest.mark.heavy
 def test_distill_reference_trains_both_students_on_the_same_pairs(writing):
     env = {"OBLIQ_DATA": str(writing / "data"), "OBLIQ_ABL_ROOT": str(writing / "abl-ref")}
     out = bench(
@@ -215,6 +217,7 @@ def test_eval_baselines_and_negatives_throughput(tasks_dir, tmp_path):
     assert "rows/s" in out
 
 
+@pytest.mark.heavy
 def test_data_throughput(tmp_path):
     out = json.loads(
         bench(
@@ -234,6 +237,7 @@ def test_data_throughput(tmp_path):
     assert len(out["runs"]) == 4
 
 
+@pytest.mark.heavy
 def test_gradcache_bench(tmp_path):
     out = bench(
         "bench/gradcache.py",
@@ -254,6 +258,7 @@ def test_gradcache_bench(tmp_path):
     assert "| 4 |" in out
 
 
+@pytest.mark.heavy
 def test_kill_resume_bench(tmp_path):
     # 6 steps of 4 rows over 8 rows: three epochs, so the resume crosses an epoch boundary as in the bench's 40 steps
     out = bench("bench/kill_resume.py", "--kills", "1", "--steps", "6", "--rows", "8", "--out", str(tmp_path / "kr"))
@@ -281,6 +286,7 @@ def test_false_negatives_bench(tasks_dir, tmp_path):
     assert result["methods"]["dense + 95% + attribute veto"]["false_negatives"] == 0  # author = relevance here
 
 
+@pytest.mark.heavy
 def test_vector_search_bench(tasks_dir, tmp_path):
     # the real vectors: MiniLM reads 40 documents and the 10 queries used (not all 179 of math-theoremqa)
     real = task_slice(tasks_dir, "math-theoremqa", tmp_path / "real" / "math-theoremqa", 10, 40)
@@ -308,6 +314,7 @@ def test_vector_search_bench(tasks_dir, tmp_path):
     assert "| hnsw | HNSW32,Flat |" in out and "1,500 vectors (40 real MiniLM document vectors, lifted" in out
 
 
+@pytest.mark.heavy
 def test_encode_shards_bench(tasks_dir, tmp_path):
     out = bench(
         "bench/encode_shards.py",
@@ -323,6 +330,7 @@ def test_encode_shards_bench(tasks_dir, tmp_path):
     assert "| ≤ 1e-6 |" in out and "statuses ['done', 'encoded']" in out and "| resumed |" in out
 
 
+@pytest.mark.heavy
 def test_matryoshka_bench(writing, tmp_path):
     out = bench(
         "bench/matryoshka.py",

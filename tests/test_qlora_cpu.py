@@ -259,6 +259,7 @@ def qlora_runs(request, recipe_folders) -> dict:
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 @pytest.mark.distributed
 def test_the_4bit_recipe_trains_on_two_processes_is_killed_and_resumes(qlora_runs):
     """The 4-bit run killed after step 2 and resumed to step 4, in its own version folder: every LoRA weight of
@@ -278,6 +279,7 @@ def test_the_4bit_recipe_trains_on_two_processes_is_killed_and_resumes(qlora_run
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 @pytest.mark.distributed
 def test_the_4bit_recipe_exports_into_the_unquantized_base_and_evaluates(qlora_runs, tmp_path):
     """``obliq export --merge true`` of the resumed 4-bit run: every merged projection is the replica folder's own
@@ -367,6 +369,7 @@ print(json.dumps({"tensor_bytes": tensors, "held_kib": held, "load_peak_kib": lo
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 def test_peak_memory_of_a_4bit_training_step_beside_float32(tmp_path, smollm2_path):
     """One training step (8 passages of ~100 tokens, LoRA r 16) in a process of its own, float32 base vs nf4 base,
     on a model of the 3B recipe's width (hidden 3072, intermediate 8192, the replica's heads ratio) cut to 2

@@ -156,6 +156,7 @@ def exported(recipe_runs, tmp_path_factory):
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 @pytest.mark.distributed
 def test_the_shipped_3b_recipe_at_bf16_mixed_is_killed_and_resumes(recipe_runs):
     """The recipe as shipped (DDP, bf16-mixed, bfloat16 weights) on two CPU processes, killed after step 2 and
@@ -183,6 +184,7 @@ def test_the_shipped_3b_recipe_at_bf16_mixed_is_killed_and_resumes(recipe_runs):
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 @pytest.mark.distributed
 def test_the_3b_recipe_under_fsdp2_trains_the_adapter_of_ddp(recipe_runs):
     """At 32-true, FSDP2 (the config's comment) and DDP on two CPU processes train the same adapter (every LoRA
@@ -196,6 +198,7 @@ def test_the_3b_recipe_under_fsdp2_trains_the_adapter_of_ddp(recipe_runs):
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 @pytest.mark.distributed
 def test_the_3b_recipes_checkpoint_exports_and_evaluates(recipe_runs, exported, tmp_path):
     """``obliq export --merge true`` of the resumed bf16 run's last checkpoint (merged and stored in float32: a few
@@ -235,6 +238,7 @@ def test_the_3b_recipes_checkpoint_exports_and_evaluates(recipe_runs, exported, 
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 @pytest.mark.distributed
 def test_the_bf16_runs_vectors_are_float32s_within_bf16_rounding(recipe_runs, exported):
     """The bf16 run's exported adapter read as ``obliq evaluate`` reads it (bfloat16 weights, as saved) and as
