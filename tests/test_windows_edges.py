@@ -75,3 +75,27 @@ def test_encode_refuses_maxsim_windows_before_claiming_a_store(tasks_dir, minilm
     with pytest.raises(ValueError, match="retrieval.windows.reduce maxsim: a store holds one vector a text"):
         encode(minilm_path, [str(task)], settings)
     assert not (tmp_path / "cache").exists()
+
+
+@pytest.mark.parametrize("case", ["hnsw", "candidates"])
+def test_evaluate_refuses_maxsim_it_cannot_search_before_the_model_loads(case, tmp_path, monkeypatch):
+    """MaxSim over windows is searched exactly over the whole corpus: an approximate index, or a task ranked over
+    candidate sets, is refused by ``obliq evaluate`` before the encoder loads, and nothing is written."""
+    from support import make_task
+
+    import obliq.search.retrieval as retrieval
+    from obliq.commands.evaluate import evaluate
+    from obliq.search.settings import RetrievalSettings
+
+    docs = [{"_id": f"d{i}", "text": f"text {i}"} for i in range(4)]
+    task = make_task(tmp_path / "t", docs, [{"_id": "q", "text": "text"}], [("q", "d1", 1)])
+    if case == "candidates":
+        (task / "top_ranked").mkdir()
+        (task / "top_ranked" / "test.jsonl").write_text('{"query-id": "q", "corpus-ids": ["d0", "d1"]}\n')
+    monkeypatch.setattr(retrieval, "load_encoder", lambda *a, **k: pytest.fail("the encoder loaded"))
+    windows = {"size": 32, "stride": 16, "reduce": "maxsim"}
+    settings = RetrievalSettings(windows=windows, index="hnsw" if case == "hnsw" else "flat", top_k=2)
+    message = "MaxSim over windows is searched exactly: use flat" if case == "hnsw" else "candidate sets is not"
+    with pytest.raises(ValueError, match=message):
+        evaluate("minilm", [str(task)], tmp_path / "out", settings, measures=["NDCG@2"])
+    assert not (tmp_path / "out").exists()

@@ -296,15 +296,20 @@ def corpus_embeddings(
     return Corpus(corpus.parts, settings.dim, corpus.token, ids=task.doc_ids), status
 
 
-def check_index(settings: RetrievalSettings, task: Task) -> None:
-    """Refuse, before any encoding, an index that faiss cannot train on ``task``'s corpus (C42); a task
-    with candidate sets is searched exactly and needs none.
+def check_index(settings: RetrievalSettings, task: Task, windows: Windows | None = None) -> None:
+    """Refuse, before any encoding, an index that faiss cannot train on ``task``'s corpus (C42; a task with
+    candidate sets is searched exactly and needs none), and, for MaxSim over windows (``windows``, else
+    ``settings.windows``: searched exactly over the whole corpus), an approximate index or candidate sets.
 
     Raises:
-        ValueError: naming ``retrieval.index``, what it needs and the corpus size (:func:`factory_string`).
-    """
-    spec = settings.index_spec()
-    if not spec.exact and candidate_rows(task) is None:
+        ValueError: naming ``retrieval.index``, what it needs and the corpus size (:func:`factory_string`), or why
+            MaxSim cannot search it."""
+    spec, rows, windows = settings.index_spec(), candidate_rows(task), windows or settings.windows
+    if windows is not None and windows.reduce == "maxsim" and not spec.exact:
+        raise ValueError(f"retrieval.index {settings.index!r}: MaxSim over windows is searched exactly: use flat")
+    if windows is not None and windows.reduce == "maxsim" and rows is not None:
+        raise ValueError(f"{task.name}: a task with candidate sets is not searched by MaxSim over windows")
+    if not spec.exact and rows is None:
         factory_string(spec, len(task.doc_ids))
 
 
@@ -421,13 +426,9 @@ def retrieve_maxsim(
     exactly and reduced to documents (:func:`obliq.search.maxsim.maxsim_search`, exact against brute force).
 
     Raises:
-        ValueError: an approximate ``retrieval.index`` or a task with candidate sets (MaxSim is searched exactly
-            over the whole corpus); an encoder without ``encode_windows``.
+        ValueError: what :func:`check_index` refuses for MaxSim; an encoder without ``encode_windows``.
     """
-    if not settings.index_spec().exact:
-        raise ValueError(f"retrieval.index {settings.index!r}: MaxSim over windows is searched exactly: use flat")
-    if candidate_rows(task) is not None:
-        raise ValueError(f"{task.name}: a task with candidate sets is not searched by MaxSim over windows")
+    check_index(settings, task, windows)
     if not hasattr(encoder, "encode_windows"):
         raise ValueError(
             f"retrieval.windows: the {type(encoder).__name__} cannot read texts in windows: use retrieval.encoder obliq"
