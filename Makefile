@@ -55,12 +55,13 @@ lint: install
 	$(BIN)/ruff format --check .
 
 # The default suite leaves out the tests marked heavy (over 20 s each: the replicas' two-process kill-and-resume runs,
-# the benchmarks run end to end), which keeps it under 10 minutes on 2 cores; `make test-heavy` runs them, and CI both.
+# the benchmarks run end to end), which keeps it under 10 minutes on 2 cores; `make test-heavy` runs them (a file to
+# a worker: a module-scoped replica run is trained once), and CI both.
 test: lint
 	$(BIN)/python -m pytest -m "not heavy"
 
 test-heavy: install
-	$(BIN)/python -m pytest -m heavy
+	$(BIN)/python -m pytest -m heavy --dist loadfile
 
 quickstart: $(VENV)/.quickstart
 	$(BIN)/obliq quickstart
