@@ -173,22 +173,26 @@ def test_max_lengths_are_capped_at_what_the_model_reads(minilm_path, tmp_path):
     assert BiEncoder(str(plain), passage_max_length=1024).text.max_length["passage"] == 512
 
 
-@pytest.mark.parametrize("length", [None, 128, 300, 512])
+@pytest.mark.parametrize("length", [None, 128, 300, 512, "Infinity"])
 def test_a_sentence_transformers_folder_is_read_at_its_own_length(length, minilm_path, tmp_path):
     """obliq reads a sentence-transformers folder at the length sentence-transformers itself loads it with: the
     packaged folder's ``max_seq_length`` (256, in sentence_bert_config.json), and a folder that
     sentence-transformers saved (it keeps the length as the tokenizer's ``model_max_length``, as obliq's merged
-    exports do), below, above and at MiniLM's 256 (issue 55: a merged export read at 512 positions)."""
+    exports do), below, above and at MiniLM's 256 (issue 55: a merged export read at 512 positions), and one whose
+    tokenizer has no limit (``Infinity``, as ``json.dumps`` writes a float inf: the 512 positions then)."""
     from sentence_transformers import SentenceTransformer
 
     folder = minilm_path
     if length is not None:
         st = SentenceTransformer(minilm_path, device="cpu")
-        st.max_seq_length = length
+        st.max_seq_length = 300 if length == "Infinity" else length
         folder = str(tmp_path / "saved")
         st.save(folder)
+    if length == "Infinity":
+        config = json.loads((tmp_path / "saved" / "tokenizer_config.json").read_text())
+        (tmp_path / "saved" / "tokenizer_config.json").write_text(json.dumps({**config, "model_max_length": 1e999}))
     expect = SentenceTransformer(folder, device="cpu").max_seq_length
-    assert expect == (256 if length is None else length)
+    assert expect == {None: 256, "Infinity": 512}.get(length, length)
     enc = BiEncoder(folder, query_prefix="", passage_prefix="", passage_max_length=4096)
     assert enc.text.capacity == expect
     assert enc.tokenize(["word " * 2000], "passage")["input_ids"].shape[1] == expect

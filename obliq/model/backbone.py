@@ -37,8 +37,8 @@ def model_capacity(path: str, config) -> int | None:
     sentence-transformers 5 and later save it: obliq's merged exports).
 
     Raises:
-        ValueError: either file is not one JSON object, or its length is not a positive whole number (file and
-            field named).
+        ValueError: a file it reads is not one JSON object, or the length it holds is not a positive whole number
+            (file and field named).
     """
     positions = getattr(config, "max_position_embeddings", None)
     if positions and getattr(config, "model_type", None) in POSITION_OFFSET_MODELS:
@@ -52,7 +52,7 @@ def model_capacity(path: str, config) -> int | None:
         ):
             if (folder / name).is_file():
                 length = read_json_object(folder / name).get(field)
-                if length is not None:
+                if length is not None and length != float("inf"):  # inf (JSON's Infinity): no limit, as null
                     whole = isinstance(length, int) or (isinstance(length, float) and length.is_integer())
                     if isinstance(length, bool) or not whole or length < 1:
                         raise ValueError(f"{folder / name}: {field} is a positive whole number, got {length!r}")
