@@ -34,7 +34,7 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 
 from obliq.eval.metrics import DEFAULT_MEASURES, check_depth
 from obliq.eval.results import evaluate_tasks
-from obliq.search.retrieval import make_retriever
+from obliq.search.retrieval import check_index, make_retriever
 from obliq.search.settings import RetrievalSettings
 from obliq.tasks import find_tasks, load_query_split, load_task
 
@@ -99,6 +99,9 @@ class RetrievalEvaluation(Callback):
                 check_depth(self.measures, self.retrieval.top_k, len(task.doc_ids))
         if not hasattr(pl_module, self.encoder_attr):
             raise AttributeError(f"{type(pl_module).__name__} has no attribute {self.encoder_attr!r} (the encoder)")
+        windows = self.retrieval.windows or getattr(getattr(pl_module, self.encoder_attr), "windows", None)
+        for task in self.tasks:  # C42: an index faiss cannot train on this corpus; MaxSim it cannot search
+            check_index(self.retrieval, task, windows)
 
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs, batch, batch_idx: int) -> None:
         step = trainer.global_step

@@ -77,25 +77,66 @@ def test_encode_refuses_maxsim_windows_before_claiming_a_store(tasks_dir, minilm
     assert not (tmp_path / "cache").exists()
 
 
+@pytest.mark.parametrize("where", ["settings", "saved model"])
 @pytest.mark.parametrize("case", ["hnsw", "candidates"])
-def test_evaluate_refuses_maxsim_it_cannot_search_before_the_model_loads(case, tmp_path, monkeypatch):
+def test_evaluate_refuses_maxsim_it_cannot_search_before_the_model_loads(
+    case, where, minilm_path, tmp_path, monkeypatch
+):
     """MaxSim over windows is searched exactly over the whole corpus: an approximate index, or a task ranked over
-    candidate sets, is refused by ``obliq evaluate`` before the encoder loads, and nothing is written."""
-    from support import make_task
-
+    candidate sets, is refused by ``obliq evaluate`` before the encoder loads, and nothing is written; so with
+    MaxSim asked in ``retrieval.windows`` as with a saved model that reads in MaxSim windows itself."""
     import obliq.search.retrieval as retrieval
     from obliq.commands.evaluate import evaluate
     from obliq.search.settings import RetrievalSettings
 
+    task = _tiny_task(tmp_path / "t", candidates=case == "candidates")
+    windows = {"size": 32, "stride": 16, "reduce": "maxsim"}
+    model = "minilm"
+    if where == "saved model":
+        BiEncoder(minilm_path, windows=windows).save_pretrained(tmp_path / "model")
+        model, windows = str(tmp_path / "model"), None
+    monkeypatch.setattr(retrieval, "load_encoder", lambda *a, **k: pytest.fail("the encoder loaded"))
+    settings = RetrievalSettings(windows=windows, index="hnsw" if case == "hnsw" else "flat", top_k=2)
+    with pytest.raises(ValueError, match=MAXSIM_REFUSAL[case]):
+        evaluate(model, [str(task)], tmp_path / "out", settings, measures=["NDCG@2"])
+    assert not (tmp_path / "out").exists()
+
+
+MAXSIM_REFUSAL = {"hnsw": "MaxSim over windows is searched exactly: use flat", "candidates": "candidate sets is not"}
+
+
+def _tiny_task(root, candidates: bool):
+    from support import make_task
+
     docs = [{"_id": f"d{i}", "text": f"text {i}"} for i in range(4)]
-    task = make_task(tmp_path / "t", docs, [{"_id": "q", "text": "text"}], [("q", "d1", 1)])
-    if case == "candidates":
+    task = make_task(root, docs, [{"_id": "q", "text": "text"}], [("q", "d1", 1)])
+    if candidates:
         (task / "top_ranked").mkdir()
         (task / "top_ranked" / "test.jsonl").write_text('{"query-id": "q", "corpus-ids": ["d0", "d1"]}\n')
+    return task
+
+
+def test_the_training_callback_and_the_audit_refuse_maxsim_with_an_approximate_index_before_any_work(
+    minilm_path, tmp_path, monkeypatch
+):
+    """The training callback refuses at ``setup`` (before the first step: the encoder's own MaxSim windows read),
+    and ``obliq audit`` before any model loads, what MaxSim cannot search."""
+    from obliq.callbacks import RetrievalEvaluation
+    from test_audit_lean import write_task
+
+    import obliq.search.retrieval as retrieval
+    from obliq.commands.audit import audit
+    from obliq.search.settings import RetrievalSettings
+
+    class Module:  # what the callback reads of a LightningModule: its encoder
+        encoder = BiEncoder(minilm_path, windows={"size": 32, "stride": 16, "reduce": "maxsim"})
+
+    callback = RetrievalEvaluation([str(_tiny_task(tmp_path / "t", False))], retrieval=RetrievalSettings(index="hnsw"))
+    with pytest.raises(ValueError, match=MAXSIM_REFUSAL["hnsw"]):
+        callback.setup(None, Module(), "fit")
     monkeypatch.setattr(retrieval, "load_encoder", lambda *a, **k: pytest.fail("the encoder loaded"))
-    windows = {"size": 32, "stride": 16, "reduce": "maxsim"}
-    settings = RetrievalSettings(windows=windows, index="hnsw" if case == "hnsw" else "flat", top_k=2)
-    message = "MaxSim over windows is searched exactly: use flat" if case == "hnsw" else "candidate sets is not"
-    with pytest.raises(ValueError, match=message):
-        evaluate("minilm", [str(task)], tmp_path / "out", settings, measures=["NDCG@2"])
+    settings = RetrievalSettings(index="hnsw", windows={"size": 32, "stride": 16, "reduce": "maxsim"})
+    task = write_task(tmp_path / "audit-task")
+    with pytest.raises(ValueError, match=MAXSIM_REFUSAL["hnsw"]):
+        audit(task, tmp_path / "out", models=["bm25", "minilm"], paired=[("left", "right")], retrieval=settings)
     assert not (tmp_path / "out").exists()

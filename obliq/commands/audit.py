@@ -33,7 +33,8 @@ from obliq.audit.stats import BOOTSTRAP_RESAMPLES, CONFIDENCE, PERMUTATIONS
 from obliq.claims import claim_outputs
 from obliq.eval.metrics import check_depth, parse_measures
 from obliq.files import json_text, safe_name, write_json
-from obliq.search.retrieval import is_run_file
+from obliq.search.encoders import saved_windows
+from obliq.search.retrieval import check_index, is_run_file
 from obliq.search.runs import write_run
 from obliq.search.settings import RetrievalSettings
 
@@ -162,6 +163,9 @@ def audit(
     metrics = measures + ([f"lean@{k}" for k in lean_k] if lean is not None else [])
     if not all(is_run_file(m) for m in models):
         check_depth(measures, retrieval.top_k, len(loaded.doc_ids))
+    for m in models:  # C42: an index faiss cannot train on this corpus; MaxSim it cannot search
+        if not is_run_file(m) and m.lower() != "bm25":
+            check_index(retrieval, loaded, retrieval.windows or saved_windows(m, retrieval.encoder))
 
     inputs = [task, query_attributes, document_attributes, *(m for m in models if is_run_file(m))]
     with claim_outputs(

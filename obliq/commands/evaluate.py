@@ -23,6 +23,7 @@ from obliq.distributed import world
 from obliq.eval.metrics import DEFAULT_MEASURES, check_depth, parse_measures
 from obliq.eval.results import evaluate_tasks
 from obliq.files import write_json
+from obliq.search.encoders import saved_windows
 from obliq.search.retrieval import check_index, is_run_file, make_retriever, retrieve_run_file
 from obliq.search.settings import RetrievalSettings
 from obliq.tasks import find_tasks, load_query_split, load_task
@@ -96,8 +97,8 @@ def evaluate(
             check_depth(measures, retrieve_run_file(model, task).depth, task.max_ranked, f"the depth of {model}")
         else:
             check_depth(measures, retrieval.top_k, task.max_ranked)
-            if str(model).lower() != "bm25":
-                check_index(retrieval, task)  # C42: an index faiss cannot train on this corpus
+            if str(model).lower() != "bm25":  # C42: an index faiss cannot train on this corpus; MaxSim it cannot search
+                check_index(retrieval, task, retrieval.windows or saved_windows(model, retrieval.encoder))
     policy = None
     if rerank is not None:
         from obliq.rerank.config import dump_policy, load_policy

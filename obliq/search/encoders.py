@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal, Protocol
 
 from obliq.aliases import check_model, resolve_model
-from obliq.files import read_text
+from obliq.files import read_json_object, read_text
+from obliq.windows import Windows
 
 Kind = Literal["query", "passage"]
 EncoderKind = Literal["auto", "sentence-transformers", "obliq"]
@@ -235,6 +236,20 @@ def _hub_snapshot(model: str) -> Path | None:
         return Path(snapshot_download(model, local_files_only=True))
     except Exception:  # not cached, not a valid id: nothing to fingerprint
         return None
+
+
+def saved_windows(model: str, encoder: EncoderKind = "auto") -> Windows | None:
+    """The windows a saved obliq model reads long texts in (its ``obliq_encoder.json``), read without loading it,
+    so that a command refuses what they cannot do before any weight loads; None for any other model, or where
+    ``encoder`` is ``sentence-transformers`` (which reads texts its own way).
+
+    Raises:
+        ValueError: the file is not one JSON object, or its ``windows`` are bad (file named).
+    """
+    file = Path(str(model)) / OBLIQ_CONFIG
+    if encoder == "sentence-transformers" or not file.is_file():
+        return None
+    return Windows.of(read_json_object(file).get("windows"), f"{file}: windows")
 
 
 def load_encoder(model: str, encoder: EncoderKind = "auto", trust_remote_code: bool = False) -> Encoder:
