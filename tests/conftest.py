@@ -14,7 +14,9 @@ if not os.environ.get("OBLIQ_TEST_CACHE"):  # the tests' embedding stores and ro
 
     _user = Path(os.environ.get("OBLIQ_CACHE", Path.home() / ".cache" / "obliq"))
     (_user / "models").mkdir(parents=True, exist_ok=True)
-    os.environ["OBLIQ_TEST_CACHE"] = os.environ["OBLIQ_CACHE"] = tempfile.mkdtemp(prefix="obliq-test-cache-")
+    os.environ["OBLIQ_TEST_CACHE"] = os.environ["OBLIQ_CACHE"] = _MADE_CACHE = tempfile.mkdtemp(
+        prefix="obliq-test-cache-"
+    )
     (Path(os.environ["OBLIQ_CACHE"]) / "models").symlink_to(_user / "models")
 if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):  # the workers share the cores (addopts: -n 2)
     os.environ.setdefault(
@@ -26,6 +28,17 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 TASKS = Path(os.environ.get("OBLIQ_DATA", REPO.parent / "shared" / "data")) / "tasks"
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """A passing run removes the test cache this process made (the xdist workers share the controller's), as
+    pytest removes its temporary folders (``tmp_path_retention_policy = "failed"``); the link to the user's
+    converted models goes, not what it points to."""
+    made = globals().get("_MADE_CACHE")
+    if made and exitstatus == 0:
+        import shutil
+
+        shutil.rmtree(made, ignore_errors=True)
 
 
 def pytest_collection_modifyitems(config, items):
