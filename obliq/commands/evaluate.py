@@ -92,13 +92,14 @@ def evaluate(
         load_task(p) if split == "test" else load_query_split(p, split, apart_from=load_task(p))
         for p in find_tasks(tasks)
     ]
+    windows = retrieval.windows or saved_windows(model, retrieval.encoder)  # a saved model's own, read once
     for task in loaded:  # fail before any encoding or claim
         if is_run_file(model):  # a run of another task, or one too shallow for a measure, is refused here
             check_depth(measures, retrieve_run_file(model, task).depth, task.max_ranked, f"the depth of {model}")
         else:
             check_depth(measures, retrieval.top_k, task.max_ranked)
             if str(model).lower() != "bm25":  # C42: an index faiss cannot train on this corpus; MaxSim it cannot search
-                check_index(retrieval, task, retrieval.windows or saved_windows(model, retrieval.encoder))
+                check_index(retrieval, task, windows)
     policy = None
     if rerank is not None:
         from obliq.rerank.config import dump_policy, load_policy
